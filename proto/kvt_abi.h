@@ -1,0 +1,225 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvt_abi.h - the daemon <-> client data-path contract.
+ *
+ * Everything here lives in shared memory that both sides map, so it uses fixed-width types
+ * only, carries explicit reserved fields that must be zero, and is pinned by _Static_assert.
+ * Readers locate every part of the shared region through the offsets in struct kvt_region_hdr,
+ * never through sizeof(), so later minor versions can grow parts without breaking old peers.
+ *
+ * The daemon treats the whole region as hostile input: it keeps private ring indices, copies an
+ * SQE once before looking at it and validates every field (see daemon/ops.c).
+ */
+#ifndef KVT_ABI_H
+#define KVT_ABI_H
+
+#include <stdalign.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVT_ABI_MAJOR 1 /* bumped only on incompatible change */
+#define KVT_ABI_MINOR 0 /* bumped on compatible additions */
+
+#define KVT_REGION_MAGIC 0x3152454954564b00ull /* "\0KVTIER1" little-endian */
+
+/* Region feature bits (kvt_region_hdr.features). */
+#define KVT_FEAT_NEED_WAKEUP (1ull << 0) /* doorbells are written only on NEED_WAKEUP */
+#define KVT_FEAT_ALL KVT_FEAT_NEED_WAKEUP
+
+/* Ring flags (kvt_ring_hdr.flags), set and cleared by the consumer only. */
+#define KVT_RING_NEED_WAKEUP (1u << 0)
+
+/*
+ * struct kvt_ring_hdr - indices of one single-producer single-consumer ring.
+ *
+ * Indices are free-running u32: the entry of index i is at i & (entries - 1). Each index sits on
+ * its own cache line because a different side writes it.
+ */
+struct kvt_ring_hdr {
+	uint32_t prod_tail;	  /* written by the producer only */
+	uint32_t pad0[15];	  /* own cache line */
+	uint32_t cons_head;	  /* written by the consumer only */
+	uint32_t pad1[15];	  /* own cache line */
+	uint32_t flags;		  /* KVT_RING_*, written by the consumer only */
+	uint32_t entries;	  /* power of two, fixed at creation */
+	uint32_t reserved[14];	  /* zero */
+};
+_Static_assert(sizeof(struct kvt_ring_hdr) == 192, "kvt_ring_hdr ABI");
+_Static_assert(offsetof(struct kvt_ring_hdr, prod_tail) == 0, "kvt_ring_hdr prod_tail");
+_Static_assert(offsetof(struct kvt_ring_hdr, cons_head) == 64, "kvt_ring_hdr cons_head");
+_Static_assert(offsetof(struct kvt_ring_hdr, flags) == 128, "kvt_ring_hdr flags");
+
+/*
+ * struct kvt_region_hdr - first bytes of every session's shared region.
+ *
+ * Created and sealed (shrink, grow, seal) by the daemon before it is sent to the client. All
+ * offsets are bytes from the start of the region and 64-byte aligned.
+ */
+struct kvt_region_hdr {
+	uint64_t magic;		 /* KVT_REGION_MAGIC */
+	uint16_t abi_major;	 /* KVT_ABI_MAJOR of the daemon */
+	uint16_t abi_minor;	 /* KVT_ABI_MINOR of the daemon */
+	uint32_t hdr_size;	 /* sizeof(struct kvt_region_hdr) of the daemon */
+	uint64_t features;	 /* KVT_FEAT_* */
+	uint64_t region_size;	 /* bytes, whole region */
+	uint64_t sq_ring_off;	 /* struct kvt_ring_hdr of the submission queue */
+	uint64_t sq_entries_off; /* sq_entries x struct kvt_sqe */
+	uint64_t cq_ring_off;	 /* struct kvt_ring_hdr of the completion queue */
+	uint64_t cq_entries_off; /* cq_entries x struct kvt_cqe */
+	uint64_t arena_off;	 /* client-managed payload space */
+	uint64_t arena_size;
+	uint32_t sq_entries; /* power of two */
+	uint32_t cq_entries; /* power of two, >= sq_entries */
+	uint32_t session_id;
+	uint32_t reserved0;
+	uint64_t reserved[4]; /* zero */
+};
+_Static_assert(sizeof(struct kvt_region_hdr) == 128, "kvt_region_hdr ABI");
+
+/* Opcodes. Numbers are reserved for every op in DESIGN.md; never reuse one. */
+enum {
+	KVT_OP_NOP = 0,
+	KVT_OP_SEQ_OPEN = 1,
+	KVT_OP_SEQ_CLOSE = 2,
+	KVT_OP_APPEND = 3,
+	KVT_OP_SCORE_ADD = 4,
+	KVT_OP_RETIER = 5,
+	KVT_OP_FETCH = 6,
+	KVT_OP_TOPK = 7,
+	KVT_OP_SEQ_STAT = 8,
+	KVT_OP__COUNT
+};
+
+/* SQE flags (kvt_sqe.flags): none defined yet; any set bit is -EINVAL. */
+#define KVT_SQE_F_ALL 0u
+
+/*
+ * struct kvt_sqe - one submission, 64 bytes.
+ *
+ * @seq names a sequence opened by this session (the CQE of SEQ_OPEN gives it). Arena payloads are
+ * named by (arena_off, arena_len). Every field not used by an opcode must be zero.
+ */
+struct kvt_sqe {
+	uint8_t opcode;	    /* KVT_OP_* */
+	uint8_t flags;	    /* KVT_SQE_F_* */
+	uint16_t op_flags;  /* per-opcode flags, KVT_<OP>_F_* */
+	uint32_t seq;	    /* sequence id, or 0 where unused */
+	uint64_t user_data; /* returned untouched in the CQE */
+	uint64_t arena_off; /* payload in the arena */
+	uint32_t arena_len;
+	uint32_t count;	    /* tokens / positions / rows, per opcode */
+	uint64_t arg0;	    /* per opcode */
+	uint64_t arg1;	    /* per opcode */
+	uint32_t arg2;	    /* per opcode */
+	uint32_t buf_id;    /* registered device buffer, per opcode */
+	uint64_t reserved;  /* zero */
+};
+_Static_assert(sizeof(struct kvt_sqe) == 64, "kvt_sqe ABI");
+
+/*
+ * struct kvt_cqe - one completion, 32 bytes. @res is >= 0 on success (meaning per opcode) or a
+ * negative errno. @aux carries small per-opcode results so most ops need no arena output.
+ */
+struct kvt_cqe {
+	uint64_t user_data;
+	int32_t res;
+	uint32_t flags; /* zero for now */
+	uint64_t aux[2];
+};
+_Static_assert(sizeof(struct kvt_cqe) == 32, "kvt_cqe ABI");
+
+/* ---- per-opcode payloads ---------------------------------------------------------------- */
+
+enum { KVT_DTYPE_F16 = 0, KVT_DTYPE_BF16 = 1, KVT_DTYPE_F32 = 2, KVT_DTYPE__COUNT };
+enum {
+	KVT_POLICY_TIERED = 0,
+	KVT_POLICY_H2O = 1,
+	KVT_POLICY_STREAMING = 2,
+	KVT_POLICY_FULL = 3,
+	KVT_POLICY__COUNT
+};
+enum { KVT_SCORE_SUM = 0, KVT_SCORE_MEAN = 1, KVT_SCORE__COUNT };
+
+#define KVT_MAX_LAYERS 256
+#define KVT_MAX_KV_HEADS 64
+#define KVT_MAX_HEAD_DIM 256
+
+/*
+ * struct kvt_seq_params - SEQ_OPEN payload, in the arena at (arena_off, arena_len >= size).
+ * CQE res: the new sequence id (> 0). Errors: -EINVAL (bad field), -EMFILE (too many sequences),
+ * -ENOENT (t0_buf_id not registered), -ERANGE (T0 layout outside the buffer).
+ */
+struct kvt_seq_params {
+	uint32_t size;	   /* sizeof(struct kvt_seq_params) as the client knows it */
+	uint16_t layers;   /* 1..KVT_MAX_LAYERS */
+	uint16_t kv_heads; /* 1..KVT_MAX_KV_HEADS */
+	uint16_t head_dim; /* 1..KVT_MAX_HEAD_DIM */
+	uint8_t dtype;	   /* KVT_DTYPE_* */
+	uint8_t policy;	   /* KVT_POLICY_* */
+	uint8_t score_mode; /* KVT_SCORE_* */
+	uint8_t protect_prompt; /* 0 or 1 */
+	uint16_t reserved0;
+	uint32_t delta;	    /* re-tier period, tokens, >= 1 */
+	uint32_t sinks;
+	uint32_t window;
+	uint32_t prompt_len;
+	float hbm_frac;	    /* [0, 1] */
+	float evict_frac;   /* [0, 1] */
+	float t2_frac;	    /* [0, 1] */
+	uint32_t max_tokens; /* capacity hint, 0 = unlimited (quota still applies) */
+	/* T0 region: 0 = none (the client keeps no device copy, pool only) */
+	uint32_t t0_buf_id;
+	uint32_t t0_slots;
+	uint64_t t0_base_off; /* byte offset of (slot 0, layer 0, K) in the buffer */
+	uint64_t t0_slot_stride;  /* bytes between slots */
+	uint64_t t0_layer_stride; /* bytes between layers */
+	uint64_t t0_kv_stride;	  /* bytes between K and V */
+	/* staging region for FETCH / TOPK: 0 = none */
+	uint32_t stage_buf_id;
+	uint32_t stage_slots; /* rows per layer */
+	uint64_t stage_base_off;
+	uint64_t stage_slot_stride;
+	uint64_t stage_layer_stride;
+	uint64_t stage_kv_stride;
+	uint64_t reserved[4]; /* zero */
+};
+_Static_assert(sizeof(struct kvt_seq_params) == 160, "kvt_seq_params ABI");
+
+/*
+ * APPEND: @count tokens are appended at positions n..n+count-1.
+ *   op_flags 0: rows come from the arena, layout [token][layer][K,V][head][dim], arena_len must be
+ *               exactly count * token_bytes.
+ *   KVT_APPEND_F_T0: rows come from the sequence's T0 region; the arena holds count u32 slot ids.
+ * CQE res: the new n.  aux[0]: first position appended.
+ */
+#define KVT_APPEND_F_T0 (1u << 0)
+
+/*
+ * SCORE_ADD: the arena holds @count f32 values; score[arg0 + i] += value[i]. arg0 + count must not
+ * pass n. CQE res: 0.
+ */
+
+/*
+ * struct kvt_seq_stat - SEQ_STAT output, written to the arena at arena_off (arena_len >= size).
+ * CQE res: bytes written.
+ */
+struct kvt_seq_stat {
+	uint32_t size;
+	uint32_t seq;
+	uint64_t n_tokens;
+	uint64_t tier_count[4];	 /* T0, T1, T2, T3 */
+	uint64_t pool_bytes;	 /* pool bytes charged to this sequence */
+	uint64_t bytes_in;	 /* bytes appended into the pool */
+	uint64_t bytes_out;	 /* bytes copied from the pool to device buffers */
+	double score_total;	 /* sum of all SCORE_ADD values */
+	uint64_t reserved[4];
+};
+_Static_assert(sizeof(struct kvt_seq_stat) == 112, "kvt_seq_stat ABI");
+
+static inline uint32_t
+kvt_dtype_size(uint32_t dtype)
+{
+	return dtype == KVT_DTYPE_F32 ? 4 : 2;
+}
+
+#endif /* KVT_ABI_H */

@@ -1,0 +1,115 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvt_ctl.h - control-socket messages.
+ *
+ * The control socket is AF_UNIX SOCK_SEQPACKET: one message per send, boundaries kept, file
+ * descriptors passed with SCM_RIGHTS. Every message starts with struct kvt_ctl_hdr; every request
+ * gets exactly one reply with the same @id. A failed request gets KVT_CTL_ERROR with -errno and a
+ * message a person can read. The peer's identity comes from SO_PEERCRED at accept, never from a
+ * message field.
+ *
+ * Session clients send HELLO first; the daemon answers WELCOME with three fds: the sealed region
+ * memfd, the SQ doorbell (client writes), the CQ doorbell (daemon writes). Admin clients
+ * (kvtierctl) send STATUS/CLIENTS/SEQS without HELLO; those replies carry a JSON document.
+ * A connection that sends nothing within the daemon's hello timeout is closed.
+ */
+#ifndef KVT_CTL_H
+#define KVT_CTL_H
+
+#include <stdint.h>
+
+#include "kvt_abi.h"
+
+#define KVT_CTL_MAX_MSG 65536 /* largest message either side sends or accepts */
+
+enum {
+	KVT_CTL_HELLO = 1,	   /* client -> daemon, struct kvt_ctl_hello */
+	KVT_CTL_WELCOME = 2,	   /* daemon -> client, struct kvt_ctl_welcome + 3 fds */
+	KVT_CTL_ERROR = 3,	   /* daemon -> client, struct kvt_ctl_error */
+	KVT_CTL_BUF_REGISTER = 4,  /* client -> daemon, struct kvt_ctl_buf_register (+ 1 fd) */
+	KVT_CTL_BUF_REGISTERED = 5, /* daemon -> client, struct kvt_ctl_buf_registered */
+	KVT_CTL_BUF_UNREGISTER = 6, /* client -> daemon, struct kvt_ctl_buf_unregister */
+	KVT_CTL_OK = 7,		   /* daemon -> client, header only */
+	KVT_CTL_STATUS = 16,	   /* admin request, header only */
+	KVT_CTL_CLIENTS = 17,	   /* admin request, header only */
+	KVT_CTL_SEQS = 18,	   /* admin request, header only */
+	KVT_CTL_JSON = 19,	   /* admin reply: NUL-terminated JSON text follows the header */
+};
+
+struct kvt_ctl_hdr {
+	uint32_t type; /* KVT_CTL_* */
+	uint32_t len;  /* bytes including this header */
+	uint64_t id;   /* chosen by the requester, echoed in the reply */
+};
+_Static_assert(sizeof(struct kvt_ctl_hdr) == 16, "kvt_ctl_hdr ABI");
+
+struct kvt_ctl_hello {
+	struct kvt_ctl_hdr hdr;
+	uint16_t abi_major; /* KVT_ABI_MAJOR of the client: must equal the daemon's */
+	uint16_t abi_minor;
+	uint32_t sq_entries; /* requested, 0 = daemon default; rounded up to a power of two */
+	uint32_t cq_entries; /* 0 = 2 * sq_entries */
+	uint32_t reserved0;
+	uint64_t arena_size; /* requested bytes, 0 = daemon default */
+	uint64_t features;   /* KVT_FEAT_* the client understands */
+	char name[32];	     /* NUL-terminated label shown by kvtierctl */
+	uint64_t reserved[2];
+};
+_Static_assert(sizeof(struct kvt_ctl_hello) == 104, "kvt_ctl_hello ABI");
+
+struct kvt_ctl_welcome {
+	struct kvt_ctl_hdr hdr;
+	uint16_t abi_major; /* the daemon's */
+	uint16_t abi_minor;
+	uint32_t session_id;
+	uint64_t region_size;
+	uint64_t features; /* the intersection in force */
+	uint32_t backend;  /* KVT_BACKEND_* the daemon runs */
+	uint32_t reserved0;
+	uint64_t reserved[2];
+};
+_Static_assert(sizeof(struct kvt_ctl_welcome) == 64, "kvt_ctl_welcome ABI");
+
+enum { KVT_BACKEND_HOST = 1, KVT_BACKEND_CUDA = 2 };
+
+struct kvt_ctl_error {
+	struct kvt_ctl_hdr hdr;
+	int32_t err; /* negative errno */
+	uint32_t reserved0;
+	char msg[240]; /* NUL-terminated, for a person */
+};
+_Static_assert(sizeof(struct kvt_ctl_error) == 264, "kvt_ctl_error ABI");
+
+enum { KVT_BUF_HOST_MEMFD = 1, KVT_BUF_CUDA_IPC = 2 };
+
+/*
+ * BUF_REGISTER: KVT_BUF_HOST_MEMFD passes one memfd fd that must carry F_SEAL_SHRINK (the daemon
+ * maps it and must never see it shrink); KVT_BUF_CUDA_IPC passes the 64-byte IPC handle and the
+ * device UUID inline, no fd.
+ */
+struct kvt_ctl_buf_register {
+	struct kvt_ctl_hdr hdr;
+	uint32_t kind; /* KVT_BUF_* */
+	uint32_t flags; /* zero */
+	uint64_t size;	/* bytes */
+	uint8_t ipc_handle[64];
+	uint8_t device_uuid[16];
+	uint64_t reserved[2];
+};
+_Static_assert(sizeof(struct kvt_ctl_buf_register) == 128, "kvt_ctl_buf_register ABI");
+
+struct kvt_ctl_buf_registered {
+	struct kvt_ctl_hdr hdr;
+	uint32_t buf_id; /* > 0, names the buffer in SQEs and SEQ_OPEN */
+	uint32_t reserved0;
+};
+_Static_assert(sizeof(struct kvt_ctl_buf_registered) == 24, "kvt_ctl_buf_registered ABI");
+
+struct kvt_ctl_buf_unregister {
+	struct kvt_ctl_hdr hdr;
+	uint32_t buf_id;
+	uint32_t reserved0;
+};
+_Static_assert(sizeof(struct kvt_ctl_buf_unregister) == 24, "kvt_ctl_buf_unregister ABI");
+
+#endif /* KVT_CTL_H */

@@ -1,0 +1,98 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvt_ring.h - the only code that touches shared ring indices.
+ *
+ * Both rings are single-producer single-consumer with free-running u32 indices. The producer
+ * writes the entry, then publishes prod_tail with a release store; the consumer reads prod_tail
+ * with an acquire load, reads the entry, then publishes cons_head with a release store, which the
+ * producer's acquire load of cons_head pairs with before it reuses the slot.
+ *
+ * Wakeup (io_uring SQPOLL style): a consumer about to sleep sets NEED_WAKEUP, issues a full fence
+ * and re-reads prod_tail; a producer publishes prod_tail, issues a full fence and reads flags.
+ * The two fences order store-then-load on both sides (Dekker), so at least one side sees the
+ * other: either the consumer sees the new tail and does not sleep, or the producer sees
+ * NEED_WAKEUP and rings the doorbell.
+ */
+#ifndef KVT_RING_H
+#define KVT_RING_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "kvt_abi.h"
+
+#define KVT__ATOMIC(p) ((_Atomic uint32_t *)(p))
+
+/* Producer: read own tail (no other writer, relaxed is enough). */
+static inline uint32_t
+kvt_ring_prod_tail_relaxed(const struct kvt_ring_hdr *r)
+{
+	return atomic_load_explicit(KVT__ATOMIC(&r->prod_tail), memory_order_relaxed);
+}
+
+/* Producer: publish entries up to @tail. Pairs with kvt_ring_load_tail() (acquire). */
+static inline void
+kvt_ring_store_tail(struct kvt_ring_hdr *r, uint32_t tail)
+{
+	atomic_store_explicit(KVT__ATOMIC(&r->prod_tail), tail, memory_order_release);
+}
+
+/* Consumer: see published entries. Pairs with kvt_ring_store_tail() (release). */
+static inline uint32_t
+kvt_ring_load_tail(const struct kvt_ring_hdr *r)
+{
+	return atomic_load_explicit(KVT__ATOMIC(&r->prod_tail), memory_order_acquire);
+}
+
+/* Consumer: release consumed slots. Pairs with kvt_ring_load_head() (acquire). */
+static inline void
+kvt_ring_store_head(struct kvt_ring_hdr *r, uint32_t head)
+{
+	atomic_store_explicit(KVT__ATOMIC(&r->cons_head), head, memory_order_release);
+}
+
+/* Producer: see freed slots. Pairs with kvt_ring_store_head() (release). */
+static inline uint32_t
+kvt_ring_load_head(const struct kvt_ring_hdr *r)
+{
+	return atomic_load_explicit(KVT__ATOMIC(&r->cons_head), memory_order_acquire);
+}
+
+/* Consumer: set or clear KVT_RING_NEED_WAKEUP. A consumer that sets it must then call
+ * kvt_ring_fence() and re-check kvt_ring_load_tail() before sleeping. */
+static inline void
+kvt_ring_set_flags(struct kvt_ring_hdr *r, uint32_t flags)
+{
+	atomic_store_explicit(KVT__ATOMIC(&r->flags), flags, memory_order_relaxed);
+}
+
+/* Producer: after kvt_ring_store_tail() and kvt_ring_fence(), does the consumer need a kick? */
+static inline int
+kvt_ring_needs_wakeup(const struct kvt_ring_hdr *r)
+{
+	return (atomic_load_explicit(KVT__ATOMIC(&r->flags), memory_order_relaxed) &
+		KVT_RING_NEED_WAKEUP) != 0;
+}
+
+/* Full fence ordering a store to one index before a load of the other (see top comment). */
+static inline void
+kvt_ring_fence(void)
+{
+	atomic_thread_fence(memory_order_seq_cst);
+}
+
+/* Entries the consumer may read, given its private head and the loaded tail. */
+static inline uint32_t
+kvt_ring_ready(uint32_t head, uint32_t tail)
+{
+	return tail - head;
+}
+
+/* Slots the producer may fill. */
+static inline uint32_t
+kvt_ring_space(uint32_t entries, uint32_t head, uint32_t tail)
+{
+	return entries - (tail - head);
+}
+
+#endif /* KVT_RING_H */
