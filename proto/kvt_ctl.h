@@ -20,7 +20,7 @@
 
 #include "kvt_abi.h"
 
-#define KVT_CTL_MAX_MSG 65536 /* largest message either side sends or accepts */
+#define KVT_CTL_MAX_MSG 262144 /* largest message either side sends or accepts */
 
 enum {
 	KVT_CTL_HELLO = 1,	   /* client -> daemon, struct kvt_ctl_hello */
@@ -55,7 +55,7 @@ struct kvt_ctl_hello {
 	char name[32];	     /* NUL-terminated label shown by kvtierctl */
 	uint64_t reserved[2];
 };
-_Static_assert(sizeof(struct kvt_ctl_hello) == 104, "kvt_ctl_hello ABI");
+_Static_assert(sizeof(struct kvt_ctl_hello) == 96, "kvt_ctl_hello ABI");
 
 struct kvt_ctl_welcome {
 	struct kvt_ctl_hdr hdr;

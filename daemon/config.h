@@ -1,0 +1,67 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * config.h - kvtierd settings: compiled defaults, then the INI file (libinih), then flags.
+ * A bad value anywhere is reported with its file, line or flag and stops the daemon (exit 2)
+ * before anything starts.
+ */
+#ifndef KVTD_CONFIG_H
+#define KVTD_CONFIG_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#define KVTD_DEFAULT_CONFIG "/etc/kvtier/kvtierd.conf"
+#define KVTD_DEFAULT_SOCKET "/run/kvtier/kvtierd.sock"
+#define KVTD_MAX_IDS 32
+
+struct kvtd_config {
+	char config_path[256];
+	int config_explicit; /* --config given: a missing file is an error */
+	/* [daemon] */
+	char socket_path[108];
+	char socket_group[64]; /* empty: leave the group alone */
+	uint32_t socket_mode;
+	uid_t allowed_uids[KVTD_MAX_IDS];
+	unsigned n_allowed_uids; /* 0 with n_allowed_gids 0: any local user */
+	gid_t allowed_gids[KVTD_MAX_IDS];
+	unsigned n_allowed_gids;
+	unsigned pollers;
+	unsigned spin_us;
+	unsigned hello_timeout_ms;
+	int backend; /* enum kvt_dev_kind */
+	int log_level;
+	/* [pool] */
+	uint64_t pool_size;
+	uint64_t chunk_size;
+	int hugetlb;
+	int numa_node; /* -1: no binding; -2: auto (node of the GPU, else local) */
+	int lock;      /* mlock the pool; failure is fatal */
+	/* [limits] */
+	unsigned sessions_per_uid;
+	unsigned max_sessions;
+	unsigned seqs_per_session;
+	unsigned buffers_per_session;
+	unsigned max_sq_entries;
+	uint64_t max_arena_size;
+	uint64_t default_arena_size;
+	unsigned default_sq_entries;
+	uint64_t pool_bytes_per_session; /* 0: no limit beyond the pool */
+	uint64_t pool_bytes_per_uid;
+};
+
+void kvtd_config_defaults(struct kvtd_config *cfg);
+
+/*
+ * kvtd_config_load() - apply defaults, the config file and the flags, in that order.
+ * Returns 0 to run, 1 when --help or --version was printed (exit 0), -EINVAL with @err filled
+ * for a person (exit 2).
+ */
+int kvtd_config_load(struct kvtd_config *cfg, int argc, char **argv, char *err, size_t errlen);
+
+/* Re-reads the file for SIGHUP: only log_level and spin_us change at run time. */
+int kvtd_config_reload(struct kvtd_config *cfg, char *err, size_t errlen);
+
+/* "64M", "2G", "4096" -> bytes. Returns 0 or -EINVAL (also on overflow). */
+int kvtd_parse_size(const char *s, uint64_t *ret);
+
+#endif

@@ -1,0 +1,67 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvtd.h - struct kvtd owns one instance of every daemon subsystem; it is passed explicitly,
+ * there is no daemon-wide global (log level aside, see log.h).
+ *
+ * Ownership and locking in one place:
+ * - The main thread (loop.c) owns connections, the listening socket and session lifetimes.
+ * - A poller owns the sessions assigned to it; its mutex guards their sequences and buffer
+ *   tables. The main thread takes it to register buffers, to read stats and to detach a session
+ *   before freeing it, so a session is never freed while a poller is draining it.
+ * - The pool has its own mutex (pool.h). Counters are atomics.
+ */
+#ifndef KVTD_H
+#define KVTD_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "config.h"
+#include "pool.h"
+
+struct kvt_dev;
+struct kvtd_poller;
+struct kvtd_conn;
+struct io_uring;
+
+struct kvtd_uid {
+	uid_t uid;
+	unsigned sessions; /* 0: entry free */
+	struct kvtd_acct acct;
+};
+
+struct kvtd_counters {
+	_Atomic uint64_t ops;
+	_Atomic uint64_t errors;
+	_Atomic uint64_t refused_einval;
+	_Atomic uint64_t refused_auth;
+	_Atomic uint64_t refused_hello_timeout;
+	_Atomic uint64_t refused_limit;
+	_Atomic uint64_t sessions_total;
+	_Atomic uint64_t ring_corrupt;
+};
+
+struct kvtd {
+	struct kvtd_config cfg;
+	struct kvt_dev *dev;
+	struct kvtd_pool pool;
+	struct kvtd_poller **pollers;
+	unsigned n_pollers;
+	struct kvtd_counters cnt;
+	uint64_t start_ns;
+
+	/* main thread only */
+	struct io_uring *ring;
+	int listen_fd, signal_fd, timer_fd;
+	int stopping;
+	struct kvtd_conn *conns;
+	unsigned n_sessions;
+	uint32_t next_session_id;
+	struct kvtd_uid *uids; /* cfg.max_sessions entries; accounts updated under the pool lock */
+};
+
+uint64_t kvtd_now_ns(void);
+
+#endif

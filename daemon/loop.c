@@ -1,0 +1,703 @@
+/* SPDX-License-Identifier: MIT */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <grp.h>
+#include <json-c/json.h>
+#include <liburing.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include "kvt_ctl.h"
+#include "kvt_dev.h"
+#include "kvtd.h"
+#include "log.h"
+#include "loop.h"
+#include "poller.h"
+#include "session.h"
+#include "stats.h"
+
+/* user_data of the fixed sources; connections use their (aligned, larger) address. */
+enum { SRC_LISTEN = 1, SRC_SIGNAL = 2, SRC_TIMER = 3 };
+
+enum { CONN_NEW, CONN_SESSION, CONN_ADMIN };
+
+struct kvtd_conn {
+	struct kvtd_conn *next, *prev;
+	int fd;
+	int state;
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	uint64_t deadline_ns; /* CONN_NEW: closed when silent past this */
+	struct kvtd_session *s;
+	struct kvtd_uid *uid_ent;
+};
+
+static int
+arm_poll(struct kvtd *d, int fd, uint64_t user_data)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(d->ring);
+
+	if (!sqe) {
+		io_uring_submit(d->ring);
+		sqe = io_uring_get_sqe(d->ring);
+		if (!sqe)
+			return -EBUSY;
+	}
+	io_uring_prep_poll_add(sqe, fd, POLLIN | POLLRDHUP);
+	io_uring_sqe_set_data64(sqe, user_data);
+	return 0;
+}
+
+static void
+send_error(int fd, uint64_t id, int err, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static void
+send_error(int fd, uint64_t id, int err, const char *fmt, ...)
+{
+	struct kvt_ctl_error e;
+	va_list ap;
+
+	memset(&e, 0, sizeof(e));
+	e.hdr.type = KVT_CTL_ERROR;
+	e.hdr.len = sizeof(e);
+	e.hdr.id = id;
+	e.err = err;
+	va_start(ap, fmt);
+	vsnprintf(e.msg, sizeof(e.msg), fmt, ap);
+	va_end(ap);
+	send(fd, &e, sizeof(e), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+static struct kvtd_uid *
+uid_get(struct kvtd *d, uid_t uid)
+{
+	struct kvtd_uid *free_ent = NULL;
+
+	for (unsigned i = 0; i < d->cfg.max_sessions; i++) {
+		struct kvtd_uid *u = &d->uids[i];
+
+		if (u->sessions && u->uid == uid)
+			return u;
+		if (!u->sessions && !free_ent)
+			free_ent = u;
+	}
+	if (free_ent) {
+		free_ent->uid = uid;
+		free_ent->acct.bytes = 0;
+		free_ent->acct.limit = d->cfg.pool_bytes_per_uid;
+	}
+	return free_ent;
+}
+
+static void
+conn_close(struct kvtd *d, struct kvtd_conn *c)
+{
+	if (c->s) {
+		struct kvtd_session *s = c->s;
+
+		kvtd_poller_detach(s);
+		atomic_fetch_add(&d->cnt.ops, s->ops);
+		atomic_fetch_add(&d->cnt.errors, s->errors);
+		log_info("session %u (pid %d uid %u '%s') ended: %llu ops", s->id, (int)c->pid,
+			 (unsigned)c->uid, s->name, (unsigned long long)s->ops);
+		kvtd_session_destroy(s);
+		d->n_sessions--;
+	}
+	if (c->uid_ent)
+		c->uid_ent->sessions--;
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		d->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	close(c->fd);
+	free(c);
+}
+
+static uint32_t
+pow2_up(uint32_t v)
+{
+	uint32_t p = 1;
+
+	while (p < v)
+		p <<= 1;
+	return p;
+}
+
+static int
+handle_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hello *h, size_t len)
+{
+	const struct kvtd_config *cfg = &d->cfg;
+	struct kvt_ctl_welcome w;
+	struct kvtd_session *s;
+	uint32_t sq, cq;
+	uint64_t arena;
+	int r;
+
+	if (len < sizeof(*h)) {
+		send_error(c->fd, h->hdr.id, -EINVAL, "HELLO too short (%zu bytes)", len);
+		return -EINVAL;
+	}
+	if (h->abi_major != KVT_ABI_MAJOR) {
+		send_error(c->fd, h->hdr.id, -EPROTO,
+			   "ABI mismatch: client speaks %u.%u, kvtierd speaks %u.%u", h->abi_major,
+			   h->abi_minor, KVT_ABI_MAJOR, KVT_ABI_MINOR);
+		log_warn("pid %d: ABI mismatch (client %u.%u, daemon %u.%u)", (int)c->pid,
+			 h->abi_major, h->abi_minor, KVT_ABI_MAJOR, KVT_ABI_MINOR);
+		return -EPROTO;
+	}
+	sq = pow2_up(h->sq_entries ? h->sq_entries : cfg->default_sq_entries);
+	cq = pow2_up(h->cq_entries ? h->cq_entries : 2 * sq);
+	arena = h->arena_size ? h->arena_size : cfg->default_arena_size;
+	if (h->sq_entries > cfg->max_sq_entries || sq > cfg->max_sq_entries || cq < sq ||
+	    cq > 2 * cfg->max_sq_entries) {
+		send_error(c->fd, h->hdr.id, -EINVAL,
+			   "ring size sq %u cq %u outside limits (sq <= %u, sq <= cq <= %u)",
+			   h->sq_entries, h->cq_entries, cfg->max_sq_entries,
+			   2 * cfg->max_sq_entries);
+		return -EINVAL;
+	}
+	if (arena > cfg->max_arena_size) {
+		send_error(c->fd, h->hdr.id, -EINVAL, "arena %llu bytes above limit %llu",
+			   (unsigned long long)arena, (unsigned long long)cfg->max_arena_size);
+		return -EINVAL;
+	}
+	if (d->n_sessions >= cfg->max_sessions) {
+		atomic_fetch_add(&d->cnt.refused_limit, 1);
+		send_error(c->fd, h->hdr.id, -EUSERS, "kvtierd has %u sessions (max_sessions)",
+			   d->n_sessions);
+		return -EUSERS;
+	}
+	c->uid_ent = uid_get(d, c->uid);
+	if (!c->uid_ent || c->uid_ent->sessions >= cfg->sessions_per_uid) {
+		c->uid_ent = NULL;
+		atomic_fetch_add(&d->cnt.refused_limit, 1);
+		send_error(c->fd, h->hdr.id, -EUSERS, "uid %u has %u sessions (sessions_per_uid)",
+			   (unsigned)c->uid, cfg->sessions_per_uid);
+		return -EUSERS;
+	}
+	c->uid_ent->sessions++;
+	r = kvtd_session_create(d, sq, cq, arena, &s);
+	if (r < 0) {
+		send_error(c->fd, h->hdr.id, r, "cannot create session: %s", strerror(-r));
+		return r;
+	}
+	s->id = ++d->next_session_id;
+	((struct kvt_region_hdr *)s->region)->session_id = s->id;
+	s->sock = c->fd;
+	s->pid = c->pid;
+	s->uid = c->uid;
+	s->gid = c->gid;
+	s->uid_ent = c->uid_ent;
+	memcpy(s->name, h->name, sizeof(s->name));
+	s->name[sizeof(s->name) - 1] = '\0';
+	for (char *p = s->name; *p; p++)
+		if (*p < 0x20 || *p > 0x7e)
+			*p = '?'; /* shown in logs and JSON */
+
+	memset(&w, 0, sizeof(w));
+	w.hdr.type = KVT_CTL_WELCOME;
+	w.hdr.len = sizeof(w);
+	w.hdr.id = h->hdr.id;
+	w.abi_major = KVT_ABI_MAJOR;
+	w.abi_minor = KVT_ABI_MINOR;
+	w.session_id = s->id;
+	w.region_size = s->region_size;
+	w.features = h->features & KVT_FEAT_ALL;
+	w.backend = kvt_dev_kind(d->dev) == KVT_DEV_CUDA ? KVT_BACKEND_CUDA : KVT_BACKEND_HOST;
+	{
+		int fds[3] = {s->memfd, s->sq_efd, s->cq_efd};
+		char cbuf[CMSG_SPACE(sizeof(fds))];
+		struct iovec iov = {&w, sizeof(w)};
+		struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+				   .msg_controllen = sizeof(cbuf)};
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+
+		memset(cbuf, 0, sizeof(cbuf));
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(fds));
+		memcpy(CMSG_DATA(cm), fds, sizeof(fds));
+		if (sendmsg(c->fd, &m, MSG_NOSIGNAL) < 0) {
+			r = -errno;
+			kvtd_session_destroy(s);
+			return r;
+		}
+	}
+	r = kvtd_poller_attach(d, s);
+	if (r < 0) {
+		kvtd_session_destroy(s);
+		return r;
+	}
+	c->s = s;
+	c->state = CONN_SESSION;
+	d->n_sessions++;
+	atomic_fetch_add(&d->cnt.sessions_total, 1);
+	log_info("session %u: pid %d uid %u '%s', sq %u cq %u arena %llu KiB", s->id, (int)c->pid,
+		 (unsigned)c->uid, s->name, sq, cq, (unsigned long long)(arena >> 10));
+	return 0;
+}
+
+static void
+reply_json(struct kvtd_conn *c, uint64_t id, struct json_object *o)
+{
+	const char *txt = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN);
+	size_t tlen = strlen(txt) + 1;
+	struct kvt_ctl_hdr h = {.type = KVT_CTL_JSON, .id = id};
+	struct iovec iov[2] = {{&h, sizeof(h)}, {(void *)txt, tlen}};
+	struct msghdr m = {.msg_iov = iov, .msg_iovlen = 2};
+
+	if (sizeof(h) + tlen > KVT_CTL_MAX_MSG) {
+		send_error(c->fd, id, -E2BIG, "reply of %zu bytes exceeds %u", tlen,
+			   KVT_CTL_MAX_MSG);
+	} else {
+		h.len = (uint32_t)(sizeof(h) + tlen);
+		sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+	}
+	json_object_put(o);
+}
+
+static int
+handle_buf_register(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_buf_register *m,
+		    size_t len, int fd)
+{
+	struct kvt_ctl_buf_registered ok;
+	struct kvt_dev_import imp;
+	struct kvt_dev_buf *buf;
+	int r;
+
+	if (len < sizeof(*m) || m->flags || m->reserved[0] || m->reserved[1]) {
+		send_error(c->fd, m->hdr.id, -EINVAL, "malformed BUF_REGISTER");
+		return 0;
+	}
+	if (m->kind == KVT_BUF_HOST_MEMFD && fd < 0) {
+		send_error(c->fd, m->hdr.id, -EBADF, "BUF_REGISTER of a memfd carries no fd");
+		return 0;
+	}
+	memset(&imp, 0, sizeof(imp));
+	imp.kind = m->kind;
+	imp.fd = fd;
+	imp.size = m->size;
+	memcpy(imp.ipc_handle, m->ipc_handle, sizeof(imp.ipc_handle));
+	memcpy(imp.device_uuid, m->device_uuid, sizeof(imp.device_uuid));
+	r = kvt_dev_buf_import(d->dev, &imp, &buf);
+	if (r < 0) {
+		send_error(c->fd, m->hdr.id, r,
+			   r == -EINVAL ? "buffer refused: a host buffer must be a memfd sealed "
+					  "against shrinking, at least as large as claimed"
+					: "buffer import failed: %s",
+			   strerror(-r));
+		return 0;
+	}
+	pthread_mutex_lock(&c->s->poller->lock);
+	r = kvtd_session_buf_register(c->s, buf);
+	pthread_mutex_unlock(&c->s->poller->lock);
+	if (r < 0) {
+		kvt_dev_buf_put(buf);
+		send_error(c->fd, m->hdr.id, r, "too many buffers (buffers_per_session = %u)",
+			   d->cfg.buffers_per_session);
+		return 0;
+	}
+	memset(&ok, 0, sizeof(ok));
+	ok.hdr.type = KVT_CTL_BUF_REGISTERED;
+	ok.hdr.len = sizeof(ok);
+	ok.hdr.id = m->hdr.id;
+	ok.buf_id = (uint32_t)r;
+	send(c->fd, &ok, sizeof(ok), MSG_NOSIGNAL | MSG_DONTWAIT);
+	return 0;
+}
+
+static void
+handle_buf_unregister(struct kvtd_conn *c, const struct kvt_ctl_buf_unregister *m, size_t len)
+{
+	struct kvt_ctl_hdr ok = {.type = KVT_CTL_OK, .len = sizeof(ok), .id = m->hdr.id};
+	int r;
+
+	if (len < sizeof(*m) || m->reserved0) {
+		send_error(c->fd, m->hdr.id, -EINVAL, "malformed BUF_UNREGISTER");
+		return;
+	}
+	pthread_mutex_lock(&c->s->poller->lock);
+	r = kvtd_session_buf_unregister(c->s, m->buf_id);
+	pthread_mutex_unlock(&c->s->poller->lock);
+	if (r < 0)
+		send_error(c->fd, m->hdr.id, r,
+			   r == -EBUSY ? "buffer %u is in use by an open sequence"
+				       : "no buffer %u",
+			   m->buf_id);
+	else
+		send(c->fd, &ok, sizeof(ok), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* One message. Returns < 0 to drop the connection. */
+static int
+handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, int fd)
+{
+	const struct kvt_ctl_hdr *h = (const struct kvt_ctl_hdr *)buf;
+
+	if (len < sizeof(*h) || h->len != len) {
+		send_error(c->fd, len >= sizeof(*h) ? h->id : 0, -EINVAL,
+			   "malformed control message (%zu bytes)", len);
+		return c->state == CONN_NEW ? -EINVAL : 0;
+	}
+	switch (h->type) {
+	case KVT_CTL_HELLO:
+		if (c->state != CONN_NEW) {
+			send_error(c->fd, h->id, -EALREADY, "HELLO already said");
+			return 0;
+		}
+		return handle_hello(d, c, (const void *)buf, len);
+	case KVT_CTL_STATUS:
+	case KVT_CTL_CLIENTS:
+	case KVT_CTL_SEQS:
+		if (c->state == CONN_NEW)
+			c->state = CONN_ADMIN;
+		reply_json(c, h->id,
+			   h->type == KVT_CTL_STATUS    ? kvtd_stats_status(d)
+			   : h->type == KVT_CTL_CLIENTS ? kvtd_stats_clients(d)
+							: kvtd_stats_seqs(d));
+		return 0;
+	case KVT_CTL_BUF_REGISTER:
+	case KVT_CTL_BUF_UNREGISTER:
+		if (c->state != CONN_SESSION) {
+			send_error(c->fd, h->id, -ENOTCONN, "buffer registration needs a session "
+							     "(send HELLO first)");
+			return c->state == CONN_NEW ? -ENOTCONN : 0;
+		}
+		if (h->type == KVT_CTL_BUF_REGISTER)
+			return handle_buf_register(d, c, (const void *)buf, len, fd);
+		handle_buf_unregister(c, (const void *)buf, len);
+		return 0;
+	default:
+		send_error(c->fd, h->id, -EINVAL, "unknown control message type %u", h->type);
+		return c->state == CONN_NEW ? -EINVAL : 0;
+	}
+}
+
+/* Readable or hung up. Returns < 0 when the connection is to be closed. */
+static int
+conn_ready(struct kvtd *d, struct kvtd_conn *c, int revents)
+{
+	static _Thread_local uint8_t buf[KVT_CTL_MAX_MSG];
+
+	for (;;) {
+		char cbuf[CMSG_SPACE(4 * sizeof(int))];
+		struct iovec iov = {buf, sizeof(buf)};
+		struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+				   .msg_controllen = sizeof(cbuf)};
+		int fds[4], nfds = 0, r;
+		ssize_t n = recvmsg(c->fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+
+		if (n < 0)
+			return errno == EAGAIN ? 0 : -errno;
+		if (n == 0)
+			return -ECONNRESET; /* EOF: the client is gone */
+		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
+			if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+				int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+
+				for (int i = 0; i < k && nfds < 4; i++)
+					memcpy(&fds[nfds++], CMSG_DATA(cm) + i * sizeof(int),
+					       sizeof(int));
+			}
+		if (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+			send_error(c->fd, 0, -EMSGSIZE, "control message too large");
+			r = c->state == CONN_NEW ? -EMSGSIZE : 0;
+		} else {
+			r = handle_msg(d, c, buf, (size_t)n, nfds == 1 ? fds[0] : -1);
+		}
+		/* The daemon keeps no client fd: imports hold mappings, not descriptors. */
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
+		if (r < 0)
+			return r;
+	}
+}
+
+static int
+peer_allowed(const struct kvtd_config *cfg, uid_t uid, gid_t gid)
+{
+	if (!cfg->n_allowed_uids && !cfg->n_allowed_gids)
+		return 1;
+	if (uid == 0 || uid == geteuid())
+		return 1;
+	for (unsigned i = 0; i < cfg->n_allowed_uids; i++)
+		if (cfg->allowed_uids[i] == uid)
+			return 1;
+	for (unsigned i = 0; i < cfg->n_allowed_gids; i++)
+		if (cfg->allowed_gids[i] == gid)
+			return 1;
+	return 0;
+}
+
+static void
+do_accept(struct kvtd *d)
+{
+	for (;;) {
+		struct ucred cred;
+		socklen_t clen = sizeof(cred);
+		struct kvtd_conn *c;
+		int fd = accept4(d->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		int sndbuf = 2 * KVT_CTL_MAX_MSG;
+
+		if (fd < 0)
+			return;
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
+			close(fd);
+			continue;
+		}
+		if (!peer_allowed(&d->cfg, cred.uid, cred.gid)) {
+			atomic_fetch_add(&d->cnt.refused_auth, 1);
+			log_warn("refused pid %d uid %u gid %u: not in allowed_uids/allowed_gids",
+				 (int)cred.pid, (unsigned)cred.uid, (unsigned)cred.gid);
+			send_error(fd, 0, -EACCES, "uid %u is not allowed to use kvtierd",
+				   (unsigned)cred.uid);
+			close(fd);
+			continue;
+		}
+		c = calloc(1, sizeof(*c));
+		if (!c) {
+			close(fd);
+			continue;
+		}
+		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+		c->fd = fd;
+		c->pid = cred.pid;
+		c->uid = cred.uid;
+		c->gid = cred.gid;
+		c->state = CONN_NEW;
+		c->deadline_ns = kvtd_now_ns() + (uint64_t)d->cfg.hello_timeout_ms * 1000000;
+		c->next = d->conns;
+		if (d->conns)
+			d->conns->prev = c;
+		d->conns = c;
+		if (arm_poll(d, fd, (uint64_t)(uintptr_t)c) < 0)
+			conn_close(d, c);
+	}
+}
+
+static void
+on_timer(struct kvtd *d)
+{
+	uint64_t now = kvtd_now_ns(), ticks;
+
+	if (read(d->timer_fd, &ticks, sizeof(ticks)) < 0)
+		return;
+	sd_notify(0, "WATCHDOG=1");
+	/* A connection that never said anything is shut down; its armed poll then reports the
+	 * hangup and the normal close path frees it. */
+	for (struct kvtd_conn *c = d->conns; c; c = c->next)
+		if (c->state == CONN_NEW && c->deadline_ns && now > c->deadline_ns) {
+			atomic_fetch_add(&d->cnt.refused_hello_timeout, 1);
+			log_info("pid %d said nothing in %u ms: closing", (int)c->pid,
+				 d->cfg.hello_timeout_ms);
+			send_error(c->fd, 0, -ETIMEDOUT, "no HELLO within %u ms",
+				   d->cfg.hello_timeout_ms);
+			shutdown(c->fd, SHUT_RDWR);
+			c->deadline_ns = 0;
+		}
+}
+
+static void
+on_signal(struct kvtd *d)
+{
+	struct signalfd_siginfo si;
+	char err[512];
+
+	while (read(d->signal_fd, &si, sizeof(si)) == sizeof(si)) {
+		if (si.ssi_signo == SIGHUP) {
+			sd_notify(0, "RELOADING=1");
+			if (kvtd_config_reload(&d->cfg, err, sizeof(err)) < 0) {
+				log_err("reload: %s (keeping the running settings)", err);
+			} else {
+				for (unsigned i = 0; i < d->n_pollers; i++)
+					atomic_store(&d->pollers[i]->spin_us, d->cfg.spin_us);
+				log_notice("reloaded %s", d->cfg.config_path);
+			}
+			sd_notify(0, "READY=1");
+		} else {
+			log_notice("signal %u: stopping", si.ssi_signo);
+			d->stopping = 1;
+		}
+	}
+}
+
+static int
+socket_bind(struct kvtd *d)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	const char *path = d->cfg.socket_path;
+	int fd, r;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	/* A stale socket file from a crash is removed; a live daemon behind it is not. */
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+		close(fd);
+		log_err("another kvtierd is listening on %s", path);
+		return -EADDRINUSE;
+	}
+	unlink(path);
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		r = -errno;
+		log_err("bind %s: %s", path, strerror(-r));
+		goto err;
+	}
+	if (chmod(path, d->cfg.socket_mode) < 0) {
+		r = -errno;
+		log_err("chmod %s: %s", path, strerror(-r));
+		goto err_unlink;
+	}
+	if (d->cfg.socket_group[0]) {
+		struct group *g = getgrnam(d->cfg.socket_group);
+
+		if (!g || chown(path, (uid_t)-1, g->gr_gid) < 0) {
+			r = g ? -errno : -ENOENT;
+			log_err("chown %s to group %s: %s", path, d->cfg.socket_group,
+				strerror(-r));
+			goto err_unlink;
+		}
+	}
+	if (listen(fd, 128) < 0) {
+		r = -errno;
+		goto err_unlink;
+	}
+	d->listen_fd = fd;
+	return 0;
+err_unlink:
+	unlink(path);
+err:
+	close(fd);
+	return r;
+}
+
+int
+kvtd_loop_init(struct kvtd *d)
+{
+	unsigned tick_ms = d->cfg.hello_timeout_ms / 4;
+	struct itimerspec its = {0};
+	sigset_t mask;
+	int r;
+
+	d->listen_fd = d->signal_fd = d->timer_fd = -1;
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGHUP);
+	d->signal_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+	if (d->signal_fd < 0)
+		return -errno;
+	if (tick_ms < 50)
+		tick_ms = 50;
+	if (tick_ms > 1000)
+		tick_ms = 1000;
+	d->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+	if (d->timer_fd < 0)
+		return -errno;
+	its.it_interval.tv_sec = tick_ms / 1000;
+	its.it_interval.tv_nsec = (long)(tick_ms % 1000) * 1000000;
+	its.it_value = its.it_interval;
+	timerfd_settime(d->timer_fd, 0, &its, NULL);
+	d->ring = calloc(1, sizeof(*d->ring));
+	if (!d->ring)
+		return -ENOMEM;
+	r = io_uring_queue_init(256, d->ring, 0);
+	if (r < 0) {
+		free(d->ring);
+		d->ring = NULL;
+		log_err("io_uring_queue_init: %s", strerror(-r));
+		return r;
+	}
+	r = socket_bind(d);
+	if (r < 0)
+		return r;
+	d->uids = calloc(d->cfg.max_sessions, sizeof(*d->uids));
+	if (!d->uids)
+		return -ENOMEM;
+	arm_poll(d, d->listen_fd, SRC_LISTEN);
+	arm_poll(d, d->signal_fd, SRC_SIGNAL);
+	arm_poll(d, d->timer_fd, SRC_TIMER);
+	log_notice("listening on %s (mode %04o%s%s)", d->cfg.socket_path, d->cfg.socket_mode,
+		   d->cfg.socket_group[0] ? ", group " : "", d->cfg.socket_group);
+	return 0;
+}
+
+int
+kvtd_loop_run(struct kvtd *d)
+{
+	while (!d->stopping) {
+		struct io_uring_cqe *cqe;
+		uint64_t ud;
+		int res, r;
+
+		io_uring_submit(d->ring);
+		r = io_uring_wait_cqe(d->ring, &cqe);
+		if (r == -EINTR)
+			continue;
+		if (r < 0) {
+			log_err("io_uring_wait_cqe: %s", strerror(-r));
+			return r;
+		}
+		ud = io_uring_cqe_get_data64(cqe);
+		res = cqe->res;
+		io_uring_cqe_seen(d->ring, cqe);
+		switch (ud) {
+		case SRC_LISTEN:
+			do_accept(d);
+			arm_poll(d, d->listen_fd, SRC_LISTEN);
+			break;
+		case SRC_SIGNAL:
+			on_signal(d);
+			arm_poll(d, d->signal_fd, SRC_SIGNAL);
+			break;
+		case SRC_TIMER:
+			on_timer(d);
+			arm_poll(d, d->timer_fd, SRC_TIMER);
+			break;
+		default: {
+			struct kvtd_conn *c = (struct kvtd_conn *)(uintptr_t)ud;
+
+			if (res < 0 || conn_ready(d, c, res) < 0 || (res & (POLLHUP | POLLRDHUP)))
+				conn_close(d, c);
+			else
+				arm_poll(d, c->fd, ud);
+		}
+		}
+	}
+	return 0;
+}
+
+void
+kvtd_loop_fini(struct kvtd *d)
+{
+	while (d->conns)
+		conn_close(d, d->conns);
+	if (d->listen_fd >= 0) {
+		close(d->listen_fd);
+		unlink(d->cfg.socket_path);
+	}
+	if (d->ring) {
+		io_uring_queue_exit(d->ring);
+		free(d->ring);
+	}
+	if (d->signal_fd >= 0)
+		close(d->signal_fd);
+	if (d->timer_fd >= 0)
+		close(d->timer_fd);
+	free(d->uids);
+}

@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvtierd: parse options, start each subsystem, tell systemd we are ready, run the loop, stop
+ * in reverse order.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <systemd/sd-daemon.h>
+
+#include "kvt_dev.h"
+#include "kvtd.h"
+#include "log.h"
+#include "loop.h"
+#include "poller.h"
+
+int
+main(int argc, char **argv)
+{
+	struct kvtd d;
+	char err[512];
+	sigset_t mask;
+	int r;
+
+	memset(&d, 0, sizeof(d));
+	r = kvtd_config_load(&d.cfg, argc, argv, err, sizeof(err));
+	if (r > 0)
+		return 0;
+	if (r < 0) {
+		fprintf(stderr, "kvtierd: %s\n", err);
+		return 2;
+	}
+	d.start_ns = kvtd_now_ns();
+	/* Signals arrive through signalfd in the main loop; every thread inherits this mask. */
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, &mask, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	r = kvt_dev_open(d.cfg.backend, &d.dev);
+	if (r < 0) {
+		log_err("device backend '%s' unavailable: %s",
+			d.cfg.backend == KVT_DEV_CUDA ? "cuda" : "auto", strerror(-r));
+		return 1;
+	}
+	log_notice("kvtierd %s starting: backend %s", KVTIER_VERSION, kvt_dev_name(d.dev));
+	r = kvtd_pool_init(&d.pool, &d.cfg, d.dev);
+	if (r < 0)
+		goto err_dev;
+	r = kvtd_loop_init(&d);
+	if (r < 0)
+		goto err_loop;
+	r = kvtd_pollers_start(&d);
+	if (r < 0) {
+		log_err("starting pollers: %s", strerror(-r));
+		goto err_pollers;
+	}
+	sd_notifyf(0, "READY=1\nSTATUS=serving on %s, pool %llu MiB", d.cfg.socket_path,
+		   (unsigned long long)(d.pool.size >> 20));
+	log_notice("ready: %u poller(s), spin %u us", d.n_pollers, d.cfg.spin_us);
+	r = kvtd_loop_run(&d);
+	sd_notify(0, "STOPPING=1");
+err_pollers:
+	kvtd_loop_fini(&d);
+	kvtd_pollers_stop(&d);
+err_loop:
+	kvtd_pool_fini(&d.pool);
+err_dev:
+	kvt_dev_close(d.dev);
+	log_notice("kvtierd stopped");
+	return r < 0 ? 1 : 0;
+}

@@ -1,0 +1,209 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ops.c - the data-path handlers. The SQE is a private copy, but the arena is still shared: a
+ * payload that steers control flow (sequence parameters, slot lists) is copied before it is
+ * checked; bulk data (rows, scores) is read once and its content cannot hurt the daemon.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+
+#include "kvtd.h"
+#include "ops.h"
+#include "seq.h"
+#include "session.h"
+
+/* Overflow-safe check that [off, off + len) lies in the arena, with an alignment. */
+static void *
+arena_range(struct kvtd_session *s, uint64_t off, uint64_t len, unsigned align)
+{
+	if (off > s->arena_size || len > s->arena_size - off || (off & (align - 1)))
+		return NULL;
+	return s->arena + off;
+}
+
+/* Fields an opcode does not use must be zero (so they can be given meaning later). */
+static int
+unused_zero(const struct kvt_sqe *e, int arena, int count, int args, int buf)
+{
+	if (!arena && (e->arena_off || e->arena_len))
+		return 0;
+	if (!count && e->count)
+		return 0;
+	if (!args && (e->arg0 || e->arg1 || e->arg2))
+		return 0;
+	if (!buf && e->buf_id)
+		return 0;
+	return 1;
+}
+
+static int
+op_seq_open(struct kvtd_session *s, const struct kvt_sqe *e)
+{
+	struct kvt_seq_params p;
+	const void *src;
+
+	if (e->seq || e->op_flags || !unused_zero(e, 1, 0, 0, 0) || e->arena_len < sizeof(p))
+		return -EINVAL;
+	src = arena_range(s, e->arena_off, e->arena_len, 8);
+	if (!src)
+		return -EINVAL;
+	memcpy(&p, src, sizeof(p));
+	return kvtd_seq_open(s, &p);
+}
+
+static int
+op_append(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
+{
+	uint64_t first = q->n, len;
+	const void *src;
+	int64_t r;
+
+	if (!e->count || (e->op_flags & ~KVT_APPEND_F_T0) || !unused_zero(e, 1, 1, 0, 0))
+		return -EINVAL;
+	if (e->op_flags & KVT_APPEND_F_T0) {
+		len = (uint64_t)e->count * sizeof(uint32_t);
+		if (e->arena_len != len)
+			return -EINVAL;
+		src = arena_range(s, e->arena_off, len, 4);
+		if (!src)
+			return -EINVAL;
+		r = kvtd_seq_append_t0(s, q, src, e->count);
+	} else {
+		len = (uint64_t)e->count * q->token_bytes;
+		if (e->arena_len != len)
+			return -EINVAL;
+		src = arena_range(s, e->arena_off, len, 1);
+		if (!src)
+			return -EINVAL;
+		r = kvtd_seq_append_rows(s, q, src, e->count);
+	}
+	if (r < 0)
+		return (int)r;
+	c->aux[0] = first;
+	return r > INT32_MAX ? INT32_MAX : (int)r;
+}
+
+static int
+op_score_add(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q)
+{
+	const float *v;
+
+	if (e->op_flags || !e->count || e->arg1 || e->arg2 || e->buf_id)
+		return -EINVAL;
+	if (e->arena_len != (uint64_t)e->count * sizeof(float))
+		return -EINVAL;
+	if (e->arg0 > q->n || e->count > q->n - e->arg0)
+		return -EINVAL;
+	v = arena_range(s, e->arena_off, e->arena_len, 4);
+	if (!v)
+		return -EINVAL;
+	for (uint32_t i = 0; i < e->count; i++) {
+		float x = v[i];
+
+		/* A NaN or negative weight is not an attention weight: refuse the whole add. */
+		if (!(x >= 0.0f) || x > 1e30f)
+			return -EINVAL;
+	}
+	for (uint32_t i = 0; i < e->count; i++) {
+		q->score[e->arg0 + i] += v[i];
+		q->score_total += v[i];
+	}
+	return 0;
+}
+
+static int
+op_seq_stat(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q)
+{
+	struct kvt_seq_stat st;
+	void *dst;
+
+	if (e->op_flags || !unused_zero(e, 1, 0, 0, 0) || e->arena_len < sizeof(st))
+		return -EINVAL;
+	dst = arena_range(s, e->arena_off, sizeof(st), 8);
+	if (!dst)
+		return -EINVAL;
+	memset(&st, 0, sizeof(st));
+	st.size = sizeof(st);
+	st.seq = q->id;
+	st.n_tokens = q->n;
+	memcpy(st.tier_count, q->tier_count, sizeof(st.tier_count));
+	st.pool_bytes = (q->n - q->tier_count[KVTD_T3]) * kvtd_pool_slot_size(&s->d->pool, q->cls);
+	st.bytes_in = q->bytes_in;
+	st.bytes_out = q->bytes_out;
+	st.score_total = q->score_total;
+	memcpy(dst, &st, sizeof(st));
+	return sizeof(st);
+}
+
+void
+kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
+{
+	struct kvtd_seq *q = NULL;
+	int r;
+
+	c->res = 0;
+	c->flags = 0;
+	c->aux[0] = c->aux[1] = 0;
+	if (e->flags & ~KVT_SQE_F_ALL || e->reserved) {
+		r = -EINVAL;
+		goto out;
+	}
+	switch (e->opcode) {
+	case KVT_OP_NOP:
+		r = (e->seq || e->op_flags || !unused_zero(e, 0, 0, 0, 0)) ? -EINVAL : 0;
+		goto out;
+	case KVT_OP_SEQ_OPEN:
+		r = op_seq_open(s, e);
+		goto out;
+	case KVT_OP_SEQ_CLOSE:
+	case KVT_OP_APPEND:
+	case KVT_OP_SCORE_ADD:
+	case KVT_OP_SEQ_STAT:
+		break;
+	case KVT_OP_RETIER:
+	case KVT_OP_FETCH:
+	case KVT_OP_TOPK:
+		r = -EOPNOTSUPP; /* numbers reserved; handlers land with the tiering and retrieval engines */
+		goto out;
+	default:
+		r = -EINVAL;
+		goto out;
+	}
+	/* Every remaining opcode names an open sequence. Out of range is -EINVAL; a valid id with
+	 * no open sequence behind it is -ENOENT. */
+	if (!e->seq || e->seq > s->max_seqs) {
+		r = -EINVAL;
+		goto out;
+	}
+	q = kvtd_seq_get(s, e->seq);
+	if (!q) {
+		r = -ENOENT;
+		goto out;
+	}
+	switch (e->opcode) {
+	case KVT_OP_SEQ_CLOSE:
+		r = (e->op_flags || !unused_zero(e, 0, 0, 0, 0)) ? -EINVAL : kvtd_seq_close(s, e->seq);
+		break;
+	case KVT_OP_APPEND:
+		r = op_append(s, e, q, c);
+		break;
+	case KVT_OP_SCORE_ADD:
+		r = op_score_add(s, e, q);
+		break;
+	default: /* KVT_OP_SEQ_STAT */
+		r = op_seq_stat(s, e, q);
+		break;
+	}
+out:
+	c->res = r;
+	/* Per-session counters only: the hot path touches no shared cache line. The daemon
+	 * totals fold them in when a session ends (session.c). */
+	s->ops++;
+	if (r < 0) {
+		s->errors++;
+		if (r == -EINVAL)
+			atomic_fetch_add_explicit(&s->d->cnt.refused_einval, 1,
+						  memory_order_relaxed);
+	}
+}

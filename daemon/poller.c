@@ -1,0 +1,210 @@
+/* SPDX-License-Identifier: MIT */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "kvt_ring.h"
+#include "kvtd.h"
+#include "log.h"
+#include "poller.h"
+#include "session.h"
+
+static void
+cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
+static void
+set_need_wakeup(struct kvtd_poller *p, uint32_t flags)
+{
+	for (unsigned i = 0; i < p->n_sessions; i++)
+		kvt_ring_set_flags(p->sessions[i]->sq, flags);
+}
+
+static int
+any_pending(struct kvtd_poller *p)
+{
+	for (unsigned i = 0; i < p->n_sessions; i++)
+		if (kvtd_session_pending(p->sessions[i]))
+			return 1;
+	return 0;
+}
+
+static void *
+poller_main(void *arg)
+{
+	struct kvtd_poller *p = arg;
+	uint64_t last_work = kvtd_now_ns();
+	struct epoll_event ev[32];
+
+	while (!atomic_load_explicit(&p->stop, memory_order_relaxed)) {
+		unsigned work = 0;
+		uint64_t now;
+
+		pthread_mutex_lock(&p->lock);
+		for (unsigned i = 0; i < p->n_sessions; i++)
+			work += kvtd_session_drain(p->sessions[i]);
+		pthread_mutex_unlock(&p->lock);
+		now = kvtd_now_ns();
+		if (work) {
+			atomic_fetch_add_explicit(&p->busy_ns, now - last_work < 1000000 ?
+								       now - last_work : 0,
+						  memory_order_relaxed);
+			last_work = now;
+			continue;
+		}
+		if (now - last_work <
+		    (uint64_t)atomic_load_explicit(&p->spin_us, memory_order_relaxed) * 1000) {
+			cpu_relax();
+			continue;
+		}
+		/* Going to sleep: announce it, then look once more (pairs with the client's
+		 * store-tail, fence, read-flags in kvt_submit()). */
+		pthread_mutex_lock(&p->lock);
+		set_need_wakeup(p, KVT_RING_NEED_WAKEUP);
+		kvt_ring_fence();
+		work = any_pending(p);
+		pthread_mutex_unlock(&p->lock);
+		if (!work) {
+			int n = epoll_wait(p->epfd, ev, 32, -1);
+
+			atomic_fetch_add_explicit(&p->sleeps, 1, memory_order_relaxed);
+			for (int i = 0; i < n; i++) {
+				eventfd_t v;
+
+				eventfd_read(ev[i].data.fd, &v); /* non-blocking: resets the count */
+			}
+		}
+		pthread_mutex_lock(&p->lock);
+		set_need_wakeup(p, 0);
+		pthread_mutex_unlock(&p->lock);
+		last_work = kvtd_now_ns();
+	}
+	return NULL;
+}
+
+static void
+poller_free(struct kvtd_poller *p)
+{
+	if (!p)
+		return;
+	if (p->epfd >= 0)
+		close(p->epfd);
+	if (p->wake_efd >= 0)
+		close(p->wake_efd);
+	pthread_mutex_destroy(&p->lock);
+	free(p->sessions);
+	free(p);
+}
+
+int
+kvtd_pollers_start(struct kvtd *d)
+{
+	struct epoll_event ev = {.events = EPOLLIN};
+	int r;
+
+	d->pollers = calloc(d->cfg.pollers, sizeof(*d->pollers));
+	if (!d->pollers)
+		return -ENOMEM;
+	for (unsigned i = 0; i < d->cfg.pollers; i++) {
+		struct kvtd_poller *p = calloc(1, sizeof(*p));
+
+		if (!p)
+			return -ENOMEM;
+		p->d = d;
+		p->idx = i;
+		p->spin_us = d->cfg.spin_us;
+		pthread_mutex_init(&p->lock, NULL);
+		p->epfd = epoll_create1(EPOLL_CLOEXEC);
+		p->wake_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (p->epfd < 0 || p->wake_efd < 0) {
+			r = -errno;
+			poller_free(p);
+			return r;
+		}
+		ev.data.fd = p->wake_efd;
+		epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->wake_efd, &ev);
+		r = -pthread_create(&p->thread, NULL, poller_main, p);
+		if (r < 0) {
+			poller_free(p);
+			return r;
+		}
+		pthread_setname_np(p->thread, "kvtd-poller");
+		d->pollers[d->n_pollers++] = p;
+	}
+	return 0;
+}
+
+void
+kvtd_pollers_stop(struct kvtd *d)
+{
+	for (unsigned i = 0; i < d->n_pollers; i++) {
+		struct kvtd_poller *p = d->pollers[i];
+
+		atomic_store(&p->stop, 1);
+		eventfd_write(p->wake_efd, 1);
+		pthread_join(p->thread, NULL);
+		poller_free(p);
+	}
+	free(d->pollers);
+	d->pollers = NULL;
+	d->n_pollers = 0;
+}
+
+int
+kvtd_poller_attach(struct kvtd *d, struct kvtd_session *s)
+{
+	struct epoll_event ev = {.events = EPOLLIN, .data.fd = s->sq_efd};
+	struct kvtd_poller *p = d->pollers[0];
+	int r = 0;
+
+	for (unsigned i = 1; i < d->n_pollers; i++)
+		if (d->pollers[i]->n_sessions < p->n_sessions)
+			p = d->pollers[i];
+	pthread_mutex_lock(&p->lock);
+	if (p->n_sessions == p->cap) {
+		unsigned cap = p->cap ? p->cap * 2 : 8;
+		void *n = realloc(p->sessions, cap * sizeof(*p->sessions));
+
+		if (!n) {
+			r = -ENOMEM;
+			goto out;
+		}
+		p->sessions = n;
+		p->cap = cap;
+	}
+	if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, s->sq_efd, &ev) < 0) {
+		r = -errno;
+		goto out;
+	}
+	p->sessions[p->n_sessions++] = s;
+	s->poller = p;
+out:
+	pthread_mutex_unlock(&p->lock);
+	return r;
+}
+
+void
+kvtd_poller_detach(struct kvtd_session *s)
+{
+	struct kvtd_poller *p = s->poller;
+
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->lock);
+	for (unsigned i = 0; i < p->n_sessions; i++)
+		if (p->sessions[i] == s) {
+			p->sessions[i] = p->sessions[--p->n_sessions];
+			break;
+		}
+	epoll_ctl(p->epfd, EPOLL_CTL_DEL, s->sq_efd, NULL);
+	pthread_mutex_unlock(&p->lock);
+	s->poller = NULL;
+}

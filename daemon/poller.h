@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * poller.h - threads that drain session rings. A poller spins while there is work and for
+ * spin_us after the last of it, then sets NEED_WAKEUP on its sessions' SQs and sleeps on their
+ * doorbells (epoll), so a busy client pays no syscall and an idle daemon burns no CPU.
+ */
+#ifndef KVTD_POLLER_H
+#define KVTD_POLLER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+struct kvtd;
+struct kvtd_session;
+
+struct kvtd_poller {
+	struct kvtd *d;
+	unsigned idx;
+	pthread_t thread;
+	pthread_mutex_t lock; /* guards sessions[] and their sequence/buffer state */
+	struct kvtd_session **sessions;
+	unsigned n_sessions, cap;
+	int epfd;
+	int wake_efd; /* kicks the poller out of its sleep (new session, stop) */
+	_Atomic int stop;
+	_Atomic unsigned spin_us;
+	_Atomic uint64_t busy_ns, sleeps;
+};
+
+int kvtd_pollers_start(struct kvtd *d);
+void kvtd_pollers_stop(struct kvtd *d);
+
+/* Main thread: hand a session to the least-loaded poller. Returns 0 or -ENOMEM. */
+int kvtd_poller_attach(struct kvtd *d, struct kvtd_session *s);
+/* Main thread: take the session back; on return no poller touches it. */
+void kvtd_poller_detach(struct kvtd_session *s);
+
+#endif

@@ -1,0 +1,402 @@
+/* SPDX-License-Identifier: MIT */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <numa.h>
+#include <numaif.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "kvt_dev.h"
+#include "log.h"
+#include "pool.h"
+
+struct kvtd_pool_chunk {
+	struct kvtd_pool_chunk *next, *prev; /* free_list or its class's partial list */
+	int32_t cls;			     /* -1: free chunk */
+	uint32_t used;			     /* slots handed out */
+	uint32_t bump;			     /* slots never handed out start here */
+	uint32_t free_head;		     /* 1 + index of a returned slot, 0 = none */
+};
+
+static uint32_t
+chunk_index(const struct kvtd_pool *pool, const void *p)
+{
+	return (uint32_t)(((const uint8_t *)p - pool->base) / pool->chunk_size);
+}
+
+static uint8_t *
+chunk_base(const struct kvtd_pool *pool, const struct kvtd_pool_chunk *c)
+{
+	return pool->base + (uint64_t)(c - pool->chunks) * pool->chunk_size;
+}
+
+static void
+list_del(struct kvtd_pool_chunk **head, struct kvtd_pool_chunk *c)
+{
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		*head = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	c->next = c->prev = NULL;
+}
+
+static void
+list_add(struct kvtd_pool_chunk **head, struct kvtd_pool_chunk *c)
+{
+	c->prev = NULL;
+	c->next = *head;
+	if (*head)
+		(*head)->prev = c;
+	*head = c;
+}
+
+struct touch_arg {
+	uint8_t *p;
+	uint64_t len;
+};
+
+static void *
+touch_thread(void *arg)
+{
+	struct touch_arg *t = arg;
+
+	/* A write per page faults it in on this thread's node (first touch). */
+	for (uint64_t off = 0; off < t->len; off += 4096)
+		t->p[off] = 0;
+	return NULL;
+}
+
+/* First touch in parallel: a GiB-sized pool takes seconds to fault in from one thread. */
+static void
+pool_touch(uint8_t *p, uint64_t len, uint64_t chunk)
+{
+	enum { MAX_THREADS = 8 };
+	pthread_t th[MAX_THREADS];
+	struct touch_arg args[MAX_THREADS];
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned n = ncpu > 0 ? (unsigned)ncpu : 1, started = 0;
+	uint64_t per;
+
+	if (n > MAX_THREADS)
+		n = MAX_THREADS;
+	if (len < (256ull << 20))
+		n = 1;
+	per = (len / n + chunk - 1) / chunk * chunk;
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t off = per * i;
+
+		args[i].p = p + off;
+		args[i].len = off >= len ? 0 : (len - off < per ? len - off : per);
+		if (pthread_create(&th[i], NULL, touch_thread, &args[i]) == 0)
+			started++;
+		else
+			touch_thread(&args[i]);
+		if (started != i + 1) /* keep thread indices dense for the joins below */
+			break;
+	}
+	for (unsigned i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	for (unsigned i = started; i < n; i++)
+		touch_thread(&args[i]);
+}
+
+int
+kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *dev)
+{
+	int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+	int r;
+
+	memset(pool, 0, sizeof(*pool));
+	if (!cfg->pool_size || cfg->pool_size % cfg->chunk_size)
+		return -EINVAL;
+	pool->size = cfg->pool_size;
+	pool->chunk_size = cfg->chunk_size;
+	pool->n_chunks = (uint32_t)(cfg->pool_size / cfg->chunk_size);
+	pool->numa_node = -1;
+	pthread_mutex_init(&pool->lock, NULL);
+
+	if (cfg->hugetlb) {
+		pool->base = mmap(NULL, pool->size, PROT_READ | PROT_WRITE, flags | MAP_HUGETLB, -1,
+				  0);
+		if (pool->base == MAP_FAILED) {
+			r = -errno;
+			log_err("pool: hugetlb mapping of %llu MiB failed: %s (reserve pages in "
+				"/proc/sys/vm/nr_hugepages or set hugetlb = no)",
+				(unsigned long long)(pool->size >> 20), strerror(-r));
+			goto err_lock;
+		}
+		pool->backing = "hugetlb";
+	} else {
+		pool->base = mmap(NULL, pool->size, PROT_READ | PROT_WRITE, flags, -1, 0);
+		if (pool->base == MAP_FAILED) {
+			r = -errno;
+			log_err("pool: mapping %llu MiB failed: %s",
+				(unsigned long long)(pool->size >> 20), strerror(-r));
+			goto err_lock;
+		}
+		pool->backing = madvise(pool->base, pool->size, MADV_HUGEPAGE) == 0 ? "thp" : "anon";
+	}
+
+	/* Bind before the first touch so pages come from the node that serves the GPU. With no
+	 * GPU, "auto" leaves placement to first touch on the daemon's own node. */
+	if (cfg->numa_node >= 0) {
+		if (numa_available() < 0 || cfg->numa_node > numa_max_node()) {
+			log_err("pool: NUMA node %d not available", cfg->numa_node);
+			r = -EINVAL;
+			goto err_unmap;
+		}
+		numa_tonode_memory(pool->base, pool->size, cfg->numa_node);
+		pool->numa_node = cfg->numa_node;
+	}
+	pool_touch(pool->base, pool->size, pool->chunk_size);
+	if (cfg->lock) {
+		if (mlock(pool->base, pool->size) < 0) {
+			r = -errno;
+			log_err("pool: mlock of %llu MiB failed: %s (raise LimitMEMLOCK / ulimit -l, "
+				"grant CAP_IPC_LOCK, or set [pool] lock = no)",
+				(unsigned long long)(pool->size >> 20), strerror(-r));
+			goto err_unmap;
+		}
+		pool->locked = 1;
+	}
+	if (pool->numa_node < 0 && numa_available() >= 0) {
+		int node = -1;
+
+		if (get_mempolicy(&node, NULL, 0, pool->base, MPOL_F_NODE | MPOL_F_ADDR) == 0)
+			pool->numa_node = node;
+	}
+	if (dev) {
+		r = kvt_dev_host_register(dev, pool->base, pool->size);
+		if (r < 0) {
+			log_err("pool: registering with the %s backend failed: %s",
+				kvt_dev_name(dev), strerror(-r));
+			goto err_munlock;
+		}
+		pool->dev = dev;
+	}
+
+	pool->chunks = calloc(pool->n_chunks, sizeof(*pool->chunks));
+	if (!pool->chunks) {
+		r = -ENOMEM;
+		goto err_unregister;
+	}
+	for (uint32_t i = pool->n_chunks; i-- > 0;) {
+		pool->chunks[i].cls = -1;
+		list_add(&pool->free_list, &pool->chunks[i]);
+	}
+	pool->free_chunks = pool->n_chunks;
+	log_notice("pool: %llu MiB, %u chunks of %llu KiB, backing %s, NUMA node %d, %s",
+		   (unsigned long long)(pool->size >> 20), pool->n_chunks,
+		   (unsigned long long)(pool->chunk_size >> 10), pool->backing, pool->numa_node,
+		   pool->locked ? "locked" : "not locked");
+	return 0;
+
+err_unregister:
+	if (pool->dev)
+		kvt_dev_host_unregister(dev, pool->base, pool->size);
+err_munlock:
+	if (pool->locked)
+		munlock(pool->base, pool->size);
+err_unmap:
+	munmap(pool->base, pool->size);
+err_lock:
+	pthread_mutex_destroy(&pool->lock);
+	pool->base = NULL;
+	return r;
+}
+
+void
+kvtd_pool_fini(struct kvtd_pool *pool)
+{
+	if (!pool->base)
+		return;
+	if (pool->dev)
+		kvt_dev_host_unregister(pool->dev, pool->base, pool->size);
+	if (pool->locked)
+		munlock(pool->base, pool->size);
+	munmap(pool->base, pool->size);
+	free(pool->chunks);
+	pthread_mutex_destroy(&pool->lock);
+	pool->base = NULL;
+}
+
+int
+kvtd_pool_class_get(struct kvtd_pool *pool, uint64_t slot_size)
+{
+	int r = -ENOSPC, free_cls = -1;
+
+	slot_size = (slot_size + 63) & ~63ull;
+	if (!slot_size || slot_size > pool->chunk_size)
+		return -E2BIG;
+	pthread_mutex_lock(&pool->lock);
+	for (int i = 0; i < KVTD_POOL_MAX_CLASSES; i++) {
+		struct kvtd_pool_class *c = &pool->classes[i];
+
+		if (c->slot_size == slot_size) {
+			c->refs++;
+			r = i;
+			goto out;
+		}
+		if (!c->refs && !c->chunks && free_cls < 0)
+			free_cls = i;
+	}
+	if (free_cls >= 0) {
+		struct kvtd_pool_class *c = &pool->classes[free_cls];
+
+		c->slot_size = (uint32_t)slot_size;
+		c->slots_per_chunk = (uint32_t)(pool->chunk_size / slot_size);
+		c->refs = 1;
+		r = free_cls;
+	}
+out:
+	pthread_mutex_unlock(&pool->lock);
+	return r;
+}
+
+void
+kvtd_pool_class_put(struct kvtd_pool *pool, int cls)
+{
+	pthread_mutex_lock(&pool->lock);
+	if (!--pool->classes[cls].refs && !pool->classes[cls].chunks)
+		pool->classes[cls].slot_size = 0;
+	pthread_mutex_unlock(&pool->lock);
+}
+
+uint64_t
+kvtd_pool_slot_size(const struct kvtd_pool *pool, int cls)
+{
+	return pool->classes[cls].slot_size;
+}
+
+static void *
+slot_take(struct kvtd_pool *pool, struct kvtd_pool_class *c, int cls)
+{
+	struct kvtd_pool_chunk *ch = c->partial;
+	uint8_t *p;
+
+	if (!ch) {
+		ch = pool->free_list;
+		if (!ch)
+			return NULL;
+		list_del(&pool->free_list, ch);
+		pool->free_chunks--;
+		ch->cls = cls;
+		ch->used = ch->bump = ch->free_head = 0;
+		c->chunks++;
+		list_add(&c->partial, ch);
+	}
+	if (ch->free_head) {
+		p = chunk_base(pool, ch) + (uint64_t)(ch->free_head - 1) * c->slot_size;
+		memcpy(&ch->free_head, p, sizeof(uint32_t));
+	} else {
+		p = chunk_base(pool, ch) + (uint64_t)ch->bump++ * c->slot_size;
+	}
+	if (++ch->used == c->slots_per_chunk)
+		list_del(&c->partial, ch);
+	return p;
+}
+
+static void
+slot_give(struct kvtd_pool *pool, struct kvtd_pool_class *c, void *p)
+{
+	struct kvtd_pool_chunk *ch = &pool->chunks[chunk_index(pool, p)];
+	uint32_t idx = (uint32_t)(((uint8_t *)p - chunk_base(pool, ch)) / c->slot_size);
+
+	if (ch->used-- == c->slots_per_chunk)
+		list_add(&c->partial, ch);
+	if (!ch->used) {
+		/* Whole chunk free again: give it back for any class. */
+		list_del(&c->partial, ch);
+		ch->cls = -1;
+		c->chunks--;
+		list_add(&pool->free_list, ch);
+		pool->free_chunks++;
+		return;
+	}
+	memcpy(p, &ch->free_head, sizeof(uint32_t));
+	ch->free_head = idx + 1;
+}
+
+static int
+acct_fits(const struct kvtd_acct *a, uint64_t bytes)
+{
+	return !a || !a->limit || a->bytes + bytes <= a->limit;
+}
+
+int
+kvtd_pool_alloc(struct kvtd_pool *pool, int cls, unsigned n, struct kvtd_acct *acct,
+		struct kvtd_acct *acct2, void **ret_slots)
+{
+	struct kvtd_pool_class *c = &pool->classes[cls];
+	uint64_t bytes = (uint64_t)n * c->slot_size;
+	unsigned i;
+
+	pthread_mutex_lock(&pool->lock);
+	if (!acct_fits(acct, bytes) || !acct_fits(acct2, bytes)) {
+		pool->refused_quota++;
+		pthread_mutex_unlock(&pool->lock);
+		return -EDQUOT;
+	}
+	for (i = 0; i < n; i++) {
+		ret_slots[i] = slot_take(pool, c, cls);
+		if (!ret_slots[i])
+			break;
+	}
+	if (i < n) {
+		while (i-- > 0)
+			slot_give(pool, c, ret_slots[i]);
+		pool->refused_nomem++;
+		pthread_mutex_unlock(&pool->lock);
+		return -ENOMEM;
+	}
+	if (acct)
+		acct->bytes += bytes;
+	if (acct2)
+		acct2->bytes += bytes;
+	pool->used_bytes += bytes;
+	pthread_mutex_unlock(&pool->lock);
+	return 0;
+}
+
+void
+kvtd_pool_free(struct kvtd_pool *pool, int cls, unsigned n, struct kvtd_acct *acct,
+	       struct kvtd_acct *acct2, void *const *slots)
+{
+	struct kvtd_pool_class *c = &pool->classes[cls];
+	uint64_t bytes = (uint64_t)n * c->slot_size;
+
+	if (!n)
+		return;
+	pthread_mutex_lock(&pool->lock);
+	for (unsigned i = 0; i < n; i++)
+		slot_give(pool, c, slots[i]);
+	if (acct)
+		acct->bytes -= bytes;
+	if (acct2)
+		acct2->bytes -= bytes;
+	pool->used_bytes -= bytes;
+	if (!c->refs && !c->chunks)
+		c->slot_size = 0;
+	pthread_mutex_unlock(&pool->lock);
+}
+
+void
+kvtd_pool_usage(struct kvtd_pool *pool, struct kvtd_pool_usage *ret)
+{
+	pthread_mutex_lock(&pool->lock);
+	ret->size = pool->size;
+	ret->used = pool->used_bytes;
+	ret->free_bytes = pool->size - pool->used_bytes;
+	ret->chunks = pool->n_chunks;
+	ret->chunks_free = pool->free_chunks;
+	ret->classes = 0;
+	for (int i = 0; i < KVTD_POOL_MAX_CLASSES; i++)
+		ret->classes += pool->classes[i].slot_size != 0;
+	pthread_mutex_unlock(&pool->lock);
+}

@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pool.h - the daemon's pinned host pool.
+ *
+ * One region allocated, NUMA-bound, touched and locked once at start, carved into chunks
+ * (2 MiB by default). A chunk serves one slot size (a "class"); slots are handed out from
+ * per-chunk free lists, so allocation and free are O(1) and a chunk whose slots are all free goes
+ * back to the pool for any class. Every slot is charged to an account (a session and its uid);
+ * limits give -EDQUOT, an empty pool -ENOMEM.
+ *
+ * Thread safety: all functions may be called from any thread (one mutex; callers batch).
+ */
+#ifndef KVTD_POOL_H
+#define KVTD_POOL_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define KVTD_POOL_MAX_CLASSES 64
+
+struct kvtd_config;
+struct kvt_dev;
+
+/* Bytes charged to one holder, with an optional limit (0 = none). Owned by the caller, updated
+ * under the pool lock. */
+struct kvtd_acct {
+	uint64_t bytes;
+	uint64_t limit;
+};
+
+struct kvtd_pool_chunk;
+
+struct kvtd_pool_class {
+	uint32_t slot_size; /* 0: unused class */
+	uint32_t slots_per_chunk;
+	uint32_t refs;			/* sequences using this class */
+	struct kvtd_pool_chunk *partial; /* chunks with a free slot */
+	uint64_t chunks;
+};
+
+struct kvtd_pool {
+	pthread_mutex_t lock;
+	uint8_t *base;
+	uint64_t size;
+	uint64_t chunk_size;
+	uint32_t n_chunks;
+	uint32_t free_chunks;
+	struct kvtd_pool_chunk *chunks;	   /* metadata, private memory */
+	struct kvtd_pool_chunk *free_list; /* unassigned chunks */
+	struct kvtd_pool_class classes[KVTD_POOL_MAX_CLASSES];
+	uint64_t used_bytes; /* slot bytes handed out */
+	uint64_t refused_quota, refused_nomem;
+	const char *backing; /* "hugetlb", "thp" or "anon" */
+	int numa_node;	     /* -1: not bound */
+	int locked;
+	struct kvt_dev *dev; /* registered with, NULL in unit tests */
+};
+
+/*
+ * kvtd_pool_init() - map, bind, touch, lock and register the pool.
+ * Returns 0, -ENOMEM (mmap or hugetlb pages), -EPERM (mlock refused: raise LimitMEMLOCK or grant
+ * CAP_IPC_LOCK), -EINVAL (size not a multiple of the chunk size), or a device error.
+ */
+int kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *dev);
+void kvtd_pool_fini(struct kvtd_pool *pool);
+
+/*
+ * kvtd_pool_class_get() - find or create the class of @slot_size bytes (rounded up to 64).
+ * Returns the class index, -E2BIG (slot larger than a chunk), -ENOSPC (no free class).
+ */
+int kvtd_pool_class_get(struct kvtd_pool *pool, uint64_t slot_size);
+void kvtd_pool_class_put(struct kvtd_pool *pool, int cls);
+
+/*
+ * kvtd_pool_alloc() - @n slots of class @cls into @ret_slots, charged to both accounts (@acct2
+ * may be NULL). All or nothing. Returns 0, -EDQUOT (an account's limit), -ENOMEM (pool empty).
+ */
+int kvtd_pool_alloc(struct kvtd_pool *pool, int cls, unsigned n, struct kvtd_acct *acct,
+		    struct kvtd_acct *acct2, void **ret_slots);
+/* Returns @n slots of class @cls and uncharges the same accounts. */
+void kvtd_pool_free(struct kvtd_pool *pool, int cls, unsigned n, struct kvtd_acct *acct,
+		    struct kvtd_acct *acct2, void *const *slots);
+
+/* Slot bytes a class hands out per slot (after rounding). */
+uint64_t kvtd_pool_slot_size(const struct kvtd_pool *pool, int cls);
+
+struct kvtd_pool_usage {
+	uint64_t size, used, free_bytes, chunks_free, chunks, classes;
+};
+void kvtd_pool_usage(struct kvtd_pool *pool, struct kvtd_pool_usage *ret);
+
+#endif

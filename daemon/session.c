@@ -1,0 +1,259 @@
+/* SPDX-License-Identifier: MIT */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "kvt_ctl.h"
+#include "kvt_dev.h"
+#include "kvt_ring.h"
+#include "kvtd.h"
+#include "log.h"
+#include "ops.h"
+#include "seq.h"
+#include "session.h"
+
+static uint64_t
+align_up(uint64_t v, uint64_t a)
+{
+	return (v + a - 1) & ~(a - 1);
+}
+
+/* Lay out and initialise the region: header, SQ ring + entries, CQ ring + entries, arena. */
+static void
+region_init(struct kvtd_session *s, uint32_t sq_entries, uint32_t cq_entries, uint64_t arena_off,
+	    uint64_t arena_size)
+{
+	struct kvt_region_hdr *h = (struct kvt_region_hdr *)s->region;
+
+	h->magic = KVT_REGION_MAGIC;
+	h->abi_major = KVT_ABI_MAJOR;
+	h->abi_minor = KVT_ABI_MINOR;
+	h->hdr_size = sizeof(*h);
+	h->features = KVT_FEAT_ALL;
+	h->region_size = s->region_size;
+	h->sq_ring_off = align_up(sizeof(*h), 64);
+	h->sq_entries_off = h->sq_ring_off + sizeof(struct kvt_ring_hdr);
+	h->cq_ring_off = align_up(h->sq_entries_off + (uint64_t)sq_entries * sizeof(struct kvt_sqe),
+				  64);
+	h->cq_entries_off = h->cq_ring_off + sizeof(struct kvt_ring_hdr);
+	h->arena_off = arena_off;
+	h->arena_size = arena_size;
+	h->sq_entries = sq_entries;
+	h->cq_entries = cq_entries;
+	h->session_id = s->id;
+
+	s->sq = (struct kvt_ring_hdr *)(s->region + h->sq_ring_off);
+	s->sqes = (struct kvt_sqe *)(s->region + h->sq_entries_off);
+	s->cq = (struct kvt_ring_hdr *)(s->region + h->cq_ring_off);
+	s->cqes = (struct kvt_cqe *)(s->region + h->cq_entries_off);
+	s->arena = s->region + arena_off;
+	s->arena_size = arena_size;
+	s->sq_entries = sq_entries;
+	s->cq_entries = cq_entries;
+	s->sq->entries = sq_entries;
+	s->cq->entries = cq_entries;
+	/* The poller starts asleep: the client's first submit must ring the doorbell. */
+	kvt_ring_set_flags(s->sq, KVT_RING_NEED_WAKEUP);
+}
+
+int
+kvtd_session_create(struct kvtd *d, uint32_t sq_entries, uint32_t cq_entries,
+		    uint64_t arena_size, struct kvtd_session **ret_s)
+{
+	struct kvtd_session *s;
+	uint64_t arena_off;
+	int r;
+
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->d = d;
+	s->memfd = s->sq_efd = s->cq_efd = -1;
+	s->region = MAP_FAILED;
+	s->start_ns = kvtd_now_ns();
+	s->max_bufs = d->cfg.buffers_per_session;
+	s->max_seqs = d->cfg.seqs_per_session;
+	s->acct.limit = d->cfg.pool_bytes_per_session;
+	s->bufs = calloc(s->max_bufs, sizeof(*s->bufs));
+	s->seqs = calloc(s->max_seqs, sizeof(*s->seqs));
+	if (!s->bufs || !s->seqs) {
+		r = -ENOMEM;
+		goto err_free;
+	}
+
+	arena_off = align_up(align_up(sizeof(struct kvt_region_hdr), 64) +
+				     sizeof(struct kvt_ring_hdr) +
+				     (uint64_t)sq_entries * sizeof(struct kvt_sqe),
+			     64);
+	arena_off = align_up(arena_off + sizeof(struct kvt_ring_hdr) +
+				     (uint64_t)cq_entries * sizeof(struct kvt_cqe),
+			     4096);
+	s->region_size = align_up(arena_off + arena_size, 4096);
+
+	s->memfd = memfd_create("kvtier-session", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (s->memfd < 0) {
+		r = -errno;
+		goto err_free;
+	}
+	if (ftruncate(s->memfd, (off_t)s->region_size) < 0) {
+		r = -errno;
+		goto err_free;
+	}
+	s->region = mmap(NULL, s->region_size, PROT_READ | PROT_WRITE, MAP_SHARED, s->memfd, 0);
+	if (s->region == MAP_FAILED) {
+		r = -errno;
+		goto err_free;
+	}
+	region_init(s, sq_entries, cq_entries, arena_off, arena_size);
+	/* Sealed before it is sent: the client can never resize what the daemon maps. */
+	if (fcntl(s->memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		r = -errno;
+		goto err_free;
+	}
+	s->sq_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	s->cq_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (s->sq_efd < 0 || s->cq_efd < 0) {
+		r = -errno;
+		goto err_free;
+	}
+	*ret_s = s;
+	return 0;
+
+err_free:
+	kvtd_session_destroy(s);
+	return r;
+}
+
+void
+kvtd_session_destroy(struct kvtd_session *s)
+{
+	if (!s)
+		return;
+	for (unsigned i = 0; s->seqs && i < s->max_seqs; i++)
+		kvtd_seq_destroy(s, s->seqs[i]);
+	for (unsigned i = 0; s->bufs && i < s->max_bufs; i++)
+		kvt_dev_buf_put(s->bufs[i]);
+	if (s->region != MAP_FAILED)
+		munmap(s->region, s->region_size);
+	if (s->memfd >= 0)
+		close(s->memfd);
+	if (s->sq_efd >= 0)
+		close(s->sq_efd);
+	if (s->cq_efd >= 0)
+		close(s->cq_efd);
+	free(s->bufs);
+	free(s->seqs);
+	free(s);
+}
+
+int
+kvtd_session_buf_register(struct kvtd_session *s, struct kvt_dev_buf *buf)
+{
+	for (unsigned i = 0; i < s->max_bufs; i++)
+		if (!s->bufs[i]) {
+			s->bufs[i] = buf;
+			return (int)i + 1;
+		}
+	return -EMFILE;
+}
+
+struct kvt_dev_buf *
+kvtd_session_buf(struct kvtd_session *s, uint32_t buf_id)
+{
+	if (!buf_id || buf_id > s->max_bufs)
+		return NULL;
+	return s->bufs[buf_id - 1];
+}
+
+int
+kvtd_session_buf_unregister(struct kvtd_session *s, uint32_t buf_id)
+{
+	struct kvt_dev_buf *buf = kvtd_session_buf(s, buf_id);
+
+	if (!buf)
+		return -ENOENT;
+	for (unsigned i = 0; i < s->max_seqs; i++) {
+		struct kvtd_seq *q = s->seqs[i];
+
+		if (q && (q->t0_buf == buf || q->stage_buf == buf))
+			return -EBUSY;
+	}
+	s->bufs[buf_id - 1] = NULL;
+	kvt_dev_buf_put(buf);
+	return 0;
+}
+
+/* Ring corruption: tell the client why over its socket, then shut the socket so the main loop
+ * sees the hangup and tears the session down. Other sessions never notice. */
+static void
+session_break(struct kvtd_session *s, const char *why)
+{
+	struct kvt_ctl_error e;
+
+	if (s->broken)
+		return;
+	s->broken = 1;
+	atomic_fetch_add_explicit(&s->d->cnt.ring_corrupt, 1, memory_order_relaxed);
+	log_warn("session %u (pid %d): %s: dropping the session", s->id, (int)s->pid, why);
+	memset(&e, 0, sizeof(e));
+	e.hdr.type = KVT_CTL_ERROR;
+	e.hdr.len = sizeof(e);
+	e.err = -EPROTO;
+	snprintf(e.msg, sizeof(e.msg), "kvtierd: %s", why);
+	send(s->sock, &e, sizeof(e), MSG_DONTWAIT | MSG_NOSIGNAL);
+	shutdown(s->sock, SHUT_RDWR);
+}
+
+int
+kvtd_session_pending(struct kvtd_session *s)
+{
+	return !s->broken && kvt_ring_load_tail(s->sq) != s->sq_head;
+}
+
+unsigned
+kvtd_session_drain(struct kvtd_session *s)
+{
+	uint32_t tail, ready, space, n;
+
+	if (s->broken)
+		return 0;
+	tail = kvt_ring_load_tail(s->sq);
+	ready = kvt_ring_ready(s->sq_head, tail);
+	if (!ready)
+		return 0;
+	if (ready > s->sq_entries) {
+		session_break(s, "SQ tail out of range (ring corrupt)");
+		return 0;
+	}
+	space = kvt_ring_space(s->cq_entries, kvt_ring_load_head(s->cq), s->cq_tail);
+	if (space > s->cq_entries) {
+		session_break(s, "CQ head out of range (ring corrupt)");
+		return 0;
+	}
+	/* A full CQ leaves SQEs queued: libkvtier never has more in flight than the CQ holds. */
+	n = ready < space ? ready : space;
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvt_sqe sqe;
+		struct kvt_cqe cqe;
+
+		/* Copy once: the client may rewrite the entry while we work on it. */
+		memcpy(&sqe, &s->sqes[(s->sq_head + i) & (s->sq_entries - 1)], sizeof(sqe));
+		cqe.user_data = sqe.user_data;
+		kvtd_op_run(s, &sqe, &cqe);
+		memcpy(&s->cqes[s->cq_tail++ & (s->cq_entries - 1)], &cqe, sizeof(cqe));
+	}
+	s->sq_head += n;
+	kvt_ring_store_head(s->sq, s->sq_head);
+	kvt_ring_store_tail(s->cq, s->cq_tail);
+	kvt_ring_fence();
+	if (kvt_ring_needs_wakeup(s->cq))
+		eventfd_write(s->cq_efd, 1);
+	return n;
+}

@@ -1,0 +1,86 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * session.h - one client connection's data path: the sealed shared region (SQ, CQ, arena), the
+ * two doorbells, and the client's sequences and registered buffers.
+ *
+ * Created by the main thread on HELLO, then handed to one poller. Everything under "poller
+ * lock" is read and written with that poller's mutex held.
+ */
+#ifndef KVTD_SESSION_H
+#define KVTD_SESSION_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kvt_abi.h"
+#include "pool.h"
+
+struct kvtd;
+struct kvtd_poller;
+struct kvtd_seq;
+struct kvtd_uid;
+struct kvt_dev_buf;
+
+struct kvtd_session {
+	struct kvtd *d;
+	struct kvtd_poller *poller;
+	uint32_t id;
+	int sock; /* borrowed from the connection; the poller only send()s errors on it */
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	char name[32];
+	uint64_t start_ns;
+
+	/* shared region (hostile: see ops.c) */
+	int memfd;
+	uint8_t *region;
+	uint64_t region_size;
+	struct kvt_ring_hdr *sq, *cq;
+	struct kvt_sqe *sqes;
+	struct kvt_cqe *cqes;
+	uint8_t *arena;
+	uint64_t arena_size;
+	uint32_t sq_entries, cq_entries;
+	uint32_t sq_head; /* private: never read back from shared memory */
+	uint32_t cq_tail; /* private */
+	int sq_efd;	  /* client -> daemon doorbell */
+	int cq_efd;	  /* daemon -> client doorbell */
+	int broken;	  /* ring corruption seen: the session is being dropped */
+
+	/* poller lock */
+	struct kvt_dev_buf **bufs; /* index = buf_id - 1 */
+	unsigned max_bufs;
+	struct kvtd_seq **seqs; /* index = seq id - 1 */
+	unsigned max_seqs;
+	unsigned n_seqs;
+	struct kvtd_acct acct;
+	struct kvtd_uid *uid_ent;
+	uint64_t ops, errors;
+};
+
+/*
+ * kvtd_session_create() - build the region and doorbells for a HELLO that passed the ABI check.
+ * @sq_entries, @cq_entries, @arena_size: already clamped to the daemon's limits.
+ * Returns 0, -ENOMEM, or the failing syscall's -errno.
+ */
+int kvtd_session_create(struct kvtd *d, uint32_t sq_entries, uint32_t cq_entries,
+			uint64_t arena_size, struct kvtd_session **ret_s);
+
+/* Frees every sequence, buffer, slot, mapping and fd the session holds. The session must be
+ * detached from its poller. NULL is fine. */
+void kvtd_session_destroy(struct kvtd_session *s);
+
+/* Poller lock held. Returns the new buf id (> 0), -EMFILE (table full) or an import error. */
+int kvtd_session_buf_register(struct kvtd_session *s, struct kvt_dev_buf *buf);
+/* Poller lock held. Returns 0, -ENOENT (no such buffer), -EBUSY (a sequence uses it). */
+int kvtd_session_buf_unregister(struct kvtd_session *s, uint32_t buf_id);
+/* Poller lock held. NULL when @buf_id names no buffer. */
+struct kvt_dev_buf *kvtd_session_buf(struct kvtd_session *s, uint32_t buf_id);
+
+/* Poller: drain the SQ, run ops, post CQEs. Returns the number of SQEs consumed. */
+unsigned kvtd_session_drain(struct kvtd_session *s);
+/* Poller: are SQEs waiting? */
+int kvtd_session_pending(struct kvtd_session *s);
+
+#endif

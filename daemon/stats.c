@@ -1,0 +1,177 @@
+/* SPDX-License-Identifier: MIT */
+#define _GNU_SOURCE
+#include <json-c/json.h>
+#include <unistd.h>
+
+#include "kvt_dev.h"
+#include "kvtd.h"
+#include "poller.h"
+#include "seq.h"
+#include "session.h"
+#include "stats.h"
+
+#ifndef KVTIER_VERSION
+#define KVTIER_VERSION "0.0.0"
+#endif
+
+static const char *const dtype_names[] = {"f16", "bf16", "f32"};
+static const char *const policy_names[] = {"tiered", "h2o", "streaming", "full"};
+
+#define ADD(o, k, v) json_object_object_add((o), (k), (v))
+#define U64(v) json_object_new_uint64((uint64_t)(v))
+
+static struct json_object *
+tiers_array(const uint64_t t[4])
+{
+	struct json_object *a = json_object_new_array();
+
+	for (int i = 0; i < 4; i++)
+		json_object_array_add(a, U64(t[i]));
+	return a;
+}
+
+/* Calls @fn on every live session with its poller's lock held. */
+static void
+for_each_session(struct kvtd *d, void (*fn)(struct kvtd_session *, void *), void *arg)
+{
+	for (unsigned i = 0; i < d->n_pollers; i++) {
+		struct kvtd_poller *p = d->pollers[i];
+
+		pthread_mutex_lock(&p->lock);
+		for (unsigned j = 0; j < p->n_sessions; j++)
+			fn(p->sessions[j], arg);
+		pthread_mutex_unlock(&p->lock);
+	}
+}
+
+struct totals {
+	uint64_t ops, errors, seqs, tiers[4];
+};
+
+static void
+sum_session(struct kvtd_session *s, void *arg)
+{
+	struct totals *t = arg;
+
+	t->ops += s->ops;
+	t->errors += s->errors;
+	t->seqs += s->n_seqs;
+	for (unsigned i = 0; i < s->max_seqs; i++)
+		if (s->seqs[i])
+			for (int k = 0; k < 4; k++)
+				t->tiers[k] += s->seqs[i]->tier_count[k];
+}
+
+struct json_object *
+kvtd_stats_status(struct kvtd *d)
+{
+	struct json_object *o = json_object_new_object(), *pool, *abi, *ref;
+	struct kvtd_pool_usage u;
+	struct totals t = {0};
+
+	for_each_session(d, sum_session, &t);
+	kvtd_pool_usage(&d->pool, &u);
+	ADD(o, "version", json_object_new_string(KVTIER_VERSION));
+	abi = json_object_new_object();
+	ADD(abi, "major", json_object_new_int(KVT_ABI_MAJOR));
+	ADD(abi, "minor", json_object_new_int(KVT_ABI_MINOR));
+	ADD(o, "abi", abi);
+	ADD(o, "backend", json_object_new_string(kvt_dev_name(d->dev)));
+	ADD(o, "pid", json_object_new_int(getpid()));
+	ADD(o, "uptime_s", json_object_new_double((kvtd_now_ns() - d->start_ns) / 1e9));
+	ADD(o, "pollers", json_object_new_int((int)d->n_pollers));
+	pool = json_object_new_object();
+	ADD(pool, "size", U64(u.size));
+	ADD(pool, "used", U64(u.used));
+	ADD(pool, "free", U64(u.free_bytes));
+	ADD(pool, "chunk_size", U64(d->pool.chunk_size));
+	ADD(pool, "chunks", U64(u.chunks));
+	ADD(pool, "chunks_free", U64(u.chunks_free));
+	ADD(pool, "classes", U64(u.classes));
+	ADD(pool, "backing", json_object_new_string(d->pool.backing));
+	ADD(pool, "numa_node", json_object_new_int(d->pool.numa_node));
+	ADD(pool, "locked", json_object_new_boolean(d->pool.locked));
+	ADD(o, "pool", pool);
+	ADD(o, "sessions", U64(d->n_sessions));
+	ADD(o, "seqs", U64(t.seqs));
+	ADD(o, "ops", U64(t.ops + atomic_load(&d->cnt.ops)));
+	ADD(o, "errors", U64(t.errors + atomic_load(&d->cnt.errors)));
+	ref = json_object_new_object();
+	ADD(ref, "quota", U64(d->pool.refused_quota));
+	ADD(ref, "nomem", U64(d->pool.refused_nomem));
+	ADD(ref, "einval", U64(atomic_load(&d->cnt.refused_einval)));
+	ADD(ref, "auth", U64(atomic_load(&d->cnt.refused_auth)));
+	ADD(ref, "hello_timeout", U64(atomic_load(&d->cnt.refused_hello_timeout)));
+	ADD(ref, "limit", U64(atomic_load(&d->cnt.refused_limit)));
+	ADD(ref, "ring_corrupt", U64(atomic_load(&d->cnt.ring_corrupt)));
+	ADD(o, "refused", ref);
+	ADD(o, "tiers", tiers_array(t.tiers));
+	return o;
+}
+
+static void
+add_client(struct kvtd_session *s, void *arg)
+{
+	struct json_object *c = json_object_new_object();
+
+	ADD(c, "session", U64(s->id));
+	ADD(c, "pid", json_object_new_int(s->pid));
+	ADD(c, "uid", U64(s->uid));
+	ADD(c, "gid", U64(s->gid));
+	ADD(c, "name", json_object_new_string(s->name));
+	ADD(c, "seqs", U64(s->n_seqs));
+	ADD(c, "pool_bytes", U64(s->acct.bytes));
+	ADD(c, "ops", U64(s->ops));
+	ADD(c, "errors", U64(s->errors));
+	ADD(c, "sq_entries", U64(s->sq_entries));
+	ADD(c, "arena_size", U64(s->arena_size));
+	ADD(c, "uptime_s", json_object_new_double((kvtd_now_ns() - s->start_ns) / 1e9));
+	json_object_array_add(arg, c);
+}
+
+struct json_object *
+kvtd_stats_clients(struct kvtd *d)
+{
+	struct json_object *o = json_object_new_object(), *a = json_object_new_array();
+
+	for_each_session(d, add_client, a);
+	ADD(o, "clients", a);
+	return o;
+}
+
+static void
+add_seqs(struct kvtd_session *s, void *arg)
+{
+	for (unsigned i = 0; i < s->max_seqs; i++) {
+		struct kvtd_seq *q = s->seqs[i];
+		struct json_object *c;
+
+		if (!q)
+			continue;
+		c = json_object_new_object();
+		ADD(c, "session", U64(s->id));
+		ADD(c, "seq", U64(q->id));
+		ADD(c, "n", U64(q->n));
+		ADD(c, "layers", U64(q->p.layers));
+		ADD(c, "kv_heads", U64(q->p.kv_heads));
+		ADD(c, "head_dim", U64(q->p.head_dim));
+		ADD(c, "dtype", json_object_new_string(dtype_names[q->p.dtype]));
+		ADD(c, "policy", json_object_new_string(policy_names[q->p.policy]));
+		ADD(c, "tiers", tiers_array(q->tier_count));
+		ADD(c, "evicted_ratio",
+		    json_object_new_double(q->n ? (double)q->tier_count[KVTD_T3] / q->n : 0.0));
+		ADD(c, "pool_bytes",
+		    U64((q->n - q->tier_count[KVTD_T3]) * kvtd_pool_slot_size(&s->d->pool, q->cls)));
+		json_object_array_add(arg, c);
+	}
+}
+
+struct json_object *
+kvtd_stats_seqs(struct kvtd *d)
+{
+	struct json_object *o = json_object_new_object(), *a = json_object_new_array();
+
+	for_each_session(d, add_seqs, a);
+	ADD(o, "seqs", a);
+	return o;
+}
