@@ -1,0 +1,156 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvtier.h - libkvtier, the client library of the kvtier KV-cache memory service.
+ *
+ * An inference process connects to kvtierd, shares buffers with it, and submits operations
+ * (append KV rows, add attention scores, re-tier, fetch, top-k) over a shared-memory ring: no
+ * syscall on a busy data path. Every operation is asynchronous: get an SQE, fill it, submit,
+ * then reap its CQE by user_data. Blocking wrappers (kvt_nop(), kvt_seq_open(), ...) do all
+ * three for one operation.
+ *
+ * Errors: functions return 0 (or a count) on success and a negative errno on failure; errno is
+ * never used. kvt_strerror() names kvtier-specific meanings. A lost daemon gives -ECONNRESET
+ * (or the daemon's own error for a session it dropped), never a hang.
+ *
+ * Thread safety: a struct kvt_client is used by one thread at a time (like an io_uring);
+ * different clients are independent. Nothing here logs.
+ *
+ * The wire structs (struct kvt_sqe, kvt_cqe, kvt_seq_params, kvt_seq_stat, KVT_OP_*) come from
+ * kvt_abi.h, installed beside this header.
+ */
+#ifndef KVTIER_H
+#define KVTIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvt_abi.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVT_DEFAULT_SOCKET "/run/kvtier/kvtierd.sock"
+
+struct kvt_client;
+struct kvt_buf;
+
+/* Connection options. Set @size = sizeof(struct kvt_opts) so the struct can grow. */
+struct kvt_opts {
+	uint32_t size;
+	uint32_t sq_entries; /* 0: daemon default (256) */
+	uint32_t cq_entries; /* 0: 2 * sq_entries */
+	uint32_t spin_us;    /* kvt_wait_cqe() spins this long before sleeping; 0: never spin */
+	uint64_t arena_size; /* 0: daemon default (16 MiB) */
+	const char *name;    /* label shown by kvtierctl; NULL: the program name */
+	uint32_t abi_major;  /* 0: KVT_ABI_MAJOR; set only to test mismatch handling */
+	uint32_t reserved;
+};
+
+/*
+ * kvt_connect() - open a session with kvtierd.
+ * @path: control socket; NULL means $KVTIER_SOCKET, else KVT_DEFAULT_SOCKET.
+ * @opts: NULL for defaults.
+ * @ret_client: set on success only.
+ * Returns 0, -ENOENT/-ECONNREFUSED (no daemon), -EACCES (uid not allowed), -EPROTO (ABI
+ * mismatch, or a malformed reply), -EUSERS (session limits), -EINVAL (bad options),
+ * -ETIMEDOUT (no answer within 10 s), -ENOMEM.
+ */
+int kvt_connect(const char *path, const struct kvt_opts *opts, struct kvt_client **ret_client);
+
+/* Ends the session: the daemon frees every sequence, slot and buffer it held. NULL is fine. */
+void kvt_disconnect(struct kvt_client *c);
+
+/* The daemon's error message for the last failed connect/registration of this thread (empty
+ * when none). Valid until the next libkvtier call on this thread. */
+const char *kvt_last_error(void);
+
+/* Session id, as kvtierctl shows it. */
+uint32_t kvt_session_id(const struct kvt_client *c);
+
+/* The arena: client-managed payload space named in SQEs by (offset, length). */
+void *kvt_arena(const struct kvt_client *c, uint64_t *ret_size);
+
+/* ---- buffers --------------------------------------------------------------------------- */
+
+/*
+ * kvt_buf_alloc() - allocate a host-backend device buffer (a sealed memfd mapped into this
+ * process and the daemon) and register it. Used as T0 and staging regions without a GPU.
+ * Returns 0, -EINVAL (size 0), -ENOMEM, -EMFILE (buffers_per_session reached), -ECONNRESET.
+ */
+int kvt_buf_alloc(struct kvt_client *c, uint64_t size, struct kvt_buf **ret_buf);
+/* Unregisters and unmaps. Returns 0, -EBUSY (an open sequence uses it; nothing changes),
+ * -ECONNRESET. NULL is fine (0). */
+int kvt_buf_free(struct kvt_client *c, struct kvt_buf *buf);
+void *kvt_buf_ptr(const struct kvt_buf *buf);
+uint32_t kvt_buf_id(const struct kvt_buf *buf);
+uint64_t kvt_buf_size(const struct kvt_buf *buf);
+
+/* ---- asynchronous interface ------------------------------------------------------------ */
+
+/*
+ * kvt_get_sqe() - next free submission entry, zeroed, or NULL when the SQ is full or as many
+ * operations are in flight as the CQ holds (reap first). Fill it, then kvt_submit().
+ */
+struct kvt_sqe *kvt_get_sqe(struct kvt_client *c);
+
+/*
+ * kvt_submit() - publish every SQE taken since the last submit. Rings the daemon's doorbell
+ * only when its poller sleeps. Returns the number published (>= 0) or -ECONNRESET.
+ */
+int kvt_submit(struct kvt_client *c);
+
+/* kvt_peek_cqe() - one completion if any. Returns 0 (copied to @ret_cqe) or -EAGAIN. */
+int kvt_peek_cqe(struct kvt_client *c, struct kvt_cqe *ret_cqe);
+
+/*
+ * kvt_wait_cqe() - one completion: spins opts.spin_us, then sleeps on the doorbell.
+ * Returns 0, -EAGAIN (nothing in flight), -ECONNRESET (daemon gone), or the negative errno
+ * the daemon gave when it dropped the session (e.g. -EPROTO for a corrupted ring).
+ */
+int kvt_wait_cqe(struct kvt_client *c, struct kvt_cqe *ret_cqe);
+
+/* Operations submitted and not yet reaped. */
+unsigned kvt_inflight(const struct kvt_client *c);
+
+/* ---- blocking wrappers ------------------------------------------------------------------ */
+/*
+ * Each submits one operation and waits for it, keeping any other completion for a later
+ * kvt_peek_cqe()/kvt_wait_cqe(). The ones that carry a payload use the start of the arena, so
+ * they return -EBUSY while asynchronous operations are in flight. Each returns the daemon's
+ * result: >= 0 or a negative errno (-EINVAL bad field, -ENOENT sequence not open, -EDQUOT quota,
+ * -ENOMEM pool exhausted, -E2BIG payload larger than the arena, -ECONNRESET).
+ */
+
+/* Round trip with no work. */
+int kvt_nop(struct kvt_client *c);
+
+/* Opens a sequence; @p->size must be sizeof(*p). Sets @ret_seq to its id. */
+int kvt_seq_open(struct kvt_client *c, const struct kvt_seq_params *p, uint32_t *ret_seq);
+int kvt_seq_close(struct kvt_client *c, uint32_t seq);
+
+/*
+ * kvt_append() - append @ntok tokens whose rows are laid out [token][layer][K,V][head][dim] in
+ * @rows, @len bytes (ntok * layers * 2 * kv_heads * head_dim elements of the dtype). Sets
+ * @ret_first (may be NULL) to the first new position. Returns the new token count.
+ */
+int64_t kvt_append(struct kvt_client *c, uint32_t seq, const void *rows, uint64_t len,
+		   uint32_t ntok, uint64_t *ret_first);
+
+/* Appends @ntok tokens whose rows the client wrote into T0 slots @slots of its T0 region. */
+int64_t kvt_append_t0(struct kvt_client *c, uint32_t seq, const uint32_t *slots, uint32_t ntok);
+
+/* score[first + i] += values[i] for i < n (cumulative attention; values >= 0, finite). */
+int kvt_score_add(struct kvt_client *c, uint32_t seq, uint64_t first, const float *values,
+		  uint32_t n);
+
+int kvt_seq_stat(struct kvt_client *c, uint32_t seq, struct kvt_seq_stat *ret_stat);
+
+/* Message for a negative errno from libkvtier or the daemon, kvtier meanings first. */
+const char *kvt_strerror(int err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVTIER_H */

@@ -1,0 +1,788 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libkvtier. The client is the SQ producer and the CQ consumer; the ring protocol is in
+ * proto/kvt_ring.h. The control socket stays open for the session's life: buffer registration
+ * goes over it, and its hangup is how a lost daemon is noticed while waiting.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvt_ctl.h"
+#include "kvt_ring.h"
+#include "kvtier.h"
+
+#define KVT_EXPORT __attribute__((visibility("default")))
+#define CONNECT_TIMEOUT_MS 10000
+
+struct kvt_buf {
+	struct kvt_buf *next;
+	uint32_t id;
+	uint64_t size;
+	void *map;
+};
+
+struct kvt_client {
+	int sock;
+	int sq_efd, cq_efd;
+	uint8_t *region;
+	uint64_t region_size;
+	struct kvt_ring_hdr *sq, *cq;
+	struct kvt_sqe *sqes;
+	struct kvt_cqe *cqes;
+	uint8_t *arena;
+	uint64_t arena_size;
+	uint32_t sq_entries, cq_entries;
+	uint32_t sq_tail;  /* private: SQEs handed out by kvt_get_sqe() */
+	uint32_t sq_pub;   /* published to the daemon */
+	uint32_t cq_head;  /* private consumer index */
+	unsigned inflight; /* handed out and not reaped */
+	uint32_t session_id;
+	uint32_t spin_us;
+	uint64_t next_ud; /* user_data of blocking wrappers: high bit set */
+	int dead;	  /* the daemon's error once the session is lost */
+	/* completions reaped by a blocking wrapper that belonged to someone else */
+	struct kvt_cqe *stash;
+	unsigned stash_n;
+	uint64_t next_msg_id;
+	struct kvt_buf *bufs;
+};
+
+static _Thread_local char last_error[256];
+
+static void
+set_last_error(const char *msg)
+{
+	snprintf(last_error, sizeof(last_error), "%s", msg);
+}
+
+KVT_EXPORT const char *
+kvt_last_error(void)
+{
+	return last_error;
+}
+
+static uint64_t
+now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Receives one control message (and up to @max_fds fds) within @timeout_ms. */
+static int
+ctl_recv(int sock, void *buf, size_t len, int *fds, int max_fds, int timeout_ms)
+{
+	char cbuf[CMSG_SPACE(4 * sizeof(int))];
+	struct iovec iov = {buf, len};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+			   .msg_controllen = sizeof(cbuf)};
+	struct pollfd pfd = {.fd = sock, .events = POLLIN};
+	int nfds = 0, r;
+	ssize_t n;
+
+	do
+		r = poll(&pfd, 1, timeout_ms);
+	while (r < 0 && errno == EINTR);
+	if (r < 0)
+		return -errno;
+	if (r == 0)
+		return -ETIMEDOUT;
+	n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+	if (n < 0)
+		return errno == ECONNRESET ? -ECONNRESET : -errno;
+	if (n == 0)
+		return -ECONNRESET;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+			int fd;
+
+			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+			if (nfds < max_fds)
+				fds[nfds++] = fd;
+			else
+				close(fd);
+		}
+	}
+	if ((size_t)n < sizeof(struct kvt_ctl_hdr)) {
+		for (int i = 0; i < nfds; i++)
+			close(fds[i]);
+		return -EPROTO;
+	}
+	return nfds;
+}
+
+/* Turns a KVT_CTL_ERROR reply into its errno and remembers its message. */
+static int
+ctl_error(const void *buf)
+{
+	const struct kvt_ctl_error *e = buf;
+	char msg[sizeof(e->msg) + 1];
+
+	memcpy(msg, e->msg, sizeof(e->msg));
+	msg[sizeof(e->msg)] = '\0';
+	set_last_error(msg);
+	return e->err < 0 ? e->err : -EPROTO;
+}
+
+static void
+client_free(struct kvt_client *c)
+{
+	if (c->region && c->region != MAP_FAILED)
+		munmap(c->region, c->region_size);
+	if (c->sock >= 0)
+		close(c->sock);
+	if (c->sq_efd >= 0)
+		close(c->sq_efd);
+	if (c->cq_efd >= 0)
+		close(c->cq_efd);
+	while (c->bufs) {
+		struct kvt_buf *b = c->bufs;
+
+		c->bufs = b->next;
+		munmap(b->map, b->size);
+		free(b);
+	}
+	free(c->stash);
+	free(c);
+}
+
+/* Validate the region header the daemon wrote: offsets inside the region, sizes consistent. */
+static int
+region_map(struct kvt_client *c)
+{
+	const struct kvt_region_hdr *h = (const void *)c->region;
+	uint64_t sz = c->region_size;
+
+	if (sz < sizeof(*h) || h->magic != KVT_REGION_MAGIC || h->abi_major != KVT_ABI_MAJOR ||
+	    h->region_size != sz)
+		return -EPROTO;
+	if (!h->sq_entries || (h->sq_entries & (h->sq_entries - 1)) || !h->cq_entries ||
+	    (h->cq_entries & (h->cq_entries - 1)))
+		return -EPROTO;
+	if (h->sq_ring_off > sz - sizeof(struct kvt_ring_hdr) ||
+	    h->cq_ring_off > sz - sizeof(struct kvt_ring_hdr) ||
+	    h->sq_entries_off > sz || (uint64_t)h->sq_entries * sizeof(struct kvt_sqe) > sz - h->sq_entries_off ||
+	    h->cq_entries_off > sz || (uint64_t)h->cq_entries * sizeof(struct kvt_cqe) > sz - h->cq_entries_off ||
+	    h->arena_off > sz || h->arena_size > sz - h->arena_off)
+		return -EPROTO;
+	c->sq = (void *)(c->region + h->sq_ring_off);
+	c->cq = (void *)(c->region + h->cq_ring_off);
+	c->sqes = (void *)(c->region + h->sq_entries_off);
+	c->cqes = (void *)(c->region + h->cq_entries_off);
+	c->arena = c->region + h->arena_off;
+	c->arena_size = h->arena_size;
+	c->sq_entries = h->sq_entries;
+	c->cq_entries = h->cq_entries;
+	c->sq_tail = c->sq_pub = kvt_ring_prod_tail_relaxed(c->sq);
+	c->cq_head = kvt_ring_load_head(c->cq);
+	return 0;
+}
+
+KVT_EXPORT int
+kvt_connect(const char *path, const struct kvt_opts *opts, struct kvt_client **ret_client)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct kvt_ctl_hello hello;
+	struct kvt_opts o = {0};
+	union {
+		struct kvt_ctl_hdr hdr;
+		struct kvt_ctl_welcome w;
+		struct kvt_ctl_error e;
+	} reply;
+	struct kvt_client *c;
+	int fds[3], r;
+
+	last_error[0] = '\0';
+	if (opts) {
+		if (opts->size < offsetof(struct kvt_opts, abi_major))
+			return -EINVAL;
+		memcpy(&o, opts, opts->size < sizeof(o) ? opts->size : sizeof(o));
+	}
+	if (!path)
+		path = getenv("KVTIER_SOCKET");
+	if (!path || !*path)
+		path = KVT_DEFAULT_SOCKET;
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -EINVAL;
+	strcpy(sa.sun_path, path);
+
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->sock = c->sq_efd = c->cq_efd = -1;
+	c->spin_us = o.spin_us;
+	c->next_ud = 1ull << 63;
+	c->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (c->sock < 0) {
+		r = -errno;
+		goto err;
+	}
+	if (connect(c->sock, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		r = -errno;
+		goto err;
+	}
+	memset(&hello, 0, sizeof(hello));
+	hello.hdr.type = KVT_CTL_HELLO;
+	hello.hdr.len = sizeof(hello);
+	hello.hdr.id = ++c->next_msg_id;
+	hello.abi_major = o.abi_major ? (uint16_t)o.abi_major : KVT_ABI_MAJOR;
+	hello.abi_minor = KVT_ABI_MINOR;
+	hello.sq_entries = o.sq_entries;
+	hello.cq_entries = o.cq_entries;
+	hello.arena_size = o.arena_size;
+	hello.features = KVT_FEAT_ALL;
+	snprintf(hello.name, sizeof(hello.name), "%s",
+		 o.name ? o.name : program_invocation_short_name);
+	if (send(c->sock, &hello, sizeof(hello), MSG_NOSIGNAL) < 0) {
+		r = -errno;
+		goto err;
+	}
+	r = ctl_recv(c->sock, &reply, sizeof(reply), fds, 3, CONNECT_TIMEOUT_MS);
+	if (r < 0)
+		goto err;
+	if (reply.hdr.type == KVT_CTL_ERROR) {
+		for (int i = 0; i < r; i++)
+			close(fds[i]);
+		r = ctl_error(&reply);
+		goto err;
+	}
+	if (reply.hdr.type != KVT_CTL_WELCOME || r != 3) {
+		for (int i = 0; i < r; i++)
+			close(fds[i]);
+		set_last_error("malformed WELCOME from kvtierd");
+		r = -EPROTO;
+		goto err;
+	}
+	c->sq_efd = fds[1];
+	c->cq_efd = fds[2];
+	c->session_id = reply.w.session_id;
+	c->region_size = reply.w.region_size;
+	c->region = mmap(NULL, c->region_size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	close(fds[0]);
+	if (c->region == MAP_FAILED) {
+		r = -errno;
+		goto err;
+	}
+	r = region_map(c);
+	if (r < 0) {
+		set_last_error("kvtierd's shared region header is inconsistent");
+		goto err;
+	}
+	c->stash = calloc(c->cq_entries, sizeof(*c->stash));
+	if (!c->stash) {
+		r = -ENOMEM;
+		goto err;
+	}
+	*ret_client = c;
+	return 0;
+err:
+	client_free(c);
+	return r;
+}
+
+KVT_EXPORT void
+kvt_disconnect(struct kvt_client *c)
+{
+	if (c)
+		client_free(c);
+}
+
+KVT_EXPORT uint32_t
+kvt_session_id(const struct kvt_client *c)
+{
+	return c->session_id;
+}
+
+KVT_EXPORT void *
+kvt_arena(const struct kvt_client *c, uint64_t *ret_size)
+{
+	if (ret_size)
+		*ret_size = c->arena_size;
+	return c->arena;
+}
+
+KVT_EXPORT unsigned
+kvt_inflight(const struct kvt_client *c)
+{
+	return c->inflight;
+}
+
+/* ---- control requests ------------------------------------------------------------------- */
+
+static int
+ctl_request(struct kvt_client *c, void *msg, size_t len, int fd, void *reply, size_t rlen)
+{
+	struct kvt_ctl_hdr *h = msg;
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = {msg, len};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+	int r;
+
+	if (c->dead)
+		return c->dead;
+	h->len = (uint32_t)len;
+	h->id = ++c->next_msg_id;
+	if (fd >= 0) {
+		struct cmsghdr *cm;
+
+		memset(cbuf, 0, sizeof(cbuf));
+		m.msg_control = cbuf;
+		m.msg_controllen = sizeof(cbuf);
+		cm = CMSG_FIRSTHDR(&m);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+	}
+	if (sendmsg(c->sock, &m, MSG_NOSIGNAL) < 0)
+		return errno == EPIPE ? -ECONNRESET : -errno;
+	r = ctl_recv(c->sock, reply, rlen, NULL, 0, CONNECT_TIMEOUT_MS);
+	if (r < 0)
+		return r;
+	if (((struct kvt_ctl_hdr *)reply)->type == KVT_CTL_ERROR)
+		return ctl_error(reply);
+	return 0;
+}
+
+KVT_EXPORT int
+kvt_buf_alloc(struct kvt_client *c, uint64_t size, struct kvt_buf **ret_buf)
+{
+	struct kvt_ctl_buf_register m;
+	union {
+		struct kvt_ctl_buf_registered ok;
+		struct kvt_ctl_error e;
+	} reply;
+	struct kvt_buf *b;
+	int fd, r;
+
+	if (!size)
+		return -EINVAL;
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	fd = memfd_create("kvtier-buf", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0) {
+		r = -errno;
+		goto err_free;
+	}
+	/* Sealed against resizing: the daemon maps it and refuses an unsealed fd. */
+	if (ftruncate(fd, (off_t)size) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		r = -errno;
+		goto err_close;
+	}
+	b->map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (b->map == MAP_FAILED) {
+		r = -errno;
+		goto err_close;
+	}
+	b->size = size;
+	memset(&m, 0, sizeof(m));
+	m.hdr.type = KVT_CTL_BUF_REGISTER;
+	m.kind = KVT_BUF_HOST_MEMFD;
+	m.size = size;
+	r = ctl_request(c, &m, sizeof(m), fd, &reply, sizeof(reply));
+	if (r < 0)
+		goto err_unmap;
+	if (reply.ok.hdr.type != KVT_CTL_BUF_REGISTERED || !reply.ok.buf_id) {
+		r = -EPROTO;
+		goto err_unmap;
+	}
+	close(fd);
+	b->id = reply.ok.buf_id;
+	b->next = c->bufs;
+	c->bufs = b;
+	*ret_buf = b;
+	return 0;
+err_unmap:
+	munmap(b->map, size);
+err_close:
+	close(fd);
+err_free:
+	free(b);
+	return r;
+}
+
+KVT_EXPORT int
+kvt_buf_free(struct kvt_client *c, struct kvt_buf *buf)
+{
+	struct kvt_ctl_buf_unregister m;
+	union {
+		struct kvt_ctl_hdr ok;
+		struct kvt_ctl_error e;
+	} reply;
+	int r;
+
+	if (!buf)
+		return 0;
+	memset(&m, 0, sizeof(m));
+	m.hdr.type = KVT_CTL_BUF_UNREGISTER;
+	m.buf_id = buf->id;
+	r = ctl_request(c, &m, sizeof(m), -1, &reply, sizeof(reply));
+	if (r == -EBUSY)
+		return r;
+	/* Unmapped on any other outcome: with the daemon gone the buffer is ours alone. */
+	for (struct kvt_buf **pp = &c->bufs; *pp; pp = &(*pp)->next)
+		if (*pp == buf) {
+			*pp = buf->next;
+			break;
+		}
+	munmap(buf->map, buf->size);
+	free(buf);
+	return r;
+}
+
+KVT_EXPORT void *
+kvt_buf_ptr(const struct kvt_buf *buf)
+{
+	return buf->map;
+}
+
+KVT_EXPORT uint32_t
+kvt_buf_id(const struct kvt_buf *buf)
+{
+	return buf->id;
+}
+
+KVT_EXPORT uint64_t
+kvt_buf_size(const struct kvt_buf *buf)
+{
+	return buf->size;
+}
+
+/* ---- ring ------------------------------------------------------------------------------- */
+
+KVT_EXPORT struct kvt_sqe *
+kvt_get_sqe(struct kvt_client *c)
+{
+	struct kvt_sqe *e;
+
+	/* Never more in flight than the CQ holds, so the daemon never finds it full. */
+	if (c->dead || c->inflight + c->stash_n >= c->cq_entries ||
+	    c->sq_tail - kvt_ring_load_head(c->sq) >= c->sq_entries)
+		return NULL;
+	e = &c->sqes[c->sq_tail++ & (c->sq_entries - 1)];
+	memset(e, 0, sizeof(*e));
+	c->inflight++;
+	return e;
+}
+
+KVT_EXPORT int
+kvt_submit(struct kvt_client *c)
+{
+	uint32_t n = c->sq_tail - c->sq_pub;
+
+	if (c->dead)
+		return c->dead;
+	if (!n)
+		return 0;
+	kvt_ring_store_tail(c->sq, c->sq_tail);
+	c->sq_pub = c->sq_tail;
+	kvt_ring_fence(); /* pairs with the poller's set-NEED_WAKEUP, fence, re-check */
+	if (kvt_ring_needs_wakeup(c->sq) && eventfd_write(c->sq_efd, 1) < 0)
+		return -errno;
+	return (int)n;
+}
+
+static int
+cq_pop(struct kvt_client *c, struct kvt_cqe *ret)
+{
+	uint32_t tail = kvt_ring_load_tail(c->cq);
+
+	if (tail == c->cq_head)
+		return -EAGAIN;
+	memcpy(ret, &c->cqes[c->cq_head & (c->cq_entries - 1)], sizeof(*ret));
+	kvt_ring_store_head(c->cq, ++c->cq_head);
+	c->inflight--;
+	return 0;
+}
+
+KVT_EXPORT int
+kvt_peek_cqe(struct kvt_client *c, struct kvt_cqe *ret_cqe)
+{
+	if (c->stash_n) {
+		*ret_cqe = c->stash[0];
+		memmove(c->stash, c->stash + 1, --c->stash_n * sizeof(*c->stash));
+		return 0;
+	}
+	return cq_pop(c, ret_cqe);
+}
+
+/* The control socket spoke while we waited: an error for a dropped session, or EOF. */
+static int
+session_lost(struct kvt_client *c)
+{
+	union {
+		struct kvt_ctl_hdr hdr;
+		struct kvt_ctl_error e;
+	} m;
+	ssize_t n = recv(c->sock, &m, sizeof(m), MSG_DONTWAIT);
+
+	if (n < 0 && errno == EAGAIN)
+		return 0;
+	if (n >= (ssize_t)sizeof(m.e) && m.hdr.type == KVT_CTL_ERROR)
+		c->dead = ctl_error(&m);
+	else
+		c->dead = -ECONNRESET;
+	return c->dead;
+}
+
+static int
+wait_raw(struct kvt_client *c, struct kvt_cqe *ret)
+{
+	uint64_t spin_end;
+
+	if (c->dead)
+		return c->dead;
+	if (!c->inflight)
+		return -EAGAIN;
+	if (cq_pop(c, ret) == 0)
+		return 0;
+	spin_end = now_ns() + (uint64_t)c->spin_us * 1000;
+	while (c->spin_us && now_ns() < spin_end)
+		if (cq_pop(c, ret) == 0)
+			return 0;
+	for (;;) {
+		struct pollfd pfd[2] = {{.fd = c->cq_efd, .events = POLLIN},
+					{.fd = c->sock, .events = POLLIN | POLLRDHUP}};
+		eventfd_t v;
+		int r;
+
+		/* Announce the sleep, then look again (pairs with the poller's post, fence,
+		 * read-flags in kvtd_session_drain()). */
+		kvt_ring_set_flags(c->cq, KVT_RING_NEED_WAKEUP);
+		kvt_ring_fence();
+		if (cq_pop(c, ret) == 0) {
+			kvt_ring_set_flags(c->cq, 0);
+			return 0;
+		}
+		r = poll(pfd, 2, -1);
+		kvt_ring_set_flags(c->cq, 0);
+		if (r < 0 && errno != EINTR)
+			return -errno;
+		if (pfd[0].revents & POLLIN)
+			eventfd_read(c->cq_efd, &v); /* non-blocking fd: resets the count */
+		if (cq_pop(c, ret) == 0)
+			return 0;
+		if (pfd[1].revents && session_lost(c) < 0)
+			return c->dead;
+	}
+}
+
+KVT_EXPORT int
+kvt_wait_cqe(struct kvt_client *c, struct kvt_cqe *ret_cqe)
+{
+	if (c->stash_n)
+		return kvt_peek_cqe(c, ret_cqe);
+	return wait_raw(c, ret_cqe);
+}
+
+/* ---- blocking wrappers ------------------------------------------------------------------ */
+
+/* Submits @e (already filled, user_data set here) and waits for its own completion. */
+static int
+run_one(struct kvt_client *c, struct kvt_sqe *e, struct kvt_cqe *ret)
+{
+	uint64_t ud = c->next_ud++;
+	struct kvt_cqe cqe;
+	int r;
+
+	e->user_data = ud;
+	r = kvt_submit(c);
+	if (r < 0)
+		return r;
+	for (;;) {
+		r = wait_raw(c, &cqe);
+		if (r < 0)
+			return r;
+		if (cqe.user_data == ud)
+			break;
+		c->stash[c->stash_n++] = cqe;
+	}
+	if (ret)
+		*ret = cqe;
+	return cqe.res;
+}
+
+static struct kvt_sqe *
+sync_sqe(struct kvt_client *c, uint8_t opcode, uint32_t seq, int uses_arena, int *ret_err)
+{
+	struct kvt_sqe *e;
+
+	*ret_err = c->dead ? c->dead : -EBUSY;
+	if (c->dead || (uses_arena && c->inflight))
+		return NULL;
+	e = kvt_get_sqe(c);
+	if (!e)
+		return NULL;
+	e->opcode = opcode;
+	e->seq = seq;
+	return e;
+}
+
+KVT_EXPORT int
+kvt_nop(struct kvt_client *c)
+{
+	int r;
+	struct kvt_sqe *e = sync_sqe(c, KVT_OP_NOP, 0, 0, &r);
+
+	return e ? run_one(c, e, NULL) : r;
+}
+
+KVT_EXPORT int
+kvt_seq_open(struct kvt_client *c, const struct kvt_seq_params *p, uint32_t *ret_seq)
+{
+	int r;
+	struct kvt_sqe *e;
+
+	if (sizeof(*p) > c->arena_size)
+		return -E2BIG;
+	e = sync_sqe(c, KVT_OP_SEQ_OPEN, 0, 1, &r);
+	if (!e)
+		return r;
+	memcpy(c->arena, p, sizeof(*p));
+	e->arena_off = 0;
+	e->arena_len = sizeof(*p);
+	r = run_one(c, e, NULL);
+	if (r > 0) {
+		*ret_seq = (uint32_t)r;
+		r = 0;
+	}
+	return r;
+}
+
+KVT_EXPORT int
+kvt_seq_close(struct kvt_client *c, uint32_t seq)
+{
+	int r;
+	struct kvt_sqe *e = sync_sqe(c, KVT_OP_SEQ_CLOSE, seq, 0, &r);
+
+	return e ? run_one(c, e, NULL) : r;
+}
+
+KVT_EXPORT int64_t
+kvt_append(struct kvt_client *c, uint32_t seq, const void *rows, uint64_t len,
+	   uint32_t ntok, uint64_t *ret_first)
+{
+	struct kvt_cqe cqe;
+	struct kvt_sqe *e;
+	int r;
+
+	if (len > c->arena_size || len > UINT32_MAX)
+		return -E2BIG;
+	e = sync_sqe(c, KVT_OP_APPEND, seq, 1, &r);
+	if (!e)
+		return r;
+	memcpy(c->arena, rows, len);
+	e->arena_len = (uint32_t)len;
+	e->count = ntok;
+	r = run_one(c, e, &cqe);
+	if (r >= 0 && ret_first)
+		*ret_first = cqe.aux[0];
+	return r;
+}
+
+KVT_EXPORT int64_t
+kvt_append_t0(struct kvt_client *c, uint32_t seq, const uint32_t *slots, uint32_t ntok)
+{
+	uint64_t len = (uint64_t)ntok * sizeof(uint32_t);
+	struct kvt_sqe *e;
+	int r;
+
+	if (len > c->arena_size)
+		return -E2BIG;
+	e = sync_sqe(c, KVT_OP_APPEND, seq, 1, &r);
+	if (!e)
+		return r;
+	memcpy(c->arena, slots, len);
+	e->op_flags = KVT_APPEND_F_T0;
+	e->arena_len = (uint32_t)len;
+	e->count = ntok;
+	return run_one(c, e, NULL);
+}
+
+KVT_EXPORT int
+kvt_score_add(struct kvt_client *c, uint32_t seq, uint64_t first, const float *values,
+	      uint32_t n)
+{
+	uint64_t len = (uint64_t)n * sizeof(float);
+	struct kvt_sqe *e;
+	int r;
+
+	if (len > c->arena_size)
+		return -E2BIG;
+	e = sync_sqe(c, KVT_OP_SCORE_ADD, seq, 1, &r);
+	if (!e)
+		return r;
+	memcpy(c->arena, values, len);
+	e->arena_len = (uint32_t)len;
+	e->count = n;
+	e->arg0 = first;
+	return run_one(c, e, NULL);
+}
+
+KVT_EXPORT int
+kvt_seq_stat(struct kvt_client *c, uint32_t seq, struct kvt_seq_stat *ret_stat)
+{
+	struct kvt_sqe *e = NULL;
+	int r;
+
+	e = sync_sqe(c, KVT_OP_SEQ_STAT, seq, 1, &r);
+	if (!e)
+		return r;
+	e->arena_len = sizeof(*ret_stat);
+	r = run_one(c, e, NULL);
+	if (r >= 0) {
+		memcpy(ret_stat, c->arena, sizeof(*ret_stat));
+		r = 0;
+	}
+	return r;
+}
+
+KVT_EXPORT const char *
+kvt_strerror(int err)
+{
+	switch (err) {
+	case 0:
+		return "success";
+	case -EDQUOT:
+		return "pool quota exceeded for this session or user";
+	case -ENOMEM:
+		return "kvtierd's pool is exhausted (or out of memory)";
+	case -ECONNRESET:
+		return "connection to kvtierd lost";
+	case -EPROTO:
+		return "protocol error: ABI mismatch or corrupted ring";
+	case -ENOENT:
+		return "no such sequence, buffer or socket";
+	case -ECONNREFUSED:
+		return "kvtierd is not running";
+	case -EUSERS:
+		return "kvtierd session limit reached";
+	case -EOPNOTSUPP:
+		return "operation not supported by this kvtierd";
+	case -EBUSY:
+		return "busy: resource in use or operations in flight";
+	case -EACCES:
+		return "not allowed to use kvtierd";
+	case -EMFILE:
+		return "too many sequences or buffers in this session";
+	default:
+		return err < 0 ? strerror(-err) : "unknown error";
+	}
+}

@@ -1,0 +1,137 @@
+/* SPDX-License-Identifier: MIT */
+#define _GNU_SOURCE
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvt_ctl.h"
+
+void
+daemon_start(struct kvtd_proc *p, const char *const *extra)
+{
+	const char *bin = getenv("KVTIERD");
+	const char *argv[48];
+	int n = 0;
+
+	ck_assert_msg(bin, "KVTIERD is not set");
+	snprintf(p->dir, sizeof(p->dir), "/tmp/kvt-test-XXXXXX");
+	ck_assert(mkdtemp(p->dir));
+	snprintf(p->sock, sizeof(p->sock), "%s/kvtierd.sock", p->dir);
+	snprintf(p->log, sizeof(p->log), "%s/kvtierd.log", p->dir);
+	argv[n++] = bin;
+	argv[n++] = "--config";
+	argv[n++] = "/dev/null";
+	argv[n++] = "--socket";
+	argv[n++] = p->sock;
+	argv[n++] = "--pool-size";
+	argv[n++] = "64M";
+	argv[n++] = "--log-level";
+	argv[n++] = "debug";
+	for (int i = 0; extra && extra[i] && n < 46; i++)
+		argv[n++] = extra[i];
+	argv[n] = NULL;
+	p->pid = fork();
+	ck_assert(p->pid >= 0);
+	if (p->pid == 0) {
+		int fd = open(p->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+		if (fd >= 0) {
+			dup2(fd, 2);
+			close(fd);
+		}
+		execv(bin, (char *const *)argv);
+		_exit(127);
+	}
+	for (int i = 0; i < 500; i++) {
+		struct json_object *o = admin_request(p->sock, KVT_CTL_STATUS);
+
+		if (o) {
+			json_object_put(o);
+			return;
+		}
+		ck_assert_msg(daemon_alive(p), "kvtierd exited at start (log %s)", p->log);
+		usleep(10000);
+	}
+	ck_abort_msg("kvtierd did not answer within 5 s");
+}
+
+int
+daemon_alive(struct kvtd_proc *p)
+{
+	return waitpid(p->pid, NULL, WNOHANG) == 0;
+}
+
+int
+daemon_stop(struct kvtd_proc *p)
+{
+	int st = 0;
+
+	kill(p->pid, SIGTERM);
+	if (waitpid(p->pid, &st, 0) < 0)
+		return -1;
+	if (getenv("KVT_TEST_KEEP_LOG") == NULL) {
+		unlink(p->log);
+		rmdir(p->dir);
+	}
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+struct json_object *
+admin_request(const char *sock, uint32_t type)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct kvt_ctl_hdr h = {.type = type, .len = sizeof(h), .id = 7};
+	static char buf[KVT_CTL_MAX_MSG];
+	struct timeval tv = {5, 0};
+	struct json_object *o = NULL;
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	ssize_t n;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || send(fd, &h, sizeof(h), 0) < 0)
+		goto out;
+	n = recv(fd, buf, sizeof(buf) - 1, 0);
+	if (n > (ssize_t)sizeof(h) && ((struct kvt_ctl_hdr *)buf)->type == KVT_CTL_JSON) {
+		buf[n] = '\0';
+		o = json_tokener_parse(buf + sizeof(h));
+	}
+out:
+	close(fd);
+	return o;
+}
+
+int64_t
+json_get_i64(struct json_object *o, const char *path)
+{
+	char tmp[128], *save = NULL;
+
+	snprintf(tmp, sizeof(tmp), "%s", path);
+	for (char *k = strtok_r(tmp, ".", &save); k; k = strtok_r(NULL, ".", &save))
+		if (!json_object_object_get_ex(o, k, &o))
+			return -1;
+	return json_object_get_int64(o);
+}
+
+int64_t
+pool_used(const char *sock)
+{
+	struct json_object *o = admin_request(sock, KVT_CTL_STATUS);
+	int64_t v;
+
+	if (!o)
+		return -1;
+	v = json_get_i64(o, "pool.used");
+	json_object_put(o);
+	return v;
+}
