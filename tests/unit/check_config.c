@@ -1,0 +1,165 @@
+/* SPDX-License-Identifier: MIT */
+#define _GNU_SOURCE
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "kvt_dev.h"
+
+static char path[64];
+
+static int
+load_file(struct kvtd_config *cfg, const char *text, char *err, size_t errlen,
+	  const char *const *flags)
+{
+	char *argv[16] = {"kvtierd", "--config", path};
+	int argc = 3;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/tmp/kvt-conf-%d.ini", (int)getpid());
+	f = fopen(path, "w");
+	fputs(text, f);
+	fclose(f);
+	for (int i = 0; flags && flags[i]; i++)
+		argv[argc++] = (char *)flags[i];
+	argv[argc] = NULL;
+	return kvtd_config_load(cfg, argc, argv, err, errlen);
+}
+
+START_TEST(t_defaults_without_file)
+{
+	struct kvtd_config cfg;
+	char err[256] = "";
+	char *argv[] = {"kvtierd", NULL};
+
+	/* The default path need not exist. */
+	ck_assert_int_eq(kvtd_config_load(&cfg, 1, argv, err, sizeof(err)), 0);
+	ck_assert_str_eq(cfg.socket_path, KVTD_DEFAULT_SOCKET);
+	ck_assert_uint_eq(cfg.pollers, 1);
+	ck_assert_uint_eq(cfg.socket_mode, 0660);
+}
+END_TEST
+
+START_TEST(t_file_then_flags)
+{
+	struct kvtd_config cfg;
+	char err[256] = "";
+	const char *flags[] = {"--pollers", "3", "--pool-size", "1G", NULL};
+
+	ck_assert_int_eq(load_file(&cfg,
+				   "[daemon]\nsocket = /tmp/x.sock\npollers = 2\nspin_us = 7\n"
+				   "allowed_uids = 1000, 1001\nbackend = host\n"
+				   "[pool]\nsize = 512M\nhugetlb = no\nnuma_node = 0\n"
+				   "[limits]\npool_bytes_per_uid = 2G\nmax_sq_entries = 1024\n",
+				   err, sizeof(err), flags),
+			 0);
+	ck_assert_str_eq(cfg.socket_path, "/tmp/x.sock");
+	ck_assert_uint_eq(cfg.pollers, 3); /* flag wins */
+	ck_assert_uint_eq(cfg.spin_us, 7);
+	ck_assert_uint_eq(cfg.n_allowed_uids, 2);
+	ck_assert_uint_eq(cfg.allowed_uids[1], 1001);
+	ck_assert_int_eq(cfg.backend, KVT_DEV_HOST);
+	ck_assert_uint_eq(cfg.pool_size, 1ull << 30);
+	ck_assert_int_eq(cfg.numa_node, 0);
+	ck_assert_uint_eq(cfg.pool_bytes_per_uid, 2ull << 30);
+	ck_assert_uint_eq(cfg.max_sq_entries, 1024);
+	unlink(path);
+}
+END_TEST
+
+START_TEST(t_bad_values)
+{
+	static const char *const bad[] = {
+		"[daemon]\npollers = 0\n",	   "[daemon]\npollers = abc\n",
+		"[daemon]\nbackend = tpu\n",	   "[pool]\nsize = 1x\n",
+		"[pool]\nsize = 1M\n",		   "[pool]\nchunk_size = 3M\n",
+		"[limits]\nmax_sq_entries = 1000\n", "[daemon]\nno_such_key = 1\n",
+		"[nosection]\npollers = 1\n",	   "[daemon]\nsocket_mode = 999\n",
+		"[pool]\nhugetlb = maybe\n",	   "this is not ini\n",
+		"[pool]\nsize = 99999999999999999999G\n",
+	};
+
+	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct kvtd_config cfg;
+		char err[256] = "";
+
+		ck_assert_msg(load_file(&cfg, bad[i], err, sizeof(err), NULL) == -EINVAL,
+			      "accepted: %s", bad[i]);
+		/* The message names the file and line for a person to fix. */
+		ck_assert_msg(strstr(err, path) != NULL, "message lacks the path: %s", err);
+	}
+	unlink(path);
+}
+END_TEST
+
+START_TEST(t_bad_flags)
+{
+	static const char *const bad[][3] = {
+		{"--pollers", "-1", NULL}, {"--backend", "gpu", NULL}, {"--bogus", NULL, NULL},
+		{"--pool-size", "", NULL}, {"stray", NULL, NULL},
+	};
+
+	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct kvtd_config cfg;
+		char err[256] = "";
+
+		ck_assert_int_eq(load_file(&cfg, "", err, sizeof(err), bad[i]), -EINVAL);
+		ck_assert(err[0]);
+	}
+	unlink(path);
+}
+END_TEST
+
+START_TEST(t_missing_explicit_file)
+{
+	struct kvtd_config cfg;
+	char err[256] = "";
+	char *argv[] = {"kvtierd", "--config", "/nonexistent/kvtierd.conf", NULL};
+
+	ck_assert_int_eq(kvtd_config_load(&cfg, 3, argv, err, sizeof(err)), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(err, "/nonexistent/kvtierd.conf"));
+}
+END_TEST
+
+START_TEST(t_sizes)
+{
+	uint64_t v;
+
+	ck_assert_int_eq(kvtd_parse_size("4096", &v), 0);
+	ck_assert_uint_eq(v, 4096);
+	ck_assert_int_eq(kvtd_parse_size("2K", &v), 0);
+	ck_assert_uint_eq(v, 2048);
+	ck_assert_int_eq(kvtd_parse_size("3GiB", &v), 0);
+	ck_assert_uint_eq(v, 3ull << 30);
+	ck_assert_int_eq(kvtd_parse_size("-1", &v), -EINVAL);
+	ck_assert_int_eq(kvtd_parse_size("", &v), -EINVAL);
+	ck_assert_int_eq(kvtd_parse_size("17179869184T", &v), -EINVAL); /* overflow */
+	ck_assert_int_eq(kvtd_parse_size("1Q", &v), -EINVAL);
+}
+END_TEST
+
+int
+main(void)
+{
+	Suite *s = suite_create("config");
+	TCase *tc = tcase_create("config");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_test(tc, t_defaults_without_file);
+	tcase_add_test(tc, t_file_then_flags);
+	tcase_add_test(tc, t_bad_values);
+	tcase_add_test(tc, t_bad_flags);
+	tcase_add_test(tc, t_missing_explicit_file);
+	tcase_add_test(tc, t_sizes);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
