@@ -55,7 +55,7 @@ struct kvt_ctl_hello {
 	char name[32];	     /* NUL-terminated label shown by kvtierctl */
 	uint64_t reserved[2];
 };
-_Static_assert(sizeof(struct kvt_ctl_hello) == 104, "kvt_ctl_hello ABI");
+_Static_assert(sizeof(struct kvt_ctl_hello) == 96, "kvt_ctl_hello ABI");
 
 struct kvt_ctl_welcome {
 	struct kvt_ctl_hdr hdr;
