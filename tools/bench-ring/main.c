@@ -1,0 +1,310 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvtier-bench-ring - what a round trip and a queue operation cost, kvtier's ring next to the
+ * peers it replaces (run as "kvtier-bench ring"). A benchmark, never a test: it reports numbers
+ * and asserts nothing about them.
+ *
+ * Rows run in table order, one at a time. To add a measurement, write
+ *	int bench_<name>(const struct bench_opts *o, struct bench_result *ret);
+ * (bench_latency()/bench_throughput() do the timing), and add a row below with its JSON key
+ * prefix and the fields it fills.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <json-c/json.h>
+
+#include "bench.h"
+
+struct bench_row {
+	const char *key;     /* JSON key prefix, and the name --only takes */
+	const char *label;   /* table label */
+	unsigned int fields; /* BENCH_F_* it reports */
+	int (*run)(const struct bench_opts *o, struct bench_result *ret);
+	bool (*enabled)(const struct bench_opts *o); /* NULL: always */
+};
+
+static bool
+cpu_enabled(const struct bench_opts *o)
+{
+	return o->cpu_pid > 0;
+}
+
+static const struct bench_row rows[] = {
+    {"clock", "clock_gettime pair (timer floor)", BENCH_F_P50 | BENCH_F_P99, bench_clock, NULL},
+    {"pingpong", "shm cache-line ping-pong, 2 procs", BENCH_F_P50 | BENCH_F_P99, bench_pingpong,
+     NULL},
+    {"socket", "unix socketpair echo 8-64 B, 2 procs", BENCH_F_P50 | BENCH_F_P99, bench_socket,
+     NULL},
+    {"eventfd", "eventfd ping-pong, 2 procs", BENCH_F_P50 | BENCH_F_P99, bench_eventfd, NULL},
+    {"uring_batch32", "io_uring NOP, batch 32", BENCH_F_OPS, bench_uring_batch32, NULL},
+    {"idle", "CPU of --cpu-pid over --cpu-interval", BENCH_F_CPU, bench_idle_cpu, cpu_enabled},
+};
+#define NROWS (sizeof(rows) / sizeof(rows[0]))
+
+struct outcome {
+	bool ran;
+	int err;
+	struct bench_result res;
+};
+
+static void
+usage(FILE *f)
+{
+	unsigned int i;
+
+	fprintf(f,
+		"usage: kvtier-bench ring [OPTIONS]\n"
+		"\n"
+		"Round-trip latency (p50/p99 ns) and queue throughput (ops/s) of kvtier's peers:\n"
+		"shared-memory ping-pong, Unix socket echo, eventfd ping-pong, io_uring NOPs.\n"
+		"Each number is the median over --reps repetitions.\n"
+		"\n"
+		"Options:\n"
+		"  --iters N          timed operations per repetition (default 50000)\n"
+		"  --reps N           repetitions (default 5)\n"
+		"  --warmup N         untimed operations first (default 5000)\n"
+		"  --only KEY[,KEY]   run only these rows\n"
+		"  --cpu-pid PID      add the idle row: CPU use of PID (e.g. kvtierd)\n"
+		"  --cpu-interval S   seconds to watch it (default 5)\n"
+		"  --json             print one JSON object instead of the table\n"
+		"  -h, --help\n"
+		"\n"
+		"Rows:\n");
+	for (i = 0; i < NROWS; i++)
+		fprintf(f, "  %-14s %s\n", rows[i].key, rows[i].label);
+}
+
+static bool
+parse_uint(const char *s, unsigned int min, unsigned int *ret)
+{
+	char *end;
+	unsigned long v;
+
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || s[0] == '-' || v < min || v > 100000000ul)
+		return false;
+	*ret = (unsigned int)v;
+	return true;
+}
+
+/* Is @key in the comma-separated @list (NULL: every key is)? */
+static bool
+selected(const char *list, const char *key)
+{
+	size_t n = strlen(key);
+	const char *p;
+
+	if (!list)
+		return true;
+	for (p = list; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+		if (!strncmp(p, key, n) && (p[n] == ',' || p[n] == '\0'))
+			return true;
+	return false;
+}
+
+static void
+cell(char *buf, size_t len, bool want, double v, const char *fmt)
+{
+	if (want && !isnan(v))
+		snprintf(buf, len, fmt, v);
+	else
+		snprintf(buf, len, "-");
+}
+
+static void
+print_table(const struct bench_opts *o, const struct outcome *out)
+{
+	char a[32], b[32], c[32], d[32];
+	unsigned int i;
+
+	printf("kvtier-bench ring: %u reps x %u iterations (+%u warm-up), medians over reps\n\n",
+	       o->reps, o->iters, o->warmup);
+	printf("%-16s %-38s %10s %10s %14s %8s\n", "key", "measurement", "p50 ns", "p99 ns",
+	       "ops/s", "cpu %");
+	for (i = 0; i < NROWS; i++) {
+		const struct bench_row *r = &rows[i];
+
+		if (!out[i].ran)
+			continue;
+		if (out[i].err < 0) {
+			printf("%-16s %-38s failed: %s\n", r->key, r->label, strerror(-out[i].err));
+			continue;
+		}
+		cell(a, sizeof(a), r->fields & BENCH_F_P50, out[i].res.p50_ns, "%.0f");
+		cell(b, sizeof(b), r->fields & BENCH_F_P99, out[i].res.p99_ns, "%.0f");
+		cell(c, sizeof(c), r->fields & BENCH_F_OPS, out[i].res.ops_per_s, "%.0f");
+		cell(d, sizeof(d), r->fields & BENCH_F_CPU, out[i].res.cpu_pct, "%.2f");
+		printf("%-16s %-38s %10s %10s %14s %8s\n", r->key, r->label, a, b, c, d);
+	}
+}
+
+static void
+json_field(struct json_object *obj, const char *key, const char *suffix, bool want, double v,
+	   bool integer)
+{
+	char name[64];
+
+	if (!want)
+		return;
+	snprintf(name, sizeof(name), "%s_%s", key, suffix);
+	if (isnan(v))
+		json_object_object_add(obj, name, NULL);
+	else if (integer)
+		json_object_object_add(obj, name, json_object_new_int64(llround(v)));
+	else {
+		char text[32];
+
+		/* two decimals are all a tick-based CPU figure carries */
+		snprintf(text, sizeof(text), "%.2f", v);
+		json_object_object_add(obj, name, json_object_new_double_s(v, text));
+	}
+}
+
+/*
+ * One object: the run's parameters, then "<key>_p50_ns", "<key>_p99_ns" (integers),
+ * "<key>_ops_per_s" (integer), "<key>_cpu_pct" (number) for the rows that ran; a failed row's
+ * fields are null and its error is in "errors": {"<key>": "message"}.
+ */
+static int
+print_json(const struct bench_opts *o, const struct outcome *out)
+{
+	struct json_object *obj = json_object_new_object(), *errs = NULL;
+	unsigned int i;
+
+	if (!obj)
+		return -ENOMEM;
+	json_object_object_add(obj, "bench", json_object_new_string("ring"));
+	json_object_object_add(obj, "iters", json_object_new_int64(o->iters));
+	json_object_object_add(obj, "reps", json_object_new_int64(o->reps));
+	json_object_object_add(obj, "warmup", json_object_new_int64(o->warmup));
+	for (i = 0; i < NROWS; i++) {
+		const struct bench_row *r = &rows[i];
+		struct bench_result res = out[i].res;
+
+		if (!out[i].ran)
+			continue;
+		if (out[i].err < 0) {
+			res.p50_ns = res.p99_ns = res.ops_per_s = res.cpu_pct = NAN;
+			if (!errs)
+				errs = json_object_new_object();
+			json_object_object_add(errs, r->key,
+					       json_object_new_string(strerror(-out[i].err)));
+		}
+		json_field(obj, r->key, "p50_ns", r->fields & BENCH_F_P50, res.p50_ns, true);
+		json_field(obj, r->key, "p99_ns", r->fields & BENCH_F_P99, res.p99_ns, true);
+		json_field(obj, r->key, "ops_per_s", r->fields & BENCH_F_OPS, res.ops_per_s, true);
+		json_field(obj, r->key, "cpu_pct", r->fields & BENCH_F_CPU, res.cpu_pct, false);
+	}
+	if (errs)
+		json_object_object_add(obj, "errors", errs);
+	puts(
+	    json_object_to_json_string_ext(obj, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED));
+	json_object_put(obj);
+	return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	enum { OPT_ITERS = 256, OPT_REPS, OPT_WARMUP, OPT_ONLY, OPT_PID, OPT_INTERVAL, OPT_JSON };
+	static const struct option longopts[] = {
+	    {"iters", required_argument, NULL, OPT_ITERS},
+	    {"reps", required_argument, NULL, OPT_REPS},
+	    {"warmup", required_argument, NULL, OPT_WARMUP},
+	    {"only", required_argument, NULL, OPT_ONLY},
+	    {"cpu-pid", required_argument, NULL, OPT_PID},
+	    {"cpu-interval", required_argument, NULL, OPT_INTERVAL},
+	    {"json", no_argument, NULL, OPT_JSON},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct bench_opts o = {.iters = 50000, .reps = 5, .warmup = 5000, .cpu_interval_s = 5};
+	struct outcome out[NROWS];
+	const char *only = NULL;
+	unsigned int i, pid;
+	bool json = false, failed = false;
+	char *end;
+	int c;
+
+	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+		switch (c) {
+		case OPT_ITERS:
+		case OPT_REPS:
+		case OPT_WARMUP:
+			if (!parse_uint(optarg, c == OPT_WARMUP ? 0 : 1,
+					c == OPT_ITERS	? &o.iters
+					: c == OPT_REPS ? &o.reps
+							: &o.warmup)) {
+				fprintf(stderr, "kvtier-bench ring: bad value '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case OPT_ONLY:
+			only = optarg;
+			break;
+		case OPT_PID:
+			if (!parse_uint(optarg, 1, &pid)) {
+				fprintf(stderr, "kvtier-bench ring: bad --cpu-pid '%s'\n", optarg);
+				return 2;
+			}
+			o.cpu_pid = (pid_t)pid;
+			break;
+		case OPT_INTERVAL:
+			o.cpu_interval_s = strtod(optarg, &end);
+			if (end == optarg || *end || !(o.cpu_interval_s > 0) ||
+			    o.cpu_interval_s > 3600) {
+				fprintf(stderr, "kvtier-bench ring: bad --cpu-interval '%s'\n",
+					optarg);
+				return 2;
+			}
+			break;
+		case OPT_JSON:
+			json = true;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind != argc) {
+		fprintf(stderr, "kvtier-bench ring: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	if (only) {
+		for (i = 0; i < NROWS; i++)
+			if (selected(only, rows[i].key))
+				break;
+		if (i == NROWS) {
+			fprintf(stderr, "kvtier-bench ring: --only matches no row\n");
+			return 2;
+		}
+	}
+
+	for (i = 0; i < NROWS; i++) {
+		out[i].ran =
+		    selected(only, rows[i].key) && (!rows[i].enabled || rows[i].enabled(&o));
+		out[i].err = 0;
+		out[i].res = (struct bench_result){NAN, NAN, NAN, NAN};
+		if (!out[i].ran)
+			continue;
+		if (!json)
+			fprintf(stderr, "running %s...\n", rows[i].key);
+		out[i].err = rows[i].run(&o, &out[i].res);
+		failed |= out[i].err < 0;
+	}
+	if (json)
+		print_json(&o, out);
+	else
+		print_table(&o, out);
+	return failed ? 1 : 0;
+}

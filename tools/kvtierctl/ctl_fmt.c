@@ -1,0 +1,820 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ctl_fmt.c - daemon JSON documents to tables and Prometheus text (see ctl_fmt.h).
+ *
+ * The documents come from the daemon, and part of them from its clients (a session's name is
+ * whatever the client put in HELLO), so strings are treated as untrusted: control characters are
+ * replaced before they reach a terminal, and label values are escaped for Prometheus.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctl_fmt.h"
+
+#define CELL_MAX 48 /* a session name is at most 31 bytes (kvt_ctl_hello.name) */
+
+static struct json_object *
+get(struct json_object *o, const char *key)
+{
+	struct json_object *v;
+
+	if (!o || !json_object_is_type(o, json_type_object))
+		return NULL;
+	if (!json_object_object_get_ex(o, key, &v))
+		return NULL;
+	return v;
+}
+
+/* A JSON number (or boolean) as a double; false for anything else, null included. */
+static bool
+as_num(struct json_object *v, double *ret)
+{
+	switch (json_object_get_type(v)) {
+	case json_type_int:
+	case json_type_double:
+		*ret = json_object_get_double(v);
+		return true;
+	case json_type_boolean:
+		*ret = json_object_get_boolean(v) ? 1 : 0;
+		return true;
+	default:
+		return false;
+	}
+}
+
+static const char *
+as_str(struct json_object *v)
+{
+	return json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
+}
+
+/*
+ * A number the way a person and Prometheus both read it: integers exactly (json-c keeps them
+ * as 64-bit), doubles with 15 significant digits so 0.03 does not print as 0.0299999...
+ */
+static bool
+num_text(struct json_object *v, char *buf, size_t len)
+{
+	double d;
+
+	switch (json_object_get_type(v)) {
+	case json_type_int:
+		if (json_object_get_int64(v) == INT64_MAX)
+			snprintf(buf, len, "%" PRIu64, json_object_get_uint64(v));
+		else
+			snprintf(buf, len, "%" PRId64, json_object_get_int64(v));
+		return true;
+	case json_type_double:
+		d = json_object_get_double(v);
+		if (isnan(d))
+			snprintf(buf, len, "NaN");
+		else if (isinf(d))
+			snprintf(buf, len, d > 0 ? "+Inf" : "-Inf");
+		else
+			snprintf(buf, len, "%.15g", d);
+		return true;
+	case json_type_boolean:
+		snprintf(buf, len, "%d", json_object_get_boolean(v) ? 1 : 0);
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* Copy @s into @buf, replacing control characters so a client cannot drive the terminal. */
+static void
+safe_copy(char *buf, size_t len, const char *s)
+{
+	size_t i;
+
+	if (!len)
+		return;
+	for (i = 0; s[i] && i + 1 < len; i++)
+		buf[i] = ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) ? '?' : s[i];
+	buf[i] = '\0';
+}
+
+void
+kvtctl_fmt_bytes(char *buf, size_t len, double bytes)
+{
+	static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+	unsigned int u = 0;
+
+	if (bytes < 1024) {
+		snprintf(buf, len, "%.0f B", bytes);
+		return;
+	}
+	bytes /= 1024;
+	while (bytes >= 1024 && u + 1 < sizeof(units) / sizeof(units[0])) {
+		bytes /= 1024;
+		u++;
+	}
+	snprintf(buf, len, "%.1f %s", bytes, units[u]);
+}
+
+void
+kvtctl_fmt_duration(char *buf, size_t len, double s)
+{
+	uint64_t t;
+
+	if (!(s >= 0)) {
+		snprintf(buf, len, "-");
+		return;
+	}
+	if (s < 60) {
+		snprintf(buf, len, "%.1fs", s);
+		return;
+	}
+	t = (uint64_t)s;
+	if (t < 3600)
+		snprintf(buf, len, "%" PRIu64 "m%02" PRIu64 "s", t / 60, t % 60);
+	else if (t < 86400)
+		snprintf(buf, len, "%" PRIu64 "h%02" PRIu64 "m", t / 3600, t % 3600 / 60);
+	else
+		snprintf(buf, len, "%" PRIu64 "d%02" PRIu64 "h", t / 86400, t % 86400 / 3600);
+}
+
+/* snprintf at *@off into @buf, never past its end: output that does not fit is cut. */
+static void __attribute__((format(printf, 4, 5)))
+append(char *buf, size_t len, size_t *off, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (*off + 1 >= len)
+		return;
+	va_start(ap, fmt);
+	n = vsnprintf(buf + *off, len - *off, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		*off = *off + (size_t)n < len ? *off + (size_t)n : len - 1;
+}
+
+static int
+finish(FILE *out)
+{
+	if (fflush(out) || ferror(out))
+		return -EIO;
+	return 0;
+}
+
+/* ---- tables ---- */
+
+enum col_kind {
+	COL_INT,   /* integer, right-aligned */
+	COL_STR,   /* string, left-aligned */
+	COL_BYTES, /* byte count, human units */
+	COL_SECS,  /* seconds, human duration */
+	COL_PCT,   /* ratio 0..1 shown as a percentage */
+	COL_TIER,  /* element @idx of the row's "tiers" array */
+};
+
+struct col {
+	const char *head;
+	const char *key;
+	enum col_kind kind;
+	unsigned int idx;
+};
+
+static void
+render_cell(char *buf, const struct col *c, struct json_object *row)
+{
+	struct json_object *v = get(row, c->key);
+	const char *s;
+	double d;
+
+	if (c->kind == COL_TIER) {
+		v = json_object_is_type(v, json_type_array) && c->idx < json_object_array_length(v)
+			? json_object_array_get_idx(v, c->idx)
+			: NULL;
+	}
+	switch (c->kind) {
+	case COL_STR:
+		s = as_str(v);
+		if (s) {
+			safe_copy(buf, CELL_MAX, s);
+			return;
+		}
+		break;
+	case COL_INT:
+	case COL_TIER:
+		if (json_object_is_type(v, json_type_double) && as_num(v, &d)) {
+			snprintf(buf, CELL_MAX, "%.0f", d);
+			return;
+		}
+		if (num_text(v, buf, CELL_MAX))
+			return;
+		break;
+	case COL_BYTES:
+		if (as_num(v, &d)) {
+			kvtctl_fmt_bytes(buf, CELL_MAX, d);
+			return;
+		}
+		break;
+	case COL_SECS:
+		if (as_num(v, &d)) {
+			kvtctl_fmt_duration(buf, CELL_MAX, d);
+			return;
+		}
+		break;
+	case COL_PCT:
+		if (as_num(v, &d)) {
+			snprintf(buf, CELL_MAX, "%.1f%%", d * 100);
+			return;
+		}
+		break;
+	}
+	snprintf(buf, CELL_MAX, "-");
+}
+
+static void
+print_row(FILE *out, const struct col *cols, size_t ncols, const size_t *width,
+	  char (*cells)[CELL_MAX])
+{
+	size_t c;
+
+	for (c = 0; c < ncols; c++) {
+		bool last = c + 1 == ncols;
+
+		if (cols[c].kind == COL_STR && last)
+			fprintf(out, "%s", cells[c]);
+		else if (cols[c].kind == COL_STR)
+			fprintf(out, "%-*s", (int)width[c], cells[c]);
+		else
+			fprintf(out, "%*s", (int)width[c], cells[c]);
+		fputs(last ? "\n" : "  ", out);
+	}
+}
+
+/*
+ * Print the array @key of @doc as a table with a header row. Numeric columns are right-aligned
+ * under right-aligned headers, strings left-aligned; widths fit the widest cell.
+ */
+static int
+print_table(FILE *out, struct json_object *doc, const char *key, const struct col *cols,
+	    size_t ncols, const char *none)
+{
+	struct json_object *arr;
+	char(*cells)[CELL_MAX];
+	size_t width[16], n, r, c;
+
+	if (!json_object_is_type(doc, json_type_object) || ncols > 16)
+		return -EINVAL;
+	arr = get(doc, key);
+	if (arr && !json_object_is_type(arr, json_type_array))
+		return -EINVAL;
+	n = arr ? json_object_array_length(arr) : 0;
+	if (!n) {
+		fprintf(out, "%s\n", none);
+		return finish(out);
+	}
+
+	cells = calloc((n + 1) * ncols, sizeof(*cells));
+	if (!cells)
+		return -ENOMEM;
+	for (c = 0; c < ncols; c++) {
+		snprintf(cells[c], CELL_MAX, "%s", cols[c].head);
+		width[c] = strlen(cols[c].head);
+	}
+	for (r = 0; r < n; r++) {
+		struct json_object *row = json_object_array_get_idx(arr, r);
+
+		for (c = 0; c < ncols; c++) {
+			char *cell = cells[(r + 1) * ncols + c];
+
+			render_cell(cell, &cols[c], row);
+			if (strlen(cell) > width[c])
+				width[c] = strlen(cell);
+		}
+	}
+	for (r = 0; r <= n; r++)
+		print_row(out, cols, ncols, width, &cells[r * ncols]);
+	free(cells);
+	return finish(out);
+}
+
+int
+kvtctl_fmt_clients(FILE *out, struct json_object *doc)
+{
+	static const struct col cols[] = {
+	    {"SESSION", "session", COL_INT, 0},	 {"PID", "pid", COL_INT, 0},
+	    {"UID", "uid", COL_INT, 0},		 {"GID", "gid", COL_INT, 0},
+	    {"SEQS", "seqs", COL_INT, 0},	 {"POOL", "pool_bytes", COL_BYTES, 0},
+	    {"OPS", "ops", COL_INT, 0},		 {"ERRORS", "errors", COL_INT, 0},
+	    {"SQ", "sq_entries", COL_INT, 0},	 {"ARENA", "arena_size", COL_BYTES, 0},
+	    {"UPTIME", "uptime_s", COL_SECS, 0}, {"NAME", "name", COL_STR, 0},
+	};
+
+	return print_table(out, doc, "clients", cols, sizeof(cols) / sizeof(cols[0]),
+			   "no clients connected");
+}
+
+int
+kvtctl_fmt_seqs(FILE *out, struct json_object *doc)
+{
+	static const struct col cols[] = {
+	    {"SESSION", "session", COL_INT, 0},
+	    {"SEQ", "seq", COL_INT, 0},
+	    {"TOKENS", "n", COL_INT, 0},
+	    {"LAYERS", "layers", COL_INT, 0},
+	    {"HEADS", "kv_heads", COL_INT, 0},
+	    {"DIM", "head_dim", COL_INT, 0},
+	    {"DTYPE", "dtype", COL_STR, 0},
+	    {"POLICY", "policy", COL_STR, 0},
+	    {"T0", "tiers", COL_TIER, 0},
+	    {"T1", "tiers", COL_TIER, 1},
+	    {"T2", "tiers", COL_TIER, 2},
+	    {"T3", "tiers", COL_TIER, 3},
+	    {"EVICTED", "evicted_ratio", COL_PCT, 0},
+	    {"POOL", "pool_bytes", COL_BYTES, 0},
+	};
+
+	return print_table(out, doc, "seqs", cols, sizeof(cols) / sizeof(cols[0]),
+			   "no open sequences");
+}
+
+/* ---- status ---- */
+
+#define KEY_WIDTH 14
+
+static void
+kv_line(FILE *out, const char *key, const char *value)
+{
+	fprintf(out, "%-*s %s\n", KEY_WIDTH, key, value);
+}
+
+static void
+kv_num(FILE *out, const char *key, struct json_object *v)
+{
+	char buf[64];
+
+	kv_line(out, key, num_text(v, buf, sizeof(buf)) ? buf : "-");
+}
+
+static void
+kv_str(FILE *out, const char *key, struct json_object *v)
+{
+	char buf[128];
+
+	if (as_str(v)) {
+		safe_copy(buf, sizeof(buf), as_str(v));
+		kv_line(out, key, buf);
+	} else {
+		kv_line(out, key, "-");
+	}
+}
+
+static void
+kv_bytes(FILE *out, const char *key, struct json_object *v)
+{
+	char buf[64];
+	double d;
+
+	if (as_num(v, &d))
+		kvtctl_fmt_bytes(buf, sizeof(buf), d);
+	else
+		snprintf(buf, sizeof(buf), "-");
+	kv_line(out, key, buf);
+}
+
+/* "key1 N, key2 N, ..." for an object of counters, in the daemon's order. */
+static void
+kv_counters(FILE *out, const char *key, struct json_object *obj)
+{
+	char line[512], num[64], name[48];
+	size_t off = 0;
+
+	line[0] = '\0';
+	if (json_object_is_type(obj, json_type_object)) {
+		json_object_object_foreach(obj, k, v)
+		{
+			safe_copy(name, sizeof(name), k);
+			if (!num_text(v, num, sizeof(num)))
+				snprintf(num, sizeof(num), "-");
+			append(line, sizeof(line), &off, "%s%s %s", off ? ", " : "", name, num);
+		}
+	}
+	kv_line(out, key, line[0] ? line : "-");
+}
+
+static void
+kv_tiers(FILE *out, const char *key, struct json_object *arr)
+{
+	char line[256], num[64];
+	size_t i, n, off = 0;
+
+	line[0] = '\0';
+	n = json_object_is_type(arr, json_type_array) ? json_object_array_length(arr) : 0;
+	for (i = 0; i < n && i < 8; i++) {
+		if (!num_text(json_object_array_get_idx(arr, i), num, sizeof(num)))
+			snprintf(num, sizeof(num), "-");
+		append(line, sizeof(line), &off, "%sT%zu %s", off ? "  " : "", i, num);
+	}
+	kv_line(out, key, line[0] ? line : "-");
+}
+
+int
+kvtctl_fmt_status(FILE *out, struct json_object *st)
+{
+	struct json_object *abi, *pool, *v;
+	char buf[128], b1[32], b2[32];
+	double a, b;
+
+	if (!json_object_is_type(st, json_type_object))
+		return -EINVAL;
+	abi = get(st, "abi");
+	pool = get(st, "pool");
+
+	kv_str(out, "version", get(st, "version"));
+	if (as_num(get(abi, "major"), &a) && as_num(get(abi, "minor"), &b))
+		snprintf(buf, sizeof(buf), "%.0f.%.0f", a, b);
+	else
+		snprintf(buf, sizeof(buf), "-");
+	kv_line(out, "abi", buf);
+	kv_str(out, "backend", get(st, "backend"));
+	kv_num(out, "pid", get(st, "pid"));
+	if (as_num(get(st, "uptime_s"), &a))
+		kvtctl_fmt_duration(buf, sizeof(buf), a);
+	else
+		snprintf(buf, sizeof(buf), "-");
+	kv_line(out, "uptime", buf);
+	kv_num(out, "pollers", get(st, "pollers"));
+
+	kv_bytes(out, "pool size", get(pool, "size"));
+	if (as_num(get(pool, "used"), &a)) {
+		kvtctl_fmt_bytes(b1, sizeof(b1), a);
+		if (as_num(get(pool, "size"), &b) && b > 0)
+			snprintf(buf, sizeof(buf), "%s (%.1f%%)", b1, 100 * a / b);
+		else
+			snprintf(buf, sizeof(buf), "%s", b1);
+		kv_line(out, "pool used", buf);
+	} else {
+		kv_line(out, "pool used", "-");
+	}
+	kv_bytes(out, "pool free", get(pool, "free"));
+	if (!num_text(get(pool, "chunks_free"), b1, sizeof(b1)))
+		snprintf(b1, sizeof(b1), "-");
+	if (as_num(get(pool, "chunk_size"), &a))
+		kvtctl_fmt_bytes(b2, sizeof(b2), a);
+	else
+		snprintf(b2, sizeof(b2), "-");
+	snprintf(buf, sizeof(buf), "%s free, %s each", b1, b2);
+	kv_line(out, "pool chunks", buf);
+	kv_num(out, "pool classes", get(pool, "classes"));
+	kv_str(out, "pool backing", get(pool, "backing"));
+	v = get(pool, "numa_node");
+	if (as_num(v, &a) && a < 0)
+		kv_line(out, "pool numa", "any");
+	else
+		kv_num(out, "pool numa", v);
+	v = get(pool, "locked");
+	kv_line(out, "pool locked",
+		json_object_is_type(v, json_type_boolean)
+		    ? (json_object_get_boolean(v) ? "yes" : "no")
+		    : "-");
+
+	kv_num(out, "sessions", get(st, "sessions"));
+	kv_num(out, "seqs", get(st, "seqs"));
+	kv_num(out, "ops", get(st, "ops"));
+	kv_num(out, "errors", get(st, "errors"));
+	kv_counters(out, "refused", get(st, "refused"));
+	kv_tiers(out, "tiers", get(st, "tiers"));
+	return finish(out);
+}
+
+/* ---- Prometheus text exposition ---- */
+
+struct label {
+	const char *name;
+	const char *value; /* NULL: label left out */
+};
+
+struct fam {
+	FILE *out;
+	const char *name;
+	const char *type; /* "counter" or "gauge" */
+	const char *help;
+	bool started; /* HELP and TYPE printed */
+};
+
+#define FAM(o, n, t, h)                                                                            \
+	{                                                                                          \
+		.out = (o), .name = (n), .type = (t), .help = (h), .started = false                \
+	}
+
+static void
+escape_label(FILE *out, const char *s)
+{
+	for (; *s; s++) {
+		if (*s == '\\')
+			fputs("\\\\", out);
+		else if (*s == '"')
+			fputs("\\\"", out);
+		else if (*s == '\n')
+			fputs("\\n", out);
+		else
+			fputc(*s, out);
+	}
+}
+
+/*
+ * One sample. The family's HELP and TYPE lines go out before its first sample, so a family the
+ * daemon reported nothing for does not appear at all, and no family is ever split (the format
+ * requires all samples of a family to be contiguous: callers emit one family at a time).
+ */
+static void
+sample(struct fam *f, const struct label *labels, size_t nlabels, const char *value)
+{
+	bool first = true;
+	size_t i;
+
+	if (!f->started) {
+		fprintf(f->out, "# HELP %s %s\n# TYPE %s %s\n", f->name, f->help, f->name, f->type);
+		f->started = true;
+	}
+	fputs(f->name, f->out);
+	for (i = 0; i < nlabels; i++) {
+		if (!labels[i].value)
+			continue;
+		fprintf(f->out, "%s%s=\"", first ? "{" : ",", labels[i].name);
+		escape_label(f->out, labels[i].value);
+		fputc('"', f->out);
+		first = false;
+	}
+	if (!first)
+		fputc('}', f->out);
+	fprintf(f->out, " %s\n", value);
+}
+
+static void
+sample_json(struct fam *f, const struct label *labels, size_t nlabels, struct json_object *v)
+{
+	char buf[64];
+
+	if (num_text(v, buf, sizeof(buf)))
+		sample(f, labels, nlabels, buf);
+}
+
+struct scalar {
+	const char *name;
+	const char *type;
+	const char *help;
+	const char *key;
+	const char *subkey; /* NULL: top level */
+};
+
+static const struct scalar status_scalars[] = {
+    {"kvtier_uptime_seconds", "gauge", "Seconds since kvtierd started.", "uptime_s", NULL},
+    {"kvtier_pollers", "gauge", "Poller threads draining session rings.", "pollers", NULL},
+    {"kvtier_pool_size_bytes", "gauge", "Bytes in the pinned DDR pool.", "pool", "size"},
+    {"kvtier_pool_used_bytes", "gauge", "Pool bytes holding slots.", "pool", "used"},
+    {"kvtier_pool_free_bytes", "gauge", "Pool bytes free.", "pool", "free"},
+    {"kvtier_pool_chunk_size_bytes", "gauge", "Bytes per pool chunk.", "pool", "chunk_size"},
+    {"kvtier_pool_chunks_free", "gauge", "Pool chunks not serving any slot class.", "pool",
+     "chunks_free"},
+    {"kvtier_pool_classes", "gauge", "Slot size classes in use.", "pool", "classes"},
+    {"kvtier_pool_numa_node", "gauge", "NUMA node the pool is bound to, -1 for none.", "pool",
+     "numa_node"},
+    {"kvtier_pool_locked", "gauge", "1 when the pool is pinned in RAM.", "pool", "locked"},
+    {"kvtier_sessions", "gauge", "Connected sessions.", "sessions", NULL},
+    {"kvtier_seqs", "gauge", "Open sequences.", "seqs", NULL},
+    {"kvtier_ops_total", "counter", "Ops completed.", "ops", NULL},
+    {"kvtier_errors_total", "counter", "Ops completed with an error.", "errors", NULL},
+};
+
+static void
+metrics_status(FILE *out, struct json_object *st)
+{
+	struct json_object *abi = get(st, "abi"), *refused, *tiers;
+	char abibuf[48];
+	double a, b;
+	size_t i;
+
+	{
+		struct fam f =
+		    FAM(out, "kvtier_build_info", "gauge",
+			"Constant 1, labelled with the daemon's version, ABI and backend.");
+		struct label l[] = {
+		    {"version", as_str(get(st, "version"))},
+		    {"abi", NULL},
+		    {"backend", as_str(get(st, "backend"))},
+		};
+
+		if (as_num(get(abi, "major"), &a) && as_num(get(abi, "minor"), &b)) {
+			snprintf(abibuf, sizeof(abibuf), "%.0f.%.0f", a, b);
+			l[1].value = abibuf;
+		}
+		if (l[0].value || l[1].value || l[2].value)
+			sample(&f, l, 3, "1");
+	}
+	for (i = 0; i < sizeof(status_scalars) / sizeof(status_scalars[0]); i++) {
+		const struct scalar *s = &status_scalars[i];
+		struct fam f = FAM(out, s->name, s->type, s->help);
+		struct json_object *v = get(st, s->key);
+
+		sample_json(&f, NULL, 0, s->subkey ? get(v, s->subkey) : v);
+	}
+	{
+		struct fam f = FAM(out, "kvtier_pool_info", "gauge",
+				   "Constant 1, labelled with the pool's backing memory.");
+		struct label l = {"backing", as_str(get(get(st, "pool"), "backing"))};
+
+		if (l.value)
+			sample(&f, &l, 1, "1");
+	}
+
+	refused = get(st, "refused");
+	if (json_object_is_type(refused, json_type_object)) {
+		struct fam f =
+		    FAM(out, "kvtier_refused_total", "counter", "Requests refused, by reason.");
+
+		json_object_object_foreach(refused, k, v)
+		{
+			struct label l = {"reason", k};
+
+			sample_json(&f, &l, 1, v);
+		}
+	}
+
+	tiers = get(st, "tiers");
+	if (json_object_is_type(tiers, json_type_array)) {
+		struct fam f = FAM(out, "kvtier_tier_tokens", "gauge",
+				   "Tokens per tier over all sequences (t3 = evicted).");
+
+		for (i = 0; i < json_object_array_length(tiers); i++) {
+			char t[24];
+			struct label l = {"tier", t};
+
+			snprintf(t, sizeof(t), "t%zu", i);
+			sample_json(&f, &l, 1, json_object_array_get_idx(tiers, i));
+		}
+	}
+}
+
+struct per {
+	const char *name;
+	const char *type;
+	const char *help;
+	const char *key;
+};
+
+static const struct per session_fams[] = {
+    {"kvtier_session_seqs", "gauge", "Open sequences of the session.", "seqs"},
+    {"kvtier_session_pool_bytes", "gauge", "Pool bytes charged to the session.", "pool_bytes"},
+    {"kvtier_session_ops_total", "counter", "Ops of the session completed.", "ops"},
+    {"kvtier_session_errors_total", "counter", "Ops of the session completed with an error.",
+     "errors"},
+    {"kvtier_session_sq_entries", "gauge", "Submission queue entries of the session.",
+     "sq_entries"},
+    {"kvtier_session_arena_bytes", "gauge", "Arena bytes of the session.", "arena_size"},
+    {"kvtier_session_uptime_seconds", "gauge", "Seconds since the session connected.", "uptime_s"},
+};
+
+static const struct per seq_fams[] = {
+    {"kvtier_seq_tokens", "gauge", "Tokens appended to the sequence.", "n"},
+    {"kvtier_seq_evicted_ratio", "gauge", "Fraction of the sequence's tokens evicted (T3).",
+     "evicted_ratio"},
+    {"kvtier_seq_pool_bytes", "gauge", "Pool bytes held by the sequence.", "pool_bytes"},
+};
+
+/* Integer id of @row under @key as label text; false when absent (the row is then skipped). */
+static bool
+id_text(struct json_object *row, const char *key, char *buf, size_t len)
+{
+	return json_object_is_type(get(row, key), json_type_int) &&
+	       num_text(get(row, key), buf, len);
+}
+
+static void
+metrics_clients(FILE *out, struct json_object *doc)
+{
+	struct json_object *arr = get(doc, "clients");
+	char sess[32], pid[32], uid[32], gid[32];
+	size_t i, r, n;
+
+	if (!json_object_is_type(arr, json_type_array))
+		return;
+	n = json_object_array_length(arr);
+	{
+		struct fam f =
+		    FAM(out, "kvtier_session_info", "gauge",
+			"Constant 1, labelled with the session's peer credentials and name.");
+
+		for (r = 0; r < n; r++) {
+			struct json_object *row = json_object_array_get_idx(arr, r);
+			struct label l[] = {
+			    {"session", sess},
+			    {"pid", num_text(get(row, "pid"), pid, sizeof(pid)) ? pid : NULL},
+			    {"uid", num_text(get(row, "uid"), uid, sizeof(uid)) ? uid : NULL},
+			    {"gid", num_text(get(row, "gid"), gid, sizeof(gid)) ? gid : NULL},
+			    {"name", as_str(get(row, "name"))},
+			};
+
+			if (id_text(row, "session", sess, sizeof(sess)))
+				sample(&f, l, 5, "1");
+		}
+	}
+	for (i = 0; i < sizeof(session_fams) / sizeof(session_fams[0]); i++) {
+		struct fam f =
+		    FAM(out, session_fams[i].name, session_fams[i].type, session_fams[i].help);
+
+		for (r = 0; r < n; r++) {
+			struct json_object *row = json_object_array_get_idx(arr, r);
+			struct label l = {"session", sess};
+
+			if (id_text(row, "session", sess, sizeof(sess)))
+				sample_json(&f, &l, 1, get(row, session_fams[i].key));
+		}
+	}
+}
+
+static void
+metrics_seqs(FILE *out, struct json_object *doc)
+{
+	struct json_object *arr = get(doc, "seqs");
+	char sess[32], seq[32], layers[32], heads[32], dim[32];
+	size_t i, r, n, t;
+
+	if (!json_object_is_type(arr, json_type_array))
+		return;
+	n = json_object_array_length(arr);
+	{
+		struct fam f = FAM(out, "kvtier_seq_info", "gauge",
+				   "Constant 1, labelled with the sequence's geometry and policy.");
+
+		for (r = 0; r < n; r++) {
+			struct json_object *row = json_object_array_get_idx(arr, r);
+			struct label l[] = {
+			    {"session", sess},
+			    {"seq", seq},
+			    {"layers",
+			     num_text(get(row, "layers"), layers, sizeof(layers)) ? layers : NULL},
+			    {"kv_heads",
+			     num_text(get(row, "kv_heads"), heads, sizeof(heads)) ? heads : NULL},
+			    {"head_dim",
+			     num_text(get(row, "head_dim"), dim, sizeof(dim)) ? dim : NULL},
+			    {"dtype", as_str(get(row, "dtype"))},
+			    {"policy", as_str(get(row, "policy"))},
+			};
+
+			if (id_text(row, "session", sess, sizeof(sess)) &&
+			    id_text(row, "seq", seq, sizeof(seq)))
+				sample(&f, l, 7, "1");
+		}
+	}
+	for (i = 0; i < sizeof(seq_fams) / sizeof(seq_fams[0]); i++) {
+		struct fam f = FAM(out, seq_fams[i].name, seq_fams[i].type, seq_fams[i].help);
+
+		for (r = 0; r < n; r++) {
+			struct json_object *row = json_object_array_get_idx(arr, r);
+			struct label l[] = {{"session", sess}, {"seq", seq}};
+
+			if (id_text(row, "session", sess, sizeof(sess)) &&
+			    id_text(row, "seq", seq, sizeof(seq)))
+				sample_json(&f, l, 2, get(row, seq_fams[i].key));
+		}
+	}
+	{
+		struct fam f = FAM(out, "kvtier_seq_tier_tokens", "gauge",
+				   "Tokens of the sequence per tier (t3 = evicted).");
+
+		for (r = 0; r < n; r++) {
+			struct json_object *row = json_object_array_get_idx(arr, r);
+			struct json_object *tiers = get(row, "tiers");
+			char tier[24];
+			struct label l[] = {{"session", sess}, {"seq", seq}, {"tier", tier}};
+
+			if (!id_text(row, "session", sess, sizeof(sess)) ||
+			    !id_text(row, "seq", seq, sizeof(seq)) ||
+			    !json_object_is_type(tiers, json_type_array))
+				continue;
+			for (t = 0; t < json_object_array_length(tiers); t++) {
+				snprintf(tier, sizeof(tier), "t%zu", t);
+				sample_json(&f, l, 3, json_object_array_get_idx(tiers, t));
+			}
+		}
+	}
+}
+
+int
+kvtctl_fmt_metrics(FILE *out, struct json_object *status, struct json_object *clients,
+		   struct json_object *seqs)
+{
+	if ((status && !json_object_is_type(status, json_type_object)) ||
+	    (clients && !json_object_is_type(clients, json_type_object)) ||
+	    (seqs && !json_object_is_type(seqs, json_type_object)))
+		return -EINVAL;
+	if (status)
+		metrics_status(out, status);
+	if (clients)
+		metrics_clients(out, clients);
+	if (seqs)
+		metrics_seqs(out, seqs);
+	return finish(out);
+}

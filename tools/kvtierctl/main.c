@@ -1,0 +1,438 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvtierctl - inspect a running kvtierd over its control socket.
+ *
+ * Each command sends admin requests (proto/kvt_ctl.h: STATUS, CLIENTS, SEQS; no HELLO) and
+ * formats the JSON replies. The daemon's documents, every key optional here:
+ *   status:  {"version","abi":{"major","minor"},"backend","pid","uptime_s","pollers",
+ *             "pool":{"size","used","free","chunk_size","chunks_free","classes","backing",
+ *                     "numa_node","locked"},
+ *             "sessions","seqs","ops","errors","refused":{reason: count...},"tiers":[t0..t3]}
+ *   clients: {"clients":[{"session","pid","uid","gid","name","seqs","pool_bytes","ops","errors",
+ *             "sq_entries","arena_size","uptime_s"}...]}
+ *   seqs:    {"seqs":[{"session","seq","n","layers","kv_heads","head_dim","dtype","policy",
+ *             "tiers":[t0..t3],"evicted_ratio","pool_bytes"}...]}
+ *
+ * Exit status: 0 success, 1 the daemon could not be reached, refused or answered badly, 2 bad
+ * usage.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+
+#include "kvt_ctl.h"
+#include "ctl_conn.h"
+#include "ctl_fmt.h"
+
+#ifndef KVT_VERSION
+#error "KVT_VERSION must be defined by the build"
+#endif
+
+#define DEFAULT_SOCKET "/run/kvtier/kvtierd.sock"
+
+enum { EXIT_FAIL = 1, EXIT_USAGE = 2 };
+
+struct opts {
+	const char *socket;
+	bool json;
+	int timeout_ms;
+	double interval_s;
+	long count; /* top: refreshes, 0 = until interrupted */
+};
+
+/* The three documents of one refresh; any may be NULL when not asked for. */
+struct docs {
+	struct json_object *status;
+	struct json_object *clients;
+	struct json_object *seqs;
+};
+
+static void
+usage(FILE *f)
+{
+	fprintf(
+	    f,
+	    "usage: kvtierctl [OPTIONS] COMMAND\n"
+	    "\n"
+	    "Inspect a running kvtierd over its control socket.\n"
+	    "\n"
+	    "Commands:\n"
+	    "  status    version, backend, pool occupancy, counters, tier totals\n"
+	    "  clients   connected sessions, one row each\n"
+	    "  seqs      open sequences with their geometry and tokens per tier\n"
+	    "  metrics   status, clients and seqs in Prometheus text format\n"
+	    "  top       redraw status, clients and seqs every --interval seconds\n"
+	    "\n"
+	    "Options:\n"
+	    "  -s, --socket PATH    control socket (default: $KVTIER_SOCKET, else %s)\n"
+	    "  -j, --json           print the daemon's JSON documents, pretty-printed\n"
+	    "  -t, --timeout SEC    wait at most SEC seconds for each reply (default 5)\n"
+	    "  -i, --interval SEC   top: seconds between refreshes (default 2)\n"
+	    "  -n, --count N        top: stop after N refreshes (default 0: until interrupted)\n"
+	    "  -h, --help           this text\n"
+	    "  -V, --version        print the version\n"
+	    "\n"
+	    "Exit status: 0 success, 1 kvtierd unreachable or the request failed, 2 bad usage.\n",
+	    DEFAULT_SOCKET);
+}
+
+static const char *
+type_name(uint32_t type)
+{
+	switch (type) {
+	case KVT_CTL_STATUS:
+		return "STATUS";
+	case KVT_CTL_CLIENTS:
+		return "CLIENTS";
+	case KVT_CTL_SEQS:
+		return "SEQS";
+	default:
+		return "request";
+	}
+}
+
+static int
+conn_open(struct kvtctl_conn *c, const struct opts *o)
+{
+	int r = kvtctl_connect(c, o->socket, o->timeout_ms);
+
+	switch (r) {
+	case 0:
+		return 0;
+	case -ENOENT:
+	case -ECONNREFUSED:
+		fprintf(stderr,
+			"kvtierctl: kvtierd is not running (%s %s): start it with "
+			"'systemctl start kvtierd' or 'kvtierd --socket %s'\n",
+			r == -ENOENT ? "no socket at" : "nothing listens on", o->socket, o->socket);
+		break;
+	case -EACCES:
+	case -EPERM:
+		fprintf(stderr,
+			"kvtierctl: permission denied on %s: join the socket's group (socket_group "
+			"in kvtierd.conf) or run as root\n",
+			o->socket);
+		break;
+	default:
+		fprintf(stderr, "kvtierctl: cannot connect to %s: %s\n", o->socket, strerror(-r));
+		break;
+	}
+	return r;
+}
+
+/* One request, its reply parsed. Prints why it failed; returns 0 or -errno. */
+static int
+fetch(struct kvtctl_conn *c, uint32_t type, struct json_object **ret)
+{
+	enum json_tokener_error jerr;
+	struct json_object *doc;
+	char *text = NULL;
+	int r;
+
+	r = kvtctl_request(c, type, &text);
+	if (r < 0) {
+		if (c->err_msg[0])
+			fprintf(stderr, "kvtierctl: kvtierd refused %s: %s (%s)\n", type_name(type),
+				c->err_msg, strerror(-r));
+		else if (r == -EPROTO)
+			fprintf(stderr, "kvtierctl: malformed reply to %s from %s\n",
+				type_name(type), c->path);
+		else
+			fprintf(stderr, "kvtierctl: %s request to %s failed: %s\n", type_name(type),
+				c->path, strerror(-r));
+		return r;
+	}
+	doc = json_tokener_parse_verbose(text, &jerr);
+	free(text);
+	if (!doc || !json_object_is_type(doc, json_type_object)) {
+		fprintf(stderr, "kvtierctl: kvtierd answered %s with invalid JSON: %s\n",
+			type_name(type), doc ? "not an object" : json_tokener_error_desc(jerr));
+		json_object_put(doc);
+		return -EPROTO;
+	}
+	*ret = doc;
+	return 0;
+}
+
+static void
+docs_put(struct docs *d)
+{
+	json_object_put(d->status);
+	json_object_put(d->clients);
+	json_object_put(d->seqs);
+	memset(d, 0, sizeof(*d));
+}
+
+/* Fetch the documents named by @want (bits 1 status, 2 clients, 4 seqs) over one connection. */
+static int
+docs_get(const struct opts *o, unsigned int want, struct docs *d)
+{
+	struct kvtctl_conn c;
+	int r;
+
+	memset(d, 0, sizeof(*d));
+	r = conn_open(&c, o);
+	if (r < 0)
+		return r;
+	if (want & 1)
+		r = fetch(&c, KVT_CTL_STATUS, &d->status);
+	if (r == 0 && (want & 2))
+		r = fetch(&c, KVT_CTL_CLIENTS, &d->clients);
+	if (r == 0 && (want & 4))
+		r = fetch(&c, KVT_CTL_SEQS, &d->seqs);
+	kvtctl_close(&c);
+	if (r < 0)
+		docs_put(d);
+	return r;
+}
+
+static int
+print_json(struct json_object *doc)
+{
+	puts(json_object_to_json_string_ext(doc, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+						     JSON_C_TO_STRING_NOSLASHESCAPE));
+	return 0;
+}
+
+/* Several documents as one object: {"status":{...},"clients":{...},"seqs":{...}}. */
+static int
+print_json_docs(const struct docs *d)
+{
+	struct json_object *all = json_object_new_object();
+
+	if (!all)
+		return -ENOMEM;
+	if (d->status)
+		json_object_object_add(all, "status", json_object_get(d->status));
+	if (d->clients)
+		json_object_object_add(all, "clients", json_object_get(d->clients));
+	if (d->seqs)
+		json_object_object_add(all, "seqs", json_object_get(d->seqs));
+	print_json(all);
+	json_object_put(all);
+	return 0;
+}
+
+static int
+report_fmt(int r)
+{
+	if (r == -EINVAL)
+		fprintf(stderr, "kvtierctl: kvtierd's JSON does not have the expected shape\n");
+	else if (r < 0)
+		fprintf(stderr, "kvtierctl: cannot write output: %s\n", strerror(-r));
+	return r;
+}
+
+static int
+cmd_show(const struct opts *o, unsigned int want)
+{
+	struct docs d;
+	int r;
+
+	r = docs_get(o, want, &d);
+	if (r < 0)
+		return EXIT_FAIL;
+	if (o->json)
+		r = print_json(d.status ? d.status : d.clients ? d.clients : d.seqs);
+	else if (d.status)
+		r = kvtctl_fmt_status(stdout, d.status);
+	else if (d.clients)
+		r = kvtctl_fmt_clients(stdout, d.clients);
+	else
+		r = kvtctl_fmt_seqs(stdout, d.seqs);
+	docs_put(&d);
+	return report_fmt(r) < 0 ? EXIT_FAIL : 0;
+}
+
+static int
+cmd_metrics(const struct opts *o)
+{
+	struct docs d;
+	int r;
+
+	r = docs_get(o, 7, &d);
+	if (r < 0)
+		return EXIT_FAIL;
+	if (o->json)
+		r = print_json_docs(&d);
+	else
+		r = kvtctl_fmt_metrics(stdout, d.status, d.clients, d.seqs);
+	docs_put(&d);
+	return report_fmt(r) < 0 ? EXIT_FAIL : 0;
+}
+
+static void
+sleep_s(double s)
+{
+	struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (time_t)s) * 1e9)};
+
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+/*
+ * A plain ANSI "home + clear" between frames when stdout is a terminal, so top needs no
+ * terminfo; into a pipe or file each frame just follows the last one, separated by its header.
+ */
+static int
+cmd_top(const struct opts *o)
+{
+	bool tty = isatty(STDOUT_FILENO);
+	long i;
+	int r = 0;
+
+	for (i = 0; !o->count || i < o->count; i++) {
+		struct docs d;
+		time_t now = time(NULL);
+		char when[32];
+
+		if (i)
+			sleep_s(o->interval_s);
+		if (docs_get(o, 7, &d) < 0)
+			return EXIT_FAIL;
+		if (o->json) {
+			r = print_json_docs(&d);
+		} else {
+			strftime(when, sizeof(when), "%H:%M:%S", localtime(&now));
+			printf("%skvtierd at %s, %s, every %gs\n\n",
+			       tty ? "\033[H\033[2J"
+			       : i ? "\n"
+				   : "",
+			       o->socket, when, o->interval_s);
+			r = kvtctl_fmt_status(stdout, d.status);
+			if (r == 0) {
+				putchar('\n');
+				r = kvtctl_fmt_clients(stdout, d.clients);
+			}
+			if (r == 0) {
+				putchar('\n');
+				r = kvtctl_fmt_seqs(stdout, d.seqs);
+			}
+		}
+		fflush(stdout);
+		docs_put(&d);
+		if (report_fmt(r) < 0)
+			return EXIT_FAIL;
+	}
+	return 0;
+}
+
+static bool
+parse_seconds(const char *s, double *ret)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end || !isfinite(v) || v <= 0 || v > 86400)
+		return false;
+	*ret = v;
+	return true;
+}
+
+int
+main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+	    {"socket", required_argument, NULL, 's'},  {"json", no_argument, NULL, 'j'},
+	    {"timeout", required_argument, NULL, 't'}, {"interval", required_argument, NULL, 'i'},
+	    {"count", required_argument, NULL, 'n'},   {"help", no_argument, NULL, 'h'},
+	    {"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
+	};
+	struct opts o = {.json = false, .timeout_ms = 5000, .interval_s = 2, .count = 0};
+	const char *cmd;
+	double secs;
+	char *end;
+	int c;
+
+	o.socket = getenv("KVTIER_SOCKET");
+	if (!o.socket || !*o.socket)
+		o.socket = DEFAULT_SOCKET;
+
+	opterr = 0; /* our own messages, prefixed "kvtierctl:" */
+	while ((c = getopt_long(argc, argv, ":s:jt:i:n:hV", longopts, NULL)) != -1) {
+		switch (c) {
+		case 's':
+			if (!*optarg) {
+				fprintf(stderr, "kvtierctl: --socket needs a path\n");
+				return EXIT_USAGE;
+			}
+			o.socket = optarg;
+			break;
+		case 'j':
+			o.json = true;
+			break;
+		case 't':
+			if (!parse_seconds(optarg, &secs) || secs < 0.001) {
+				fprintf(stderr, "kvtierctl: bad --timeout '%s': seconds, > 0\n",
+					optarg);
+				return EXIT_USAGE;
+			}
+			o.timeout_ms = (int)(secs * 1000);
+			break;
+		case 'i':
+			if (!parse_seconds(optarg, &o.interval_s)) {
+				fprintf(stderr, "kvtierctl: bad --interval '%s': seconds, > 0\n",
+					optarg);
+				return EXIT_USAGE;
+			}
+			break;
+		case 'n':
+			errno = 0;
+			o.count = strtol(optarg, &end, 10);
+			if (errno || end == optarg || *end || o.count < 0) {
+				fprintf(stderr, "kvtierctl: bad --count '%s': an integer >= 0\n",
+					optarg);
+				return EXIT_USAGE;
+			}
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		case 'V':
+			printf("kvtierctl %s (ABI %d.%d)\n", KVT_VERSION, KVT_ABI_MAJOR,
+			       KVT_ABI_MINOR);
+			return 0;
+		case ':':
+		default:
+			/* a long option is named by its argv word, a short one by optopt */
+			fprintf(stderr, "kvtierctl: %s option ",
+				c == ':' ? "value missing for" : "unknown");
+			if (!strncmp(argv[optind - 1], "--", 2))
+				fprintf(stderr, "'%s'", argv[optind - 1]);
+			else
+				fprintf(stderr, "'-%c'", optopt);
+			fprintf(stderr, "; see 'kvtierctl --help'\n");
+			return EXIT_USAGE;
+		}
+	}
+	if (optind + 1 != argc) {
+		fprintf(stderr, "kvtierctl: %s\n",
+			optind == argc ? "missing command" : "one command at a time");
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	cmd = argv[optind];
+
+	if (!strcmp(cmd, "status"))
+		return cmd_show(&o, 1);
+	if (!strcmp(cmd, "clients"))
+		return cmd_show(&o, 2);
+	if (!strcmp(cmd, "seqs"))
+		return cmd_show(&o, 4);
+	if (!strcmp(cmd, "metrics"))
+		return cmd_metrics(&o);
+	if (!strcmp(cmd, "top"))
+		return cmd_top(&o);
+	fprintf(stderr, "kvtierctl: unknown command '%s'; see 'kvtierctl --help'\n", cmd);
+	return EXIT_USAGE;
+}
