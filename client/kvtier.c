@@ -46,6 +46,7 @@ struct kvt_client {
 	uint32_t sq_tail;  /* private: SQEs handed out by kvt_get_sqe() */
 	uint32_t sq_pub;   /* published to the daemon */
 	uint32_t cq_head;  /* private consumer index */
+	uint32_t sq_head_seen; /* last SQ head read from the daemon */
 	unsigned inflight; /* handed out and not reaped */
 	uint32_t session_id;
 	uint32_t spin_us;
@@ -189,6 +190,7 @@ region_map(struct kvt_client *c)
 	c->sq_entries = h->sq_entries;
 	c->cq_entries = h->cq_entries;
 	c->sq_tail = c->sq_pub = kvt_ring_prod_tail_relaxed(c->sq);
+	c->sq_head_seen = kvt_ring_load_head(c->sq);
 	c->cq_head = kvt_ring_load_head(c->cq);
 	return 0;
 }
@@ -473,9 +475,14 @@ kvt_get_sqe(struct kvt_client *c)
 	struct kvt_sqe *e;
 
 	/* Never more in flight than the CQ holds, so the daemon never finds it full. */
-	if (c->dead || c->inflight + c->stash_n >= c->cq_entries ||
-	    c->sq_tail - kvt_ring_load_head(c->sq) >= c->sq_entries)
+	if (c->dead || c->inflight + c->stash_n >= c->cq_entries)
 		return NULL;
+	/* Read the daemon's SQ head (a line it writes) only when our copy says the ring is full. */
+	if (c->sq_tail - c->sq_head_seen >= c->sq_entries) {
+		c->sq_head_seen = kvt_ring_load_head(c->sq);
+		if (c->sq_tail - c->sq_head_seen >= c->sq_entries)
+			return NULL;
+	}
 	e = &c->sqes[c->sq_tail++ & (c->sq_entries - 1)];
 	memset(e, 0, sizeof(*e));
 	c->inflight++;

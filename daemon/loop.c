@@ -302,9 +302,9 @@ handle_buf_register(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_bu
 			   strerror(-r));
 		return 0;
 	}
-	pthread_mutex_lock(&c->s->poller->lock);
+	kvtd_poller_lock(c->s->poller);
 	r = kvtd_session_buf_register(c->s, buf);
-	pthread_mutex_unlock(&c->s->poller->lock);
+	kvtd_poller_unlock(c->s->poller);
 	if (r < 0) {
 		kvt_dev_buf_put(buf);
 		send_error(c->fd, m->hdr.id, r, "too many buffers (buffers_per_session = %u)",
@@ -330,9 +330,9 @@ handle_buf_unregister(struct kvtd_conn *c, const struct kvt_ctl_buf_unregister *
 		send_error(c->fd, m->hdr.id, -EINVAL, "malformed BUF_UNREGISTER");
 		return;
 	}
-	pthread_mutex_lock(&c->s->poller->lock);
+	kvtd_poller_lock(c->s->poller);
 	r = kvtd_session_buf_unregister(c->s, m->buf_id);
-	pthread_mutex_unlock(&c->s->poller->lock);
+	kvtd_poller_unlock(c->s->poller);
 	if (r < 0)
 		send_error(c->fd, m->hdr.id, r,
 			   r == -EBUSY ? "buffer %u is in use by an open sequence"

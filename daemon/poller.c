@@ -37,6 +37,23 @@ any_pending(struct kvtd_poller *p)
 	return 0;
 }
 
+/*
+ * The poller keeps its lock while it works and spins, so the hot loop takes no lock at all.
+ * Another thread that needs the lock announces itself in p->waiters (kvtd_poller_lock()); the
+ * poller checks that word each turn, steps aside until the waiter holds the lock, and queues up
+ * behind it.
+ */
+static void
+yield_to_waiters(struct kvtd_poller *p)
+{
+	if (!atomic_load_explicit(&p->waiters, memory_order_relaxed))
+		return;
+	pthread_mutex_unlock(&p->lock);
+	while (atomic_load_explicit(&p->waiters, memory_order_acquire))
+		cpu_relax();
+	pthread_mutex_lock(&p->lock);
+}
+
 static void *
 poller_main(void *arg)
 {
@@ -44,19 +61,16 @@ poller_main(void *arg)
 	uint64_t last_work = kvtd_now_ns();
 	struct epoll_event ev[32];
 
+	pthread_mutex_lock(&p->lock);
 	while (!atomic_load_explicit(&p->stop, memory_order_relaxed)) {
 		unsigned work = 0;
 		uint64_t now;
 
-		pthread_mutex_lock(&p->lock);
+		yield_to_waiters(p);
 		for (unsigned i = 0; i < p->n_sessions; i++)
 			work += kvtd_session_drain(p->sessions[i]);
-		pthread_mutex_unlock(&p->lock);
 		now = kvtd_now_ns();
 		if (work) {
-			atomic_fetch_add_explicit(&p->busy_ns, now - last_work < 1000000 ?
-								       now - last_work : 0,
-						  memory_order_relaxed);
 			last_work = now;
 			continue;
 		}
@@ -67,27 +81,40 @@ poller_main(void *arg)
 		}
 		/* Going to sleep: announce it, then look once more (pairs with the client's
 		 * store-tail, fence, read-flags in kvt_submit()). */
-		pthread_mutex_lock(&p->lock);
 		set_need_wakeup(p, KVT_RING_NEED_WAKEUP);
 		kvt_ring_fence();
-		work = any_pending(p);
-		pthread_mutex_unlock(&p->lock);
-		if (!work) {
-			int n = epoll_wait(p->epfd, ev, 32, -1);
+		if (!any_pending(p)) {
+			int n;
 
+			pthread_mutex_unlock(&p->lock);
+			n = epoll_wait(p->epfd, ev, 32, -1);
 			atomic_fetch_add_explicit(&p->sleeps, 1, memory_order_relaxed);
 			for (int i = 0; i < n; i++) {
 				eventfd_t v;
 
 				eventfd_read(ev[i].data.fd, &v); /* non-blocking: resets the count */
 			}
+			pthread_mutex_lock(&p->lock);
 		}
-		pthread_mutex_lock(&p->lock);
 		set_need_wakeup(p, 0);
-		pthread_mutex_unlock(&p->lock);
 		last_work = kvtd_now_ns();
 	}
+	pthread_mutex_unlock(&p->lock);
 	return NULL;
+}
+
+void
+kvtd_poller_lock(struct kvtd_poller *p)
+{
+	atomic_fetch_add_explicit(&p->waiters, 1, memory_order_relaxed);
+	pthread_mutex_lock(&p->lock);
+	atomic_fetch_sub_explicit(&p->waiters, 1, memory_order_release);
+}
+
+void
+kvtd_poller_unlock(struct kvtd_poller *p)
+{
+	pthread_mutex_unlock(&p->lock);
 }
 
 static void
@@ -168,7 +195,7 @@ kvtd_poller_attach(struct kvtd *d, struct kvtd_session *s)
 	for (unsigned i = 1; i < d->n_pollers; i++)
 		if (d->pollers[i]->n_sessions < p->n_sessions)
 			p = d->pollers[i];
-	pthread_mutex_lock(&p->lock);
+	kvtd_poller_lock(p);
 	if (p->n_sessions == p->cap) {
 		unsigned cap = p->cap ? p->cap * 2 : 8;
 		void *n = realloc(p->sessions, cap * sizeof(*p->sessions));
@@ -187,7 +214,7 @@ kvtd_poller_attach(struct kvtd *d, struct kvtd_session *s)
 	p->sessions[p->n_sessions++] = s;
 	s->poller = p;
 out:
-	pthread_mutex_unlock(&p->lock);
+	kvtd_poller_unlock(p);
 	return r;
 }
 
@@ -198,13 +225,13 @@ kvtd_poller_detach(struct kvtd_session *s)
 
 	if (!p)
 		return;
-	pthread_mutex_lock(&p->lock);
+	kvtd_poller_lock(p);
 	for (unsigned i = 0; i < p->n_sessions; i++)
 		if (p->sessions[i] == s) {
 			p->sessions[i] = p->sessions[--p->n_sessions];
 			break;
 		}
 	epoll_ctl(p->epfd, EPOLL_CTL_DEL, s->sq_efd, NULL);
-	pthread_mutex_unlock(&p->lock);
+	kvtd_poller_unlock(p);
 	s->poller = NULL;
 }

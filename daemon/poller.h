@@ -25,8 +25,13 @@ struct kvtd_poller {
 	int wake_efd; /* kicks the poller out of its sleep (new session, stop) */
 	_Atomic int stop;
 	_Atomic unsigned spin_us;
-	_Atomic uint64_t busy_ns, sleeps;
+	_Atomic unsigned waiters; /* threads queued for the lock (kvtd_poller_lock()) */
+	_Atomic uint64_t sleeps;
 };
+
+/* Any thread but the poller's own: take / release the poller's lock. */
+void kvtd_poller_lock(struct kvtd_poller *p);
+void kvtd_poller_unlock(struct kvtd_poller *p);
 
 int kvtd_pollers_start(struct kvtd *d);
 void kvtd_pollers_stop(struct kvtd *d);

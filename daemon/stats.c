@@ -37,10 +37,10 @@ for_each_session(struct kvtd *d, void (*fn)(struct kvtd_session *, void *), void
 	for (unsigned i = 0; i < d->n_pollers; i++) {
 		struct kvtd_poller *p = d->pollers[i];
 
-		pthread_mutex_lock(&p->lock);
+		kvtd_poller_lock(p);
 		for (unsigned j = 0; j < p->n_sessions; j++)
 			fn(p->sessions[j], arg);
-		pthread_mutex_unlock(&p->lock);
+		kvtd_poller_unlock(p);
 	}
 }
 

@@ -146,16 +146,24 @@ END_TEST
 
 START_TEST(t_cq_full_leaves_sqes)
 {
-	uint32_t tail = kvt_ring_prod_tail_relaxed(S->sq);
+	uint32_t tail = kvt_ring_prod_tail_relaxed(S->sq), cq_head = kvt_ring_load_head(S->cq);
 
-	/* 8 SQEs, CQ of 16 with 12 unreaped completions: only 4 run now. */
-	kvt_ring_store_head(S->cq, (uint32_t)-12);
-	S->cq_tail = 0;
+	/* 12 completions the client has not reaped yet (CQ of 16)... */
+	for (int round = 0; round < 3; round++) {
+		for (int i = 0; i < 4; i++)
+			S->sqes[(tail + i) & 7] = (struct kvt_sqe){.opcode = KVT_OP_NOP};
+		tail += 4;
+		kvt_ring_store_tail(S->sq, tail);
+		ck_assert_uint_eq(kvtd_session_drain(S), 4);
+	}
+	/* ...then 8 more SQEs: only 4 fit, the rest wait in the SQ. */
 	for (int i = 0; i < 8; i++)
 		S->sqes[(tail + i) & 7] = (struct kvt_sqe){.opcode = KVT_OP_NOP};
-	kvt_ring_store_tail(S->sq, tail + 8);
+	tail += 8;
+	kvt_ring_store_tail(S->sq, tail);
 	ck_assert_uint_eq(kvtd_session_drain(S), 4);
-	kvt_ring_store_head(S->cq, 4);
+	ck_assert_uint_eq(kvtd_session_drain(S), 0);
+	kvt_ring_store_head(S->cq, cq_head + 16); /* the client reaps everything */
 	ck_assert_uint_eq(kvtd_session_drain(S), 4);
 }
 END_TEST

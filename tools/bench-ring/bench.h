@@ -22,7 +22,7 @@ struct bench_opts {
 	unsigned int iters;    /* timed operations (or batches) per repetition */
 	unsigned int reps;     /* repetitions; reported values are medians over them */
 	unsigned int warmup;   /* untimed operations before the first repetition */
-	pid_t cpu_pid;	       /* idle row: process to watch, 0 = row not run */
+	pid_t cpu_pid;	       /* idle row: process to watch, 0 = a kvtierd of its own */
 	double cpu_interval_s; /* idle row: seconds to watch it */
 };
 
@@ -105,7 +105,13 @@ int bench_proc_cpu_ticks(pid_t pid, uint64_t *ret_ticks);
  */
 int bench_proc_cpu(pid_t pid, double interval_s, double *ret_pct);
 
-/* idle row: bench_proc_cpu(o->cpu_pid, o->cpu_interval_s). */
-int bench_idle_cpu(const struct bench_opts *o, struct bench_result *ret);
+/* kvtier rows (kvtier.c): each starts its own kvtierd ($KVTIERD, or the one beside this
+ * program, or the build tree's) on a private socket. */
+int bench_kvtier_spin(const struct bench_opts *o, struct bench_result *ret);
+int bench_kvtier_sleep(const struct bench_opts *o, struct bench_result *ret);
+int bench_kvtier_batch32(const struct bench_opts *o, struct bench_result *ret);
+/* CPU of an idle kvtierd with one connected client (or of --cpu-pid when given). */
+int bench_kvtier_idle(const struct bench_opts *o, struct bench_result *ret);
+
 
 #endif /* KVT_BENCH_H */

@@ -29,12 +29,6 @@ struct bench_row {
 	bool (*enabled)(const struct bench_opts *o); /* NULL: always */
 };
 
-static bool
-cpu_enabled(const struct bench_opts *o)
-{
-	return o->cpu_pid > 0;
-}
-
 static const struct bench_row rows[] = {
     {"clock", "clock_gettime pair (timer floor)", BENCH_F_P50 | BENCH_F_P99, bench_clock, NULL},
     {"pingpong", "shm cache-line ping-pong, 2 procs", BENCH_F_P50 | BENCH_F_P99, bench_pingpong,
@@ -43,7 +37,12 @@ static const struct bench_row rows[] = {
      NULL},
     {"eventfd", "eventfd ping-pong, 2 procs", BENCH_F_P50 | BENCH_F_P99, bench_eventfd, NULL},
     {"uring_batch32", "io_uring NOP, batch 32", BENCH_F_OPS, bench_uring_batch32, NULL},
-    {"idle", "CPU of --cpu-pid over --cpu-interval", BENCH_F_CPU, bench_idle_cpu, cpu_enabled},
+    {"spin", "kvtier NOP round trip, spin mode", BENCH_F_P50 | BENCH_F_P99, bench_kvtier_spin,
+     NULL},
+    {"sleep", "kvtier NOP round trip, sleep mode", BENCH_F_P50 | BENCH_F_P99, bench_kvtier_sleep,
+     NULL},
+    {"batch32", "kvtier NOP, batch 32, spin mode", BENCH_F_OPS, bench_kvtier_batch32, NULL},
+    {"idle", "idle kvtierd CPU (or --cpu-pid)", BENCH_F_CPU, bench_kvtier_idle, NULL},
 };
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
 
@@ -118,6 +117,47 @@ cell(char *buf, size_t len, bool want, double v, const char *fmt)
 		snprintf(buf, len, "-");
 }
 
+static int
+row_index(const char *key)
+{
+	for (unsigned int i = 0; i < NROWS; i++)
+		if (!strcmp(rows[i].key, key))
+			return (int)i;
+	return -1;
+}
+
+static double
+row_value(const struct outcome *out, const char *key, unsigned int field)
+{
+	int i = row_index(key);
+
+	if (i < 0 || !out[i].ran || out[i].err < 0)
+		return NAN;
+	return field == BENCH_F_P50 ? out[i].res.p50_ns : out[i].res.ops_per_s;
+}
+
+/* The targets, as ratios within this run. */
+struct ratio {
+	const char *name;
+	const char *target;
+	double value;
+};
+#define NRATIOS 3
+
+static void
+ratios(const struct outcome *out, struct ratio *rt)
+{
+	rt[0] = (struct ratio){"spin_vs_pingpong", "<= 1.25",
+			       row_value(out, "spin", BENCH_F_P50) /
+				   row_value(out, "pingpong", BENCH_F_P50)};
+	rt[1] = (struct ratio){"sleep_vs_socket", "<= 0.75",
+			       row_value(out, "sleep", BENCH_F_P50) /
+				   row_value(out, "socket", BENCH_F_P50)};
+	rt[2] = (struct ratio){"batch32_vs_uring", ">= 3",
+			       row_value(out, "batch32", BENCH_F_OPS) /
+				   row_value(out, "uring_batch32", BENCH_F_OPS)};
+}
+
 static void
 print_table(const struct bench_opts *o, const struct outcome *out)
 {
@@ -142,6 +182,16 @@ print_table(const struct bench_opts *o, const struct outcome *out)
 		cell(c, sizeof(c), r->fields & BENCH_F_OPS, out[i].res.ops_per_s, "%.0f");
 		cell(d, sizeof(d), r->fields & BENCH_F_CPU, out[i].res.cpu_pct, "%.2f");
 		printf("%-16s %-38s %10s %10s %14s %8s\n", r->key, r->label, a, b, c, d);
+	}
+	{
+		struct ratio rt[NRATIOS];
+
+		ratios(out, rt);
+		printf("\n");
+		for (i = 0; i < NRATIOS; i++)
+			if (!isnan(rt[i].value))
+				printf("%-18s %6.2f   (target %s)\n", rt[i].name, rt[i].value,
+				       rt[i].target);
 	}
 }
 
@@ -204,6 +254,15 @@ print_json(const struct bench_opts *o, const struct outcome *out)
 	}
 	if (errs)
 		json_object_object_add(obj, "errors", errs);
+	{
+		struct ratio rt[NRATIOS];
+
+		ratios(out, rt);
+		for (i = 0; i < NRATIOS; i++)
+			if (!isnan(rt[i].value))
+				json_object_object_add(obj, rt[i].name,
+						       json_object_new_double(rt[i].value));
+	}
 	puts(
 	    json_object_to_json_string_ext(obj, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED));
 	json_object_put(obj);

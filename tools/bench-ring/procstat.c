@@ -65,9 +65,3 @@ bench_proc_cpu(pid_t pid, double interval_s, double *ret_pct)
 	*ret_pct = (double)(b - a) / (double)hz * 100.0 / ((double)(t1 - t0) / 1e9);
 	return 0;
 }
-
-int
-bench_idle_cpu(const struct bench_opts *o, struct bench_result *ret)
-{
-	return bench_proc_cpu(o->cpu_pid, o->cpu_interval_s, &ret->cpu_pct);
-}
