@@ -12,6 +12,9 @@
  * Other pre-tokenizer names fall back to plain GPT-2 splitting (no digit split) with a warning
  * flag the caller can read; they are not exercised.
  *
+ * A byte with no byte-level token in the vocabulary (SmolLM2 has none for 0xC0, 0xC1,
+ * 0xF5..0xFF and a few C0 controls) cannot be encoded and is dropped.
+ *
  * Decoding maps the byte-level code points back to bytes; a piece may end inside a UTF-8
  * sequence, so print pieces as bytes, or decode whole sequences.
  */
