@@ -231,6 +231,16 @@ rate(uint32_t n, double s)
 	return s > 0.0 ? n / s : 0.0;
 }
 
+/* Option floats printed as typed ("0.7"), not as their nearest f32 (0.69999998807907104). */
+static struct json_object *
+json_float(float f)
+{
+	char buf[32];
+
+	snprintf(buf, sizeof(buf), "%g", f);
+	return json_object_new_double_s(f, buf);
+}
+
 static int
 print_json(const struct opts *o, const char *path, const struct llm_model *m,
 	   const struct llm_tok *tok, const struct llm_ids *prompt, const struct llm_ids *out,
@@ -256,8 +266,8 @@ print_json(const struct opts *o, const char *path, const struct llm_model *m,
 	json_object_object_add(j, "model", json_object_new_string(path));
 	json_object_object_add(j, "prompt", json_object_new_string(o->prompt));
 	json_object_object_add(j, "chat", json_object_new_boolean(o->chat));
-	json_object_object_add(j, "temp", json_object_new_double(o->temp));
-	json_object_object_add(j, "top_p", json_object_new_double(o->top_p));
+	json_object_object_add(j, "temp", json_float(o->temp));
+	json_object_object_add(j, "top_p", json_float(o->top_p));
 	json_object_object_add(j, "seed", json_object_new_uint64(o->seed));
 	json_object_object_add(j, "threads", json_object_new_int(o->threads));
 	json_object_object_add(j, "simd", json_object_new_string(kvt_simd_name(kvt_simd_level())));

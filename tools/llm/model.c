@@ -474,7 +474,7 @@ check_view(struct llm_ctx *c, uint32_t layer)
 		return 0;
 	}
 	/* Later layers must show the positions layer 0 showed. */
-	if (memcmp(c->att_pos, vw->pos, (size_t)vw->n * sizeof(uint32_t)))
+	if (vw->n && memcmp(c->att_pos, vw->pos, (size_t)vw->n * sizeof(uint32_t)))
 		return -EPROTO;
 	return 0;
 }
