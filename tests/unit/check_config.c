@@ -142,6 +142,34 @@ START_TEST(t_sizes)
 }
 END_TEST
 
+/* The example config we install parses with every key uncommented. */
+START_TEST(t_shipped_example)
+{
+	char line[512], text[8192] = "";
+	FILE *f = fopen(KVT_SOURCE_DIR "/systemd/kvtierd.conf", "r");
+	struct kvtd_config cfg;
+	char err[256] = "";
+	int keys = 0;
+
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f)) {
+		char key[64], val[256];
+
+		if (line[0] == '[') {
+			strcat(text, line);
+		} else if (sscanf(line, "#%63[a-z_] = %255s", key, val) == 2) {
+			snprintf(text + strlen(text), sizeof(text) - strlen(text), "%s = %s\n",
+				 key, val);
+			keys++;
+		}
+	}
+	fclose(f);
+	ck_assert_int_ge(keys, 15);
+	ck_assert_msg(load_file(&cfg, text, err, sizeof(err), NULL) == 0, "%s", err);
+	unlink(path);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -156,6 +184,7 @@ main(void)
 	tcase_add_test(tc, t_bad_flags);
 	tcase_add_test(tc, t_missing_explicit_file);
 	tcase_add_test(tc, t_sizes);
+	tcase_add_test(tc, t_shipped_example);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
