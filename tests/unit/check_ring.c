@@ -60,7 +60,7 @@ producer(void *arg)
 static void
 run_spsc(uint32_t start)
 {
-	struct spsc *q = aligned_alloc(64, sizeof(*q));
+	struct spsc *q = aligned_alloc(64, (sizeof(*q) + 63) & ~(size_t)63);
 	uint32_t head = start;
 	pthread_t th;
 
