@@ -484,7 +484,10 @@ kvt_get_sqe(struct kvt_client *c)
 			return NULL;
 	}
 	e = &c->sqes[c->sq_tail++ & (c->sq_entries - 1)];
-	memset(e, 0, sizeof(*e));
+	/* Clear all but the stamp, which the daemon may be polling (it still holds last lap's
+	 * value, never the one it waits for); kvt_submit() sets it. */
+	memset(e, 0, offsetof(struct kvt_sqe, stamp));
+	e->reserved = 0;
 	c->inflight++;
 	return e;
 }
@@ -498,6 +501,8 @@ kvt_submit(struct kvt_client *c)
 		return c->dead;
 	if (!n)
 		return 0;
+	for (uint32_t i = c->sq_pub; i != c->sq_tail; i++)
+		kvt_ring_store_stamp(&c->sqes[i & (c->sq_entries - 1)].stamp, i);
 	kvt_ring_store_tail(c->sq, c->sq_tail);
 	c->sq_pub = c->sq_tail;
 	kvt_ring_fence(); /* pairs with the poller's set-NEED_WAKEUP, fence, re-check */
@@ -509,11 +514,12 @@ kvt_submit(struct kvt_client *c)
 static int
 cq_pop(struct kvt_client *c, struct kvt_cqe *ret)
 {
-	uint32_t tail = kvt_ring_load_tail(c->cq);
+	const struct kvt_cqe *e = &c->cqes[c->cq_head & (c->cq_entries - 1)];
 
-	if (tail == c->cq_head)
+	/* The stamp, not the CQ tail: a busy wait then touches only the CQE's line. */
+	if (!kvt_ring_load_stamp(&e->stamp, c->cq_head))
 		return -EAGAIN;
-	memcpy(ret, &c->cqes[c->cq_head & (c->cq_entries - 1)], sizeof(*ret));
+	memcpy(ret, e, sizeof(*ret));
 	kvt_ring_store_head(c->cq, ++c->cq_head);
 	c->inflight--;
 	return 0;

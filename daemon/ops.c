@@ -143,7 +143,6 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 	int r;
 
 	c->res = 0;
-	c->flags = 0;
 	c->aux[0] = c->aux[1] = 0;
 	if (e->flags & ~KVT_SQE_F_ALL || e->reserved) {
 		r = -EINVAL;

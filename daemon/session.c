@@ -214,28 +214,30 @@ session_break(struct kvtd_session *s, const char *why)
 int
 kvtd_session_pending(struct kvtd_session *s)
 {
-	return !s->broken && kvt_ring_load_tail(s->sq) != s->sq_head;
+	uint32_t tail;
+
+	if (s->broken)
+		return 0;
+	tail = kvt_ring_load_tail(s->sq);
+	/* Checked here, on the way to sleep, because busy draining never reads the tail. */
+	if (kvt_ring_ready(s->sq_head, tail) > s->sq_entries) {
+		session_break(s, "SQ tail out of range (ring corrupt)");
+		return 0;
+	}
+	return tail != s->sq_head;
 }
 
 unsigned
 kvtd_session_drain(struct kvtd_session *s)
 {
-	uint32_t tail, ready, space, n;
+	uint32_t space, n = 0;
 
 	if (s->broken)
 		return 0;
-	tail = kvt_ring_load_tail(s->sq);
-	ready = kvt_ring_ready(s->sq_head, tail);
-	if (!ready)
-		return 0;
-	if (ready > s->sq_entries) {
-		session_break(s, "SQ tail out of range (ring corrupt)");
-		return 0;
-	}
-	/* The client's CQ head lives on a line the client writes: read it only when the copy we
-	 * have says there is not room for everything ready, saving a cache-line transfer per op. */
+	/* The client's CQ head lives on a line the client writes: read it only when our copy says
+	 * the CQ may be full, saving a cache-line transfer per op. */
 	space = kvt_ring_space(s->cq_entries, s->cq_head_seen, s->cq_tail);
-	if (space < ready) {
+	if (space < s->sq_entries) {
 		s->cq_head_seen = kvt_ring_load_head(s->cq);
 		space = kvt_ring_space(s->cq_entries, s->cq_head_seen, s->cq_tail);
 		if (space > s->cq_entries) {
@@ -244,18 +246,30 @@ kvtd_session_drain(struct kvtd_session *s)
 		}
 	}
 	/* A full CQ leaves SQEs queued: libkvtier never has more in flight than the CQ holds. */
-	n = ready < space ? ready : space;
-	for (uint32_t i = 0; i < n; i++) {
+	while (n < space) {
+		struct kvt_sqe *slot = &s->sqes[s->sq_head & (s->sq_entries - 1)];
+		struct kvt_cqe *out = &s->cqes[s->cq_tail & (s->cq_entries - 1)];
 		struct kvt_sqe sqe;
 		struct kvt_cqe cqe;
 
+		if (!kvt_ring_load_stamp(&slot->stamp, s->sq_head))
+			break;
 		/* Copy once: the client may rewrite the entry while we work on it. */
-		memcpy(&sqe, &s->sqes[(s->sq_head + i) & (s->sq_entries - 1)], sizeof(sqe));
+		memcpy(&sqe, slot, sizeof(sqe));
 		cqe.user_data = sqe.user_data;
 		kvtd_op_run(s, &sqe, &cqe);
-		memcpy(&s->cqes[s->cq_tail++ & (s->cq_entries - 1)], &cqe, sizeof(cqe));
+		/* Every field but the stamp, then the stamp: the client may be polling it. */
+		out->user_data = cqe.user_data;
+		out->res = cqe.res;
+		out->aux[0] = cqe.aux[0];
+		out->aux[1] = cqe.aux[1];
+		kvt_ring_store_stamp(&out->stamp, s->cq_tail);
+		s->sq_head++;
+		s->cq_tail++;
+		n++;
 	}
-	s->sq_head += n;
+	if (!n)
+		return 0;
 	kvt_ring_store_head(s->sq, s->sq_head);
 	kvt_ring_store_tail(s->cq, s->cq_tail);
 	kvt_ring_fence();

@@ -98,6 +98,12 @@ enum {
  *
  * @seq names a sequence opened by this session (the CQE of SEQ_OPEN gives it). Arena payloads are
  * named by (arena_off, arena_len). Every field not used by an opcode must be zero.
+ *
+ * @stamp makes an entry self-announcing: the producer fills the entry, then stores
+ * stamp = (its free-running ring index) + 1 with release semantics, then advances prod_tail. A
+ * spinning consumer polls the stamp of the entry at its head instead of the tail, so a busy
+ * round trip moves two cache lines (the SQE, the CQE), as a bare ping-pong does; prod_tail
+ * still serves the sleep/wakeup handshake and occupancy checks (kvt_ring.h).
  */
 struct kvt_sqe {
 	uint8_t opcode;	    /* KVT_OP_* */
@@ -112,7 +118,8 @@ struct kvt_sqe {
 	uint64_t arg1;	    /* per opcode */
 	uint32_t arg2;	    /* per opcode */
 	uint32_t buf_id;    /* registered device buffer, per opcode */
-	uint64_t reserved;  /* zero */
+	uint32_t stamp;	    /* ring index + 1, stored last (release) by the producer */
+	uint32_t reserved;  /* zero */
 };
 _Static_assert(sizeof(struct kvt_sqe) == 64, "kvt_sqe ABI");
 
@@ -123,7 +130,7 @@ _Static_assert(sizeof(struct kvt_sqe) == 64, "kvt_sqe ABI");
 struct kvt_cqe {
 	uint64_t user_data;
 	int32_t res;
-	uint32_t flags; /* zero for now */
+	uint32_t stamp; /* ring index + 1, stored last (release) by the daemon */
 	uint64_t aux[2];
 };
 _Static_assert(sizeof(struct kvt_cqe) == 32, "kvt_cqe ABI");

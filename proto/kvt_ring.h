@@ -7,6 +7,9 @@
  * with an acquire load, reads the entry, then publishes cons_head with a release store, which the
  * producer's acquire load of cons_head pairs with before it reuses the slot.
  *
+ * Busy consumers poll the stamp of the next entry rather than prod_tail (see kvt_ring_stamp()):
+ * the tail line then stays in the producer's cache and only entry lines cross between cores.
+ *
  * Wakeup (io_uring SQPOLL style): a consumer about to sleep sets NEED_WAKEUP, issues a full fence
  * and re-reads prod_tail; a producer publishes prod_tail, issues a full fence and reads flags.
  * The two fences order store-then-load on both sides (Dekker), so at least one side sees the
@@ -79,6 +82,33 @@ static inline void
 kvt_ring_fence(void)
 {
 	atomic_thread_fence(memory_order_seq_cst);
+}
+
+/*
+ * Entry stamps (struct kvt_sqe.stamp, struct kvt_cqe.stamp): the producer stores
+ * kvt_ring_stamp(index) last, with release, after filling the entry; the consumer's acquire load
+ * seeing that value makes the entry's other fields visible. Stamps of the previous lap (index -
+ * entries + 1) and of a zeroed ring (0) never equal the expected one.
+ */
+static inline uint32_t
+kvt_ring_stamp(uint32_t index)
+{
+	return index + 1;
+}
+
+/* Producer: publish one filled entry. Pairs with kvt_ring_load_stamp() (acquire). */
+static inline void
+kvt_ring_store_stamp(uint32_t *stamp, uint32_t index)
+{
+	atomic_store_explicit(KVT__ATOMIC(stamp), kvt_ring_stamp(index), memory_order_release);
+}
+
+/* Consumer: is the entry at @index published? Pairs with kvt_ring_store_stamp() (release). */
+static inline int
+kvt_ring_load_stamp(const uint32_t *stamp, uint32_t index)
+{
+	return atomic_load_explicit(KVT__ATOMIC(stamp), memory_order_acquire) ==
+	       kvt_ring_stamp(index);
 }
 
 /* Entries the consumer may read, given its private head and the loaded tail. */

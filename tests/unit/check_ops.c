@@ -45,6 +45,7 @@ run(const struct kvt_sqe *e, struct kvt_cqe *ret)
 	uint32_t head = kvt_ring_load_head(S->cq);
 
 	S->sqes[tail & (S->sq_entries - 1)] = *e;
+	kvt_ring_store_stamp(&S->sqes[tail & (S->sq_entries - 1)].stamp, tail);
 	kvt_ring_store_tail(S->sq, tail + 1);
 	ck_assert_uint_eq(kvtd_session_drain(S), 1);
 	ck_assert_uint_eq(kvt_ring_load_tail(S->cq), head + 1);
@@ -94,8 +95,10 @@ START_TEST(t_every_unused_field_checked)
 	for (off = 1; off < sizeof(base); off++) {
 		struct kvt_sqe e = base;
 
-		if (off >= offsetof(struct kvt_sqe, user_data) &&
-		    off < offsetof(struct kvt_sqe, user_data) + 8)
+		if ((off >= offsetof(struct kvt_sqe, user_data) &&
+		     off < offsetof(struct kvt_sqe, user_data) + 8) ||
+		    (off >= offsetof(struct kvt_sqe, stamp) &&
+		     off < offsetof(struct kvt_sqe, stamp) + 4))
 			continue;
 		((uint8_t *)&e)[off] = 1;
 		ck_assert_msg(run(&e, NULL) == -EINVAL, "byte %zu accepted", off);
@@ -144,6 +147,15 @@ START_TEST(t_seq_ids)
 }
 END_TEST
 
+static void
+put_nop(uint32_t idx)
+{
+	struct kvt_sqe *e = &S->sqes[idx & (S->sq_entries - 1)];
+
+	*e = (struct kvt_sqe){.opcode = KVT_OP_NOP};
+	kvt_ring_store_stamp(&e->stamp, idx);
+}
+
 START_TEST(t_cq_full_leaves_sqes)
 {
 	uint32_t tail = kvt_ring_prod_tail_relaxed(S->sq), cq_head = kvt_ring_load_head(S->cq);
@@ -151,14 +163,14 @@ START_TEST(t_cq_full_leaves_sqes)
 	/* 12 completions the client has not reaped yet (CQ of 16)... */
 	for (int round = 0; round < 3; round++) {
 		for (int i = 0; i < 4; i++)
-			S->sqes[(tail + i) & 7] = (struct kvt_sqe){.opcode = KVT_OP_NOP};
+			put_nop(tail + i);
 		tail += 4;
 		kvt_ring_store_tail(S->sq, tail);
 		ck_assert_uint_eq(kvtd_session_drain(S), 4);
 	}
 	/* ...then 8 more SQEs: only 4 fit, the rest wait in the SQ. */
 	for (int i = 0; i < 8; i++)
-		S->sqes[(tail + i) & 7] = (struct kvt_sqe){.opcode = KVT_OP_NOP};
+		put_nop(tail + i);
 	tail += 8;
 	kvt_ring_store_tail(S->sq, tail);
 	ck_assert_uint_eq(kvtd_session_drain(S), 4);
@@ -168,10 +180,23 @@ START_TEST(t_cq_full_leaves_sqes)
 }
 END_TEST
 
+START_TEST(t_unstamped_entries_wait)
+{
+	/* An entry published by the tail alone is not taken until its stamp says so. */
+	S->sqes[0] = (struct kvt_sqe){.opcode = KVT_OP_NOP};
+	kvt_ring_store_tail(S->sq, 1);
+	ck_assert_uint_eq(kvtd_session_drain(S), 0);
+	ck_assert(kvtd_session_pending(S));
+	kvt_ring_store_stamp(&S->sqes[0].stamp, 0);
+	ck_assert_uint_eq(kvtd_session_drain(S), 1);
+	ck_assert(!kvtd_session_pending(S));
+}
+END_TEST
+
 START_TEST(t_garbage_tail_breaks_session)
 {
 	kvt_ring_store_tail(S->sq, 1000);
-	ck_assert_uint_eq(kvtd_session_drain(S), 0);
+	ck_assert(!kvtd_session_pending(S));
 	ck_assert(S->broken);
 	ck_assert_uint_eq(kvtd_session_drain(S), 0);
 }
@@ -191,6 +216,7 @@ main(void)
 	tcase_add_test(tc, t_arena_bounds);
 	tcase_add_test(tc, t_seq_ids);
 	tcase_add_test(tc, t_cq_full_leaves_sqes);
+	tcase_add_test(tc, t_unstamped_entries_wait);
 	tcase_add_test(tc, t_garbage_tail_breaks_session);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
