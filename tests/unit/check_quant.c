@@ -16,6 +16,33 @@
 #include "quant.h"
 #include "simd.h"
 
+/*
+ * Check's ck_assert_* write to a pipe on every passing assertion (its "mark point"), which costs
+ * a syscall each; these checks run millions of times, so they only call into Check on failure.
+ */
+#define REQ(c)                                                                               \
+	do {                                                                                 \
+		if (!(c))                                                                    \
+			ck_abort_msg("%s:%d: assertion '%s' failed", __FILE__, __LINE__, #c); \
+	} while (0)
+#define REQ_MSG(c, ...)                          \
+	do {                                     \
+		if (!(c))                        \
+			ck_abort_msg(__VA_ARGS__); \
+	} while (0)
+#define REQ_CMP(a, op, b)                                                                   \
+	do {                                                                                \
+		long long a_ = (long long)(a), b_ = (long long)(b);                         \
+		if (!(a_ op b_))                                                            \
+			ck_abort_msg("%s:%d: '%s %s %s' failed: %lld vs %lld", __FILE__, __LINE__, \
+				     #a, #op, #b, a_, b_);                                  \
+	} while (0)
+#define REQ_EQ(a, b) REQ_CMP(a, ==, b)
+#define REQ_LT(a, b) REQ_CMP(a, <, b)
+#define REQ_LE(a, b) REQ_CMP(a, <=, b)
+#define REQ_GT(a, b) REQ_CMP(a, >, b)
+#define REQ_GE(a, b) REQ_CMP(a, >=, b)
+
 static uint64_t rng_state = 0x9a7;
 
 static uint64_t
@@ -114,14 +141,14 @@ START_TEST(test_f16_vs_f16c)
 		return;
 	}
 	for (uint32_t h = 0; h < 65536; h++)
-		ck_assert_uint_eq(f2u(kvt_f16_to_f32((uint16_t)h)), f2u(hw_f16_to_f32((uint16_t)h)));
+		REQ_EQ(f2u(kvt_f16_to_f32((uint16_t)h)), f2u(hw_f16_to_f32((uint16_t)h)));
 	/* every f32 exponent with random mantissas, plus neighbourhoods of the boundaries */
 	for (uint32_t e = 0; e < 256; e++)
 		for (int t = 0; t < 2000; t++) {
 			uint32_t u = e << 23 | (uint32_t)(rnd() & 0x807fffffu);
 			float f = u2f(u);
 
-			ck_assert_msg(kvt_f32_to_f16(f) == hw_f32_to_f16(f), "f32 %08x", u);
+			REQ_MSG(kvt_f32_to_f16(f) == hw_f32_to_f16(f), "f32 %08x", u);
 		}
 	{
 		const uint32_t edge[] = { 0x477ff000, 0x477fefff, 0x477fe000, 0x38800000, 0x387fffff,
@@ -132,7 +159,7 @@ START_TEST(test_f16_vs_f16c)
 			for (int d = -3; d <= 3; d++) {
 				float f = u2f(edge[i] + (uint32_t)d);
 
-				ck_assert_msg(kvt_f32_to_f16(f) == hw_f32_to_f16(f), "f32 %08x",
+				REQ_MSG(kvt_f32_to_f16(f) == hw_f32_to_f16(f), "f32 %08x",
 					      edge[i] + (uint32_t)d);
 			}
 	}
@@ -142,18 +169,18 @@ END_TEST
 
 START_TEST(test_bf16)
 {
-	ck_assert_uint_eq(kvt_f32_to_bf16(1.0f), 0x3f80);
-	ck_assert_uint_eq(kvt_f32_to_bf16(u2f(0x3f808000)), 0x3f80); /* tie -> even */
-	ck_assert_uint_eq(kvt_f32_to_bf16(u2f(0x3f818000)), 0x3f82); /* tie -> even */
-	ck_assert_uint_eq(kvt_f32_to_bf16(u2f(0x3f808001)), 0x3f81);
-	ck_assert_uint_eq(kvt_f32_to_bf16(u2f(0x7f7fffff)), 0x7f80); /* rounds to Inf */
-	ck_assert_uint_eq(kvt_f32_to_bf16(NAN) & 0x7fc0, 0x7fc0);
+	REQ_EQ(kvt_f32_to_bf16(1.0f), 0x3f80);
+	REQ_EQ(kvt_f32_to_bf16(u2f(0x3f808000)), 0x3f80); /* tie -> even */
+	REQ_EQ(kvt_f32_to_bf16(u2f(0x3f818000)), 0x3f82); /* tie -> even */
+	REQ_EQ(kvt_f32_to_bf16(u2f(0x3f808001)), 0x3f81);
+	REQ_EQ(kvt_f32_to_bf16(u2f(0x7f7fffff)), 0x7f80); /* rounds to Inf */
+	REQ_EQ(kvt_f32_to_bf16(NAN) & 0x7fc0, 0x7fc0);
 	for (uint32_t h = 0; h < 65536; h++) {
 		uint32_t e = (h >> 7) & 0xff, m = h & 0x7f;
 
 		if (e == 0xff && m && !(m & 0x40))
 			continue; /* signalling NaN: comes back quiet */
-		ck_assert_uint_eq(kvt_f32_to_bf16(kvt_bf16_to_f32((uint16_t)h)), h);
+		REQ_EQ(kvt_f32_to_bf16(kvt_bf16_to_f32((uint16_t)h)), h);
 	}
 }
 END_TEST
@@ -208,27 +235,27 @@ START_TEST(test_simd_exact)
 					sc[lv] = malloc(E * 4);
 					d[lv] = malloc(nrows * rb);
 					kvt_simd_cap(lv ? KVT_SIMD_AVX2 : KVT_SIMD_SCALAR);
-					ck_assert_int_eq(kvt_simd_level(),
+					REQ_EQ(kvt_simd_level(),
 							 lv ? KVT_SIMD_AVX2 : KVT_SIMD_SCALAR);
-					ck_assert_int_eq(kvt_quant_rows(dtype, H, D, rows, rb, nrows, c[lv],
+					REQ_EQ(kvt_quant_rows(dtype, H, D, rows, rb, nrows, c[lv],
 									s[lv]), 0);
-					ck_assert_int_eq(kvt_dequant_rows(dtype, H, D, c[lv], s[lv], nrows,
+					REQ_EQ(kvt_dequant_rows(dtype, H, D, c[lv], s[lv], nrows,
 									  d[lv], rb), 0);
 				}
-				ck_assert_msg(!memcmp(c[0], c[1], nrows * E), "head codes dt=%d D=%u",
+				REQ_MSG(!memcmp(c[0], c[1], nrows * E), "head codes dt=%d D=%u",
 					      dtype, D);
-				ck_assert_msg(!memcmp(s[0], s[1], nrows * H * 4), "head scales");
-				ck_assert_msg(!memcmp(d[0], d[1], nrows * rb), "head dequant");
+				REQ_MSG(!memcmp(s[0], s[1], nrows * H * 4), "head scales");
+				REQ_MSG(!memcmp(d[0], d[1], nrows * rb), "head dequant");
 				for (int lv = 0; lv < 2; lv++) {
 					kvt_simd_cap(lv ? KVT_SIMD_AVX2 : KVT_SIMD_SCALAR);
-					ck_assert_int_eq(kvt_quant_block_ch(dtype, E, rows, rb, nrows, c[lv],
+					REQ_EQ(kvt_quant_block_ch(dtype, E, rows, rb, nrows, c[lv],
 									    sc[lv]), 0);
-					ck_assert_int_eq(kvt_dequant_block_ch(dtype, E, c[lv], sc[lv], nrows,
+					REQ_EQ(kvt_dequant_block_ch(dtype, E, c[lv], sc[lv], nrows,
 									      d[lv], rb), 0);
 				}
-				ck_assert_msg(!memcmp(c[0], c[1], nrows * E), "channel codes");
-				ck_assert_msg(!memcmp(sc[0], sc[1], E * 4), "channel scales");
-				ck_assert_msg(!memcmp(d[0], d[1], nrows * rb), "channel dequant");
+				REQ_MSG(!memcmp(c[0], c[1], nrows * E), "channel codes");
+				REQ_MSG(!memcmp(sc[0], sc[1], E * 4), "channel scales");
+				REQ_MSG(!memcmp(d[0], d[1], nrows * rb), "channel dequant");
 				for (int lv = 0; lv < 2; lv++) {
 					free(c[lv]);
 					free(s[lv]);
@@ -253,15 +280,15 @@ START_TEST(test_error_bound)
 	for (size_t i = 0; i < nrows * E; i++)
 		rows[i] = gauss() * 3.0f;
 	rows[5] = 0.0f;
-	ck_assert_int_eq(kvt_quant_rows(KVT_DTYPE_F32, H, D, rows, E * 4, nrows, codes, scales), 0);
-	ck_assert_int_eq(kvt_dequant_rows(KVT_DTYPE_F32, H, D, codes, scales, nrows, back, E * 4),
+	REQ_EQ(kvt_quant_rows(KVT_DTYPE_F32, H, D, rows, E * 4, nrows, codes, scales), 0);
+	REQ_EQ(kvt_dequant_rows(KVT_DTYPE_F32, H, D, codes, scales, nrows, back, E * 4),
 			 0);
 	for (size_t r = 0; r < nrows; r++)
 		for (uint32_t c = 0; c < E; c++) {
 			float x = rows[r * E + c], y = back[r * E + c], s = scales[r * H + c / D];
 
-			ck_assert(codes[r * E + c] >= -127 && codes[r * E + c] <= 127);
-			ck_assert_msg(fabsf(x - y) <= 0.5f * s * 1.0001f, "r=%zu c=%u x=%g y=%g s=%g", r,
+			REQ(codes[r * E + c] >= -127 && codes[r * E + c] <= 127);
+			REQ_MSG(fabsf(x - y) <= 0.5f * s * 1.0001f, "r=%zu c=%u x=%g y=%g s=%g", r,
 				      c, x, y, s);
 		}
 	/* the largest magnitude of each group maps to +-127 */
@@ -271,7 +298,7 @@ START_TEST(test_error_bound)
 
 			for (uint32_t j = 0; j < D; j++)
 				mx = abs(codes[r * E + h * D + j]) > mx ? abs(codes[r * E + h * D + j]) : mx;
-			ck_assert_int_eq(mx, 127);
+			REQ_EQ(mx, 127);
 		}
 	/* f16 rows: the dequantized value is also rounded to f16 (relative 2^-11) */
 	{
@@ -279,15 +306,15 @@ START_TEST(test_error_bound)
 
 		for (size_t i = 0; i < nrows * E; i++)
 			put(KVT_DTYPE_F16, h, i, rows[i]);
-		ck_assert_int_eq(kvt_quant_rows(KVT_DTYPE_F16, H, D, h, E * 2, nrows, codes, scales),
+		REQ_EQ(kvt_quant_rows(KVT_DTYPE_F16, H, D, h, E * 2, nrows, codes, scales),
 				 0);
-		ck_assert_int_eq(kvt_dequant_rows(KVT_DTYPE_F16, H, D, codes, scales, nrows, hb,
+		REQ_EQ(kvt_dequant_rows(KVT_DTYPE_F16, H, D, codes, scales, nrows, hb,
 						  E * 2), 0);
 		for (size_t i = 0; i < nrows * E; i++) {
 			float x = get(KVT_DTYPE_F16, h, i), y = get(KVT_DTYPE_F16, hb, i);
 			float s = scales[i / D];
 
-			ck_assert(fabsf(x - y) <= 0.5f * s * 1.0001f + fabsf(y) * 0x1p-11f);
+			REQ(fabsf(x - y) <= 0.5f * s * 1.0001f + fabsf(y) * 0x1p-11f);
 		}
 		free(h);
 		free(hb);
@@ -312,20 +339,20 @@ START_TEST(test_channel_outliers)
 	for (size_t r = 0; r < nrows; r++)
 		for (uint32_t c = 0; c < E; c++)
 			rows[r * E + c] = gauss() * (c % 32 == 5 ? 40.0f : 1.0f) + (c % 32 == 5 ? 60.0f : 0.0f);
-	ck_assert_int_eq(kvt_quant_rows(KVT_DTYPE_F32, H, D, rows, E * 4, nrows, codes, hs), 0);
-	ck_assert_int_eq(kvt_dequant_rows(KVT_DTYPE_F32, H, D, codes, hs, nrows, back, E * 4), 0);
+	REQ_EQ(kvt_quant_rows(KVT_DTYPE_F32, H, D, rows, E * 4, nrows, codes, hs), 0);
+	REQ_EQ(kvt_dequant_rows(KVT_DTYPE_F32, H, D, codes, hs, nrows, back, E * 4), 0);
 	for (size_t i = 0; i < nrows * E; i++) {
 		eh += (double)(rows[i] - back[i]) * (rows[i] - back[i]);
 		ref += (double)rows[i] * rows[i];
 	}
-	ck_assert_int_eq(kvt_quant_block_ch(KVT_DTYPE_F32, E, rows, E * 4, nrows, codes, cs), 0);
-	ck_assert_int_eq(kvt_dequant_block_ch(KVT_DTYPE_F32, E, codes, cs, nrows, back, E * 4), 0);
+	REQ_EQ(kvt_quant_block_ch(KVT_DTYPE_F32, E, rows, E * 4, nrows, codes, cs), 0);
+	REQ_EQ(kvt_dequant_block_ch(KVT_DTYPE_F32, E, codes, cs, nrows, back, E * 4), 0);
 	for (size_t i = 0; i < nrows * E; i++)
 		ec += (double)(rows[i] - back[i]) * (rows[i] - back[i]);
 	printf("check_quant: outlier keys, relative L2 error per-head %.3e, per-channel %.3e\n",
 	       sqrt(eh / ref), sqrt(ec / ref));
-	ck_assert(ec < eh);
-	ck_assert(sqrt(ec / ref) < 1e-2);
+	REQ(ec < eh);
+	REQ(sqrt(ec / ref) < 1e-2);
 }
 END_TEST
 
@@ -339,16 +366,16 @@ START_TEST(test_special_groups)
 	for (int i = 8; i < 16; i++)
 		row[i] = (float)i;
 	row[12] = NAN;
-	ck_assert_int_eq(kvt_quant_rows(KVT_DTYPE_F32, 2, 8, row, 64, 1, codes, scales), 0);
-	ck_assert(scales[0] == 0.0f);
-	ck_assert(isnan(scales[1]));
+	REQ_EQ(kvt_quant_rows(KVT_DTYPE_F32, 2, 8, row, 64, 1, codes, scales), 0);
+	REQ(scales[0] == 0.0f);
+	REQ(isnan(scales[1]));
 	for (int i = 0; i < 16; i++)
-		ck_assert_int_eq(codes[i], 0);
-	ck_assert_int_eq(kvt_dequant_rows(KVT_DTYPE_F32, 2, 8, codes, scales, 1, back, 64), 0);
+		REQ_EQ(codes[i], 0);
+	REQ_EQ(kvt_dequant_rows(KVT_DTYPE_F32, 2, 8, codes, scales, 1, back, 64), 0);
 	for (int i = 0; i < 8; i++)
-		ck_assert(back[i] == 0.0f && !signbit(back[i]));
+		REQ(back[i] == 0.0f && !signbit(back[i]));
 	for (int i = 8; i < 16; i++)
-		ck_assert(isnan(back[i]));
+		REQ(isnan(back[i]));
 }
 END_TEST
 
@@ -373,9 +400,9 @@ START_TEST(test_gather)
 					/* runs of consecutive rows mixed with random ones */
 					idx[i] = (i % 10 < 4 && i) ? (idx[i - 1] + 1) % nsrc
 								   : (uint32_t)(rnd() % nsrc);
-				ck_assert_int_eq(kvt_gather_rows(dst, src, stride, idx, nidx, rb), 0);
+				REQ_EQ(kvt_gather_rows(dst, src, stride, idx, nidx, rb), 0);
 				for (size_t i = 0; i < nidx; i++)
-					ck_assert(!memcmp(dst + i * rb, src + idx[i] * stride, rb));
+					REQ(!memcmp(dst + i * rb, src + idx[i] * stride, rb));
 				free(src);
 				free(dst);
 			}
@@ -390,17 +417,17 @@ START_TEST(test_errors)
 	int8_t codes[8];
 	uint32_t idx[1] = { 0 };
 
-	ck_assert_int_eq(kvt_quant_rows(7, 1, 8, row, 32, 1, codes, sc), -EINVAL);
-	ck_assert_int_eq(kvt_quant_rows(KVT_DTYPE_F32, 1, 0, row, 32, 1, codes, sc), -EINVAL);
-	ck_assert_int_eq(kvt_quant_rows(KVT_DTYPE_F32, 1, 8, row, 16, 1, codes, sc), -EINVAL);
-	ck_assert_int_eq(kvt_quant_rows(KVT_DTYPE_F32, 1, 8, NULL, 32, 1, codes, sc), -EINVAL);
-	ck_assert_int_eq(kvt_quant_rows(KVT_DTYPE_F32, 1, 8, NULL, 32, 0, NULL, NULL), 0);
-	ck_assert_int_eq(kvt_dequant_rows(KVT_DTYPE_F16, 1, 8, codes, sc, 1, row, 8), -EINVAL);
-	ck_assert_int_eq(kvt_quant_block_ch(KVT_DTYPE_F32, 0, row, 32, 1, codes, sc), -EINVAL);
-	ck_assert_int_eq(kvt_dequant_block_ch(-1, 8, codes, sc, 1, row, 32), -EINVAL);
-	ck_assert_int_eq(kvt_gather_rows(row, row, 4, idx, 1, 0), -EINVAL);
-	ck_assert_int_eq(kvt_gather_rows(row, row, 4, idx, 1, 8), -EINVAL);
-	ck_assert_int_eq(kvt_gather_rows(NULL, row, 8, idx, 1, 8), -EINVAL);
+	REQ_EQ(kvt_quant_rows(7, 1, 8, row, 32, 1, codes, sc), -EINVAL);
+	REQ_EQ(kvt_quant_rows(KVT_DTYPE_F32, 1, 0, row, 32, 1, codes, sc), -EINVAL);
+	REQ_EQ(kvt_quant_rows(KVT_DTYPE_F32, 1, 8, row, 16, 1, codes, sc), -EINVAL);
+	REQ_EQ(kvt_quant_rows(KVT_DTYPE_F32, 1, 8, NULL, 32, 1, codes, sc), -EINVAL);
+	REQ_EQ(kvt_quant_rows(KVT_DTYPE_F32, 1, 8, NULL, 32, 0, NULL, NULL), 0);
+	REQ_EQ(kvt_dequant_rows(KVT_DTYPE_F16, 1, 8, codes, sc, 1, row, 8), -EINVAL);
+	REQ_EQ(kvt_quant_block_ch(KVT_DTYPE_F32, 0, row, 32, 1, codes, sc), -EINVAL);
+	REQ_EQ(kvt_dequant_block_ch(-1, 8, codes, sc, 1, row, 32), -EINVAL);
+	REQ_EQ(kvt_gather_rows(row, row, 4, idx, 1, 0), -EINVAL);
+	REQ_EQ(kvt_gather_rows(row, row, 4, idx, 1, 8), -EINVAL);
+	REQ_EQ(kvt_gather_rows(NULL, row, 8, idx, 1, 8), -EINVAL);
 }
 END_TEST
 

@@ -9,6 +9,33 @@
 
 #include "select.h"
 
+/*
+ * Check's ck_assert_* write to a pipe on every passing assertion (its "mark point"), which costs
+ * a syscall each; these checks run millions of times, so they only call into Check on failure.
+ */
+#define REQ(c)                                                                               \
+	do {                                                                                 \
+		if (!(c))                                                                    \
+			ck_abort_msg("%s:%d: assertion '%s' failed", __FILE__, __LINE__, #c); \
+	} while (0)
+#define REQ_MSG(c, ...)                          \
+	do {                                     \
+		if (!(c))                        \
+			ck_abort_msg(__VA_ARGS__); \
+	} while (0)
+#define REQ_CMP(a, op, b)                                                                   \
+	do {                                                                                \
+		long long a_ = (long long)(a), b_ = (long long)(b);                         \
+		if (!(a_ op b_))                                                            \
+			ck_abort_msg("%s:%d: '%s %s %s' failed: %lld vs %lld", __FILE__, __LINE__, \
+				     #a, #op, #b, a_, b_);                                  \
+	} while (0)
+#define REQ_EQ(a, b) REQ_CMP(a, ==, b)
+#define REQ_LT(a, b) REQ_CMP(a, <, b)
+#define REQ_LE(a, b) REQ_CMP(a, <=, b)
+#define REQ_GT(a, b) REQ_CMP(a, >, b)
+#define REQ_GE(a, b) REQ_CMP(a, >=, b)
+
 static uint64_t rng_state;
 
 static uint64_t
@@ -88,10 +115,10 @@ check_one(const float *score, uint32_t *cand, size_t ncand, size_t m)
 	for (top = 0; top < 2; top++) {
 		r = top ? kvt_select_top(score, cand, ncand, m, scratch, sz, got)
 			: kvt_select_bottom(score, cand, ncand, m, scratch, sz, got);
-		ck_assert_int_eq(r, (int)m);
+		REQ_EQ(r, (int)m);
 		qsort(got, m, sizeof(*got), cmp_u32);
 		ref_select(score, cand, ncand, m, top, want);
-		ck_assert_msg(!memcmp(got, want, m * sizeof(*got)),
+		REQ_MSG(!memcmp(got, want, m * sizeof(*got)),
 			      "top=%d ncand=%zu m=%zu differs from the sort reference", top, ncand, m);
 	}
 	free(scratch);
@@ -117,11 +144,11 @@ START_TEST(test_key_order)
 	size_t i;
 
 	for (i = 1; i < sizeof(v) / sizeof(v[0]); i++)
-		ck_assert_uint_lt(kvt_score_key(v[i - 1]), kvt_score_key(v[i]));
-	ck_assert_uint_eq(kvt_score_key(-0.0f), kvt_score_key(0.0f));
-	ck_assert_uint_eq(kvt_score_key(NAN), 0);
-	ck_assert_uint_eq(kvt_score_key(-NAN), 0);
-	ck_assert_uint_lt(kvt_score_key(NAN), kvt_score_key(-INFINITY));
+		REQ_LT(kvt_score_key(v[i - 1]), kvt_score_key(v[i]));
+	REQ_EQ(kvt_score_key(-0.0f), kvt_score_key(0.0f));
+	REQ_EQ(kvt_score_key(NAN), 0);
+	REQ_EQ(kvt_score_key(-NAN), 0);
+	REQ_LT(kvt_score_key(NAN), kvt_score_key(-INFINITY));
 }
 END_TEST
 
@@ -145,10 +172,10 @@ START_TEST(test_kth)
 				size_t k = t == 0 ? 0 : t == 1 ? n - 1 : rnd() % n, less, want_less = 0;
 				uint32_t v = kvt_select_kth(keys, n, k, surv, hist, &less);
 
-				ck_assert_uint_eq(v, sorted[k]);
+				REQ_EQ(v, sorted[k]);
 				while (want_less < n && sorted[want_less] < v)
 					want_less++;
-				ck_assert_uint_eq(less, want_less);
+				REQ_EQ(less, want_less);
 			}
 		}
 	}
@@ -213,18 +240,18 @@ START_TEST(test_ties_go_to_older)
 	void *scratch = aligned_alloc(64, sz);
 
 	/* equal scores: the older (lower) positions rank lower */
-	ck_assert_int_eq(kvt_select_bottom(score, cand, 6, 2, scratch, sz, out), 2);
+	REQ_EQ(kvt_select_bottom(score, cand, 6, 2, scratch, sz, out), 2);
 	qsort(out, 2, sizeof(*out), cmp_u32);
-	ck_assert_uint_eq(out[0], 0);
-	ck_assert_uint_eq(out[1], 1);
-	ck_assert_int_eq(kvt_select_top(score, cand, 6, 2, scratch, sz, out), 2);
+	REQ_EQ(out[0], 0);
+	REQ_EQ(out[1], 1);
+	REQ_EQ(kvt_select_top(score, cand, 6, 2, scratch, sz, out), 2);
 	qsort(out, 2, sizeof(*out), cmp_u32);
-	ck_assert_uint_eq(out[0], 4);
-	ck_assert_uint_eq(out[1], 5);
+	REQ_EQ(out[0], 4);
+	REQ_EQ(out[1], 5);
 	/* NaN ranks below everything */
 	score[4] = NAN;
-	ck_assert_int_eq(kvt_select_bottom(score, cand, 6, 1, scratch, sz, out), 1);
-	ck_assert_uint_eq(out[0], 4);
+	REQ_EQ(kvt_select_bottom(score, cand, 6, 1, scratch, sz, out), 1);
+	REQ_EQ(out[0], 4);
 	free(scratch);
 }
 END_TEST
@@ -236,11 +263,11 @@ START_TEST(test_errors)
 	size_t sz = kvt_select_scratch_bytes(4);
 	void *scratch = aligned_alloc(64, sz);
 
-	ck_assert_int_eq(kvt_select_top(score, cand, 4, 5, scratch, sz, out), -EINVAL);
-	ck_assert_int_eq(kvt_select_top(score, cand, 4, 2, scratch, sz - 1, out), -EINVAL);
-	ck_assert_int_eq(kvt_select_bottom(NULL, cand, 4, 2, scratch, sz, out), -EINVAL);
-	ck_assert_int_eq(kvt_select_bottom(score, cand, 4, 2, scratch, sz, NULL), -EINVAL);
-	ck_assert_int_eq(kvt_select_bottom(score, cand, 0, 0, scratch, sz, out), 0);
+	REQ_EQ(kvt_select_top(score, cand, 4, 5, scratch, sz, out), -EINVAL);
+	REQ_EQ(kvt_select_top(score, cand, 4, 2, scratch, sz - 1, out), -EINVAL);
+	REQ_EQ(kvt_select_bottom(NULL, cand, 4, 2, scratch, sz, out), -EINVAL);
+	REQ_EQ(kvt_select_bottom(score, cand, 4, 2, scratch, sz, NULL), -EINVAL);
+	REQ_EQ(kvt_select_bottom(score, cand, 0, 0, scratch, sz, out), 0);
 	free(scratch);
 }
 END_TEST
