@@ -486,41 +486,44 @@ dequant_ch_avx2(int dtype, uint32_t elems, const int8_t *codes, const float *sca
 	}
 }
 
-/* 256-byte rows: 8 x 32-byte moves, prefetching the row PF_DIST indices ahead. */
-#define PF_DIST 8
+/*
+ * 256-byte rows: 8 x 32-byte moves, prefetching the row PF_DIST indices ahead into L2 (the L2
+ * tracks more outstanding misses than L1, which is what random rows are limited by). Large
+ * gathers into a 32-byte aligned destination use streaming stores: the destination is a
+ * staging region consumed by the device or another process, and skipping the read-for-
+ * ownership of each destination line saves a third of the memory traffic.
+ */
+#define PF_DIST 16
+#define GATHER_NT_BYTES (1u << 20)
 
 static AVX2 void
 gather256_avx2(char *dst, const char *base, size_t stride, const uint32_t *idx, size_t n)
 {
+	const int nt = n * 256 >= GATHER_NT_BYTES && !((uintptr_t)dst & 31);
+
 	for (size_t i = 0; i < n; i++, dst += 256) {
 		const char *s = base + (size_t)idx[i] * stride;
-		__m256i a, b, c, d, e, f, g, h;
+		__m256i v[8];
 
 		if (i + PF_DIST < n) {
 			const char *p = base + (size_t)idx[i + PF_DIST] * stride;
 
-			_mm_prefetch(p, _MM_HINT_T0);
-			_mm_prefetch(p + 64, _MM_HINT_T0);
-			_mm_prefetch(p + 128, _MM_HINT_T0);
-			_mm_prefetch(p + 192, _MM_HINT_T0);
+			_mm_prefetch(p, _MM_HINT_T1);
+			_mm_prefetch(p + 64, _MM_HINT_T1);
+			_mm_prefetch(p + 128, _MM_HINT_T1);
+			_mm_prefetch(p + 192, _MM_HINT_T1);
 		}
-		a = _mm256_loadu_si256((const __m256i *)(s + 0));
-		b = _mm256_loadu_si256((const __m256i *)(s + 32));
-		c = _mm256_loadu_si256((const __m256i *)(s + 64));
-		d = _mm256_loadu_si256((const __m256i *)(s + 96));
-		e = _mm256_loadu_si256((const __m256i *)(s + 128));
-		f = _mm256_loadu_si256((const __m256i *)(s + 160));
-		g = _mm256_loadu_si256((const __m256i *)(s + 192));
-		h = _mm256_loadu_si256((const __m256i *)(s + 224));
-		_mm256_storeu_si256((__m256i *)(dst + 0), a);
-		_mm256_storeu_si256((__m256i *)(dst + 32), b);
-		_mm256_storeu_si256((__m256i *)(dst + 64), c);
-		_mm256_storeu_si256((__m256i *)(dst + 96), d);
-		_mm256_storeu_si256((__m256i *)(dst + 128), e);
-		_mm256_storeu_si256((__m256i *)(dst + 160), f);
-		_mm256_storeu_si256((__m256i *)(dst + 192), g);
-		_mm256_storeu_si256((__m256i *)(dst + 224), h);
+		for (int j = 0; j < 8; j++)
+			v[j] = _mm256_loadu_si256((const __m256i *)(s + 32 * j));
+		if (nt)
+			for (int j = 0; j < 8; j++)
+				_mm256_stream_si256((__m256i *)(dst + 32 * j), v[j]);
+		else
+			for (int j = 0; j < 8; j++)
+				_mm256_storeu_si256((__m256i *)(dst + 32 * j), v[j]);
 	}
+	if (nt)
+		_mm_sfence(); /* streaming stores are weakly ordered: publish before returning */
 }
 #else
 static int

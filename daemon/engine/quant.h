@@ -99,7 +99,9 @@ kvt_dequant_block_ch(int dtype, uint32_t elems, const int8_t *codes, const float
  * kvt_gather_rows - copy rows @base + @idx[i] * @stride (i < @n) to @dst + i * @row_bytes.
  * Used to stage T1 rows (FETCH) and to batch promotions. Runs of consecutive indices are copied
  * as one block when @stride == @row_bytes; 256-byte rows (e.g. 128 f16 elements) take an AVX2
- * path with software prefetch of rows a few indices ahead, for any stride. Indices are not bounds-checked: the
+ * path with software prefetch of rows a few indices ahead, for any stride, and streaming
+ * (non-temporal) stores when the output is 1 MiB or more and @dst is 32-byte aligned (the
+ * gathered rows then are not left in the cache). Indices are not bounds-checked: the
  * caller (the daemon, after validating the positions) guarantees every row lies in its buffer.
  * Return: 0, or -EINVAL (NULL buffer with n > 0, row_bytes 0, stride < row_bytes).
  */

@@ -104,6 +104,21 @@ kvt_tier_cfg_init(const struct kvt_seq_params *p, struct kvt_tier_cfg *ret_cfg,
 
 /* ---- sequence state --------------------------------------------------------------------- */
 
+/*
+ * The FETCH list holds T1 positions at [0, n1) and T2 positions at [cap + 1 - n2, cap + 1), plus
+ * one spare entry at each end of the gap: commit rebuilds both parts in one branch-free pass
+ * that writes every position to both cursors and advances only the right one, so each cursor
+ * writes one entry past its part (list[n1], which is below the T2 part since n1 + n2 <= cap,
+ * and list[cap + 1]).
+ */
+#define LIST_SPARE 2
+
+static inline uint32_t *
+t2_list(const struct kvt_tier_seq *s)
+{
+	return s->list + s->cap + 1 - s->count[KVT_T2];
+}
+
 size_t
 kvt_tier_seq_bytes(uint32_t cap, uint32_t t0_slots)
 {
@@ -111,8 +126,8 @@ kvt_tier_seq_bytes(uint32_t cap, uint32_t t0_slots)
 
 	if (cap > KVT_TIER_MAX_CAP || t0_slots > KVT_TIER_MAX_CAP)
 		return 0;
-	/* score, pos_slot, list (4 bytes each), slot_pos, then tier bytes last */
-	return ALIGN8(4 * c) * 3 + ALIGN8(4 * t) + ALIGN8(c);
+	/* score, pos_slot, list (4 bytes each, list with LIST_SPARE more), slot_pos, tier bytes */
+	return ALIGN8(4 * c) * 2 + ALIGN8(4 * (c + LIST_SPARE)) + ALIGN8(4 * t) + ALIGN8(c);
 }
 
 static void
@@ -127,7 +142,7 @@ seq_carve(struct kvt_tier_seq *s, void *mem, uint32_t cap, uint32_t t0_slots)
 	s->pos_slot = (int32_t *)p;
 	p += ALIGN8(4 * (size_t)cap);
 	s->list = (uint32_t *)p;
-	p += ALIGN8(4 * (size_t)cap);
+	p += ALIGN8(4 * ((size_t)cap + LIST_SPARE));
 	s->slot_pos = (int32_t *)p;
 	p += ALIGN8(4 * (size_t)t0_slots);
 	s->tier = (uint8_t *)p;
@@ -170,8 +185,7 @@ kvt_tier_seq_move(struct kvt_tier_seq *dst, void *mem, size_t mem_size, uint32_t
 	memcpy(d.tier, src->tier, n);
 	memcpy(d.slot_pos, src->slot_pos, 4 * (size_t)src->t0_slots);
 	memcpy(d.list, src->list, 4 * (size_t)src->count[KVT_T1]);
-	memcpy(d.list + cap - src->count[KVT_T2], src->list + src->cap - src->count[KVT_T2],
-	       4 * (size_t)src->count[KVT_T2]);
+	memcpy(t2_list(&d), t2_list(src), 4 * (size_t)src->count[KVT_T2]);
 	d.gen++;
 	*dst = d;
 	return 0;
@@ -349,7 +363,51 @@ cut_top(struct cut *c, const uint32_t *keys, size_t nk, size_t m, uint32_t *surv
 	c->tie_hi = SIZE_MAX;
 }
 
-enum { CLS_MID = 0, CLS_EVICT = 1, CLS_T0 = 2 };
+/* Move lists being built by kvt_tier_plan(). */
+struct moves {
+	struct ws_layout *w;
+	struct kvt_tier_plan *p;
+	uint32_t cap0, n_p1, n_p2, q_evicted;
+};
+
+/* Position @pos goes from tier @cur to @tgt (different): record the moves it needs. */
+static void
+move_one(struct moves *m, const struct kvt_tier_seq *s, uint32_t pos, unsigned cur, unsigned tgt,
+	 unsigned q)
+{
+	struct ws_layout *w = m->w;
+	struct kvt_tier_plan *p = m->p;
+
+	if (cur == KVT_T0) {
+		w->demote_slot[p->n_demote] = (uint32_t)s->pos_slot[pos];
+		w->demote_pos[p->n_demote] = pos;
+		p->n_demote++;
+	} else if (tgt == KVT_T0) {
+		if (q)
+			w->promote_pos[m->cap0 - 1 - m->n_p2++] = pos;
+		else
+			w->promote_pos[m->n_p1++] = pos;
+	}
+	if (tgt == KVT_T3) {
+		w->evict[p->n_evict++] = pos;
+		m->q_evicted += q;
+	}
+}
+
+/* A protected position: T0, or in pool-only mode (@tgt T1, @tgt_q T2) it stays as it is. */
+static inline void
+protected_one(struct moves *m, const struct kvt_tier_seq *s, uint32_t pos, unsigned tgt,
+	      unsigned tgt_q, uint32_t *cnt)
+{
+	unsigned tb = s->tier[pos], cur = tb & KVT_TIER_MASK, q = (tb >> 2) & 1;
+	unsigned t = q ? tgt_q : tgt;
+
+	if (cur == KVT_T3)
+		return; /* counted with the evicted */
+	if (t != cur)
+		move_one(m, s, pos, cur, t, q);
+	cnt[t]++;
+}
 
 int
 kvt_tier_plan(const struct kvt_tier_cfg *cfg, const struct kvt_tier_seq *s, void *ws,
@@ -358,8 +416,10 @@ kvt_tier_plan(const struct kvt_tier_cfg *cfg, const struct kvt_tier_seq *s, void
 	struct ws_layout w;
 	struct kvt_tier_plan p;
 	struct cut lo, hi, qc;
+	struct moves mv;
+	unsigned ptgt, ptgt_q;
 	uint32_t n, pre, wstart, head, cap0, ncand, np_live, e_new, t0c, t0_tot, q_tgt, q_live, q_new;
-	uint32_t nmid, n_p1, n_p2, i, ci, mi, t_lo, t_hi, t_q, q_evicted;
+	uint32_t nmid, n_p1, n_p2, i, ci, mi, t_q, q_evicted;
 	uint32_t cnt[4] = { 0, 0, 0, 0 };
 
 	if (!cfg || !s || !ws || ((uintptr_t)ws & 7) || !ret_plan || cfg->t0_slots != s->t0_slots)
@@ -390,7 +450,6 @@ kvt_tier_plan(const struct kvt_tier_cfg *cfg, const struct kvt_tier_seq *s, void
 		sc = s->score[i];
 		if (cfg->score_mode == KVT_SCORE_MEAN)
 			sc /= (float)(n - i);
-		w.cand_pos[ncand] = i;
 		w.cand_key[ncand] = kvt_score_key(sc);
 		ncand++;
 	}
@@ -432,66 +491,73 @@ kvt_tier_plan(const struct kvt_tier_cfg *cfg, const struct kvt_tier_seq *s, void
 	cut_top(&hi, w.cand_key, ncand, t0c, w.surv, w.hist);
 
 	/*
-	 * One pass in position order. Promotions from T1 fill promote_pos from the front and those
-	 * from T2 from the back (reversed below), so each part ends up ascending. Middle positions
-	 * without an int8 copy are compacted into cand_pos/cand_key (index mi <= ci) for the T2
-	 * selection.
+	 * One pass in position order: the protected prefix, the candidates, the window. Promotions
+	 * from T1 fill promote_pos from the front and those from T2 from the back (reversed below),
+	 * so each part ends up ascending. When the int8 set may grow, middle candidates without an
+	 * int8 copy are compacted into cand_pos/cand_key for the T2 selection (index mi < ci: the
+	 * key written was already read). The candidate loop is branch-free except for the rare
+	 * positions that move (and evicted ones, ~evict_frac of them).
 	 */
 	p = (struct kvt_tier_plan){ .n = n, .gen = s->gen };
-	n_p1 = n_p2 = 0;
-	ci = mi = 0;
-	t_lo = t_hi = 0;
-	q_evicted = 0;
-	for (i = 0; i < n; i++) {
-		uint8_t tb = s->tier[i];
-		unsigned cur = tb & KVT_TIER_MASK, tgt;
-		int q = (tb & KVT_TIER_F_INT8) != 0;
-		int cls, cand;
-		uint32_t k;
+	mv = (struct moves){ .w = &w, .p = &p, .cap0 = cap0 };
+	ptgt_q = cap0 ? KVT_T0 : KVT_T2;
+	ptgt = cap0 ? KVT_T0 : KVT_T1;
+	for (i = 0; i < pre; i++)
+		protected_one(&mv, s, i, ptgt, ptgt_q, cnt);
+	{
+		/* Inactive cuts get bounds no key can meet. */
+		const uint32_t lo_v = lo.active ? lo.v : 0, hi_v = hi.active ? hi.v : UINT32_MAX;
+		const uint64_t lo_th = lo.active ? lo.tie_hi : 0, hi_tl = hi.active ? hi.tie_lo : UINT64_MAX;
+		static const uint8_t tgt_of[8] = {
+			[0] = KVT_T1, [1] = KVT_T3, [2] = KVT_T0, [3] = KVT_T0, /* no int8 copy */
+			[4] = KVT_T2, [5] = KVT_T3, [6] = KVT_T0, [7] = KVT_T0, /* int8 copy */
+		};
+		uint64_t t_lo = 0, t_hi = 0;
+		uint32_t c_top = 0, c_q = 0;
 
-		if (cur == KVT_T3) {
-			cnt[KVT_T3]++;
-			continue;
-		}
-		if (i < pre || i >= wstart) {
-			/* Protected: T0, or in pool-only mode stays in the pool as it is. */
-			cls = cap0 ? CLS_T0 : CLS_MID;
-			k = UINT32_MAX;
-			cand = 0;
-		} else {
-			int ev = 0, top = 0;
+		/* Middle candidates are only collected when the int8 set may grow. */
+		const unsigned collect = q_tgt > 0;
+		uint32_t c_mid = 0;
 
-			/* Both tie counters see every tied key, whichever cut takes it. */
+		mi = 0;
+		ci = 0;
+		for (i = pre; i < wstart; i++) {
+			unsigned tb = s->tier[i], q = (tb >> 2) & 1;
+			uint32_t k;
+			unsigned eqlo, eqhi, ev, top, tgt;
+
+			if ((tb & KVT_TIER_MASK) == KVT_T3)
+				continue;
 			k = w.cand_key[ci++];
-			if (lo.active && k <= lo.v)
-				ev = k < lo.v || t_lo++ < lo.tie_hi;
-			if (hi.active && k >= hi.v)
-				top = k > hi.v || t_hi++ >= hi.tie_lo;
-			cls = ev ? CLS_EVICT : top ? CLS_T0 : CLS_MID;
-			cand = 1;
+			eqlo = k == lo_v;
+			eqhi = k == hi_v;
+			/* Both tie counters see every tied key, whichever cut takes it. */
+			ev = (k < lo_v) | (eqlo & (t_lo < lo_th));
+			top = (k > hi_v) | (eqhi & (t_hi >= hi_tl));
+			tgt = tgt_of[ev | top << 1 | q << 2];
+			t_lo += eqlo;
+			t_hi += eqhi;
+			c_top += top;
+			c_q += q & !(ev | top);
+			c_mid += tgt == KVT_T1;
+			if (collect) {
+				w.cand_pos[mi] = i;
+				w.cand_key[mi] = k;
+				mi += tgt == KVT_T1;
+			}
+			if (tgt != (tb & KVT_TIER_MASK))
+				move_one(&mv, s, i, tb & KVT_TIER_MASK, tgt, q);
 		}
-		tgt = cls == CLS_T0 ? KVT_T0 : cls == CLS_EVICT ? KVT_T3 : q ? KVT_T2 : KVT_T1;
-		if (cur == KVT_T0 && tgt != KVT_T0) {
-			w.demote_slot[p.n_demote] = (uint32_t)s->pos_slot[i];
-			w.demote_pos[p.n_demote] = i;
-			p.n_demote++;
-		} else if (cur != KVT_T0 && tgt == KVT_T0) {
-			if (q)
-				w.promote_pos[cap0 - 1 - n_p2++] = i;
-			else
-				w.promote_pos[n_p1++] = i;
-		}
-		if (tgt == KVT_T3) {
-			w.evict[p.n_evict++] = i;
-			q_evicted += q;
-		} else if (tgt == KVT_T1 && cand) {
-			/* mi < ci: the slot written was already read. */
-			w.cand_pos[mi] = i;
-			w.cand_key[mi] = k;
-			mi++;
-		}
-		cnt[tgt]++;
+		cnt[KVT_T0] += c_top;
+		cnt[KVT_T2] += c_q;
+		cnt[KVT_T1] += c_mid;
 	}
+	for (i = wstart; i < n; i++)
+		protected_one(&mv, s, i, ptgt, ptgt_q, cnt);
+	cnt[KVT_T3] = s->count[KVT_T3] + p.n_evict;
+	n_p1 = mv.n_p1;
+	n_p2 = mv.n_p2;
+	q_evicted = mv.q_evicted;
 
 	nmid = mi;
 	q_live = s->n_int8 - q_evicted;
@@ -591,19 +657,19 @@ kvt_tier_commit(struct kvt_tier_seq *s, const struct kvt_tier_plan *plan)
 		s->tier[pos] = KVT_T0 | (s->tier[pos] & KVT_TIER_F_INT8);
 	}
 
-	/* Rebuild the FETCH lists: one pass over the tier bytes, T2 written at the back. */
+	/* Rebuild the FETCH lists in one branch-free pass (see LIST_SPARE). */
 	n1 = 0;
-	n2 = plan->count[KVT_T2];
+	n2 = 0;
 	{
-		uint32_t *t2 = s->list + s->cap - n2, j = 0;
+		uint32_t *t2 = s->list + s->cap + 1 - plan->count[KVT_T2];
 
 		for (i = 0; i < s->n; i++) {
 			unsigned t = s->tier[i] & KVT_TIER_MASK;
 
-			if (t == KVT_T1)
-				s->list[n1++] = i;
-			else if (t == KVT_T2)
-				t2[j++] = i;
+			s->list[n1] = i;
+			t2[n2] = i;
+			n1 += t == KVT_T1;
+			n2 += t == KVT_T2;
 		}
 	}
 	memcpy(s->count, plan->count, sizeof(s->count));
@@ -639,7 +705,7 @@ kvt_tier_positions(const struct kvt_tier_seq *s, int tier, const uint32_t **ret_
 		return (int)s->count[KVT_T1];
 	}
 	if (tier == KVT_T2) {
-		*ret_pos = s->list + s->cap - s->count[KVT_T2];
+		*ret_pos = t2_list(s);
 		return (int)s->count[KVT_T2];
 	}
 	return -EINVAL;

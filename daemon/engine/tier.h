@@ -80,7 +80,7 @@ struct kvt_tier_seq {
 	uint8_t *tier;	   /* [cap] KVT_T* | KVT_TIER_F_INT8 */
 	int32_t *pos_slot; /* [cap] T0 slot of a position, -1 when not in T0 */
 	int32_t *slot_pos; /* [t0_slots] position in a slot, -1 when free */
-	uint32_t *list;	   /* [cap] T1 positions ascending from the front, T2 ascending at the back */
+	uint32_t *list;	   /* [cap + 2] T1 positions ascending at the front, T2 near the back */
 	uint32_t count[4]; /* positions per tier */
 	uint32_t n_int8;   /* live positions whose pool copy is int8 (T2, or T0 with F_INT8) */
 };
@@ -135,7 +135,7 @@ kvt_tier_cfg_init(const struct kvt_seq_params *p, struct kvt_tier_cfg *ret_cfg,
 
 /*
  * kvt_tier_seq_bytes - bytes of the block for a sequence of capacity @cap and @t0_slots slots:
- * 13 bytes per position plus 4 per slot, plus alignment. Returns 0 if @cap or @t0_slots exceed
+ * 13 bytes per position plus 4 per slot, plus a few bytes of spare and alignment. Returns 0 if @cap or @t0_slots exceed
  * KVT_TIER_MAX_CAP. Thread-safe.
  */
 size_t

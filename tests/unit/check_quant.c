@@ -382,7 +382,7 @@ END_TEST
 START_TEST(test_gather)
 {
 	const size_t sizes[] = { 256, 48, 4096, 3 };
-	const size_t nsrc = 2000, nidx = 3000;
+	const size_t nsrc = 2000, nidx = 5000; /* 256-byte rows: > 1 MiB, streaming stores */
 	uint32_t *idx = malloc(nidx * 4);
 
 	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++)
