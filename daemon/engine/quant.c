@@ -241,7 +241,8 @@ quant_ch_scalar(int dtype, uint32_t elems, const char *src, size_t stride, size_
 		memset(amax, 0, sizeof(amax));
 		for (size_t r = 0; r < nrows; r++)
 			for (uint32_t c = 0; c < cn; c++) {
-				uint32_t b = f2u(ld1(dtype, src + r * stride, c0 + c)) & 0x7fffffffu;
+				uint32_t b =
+				    f2u(ld1(dtype, src + r * stride, c0 + c)) & 0x7fffffffu;
 
 				amax[c] = b > amax[c] ? b : amax[c];
 			}
@@ -250,13 +251,14 @@ quant_ch_scalar(int dtype, uint32_t elems, const char *src, size_t stride, size_
 		for (size_t r = 0; r < nrows; r++)
 			for (uint32_t c = 0; c < cn; c++)
 				codes[r * elems + c0 + c] =
-					zero[c] ? 0 : qcode(ld1(dtype, src + r * stride, c0 + c), inv[c]);
+				    zero[c] ? 0
+					    : qcode(ld1(dtype, src + r * stride, c0 + c), inv[c]);
 	}
 }
 
 static void
-dequant_ch_scalar(int dtype, uint32_t elems, const int8_t *codes, const float *scales,
-		  size_t nrows, char *dst, size_t stride)
+dequant_ch_scalar(int dtype, uint32_t elems, const int8_t *codes, const float *scales, size_t nrows,
+		  char *dst, size_t stride)
 {
 	for (size_t r = 0; r < nrows; r++, dst += stride, codes += elems)
 		for (uint32_t c = 0; c < elems; c++)
@@ -296,8 +298,8 @@ ld8(int dtype, const char *p)
 	case KVT_DTYPE_F16:
 		return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 	case KVT_DTYPE_BF16:
-		return _mm256_castsi256_ps(
-			_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+		return _mm256_castsi256_ps(_mm256_slli_epi32(
+		    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 	default:
 		return _mm256_loadu_ps((const float *)p);
 	}
@@ -309,13 +311,14 @@ st8(int dtype, char *p, __m256 v)
 {
 	switch (dtype) {
 	case KVT_DTYPE_F16:
-		_mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+		_mm_storeu_si128((__m128i *)p,
+				 _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 		break;
 	case KVT_DTYPE_BF16: {
 		__m256i u = _mm256_castps_si256(v);
 		__m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
 		__m256i r = _mm256_srli_epi32(
-			_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+		    _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
 		__m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
 		__m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f800000));
 		__m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
@@ -389,7 +392,8 @@ quant_rows_avx2(int dtype, uint32_t heads, uint32_t hd, const char *src, size_t 
 
 			for (j = 0; j < hd8; j += 8)
 				mx = _mm256_max_epu32(
-					mx, _mm256_and_si256(_mm256_castps_si256(ld8(dtype, hp + j * esz)), absm));
+				    mx, _mm256_and_si256(
+					    _mm256_castps_si256(ld8(dtype, hp + j * esz)), absm));
 			m = hmax_epu32(mx);
 			for (; j < hd; j++) {
 				uint32_t b = f2u(ld1(dtype, hp, j)) & 0x7fffffffu;
@@ -415,8 +419,8 @@ quant_rows_avx2(int dtype, uint32_t heads, uint32_t hd, const char *src, size_t 
 }
 
 static AVX2 void
-dequant_rows_avx2(int dtype, uint32_t heads, uint32_t hd, const int8_t *codes,
-		  const float *scales, size_t nrows, char *dst, size_t stride)
+dequant_rows_avx2(int dtype, uint32_t heads, uint32_t hd, const int8_t *codes, const float *scales,
+		  size_t nrows, char *dst, size_t stride)
 {
 	const size_t esz = kvt_dtype_size((uint32_t)dtype);
 	const uint32_t hd8 = hd & ~7u;
@@ -454,7 +458,8 @@ quant_ch_avx2(int dtype, uint32_t elems, const char *src, size_t stride, size_t 
 			const char *rp = src + r * stride + (size_t)c0 * esz;
 
 			for (c = 0; c < cn8; c += 8) {
-				__m256i a = _mm256_and_si256(_mm256_castps_si256(ld8(dtype, rp + c * esz)), absm);
+				__m256i a = _mm256_and_si256(
+				    _mm256_castps_si256(ld8(dtype, rp + c * esz)), absm);
 				__m256i *pm = (__m256i *)&amax[c];
 
 				_mm256_store_si256(pm, _mm256_max_epu32(_mm256_load_si256(pm), a));
@@ -476,9 +481,11 @@ quant_ch_avx2(int dtype, uint32_t elems, const char *src, size_t stride, size_t 
 			/* A zeroed channel may hold Inf/NaN, and NaN * 0 is NaN: mask the product
 			 * to +0 instead, which codes to 0 like the scalar branch. */
 			for (c = 0; c < cn8; c += 8) {
-				__m256 v = _mm256_mul_ps(ld8(dtype, rp + c * esz), _mm256_load_ps(&inv[c]));
+				__m256 v = _mm256_mul_ps(ld8(dtype, rp + c * esz),
+							 _mm256_load_ps(&inv[c]));
 
-				v = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_load_si256((const __m256i *)&keep[c])));
+				v = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_load_si256(
+							 (const __m256i *)&keep[c])));
 				st8_codes(q + c, v);
 			}
 			for (; c < cn; c++)
@@ -488,8 +495,8 @@ quant_ch_avx2(int dtype, uint32_t elems, const char *src, size_t stride, size_t 
 }
 
 static AVX2 void
-dequant_ch_avx2(int dtype, uint32_t elems, const int8_t *codes, const float *scales,
-		size_t nrows, char *dst, size_t stride)
+dequant_ch_avx2(int dtype, uint32_t elems, const int8_t *codes, const float *scales, size_t nrows,
+		char *dst, size_t stride)
 {
 	const size_t esz = kvt_dtype_size((uint32_t)dtype);
 	const uint32_t e8 = elems & ~7u;
@@ -512,7 +519,7 @@ dequant_ch_avx2(int dtype, uint32_t elems, const int8_t *codes, const float *sca
  * staging region consumed by the device or another process, and skipping the read-for-
  * ownership of each destination line saves a third of the memory traffic.
  */
-#define PF_DIST 16
+#define PF_DIST		16
 #define GATHER_NT_BYTES (1u << 20)
 
 static AVX2 void
@@ -636,8 +643,9 @@ kvt_gather_rows(void *dst, const void *base, size_t stride, const uint32_t *idx,
 
 	if (!row_bytes || stride < row_bytes || (n && (!dst || !base || !idx)))
 		return -EINVAL;
-	/* 256-byte rows go through the AVX2 mover even when runs are consecutive: per-row 32-byte
-	 * moves with prefetch run at memcpy speed and keep the prefetch distance across runs. */
+		/* 256-byte rows go through the AVX2 mover even when runs are consecutive: per-row
+		 * 32-byte moves with prefetch run at memcpy speed and keep the prefetch distance
+		 * across runs. */
 #if defined(__x86_64__)
 	if (row_bytes == 256 && kvt_simd_level() >= KVT_SIMD_AVX2) {
 		gather256_avx2(d, b, stride, idx, n);

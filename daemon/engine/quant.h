@@ -60,9 +60,8 @@ enum kvt_qmode {
  * Return: 0, or -EINVAL (bad dtype, zero heads/head_dim, NULL buffer with nrows > 0, stride
  * smaller than a row).
  */
-int
-kvt_quant_rows(int dtype, uint32_t heads, uint32_t head_dim, const void *src, size_t src_stride,
-	       size_t nrows, int8_t *codes, float *scales);
+int kvt_quant_rows(int dtype, uint32_t heads, uint32_t head_dim, const void *src, size_t src_stride,
+		   size_t nrows, int8_t *codes, float *scales);
 
 /*
  * kvt_dequant_rows - inverse of kvt_quant_rows(), into rows of @dtype.
@@ -71,9 +70,8 @@ kvt_quant_rows(int dtype, uint32_t heads, uint32_t head_dim, const void *src, si
  * @dst_stride:	bytes between destination rows (>= row bytes).
  * Return: 0, or -EINVAL as kvt_quant_rows().
  */
-int
-kvt_dequant_rows(int dtype, uint32_t heads, uint32_t head_dim, const int8_t *codes,
-		 const float *scales, size_t nrows, void *dst, size_t dst_stride);
+int kvt_dequant_rows(int dtype, uint32_t heads, uint32_t head_dim, const int8_t *codes,
+		     const float *scales, size_t nrows, void *dst, size_t dst_stride);
 
 /*
  * kvt_quant_block_ch - quantize a block of @nrows rows with one scale per channel.
@@ -83,17 +81,15 @@ kvt_dequant_rows(int dtype, uint32_t heads, uint32_t head_dim, const int8_t *cod
  * @scales:	output, @elems f32 (one per channel, for the whole block).
  * Return: 0, or -EINVAL as kvt_quant_rows().
  */
-int
-kvt_quant_block_ch(int dtype, uint32_t elems, const void *src, size_t src_stride, size_t nrows,
-		   int8_t *codes, float *scales);
+int kvt_quant_block_ch(int dtype, uint32_t elems, const void *src, size_t src_stride, size_t nrows,
+		       int8_t *codes, float *scales);
 
 /*
  * kvt_dequant_block_ch - inverse of kvt_quant_block_ch(), into rows of @dtype.
  * Return: 0, or -EINVAL as kvt_quant_rows().
  */
-int
-kvt_dequant_block_ch(int dtype, uint32_t elems, const int8_t *codes, const float *scales,
-		     size_t nrows, void *dst, size_t dst_stride);
+int kvt_dequant_block_ch(int dtype, uint32_t elems, const int8_t *codes, const float *scales,
+			 size_t nrows, void *dst, size_t dst_stride);
 
 /*
  * kvt_gather_rows - copy rows @base + @idx[i] * @stride (i < @n) to @dst + i * @row_bytes.
@@ -105,18 +101,13 @@ kvt_dequant_block_ch(int dtype, uint32_t elems, const int8_t *codes, const float
  * caller (the daemon, after validating the positions) guarantees every row lies in its buffer.
  * Return: 0, or -EINVAL (NULL buffer with n > 0, row_bytes 0, stride < row_bytes).
  */
-int
-kvt_gather_rows(void *dst, const void *base, size_t stride, const uint32_t *idx, size_t n,
-		size_t row_bytes);
+int kvt_gather_rows(void *dst, const void *base, size_t stride, const uint32_t *idx, size_t n,
+		    size_t row_bytes);
 
 /* Scalar conversions, exported for tests and for reference code (round-to-nearest-even). */
-float
-kvt_f16_to_f32(uint16_t h);
-uint16_t
-kvt_f32_to_f16(float f);
-float
-kvt_bf16_to_f32(uint16_t h);
-uint16_t
-kvt_f32_to_bf16(float f);
+float kvt_f16_to_f32(uint16_t h);
+uint16_t kvt_f32_to_f16(float f);
+float kvt_bf16_to_f32(uint16_t h);
+uint16_t kvt_f32_to_bf16(float f);
 
 #endif /* KVT_ENGINE_QUANT_H */

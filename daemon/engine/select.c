@@ -125,8 +125,7 @@ select_range(const float *score, const uint32_t *cand, size_t ncand, size_t m, i
 	int ascending = 1;
 	uint32_t v, pt;
 
-	if (m > ncand || m > INT_MAX || (ncand && (!score || !cand || !scratch)) ||
-	    (m && !ret_out))
+	if (m > ncand || m > INT_MAX || (ncand && (!score || !cand || !scratch)) || (m && !ret_out))
 		return -EINVAL;
 	if (scratch_size < kvt_select_scratch_bytes(ncand) || ((uintptr_t)scratch & 3))
 		return -EINVAL;

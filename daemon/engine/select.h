@@ -49,8 +49,7 @@ kvt_score_key(float f)
  * kvt_select_bottom() need for @n candidates: 4*n (keys) + 4*n (survivors) + 4*KVT_SELECT_HIST,
  * rounded up to 64. Never fails; saturates at SIZE_MAX on overflow.
  */
-size_t
-kvt_select_scratch_bytes(size_t n);
+size_t kvt_select_scratch_bytes(size_t n);
 
 /*
  * kvt_select_kth - the key of rank @k (0-based, ascending) among @keys[0..@n).
@@ -64,9 +63,8 @@ kvt_select_scratch_bytes(size_t n);
  * k < n (checked by the wrappers below). Time O(n): at most two passes over @keys plus passes
  * over shrinking survivor sets; no sort.
  */
-uint32_t
-kvt_select_kth(const uint32_t *keys, size_t n, size_t k, uint32_t *surv, uint32_t *hist,
-	       size_t *ret_less);
+uint32_t kvt_select_kth(const uint32_t *keys, size_t n, size_t k, uint32_t *surv, uint32_t *hist,
+			size_t *ret_less);
 
 /*
  * kvt_select_top - the @m highest-ranked candidates.
@@ -82,16 +80,14 @@ kvt_select_kth(const uint32_t *keys, size_t n, size_t k, uint32_t *surv, uint32_
  *	   too small).
  * @ret_out is untouched on failure.
  */
-int
-kvt_select_top(const float *score, const uint32_t *cand, size_t ncand, size_t m, void *scratch,
-	       size_t scratch_size, uint32_t *ret_out);
+int kvt_select_top(const float *score, const uint32_t *cand, size_t ncand, size_t m, void *scratch,
+		   size_t scratch_size, uint32_t *ret_out);
 
 /*
  * kvt_select_bottom - the @m lowest-ranked candidates. Parameters, return and errors as
  * kvt_select_top().
  */
-int
-kvt_select_bottom(const float *score, const uint32_t *cand, size_t ncand, size_t m, void *scratch,
-		  size_t scratch_size, uint32_t *ret_out);
+int kvt_select_bottom(const float *score, const uint32_t *cand, size_t ncand, size_t m,
+		      void *scratch, size_t scratch_size, uint32_t *ret_out);
 
 #endif /* KVT_ENGINE_SELECT_H */

@@ -87,17 +87,17 @@ kvt_tier_cfg_init(const struct kvt_seq_params *p, struct kvt_tier_cfg *ret_cfg,
 	if (!ret_cfg)
 		return fail(ret_reason, "no output");
 	*ret_cfg = (struct kvt_tier_cfg){
-		.policy = p->policy,
-		.score_mode = p->score_mode,
-		.protect_prompt = p->protect_prompt,
-		.delta = p->delta,
-		.sinks = p->sinks,
-		.window = p->window,
-		.prompt_len = p->prompt_len,
-		.t0_slots = p->t0_buf_id ? p->t0_slots : 0,
-		.hbm_frac = p->hbm_frac,
-		.evict_frac = p->evict_frac,
-		.t2_frac = p->t2_frac,
+	    .policy = p->policy,
+	    .score_mode = p->score_mode,
+	    .protect_prompt = p->protect_prompt,
+	    .delta = p->delta,
+	    .sinks = p->sinks,
+	    .window = p->window,
+	    .prompt_len = p->prompt_len,
+	    .t0_slots = p->t0_buf_id ? p->t0_slots : 0,
+	    .hbm_frac = p->hbm_frac,
+	    .evict_frac = p->evict_frac,
+	    .t2_frac = p->t2_frac,
 	};
 	return 0;
 }
@@ -264,10 +264,10 @@ ws_layout(struct ws_layout *l, char *base, uint32_t n, uint32_t t0_slots, uint32
 {
 	size_t off = 0, c = ALIGN8(4 * (size_t)n), t = ALIGN8(4 * (size_t)t0_slots);
 
-#define TAKE(field, bytes)                                  \
-	do {                                                \
-		l->field = (void *)(base ? base + off : NULL); \
-		off += (bytes);                             \
+#define TAKE(field, bytes)                                                                         \
+	do {                                                                                       \
+		l->field = (void *)(base ? base + off : NULL);                                     \
+		off += (bytes);                                                                    \
 	} while (0)
 	TAKE(hist, 4 * (size_t)KVT_SELECT_HIST);
 	TAKE(cand_pos, c);
@@ -335,12 +335,11 @@ struct cut {
 
 /* Bottom @m of @keys[0..@nk): ranks [0, m). */
 static void
-cut_bottom(struct cut *c, const uint32_t *keys, size_t nk, size_t m, uint32_t *surv,
-	   uint32_t *hist)
+cut_bottom(struct cut *c, const uint32_t *keys, size_t nk, size_t m, uint32_t *surv, uint32_t *hist)
 {
 	size_t less;
 
-	*c = (struct cut){ .active = m > 0 };
+	*c = (struct cut){.active = m > 0};
 	if (!c->active)
 		return;
 	c->v = kvt_select_kth(keys, nk, m - 1, surv, hist, &less);
@@ -350,12 +349,11 @@ cut_bottom(struct cut *c, const uint32_t *keys, size_t nk, size_t m, uint32_t *s
 
 /* Top @m: ranks [nk - m, nk); ties of the boundary key from index (nk - m - less) upward. */
 static void
-cut_top(struct cut *c, const uint32_t *keys, size_t nk, size_t m, uint32_t *surv,
-	uint32_t *hist)
+cut_top(struct cut *c, const uint32_t *keys, size_t nk, size_t m, uint32_t *surv, uint32_t *hist)
 {
 	size_t less;
 
-	*c = (struct cut){ .active = m > 0 };
+	*c = (struct cut){.active = m > 0};
 	if (!c->active)
 		return;
 	c->v = kvt_select_kth(keys, nk, nk - m, surv, hist, &less);
@@ -418,9 +416,10 @@ kvt_tier_plan(const struct kvt_tier_cfg *cfg, const struct kvt_tier_seq *s, void
 	struct cut lo, hi, qc;
 	struct moves mv;
 	unsigned ptgt, ptgt_q;
-	uint32_t n, pre, wstart, head, cap0, ncand, np_live, e_new, t0c, t0_tot, q_tgt, q_live, q_new;
+	uint32_t n, pre, wstart, head, cap0, ncand, np_live, e_new, t0c, t0_tot, q_tgt, q_live,
+	    q_new;
 	uint32_t nmid, n_p1, n_p2, i, ci, mi, t_q, q_evicted;
-	uint32_t cnt[4] = { 0, 0, 0, 0 };
+	uint32_t cnt[4] = {0, 0, 0, 0};
 
 	if (!cfg || !s || !ws || ((uintptr_t)ws & 7) || !ret_plan || cfg->t0_slots != s->t0_slots)
 		return -EINVAL;
@@ -498,8 +497,8 @@ kvt_tier_plan(const struct kvt_tier_cfg *cfg, const struct kvt_tier_seq *s, void
 	 * key written was already read). The candidate loop is branch-free except for the rare
 	 * positions that move (and evicted ones, ~evict_frac of them).
 	 */
-	p = (struct kvt_tier_plan){ .n = n, .gen = s->gen };
-	mv = (struct moves){ .w = &w, .p = &p, .cap0 = cap0 };
+	p = (struct kvt_tier_plan){.n = n, .gen = s->gen};
+	mv = (struct moves){.w = &w, .p = &p, .cap0 = cap0};
 	ptgt_q = cap0 ? KVT_T0 : KVT_T2;
 	ptgt = cap0 ? KVT_T0 : KVT_T1;
 	for (i = 0; i < pre; i++)
@@ -507,10 +506,11 @@ kvt_tier_plan(const struct kvt_tier_cfg *cfg, const struct kvt_tier_seq *s, void
 	{
 		/* Inactive cuts get bounds no key can meet. */
 		const uint32_t lo_v = lo.active ? lo.v : 0, hi_v = hi.active ? hi.v : UINT32_MAX;
-		const uint64_t lo_th = lo.active ? lo.tie_hi : 0, hi_tl = hi.active ? hi.tie_lo : UINT64_MAX;
+		const uint64_t lo_th = lo.active ? lo.tie_hi : 0,
+			       hi_tl = hi.active ? hi.tie_lo : UINT64_MAX;
 		static const uint8_t tgt_of[8] = {
-			[0] = KVT_T1, [1] = KVT_T3, [2] = KVT_T0, [3] = KVT_T0, /* no int8 copy */
-			[4] = KVT_T2, [5] = KVT_T3, [6] = KVT_T0, [7] = KVT_T0, /* int8 copy */
+		    [0] = KVT_T1, [1] = KVT_T3, [2] = KVT_T0, [3] = KVT_T0, /* no int8 copy */
+		    [4] = KVT_T2, [5] = KVT_T3, [6] = KVT_T0, [7] = KVT_T0, /* int8 copy */
 		};
 		uint64_t t_lo = 0, t_hi = 0;
 		uint32_t c_top = 0, c_q = 0;
@@ -637,7 +637,8 @@ kvt_tier_commit(struct kvt_tier_seq *s, const struct kvt_tier_plan *plan)
 
 		s->slot_pos[plan->demote_slot[i]] = -1;
 		s->pos_slot[pos] = -1;
-		s->tier[pos] = (s->tier[pos] & KVT_TIER_F_INT8) ? (KVT_T2 | KVT_TIER_F_INT8) : KVT_T1;
+		s->tier[pos] =
+		    (s->tier[pos] & KVT_TIER_F_INT8) ? (KVT_T2 | KVT_TIER_F_INT8) : KVT_T1;
 	}
 	for (i = 0; i < plan->n_quant; i++) {
 		s->tier[plan->quant_pos[i]] = KVT_T2 | KVT_TIER_F_INT8;

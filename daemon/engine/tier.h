@@ -90,23 +90,23 @@ struct kvt_tier_seq {
  * valid until the workspace is reused. All position lists are ascending.
  */
 struct kvt_tier_plan {
-	uint32_t n;	       /* n the plan was computed for */
-	uint32_t gen;	       /* kvt_tier_seq.gen it was computed from */
-	uint32_t n_demote;     /* T0 -> T1/T2/T3: free the slot, no copy */
-	uint32_t *demote_slot; /* [n_demote] */
-	uint32_t *demote_pos;  /* [n_demote] */
-	uint32_t n_promote;    /* T1/T2 -> T0: copy the row into the slot */
-	uint32_t n_promote_t1; /* the first n_promote_t1 come from T1, the rest from T2 (dequantize) */
+	uint32_t n;		/* n the plan was computed for */
+	uint32_t gen;		/* kvt_tier_seq.gen it was computed from */
+	uint32_t n_demote;	/* T0 -> T1/T2/T3: free the slot, no copy */
+	uint32_t *demote_slot;	/* [n_demote] */
+	uint32_t *demote_pos;	/* [n_demote] */
+	uint32_t n_promote;	/* T1/T2 -> T0: copy the row into the slot */
+	uint32_t n_promote_t1;	/* the first n_promote_t1 are from T1, the rest from T2 (int8) */
 	uint32_t *promote_pos;	/* [n_promote], each part ascending */
 	uint32_t *promote_slot; /* [n_promote] */
-	uint32_t n_quant;      /* T1 pool row -> T2 (quantize, free the T1 slot); may be T0 too */
-	uint32_t *quant_pos;   /* [n_quant] */
-	uint32_t n_evict;      /* newly evicted: free every pool slot (T0 slots are in demote) */
-	uint32_t *evict_pos;   /* [n_evict] */
-	uint32_t n_free;       /* min(delta, free slots) after the plan; delta unless pool-only */
-	uint32_t *free_slot;   /* [n_free] lowest free slots, ascending: the next appends' slots */
-	uint32_t count[4];     /* positions per tier after the plan */
-	float evicted_ratio;   /* count[KVT_T3] / n, 0 when n == 0 */
+	uint32_t n_quant;	/* T1 pool row -> T2 (quantize, free the T1 slot); may be T0 too */
+	uint32_t *quant_pos;	/* [n_quant] */
+	uint32_t n_evict;	/* newly evicted: free every pool slot (T0 slots are in demote) */
+	uint32_t *evict_pos;	/* [n_evict] */
+	uint32_t n_free;	/* min(delta, free slots) after the plan; delta unless pool-only */
+	uint32_t *free_slot;	/* [n_free] lowest free slots, ascending: the next appends' slots */
+	uint32_t count[4];	/* positions per tier after the plan */
+	float evicted_ratio;	/* count[KVT_T3] / n, 0 when n == 0 */
 };
 
 /*
@@ -121,25 +121,22 @@ struct kvt_tier_plan {
  * (max(sinks, protected prompt) + window) that cannot stay in T0 with delta slots free.
  * Thread-safe.
  */
-int
-kvt_tier_validate(const struct kvt_seq_params *p, const char **ret_reason);
+int kvt_tier_validate(const struct kvt_seq_params *p, const char **ret_reason);
 
 /*
  * kvt_tier_cfg_init - validate @p (kvt_tier_validate()) and fill @ret_cfg.
  * Return: 0, or -EINVAL (see kvt_tier_validate(); @ret_reason as there). @ret_cfg is untouched
  * on failure. Thread-safe.
  */
-int
-kvt_tier_cfg_init(const struct kvt_seq_params *p, struct kvt_tier_cfg *ret_cfg,
-		  const char **ret_reason);
+int kvt_tier_cfg_init(const struct kvt_seq_params *p, struct kvt_tier_cfg *ret_cfg,
+		      const char **ret_reason);
 
 /*
  * kvt_tier_seq_bytes - bytes of the block for a sequence of capacity @cap and @t0_slots slots:
- * 13 bytes per position plus 4 per slot, plus a few bytes of spare and alignment. Returns 0 if @cap or @t0_slots exceed
- * KVT_TIER_MAX_CAP. Thread-safe.
+ * 13 bytes per position plus 4 per slot, plus a few bytes of spare and alignment. Returns 0 if @cap
+ * or @t0_slots exceed KVT_TIER_MAX_CAP. Thread-safe.
  */
-size_t
-kvt_tier_seq_bytes(uint32_t cap, uint32_t t0_slots);
+size_t kvt_tier_seq_bytes(uint32_t cap, uint32_t t0_slots);
 
 /*
  * kvt_tier_seq_init - set up an empty sequence (n = 0, every slot free) in @mem.
@@ -150,9 +147,8 @@ kvt_tier_seq_bytes(uint32_t cap, uint32_t t0_slots);
  * @t0_slots:	the cfg's t0_slots.
  * Return: 0, or -EINVAL (NULL, bad alignment, block too small, bad cap).
  */
-int
-kvt_tier_seq_init(struct kvt_tier_seq *s, void *mem, size_t mem_size, uint32_t cap,
-		  uint32_t t0_slots);
+int kvt_tier_seq_init(struct kvt_tier_seq *s, void *mem, size_t mem_size, uint32_t cap,
+		      uint32_t t0_slots);
 
 /*
  * kvt_tier_seq_move - copy the state of @src into a new, larger block (to grow the capacity).
@@ -161,9 +157,8 @@ kvt_tier_seq_init(struct kvt_tier_seq *s, void *mem, size_t mem_size, uint32_t c
  * Return: 0, or -EINVAL as kvt_tier_seq_init() or when @cap < src->n. @src is not modified
  * and may be freed afterwards; @dst is untouched on failure. Plans made from @src are stale.
  */
-int
-kvt_tier_seq_move(struct kvt_tier_seq *dst, void *mem, size_t mem_size, uint32_t cap,
-		  const struct kvt_tier_seq *src);
+int kvt_tier_seq_move(struct kvt_tier_seq *dst, void *mem, size_t mem_size, uint32_t cap,
+		      const struct kvt_tier_seq *src);
 
 /*
  * kvt_tier_append - append @count tokens at positions n..n+count-1, score 0.
@@ -174,24 +169,21 @@ kvt_tier_seq_move(struct kvt_tier_seq *dst, void *mem, size_t mem_size, uint32_t
  * kvt_tier_seq_move()), -EINVAL (slot out of range, @count 0), -EBUSY (slot in use or named
  * twice). Nothing changes on failure.
  */
-int
-kvt_tier_append(struct kvt_tier_seq *s, uint32_t count, const uint32_t *slots);
+int kvt_tier_append(struct kvt_tier_seq *s, uint32_t count, const uint32_t *slots);
 
 /*
  * kvt_tier_score_add - score[first + i] += val[i] for i < @count (SCORE_ADD).
  * Return: 0, or -EINVAL (first + count > n, NULL with count > 0, or a value that is NaN or
  * infinite: scores must stay finite, so the whole call is refused). Nothing changes on failure.
  */
-int
-kvt_tier_score_add(struct kvt_tier_seq *s, uint32_t first, uint32_t count, const float *val);
+int kvt_tier_score_add(struct kvt_tier_seq *s, uint32_t first, uint32_t count, const float *val);
 
 /*
  * kvt_tier_ws_bytes - workspace bytes kvt_tier_plan() needs for @n positions: 20 bytes per
  * position, 17 per slot, 4 per delta, plus a 256 KiB radix histogram (about 20 MiB at n = 1M).
  * Returns 0 if @n or @t0_slots exceed KVT_TIER_MAX_CAP. Thread-safe.
  */
-size_t
-kvt_tier_ws_bytes(uint32_t n, uint32_t t0_slots, uint32_t delta);
+size_t kvt_tier_ws_bytes(uint32_t n, uint32_t t0_slots, uint32_t delta);
 
 /*
  * kvt_tier_plan - compute the re-tiering plan of @s (specs/tiering.md, RETIER) without changing
@@ -218,9 +210,8 @@ kvt_tier_ws_bytes(uint32_t n, uint32_t t0_slots, uint32_t delta);
  * Return: 0, or -EINVAL (NULL, t0_slots mismatch, workspace too small or misaligned). O(n)
  * time; no allocation.
  */
-int
-kvt_tier_plan(const struct kvt_tier_cfg *cfg, const struct kvt_tier_seq *s, void *ws,
-	      size_t ws_size, struct kvt_tier_plan *ret_plan);
+int kvt_tier_plan(const struct kvt_tier_cfg *cfg, const struct kvt_tier_seq *s, void *ws,
+		  size_t ws_size, struct kvt_tier_plan *ret_plan);
 
 /*
  * kvt_tier_commit - apply @plan to @s once its data moves are done: slot maps, tier bytes,
@@ -228,24 +219,21 @@ kvt_tier_plan(const struct kvt_tier_cfg *cfg, const struct kvt_tier_seq *s, void
  * Return: 0, or -ESTALE (the sequence changed since the plan: n or gen differ), -EINVAL (NULL).
  * Nothing changes on failure.
  */
-int
-kvt_tier_commit(struct kvt_tier_seq *s, const struct kvt_tier_plan *plan);
+int kvt_tier_commit(struct kvt_tier_seq *s, const struct kvt_tier_plan *plan);
 
 /*
  * kvt_tier_retier - kvt_tier_plan() then kvt_tier_commit(), for callers that move no data
  * (tests, simulations, benchmarks). Return and errors as those two.
  */
-int
-kvt_tier_retier(const struct kvt_tier_cfg *cfg, struct kvt_tier_seq *s, void *ws, size_t ws_size,
-		struct kvt_tier_plan *ret_plan);
+int kvt_tier_retier(const struct kvt_tier_cfg *cfg, struct kvt_tier_seq *s, void *ws,
+		    size_t ws_size, struct kvt_tier_plan *ret_plan);
 
 /*
  * kvt_tier_positions - the positions now in @tier (KVT_T1 or KVT_T2), ascending, without copy.
  * @ret_pos:	set to the list (valid until the next append, commit or move).
  * Return: the count, or -EINVAL (other tier, NULL).
  */
-int
-kvt_tier_positions(const struct kvt_tier_seq *s, int tier, const uint32_t **ret_pos);
+int kvt_tier_positions(const struct kvt_tier_seq *s, int tier, const uint32_t **ret_pos);
 
 /*
  * kvt_tier_fetch_list - the positions in the tiers of @tier_mask ((1 << KVT_T1) and/or
@@ -254,8 +242,7 @@ kvt_tier_positions(const struct kvt_tier_seq *s, int tier, const uint32_t **ret_
  * Return: the count, or -EINVAL (bad mask, NULL), -ENOBUFS (more than @cap positions; nothing
  * written).
  */
-int
-kvt_tier_fetch_list(const struct kvt_tier_seq *s, unsigned tier_mask, uint32_t cap,
-		    uint32_t *ret_pos);
+int kvt_tier_fetch_list(const struct kvt_tier_seq *s, unsigned tier_mask, uint32_t cap,
+			uint32_t *ret_pos);
 
 #endif /* KVT_ENGINE_TIER_H */

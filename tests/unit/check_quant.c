@@ -20,22 +20,22 @@
  * Check's ck_assert_* write to a pipe on every passing assertion (its "mark point"), which costs
  * a syscall each; these checks run millions of times, so they only call into Check on failure.
  */
-#define REQ(c)                                                                               \
-	do {                                                                                 \
-		if (!(c))                                                                    \
-			ck_abort_msg("%s:%d: assertion '%s' failed", __FILE__, __LINE__, #c); \
+#define REQ(c)                                                                                     \
+	do {                                                                                       \
+		if (!(c))                                                                          \
+			ck_abort_msg("%s:%d: assertion '%s' failed", __FILE__, __LINE__, #c);      \
 	} while (0)
-#define REQ_MSG(c, ...)                          \
-	do {                                     \
-		if (!(c))                        \
-			ck_abort_msg(__VA_ARGS__); \
+#define REQ_MSG(c, ...)                                                                            \
+	do {                                                                                       \
+		if (!(c))                                                                          \
+			ck_abort_msg(__VA_ARGS__);                                                 \
 	} while (0)
-#define REQ_CMP(a, op, b)                                                                   \
-	do {                                                                                \
-		long long a_ = (long long)(a), b_ = (long long)(b);                         \
-		if (!(a_ op b_))                                                            \
+#define REQ_CMP(a, op, b)                                                                          \
+	do {                                                                                       \
+		long long a_ = (long long)(a), b_ = (long long)(b);                                \
+		if (!(a_ op b_))                                                                   \
 			ck_abort_msg("%s:%d: '%s %s %s' failed: %lld vs %lld", __FILE__, __LINE__, \
-				     #a, #op, #b, a_, b_);                                  \
+				     #a, #op, #b, a_, b_);                                         \
 	} while (0)
 #define REQ_EQ(a, b) REQ_CMP(a, ==, b)
 #define REQ_LT(a, b) REQ_CMP(a, <, b)
@@ -151,16 +151,16 @@ START_TEST(test_f16_vs_f16c)
 			REQ_MSG(kvt_f32_to_f16(f) == hw_f32_to_f16(f), "f32 %08x", u);
 		}
 	{
-		const uint32_t edge[] = { 0x477ff000, 0x477fefff, 0x477fe000, 0x38800000, 0x387fffff,
-					  0x33000000, 0x33000001, 0x32ffffff, 0x7f800000, 0x7fc00000,
-					  0x7f800001, 0xffc00000, 0x00000001, 0x80000000 };
+		const uint32_t edge[] = {0x477ff000, 0x477fefff, 0x477fe000, 0x38800000, 0x387fffff,
+					 0x33000000, 0x33000001, 0x32ffffff, 0x7f800000, 0x7fc00000,
+					 0x7f800001, 0xffc00000, 0x00000001, 0x80000000};
 
 		for (size_t i = 0; i < sizeof(edge) / sizeof(edge[0]); i++)
 			for (int d = -3; d <= 3; d++) {
 				float f = u2f(edge[i] + (uint32_t)d);
 
 				REQ_MSG(kvt_f32_to_f16(f) == hw_f32_to_f16(f), "f32 %08x",
-					      edge[i] + (uint32_t)d);
+					edge[i] + (uint32_t)d);
 			}
 	}
 #endif
@@ -210,8 +210,8 @@ fill_rows(int dtype, void *rows, size_t nrows, uint32_t elems, uint32_t hd)
 
 START_TEST(test_simd_exact)
 {
-	const uint32_t hds[] = { 1, 7, 8, 64, 128, 130 };
-	const uint32_t heads[] = { 1, 3 };
+	const uint32_t hds[] = {1, 7, 8, 64, 128, 130};
+	const uint32_t heads[] = {1, 3};
 	const size_t nrows = 37;
 
 	if (!have_avx2()) {
@@ -236,22 +236,26 @@ START_TEST(test_simd_exact)
 					d[lv] = malloc(nrows * rb);
 					kvt_simd_cap(lv ? KVT_SIMD_AVX2 : KVT_SIMD_SCALAR);
 					REQ_EQ(kvt_simd_level(),
-							 lv ? KVT_SIMD_AVX2 : KVT_SIMD_SCALAR);
+					       lv ? KVT_SIMD_AVX2 : KVT_SIMD_SCALAR);
 					REQ_EQ(kvt_quant_rows(dtype, H, D, rows, rb, nrows, c[lv],
-									s[lv]), 0);
+							      s[lv]),
+					       0);
 					REQ_EQ(kvt_dequant_rows(dtype, H, D, c[lv], s[lv], nrows,
-									  d[lv], rb), 0);
+								d[lv], rb),
+					       0);
 				}
 				REQ_MSG(!memcmp(c[0], c[1], nrows * E), "head codes dt=%d D=%u",
-					      dtype, D);
+					dtype, D);
 				REQ_MSG(!memcmp(s[0], s[1], nrows * H * 4), "head scales");
 				REQ_MSG(!memcmp(d[0], d[1], nrows * rb), "head dequant");
 				for (int lv = 0; lv < 2; lv++) {
 					kvt_simd_cap(lv ? KVT_SIMD_AVX2 : KVT_SIMD_SCALAR);
 					REQ_EQ(kvt_quant_block_ch(dtype, E, rows, rb, nrows, c[lv],
-									    sc[lv]), 0);
+								  sc[lv]),
+					       0);
 					REQ_EQ(kvt_dequant_block_ch(dtype, E, c[lv], sc[lv], nrows,
-									      d[lv], rb), 0);
+								    d[lv], rb),
+					       0);
 				}
 				REQ_MSG(!memcmp(c[0], c[1], nrows * E), "channel codes");
 				REQ_MSG(!memcmp(sc[0], sc[1], E * 4), "channel scales");
@@ -281,15 +285,14 @@ START_TEST(test_error_bound)
 		rows[i] = gauss() * 3.0f;
 	rows[5] = 0.0f;
 	REQ_EQ(kvt_quant_rows(KVT_DTYPE_F32, H, D, rows, E * 4, nrows, codes, scales), 0);
-	REQ_EQ(kvt_dequant_rows(KVT_DTYPE_F32, H, D, codes, scales, nrows, back, E * 4),
-			 0);
+	REQ_EQ(kvt_dequant_rows(KVT_DTYPE_F32, H, D, codes, scales, nrows, back, E * 4), 0);
 	for (size_t r = 0; r < nrows; r++)
 		for (uint32_t c = 0; c < E; c++) {
 			float x = rows[r * E + c], y = back[r * E + c], s = scales[r * H + c / D];
 
 			REQ(codes[r * E + c] >= -127 && codes[r * E + c] <= 127);
 			REQ_MSG(fabsf(x - y) <= 0.5f * s * 1.0001f, "r=%zu c=%u x=%g y=%g s=%g", r,
-				      c, x, y, s);
+				c, x, y, s);
 		}
 	/* the largest magnitude of each group maps to +-127 */
 	for (size_t r = 0; r < nrows; r++)
@@ -297,7 +300,9 @@ START_TEST(test_error_bound)
 			int mx = 0;
 
 			for (uint32_t j = 0; j < D; j++)
-				mx = abs(codes[r * E + h * D + j]) > mx ? abs(codes[r * E + h * D + j]) : mx;
+				mx = abs(codes[r * E + h * D + j]) > mx
+					 ? abs(codes[r * E + h * D + j])
+					 : mx;
 			REQ_EQ(mx, 127);
 		}
 	/* f16 rows: the dequantized value is also rounded to f16 (relative 2^-11) */
@@ -306,10 +311,8 @@ START_TEST(test_error_bound)
 
 		for (size_t i = 0; i < nrows * E; i++)
 			put(KVT_DTYPE_F16, h, i, rows[i]);
-		REQ_EQ(kvt_quant_rows(KVT_DTYPE_F16, H, D, h, E * 2, nrows, codes, scales),
-				 0);
-		REQ_EQ(kvt_dequant_rows(KVT_DTYPE_F16, H, D, codes, scales, nrows, hb,
-						  E * 2), 0);
+		REQ_EQ(kvt_quant_rows(KVT_DTYPE_F16, H, D, h, E * 2, nrows, codes, scales), 0);
+		REQ_EQ(kvt_dequant_rows(KVT_DTYPE_F16, H, D, codes, scales, nrows, hb, E * 2), 0);
 		for (size_t i = 0; i < nrows * E; i++) {
 			float x = get(KVT_DTYPE_F16, h, i), y = get(KVT_DTYPE_F16, hb, i);
 			float s = scales[i / D];
@@ -338,7 +341,8 @@ START_TEST(test_channel_outliers)
 
 	for (size_t r = 0; r < nrows; r++)
 		for (uint32_t c = 0; c < E; c++)
-			rows[r * E + c] = gauss() * (c % 32 == 5 ? 40.0f : 1.0f) + (c % 32 == 5 ? 60.0f : 0.0f);
+			rows[r * E + c] =
+			    gauss() * (c % 32 == 5 ? 40.0f : 1.0f) + (c % 32 == 5 ? 60.0f : 0.0f);
 	REQ_EQ(kvt_quant_rows(KVT_DTYPE_F32, H, D, rows, E * 4, nrows, codes, hs), 0);
 	REQ_EQ(kvt_dequant_rows(KVT_DTYPE_F32, H, D, codes, hs, nrows, back, E * 4), 0);
 	for (size_t i = 0; i < nrows * E; i++) {
@@ -358,7 +362,7 @@ END_TEST
 
 START_TEST(test_special_groups)
 {
-	float row[16] = { 0 }, back[16];
+	float row[16] = {0}, back[16];
 	int8_t codes[16];
 	float scales[2];
 
@@ -381,7 +385,7 @@ END_TEST
 
 START_TEST(test_gather)
 {
-	const size_t sizes[] = { 256, 48, 4096, 3 };
+	const size_t sizes[] = {256, 48, 4096, 3};
 	const size_t nsrc = 2000, nidx = 5000; /* 256-byte rows: > 1 MiB, streaming stores */
 	uint32_t *idx = malloc(nidx * 4);
 
@@ -389,7 +393,8 @@ START_TEST(test_gather)
 		for (int dense = 0; dense < 2; dense++)
 			for (int lv = 0; lv < 2; lv++) {
 				size_t rb = sizes[si], stride = dense ? rb : rb + 64;
-				unsigned char *src = malloc(nsrc * stride), *dst = malloc(nidx * rb);
+				unsigned char *src = malloc(nsrc * stride),
+					      *dst = malloc(nidx * rb);
 
 				if (lv && !have_avx2())
 					continue;
@@ -413,9 +418,9 @@ END_TEST
 
 START_TEST(test_errors)
 {
-	float row[8] = { 0 }, sc[1];
+	float row[8] = {0}, sc[1];
 	int8_t codes[8];
-	uint32_t idx[1] = { 0 };
+	uint32_t idx[1] = {0};
 
 	REQ_EQ(kvt_quant_rows(7, 1, 8, row, 32, 1, codes, sc), -EINVAL);
 	REQ_EQ(kvt_quant_rows(KVT_DTYPE_F32, 1, 0, row, 32, 1, codes, sc), -EINVAL);

@@ -13,22 +13,22 @@
  * Check's ck_assert_* write to a pipe on every passing assertion (its "mark point"), which costs
  * a syscall each; these checks run millions of times, so they only call into Check on failure.
  */
-#define REQ(c)                                                                               \
-	do {                                                                                 \
-		if (!(c))                                                                    \
-			ck_abort_msg("%s:%d: assertion '%s' failed", __FILE__, __LINE__, #c); \
+#define REQ(c)                                                                                     \
+	do {                                                                                       \
+		if (!(c))                                                                          \
+			ck_abort_msg("%s:%d: assertion '%s' failed", __FILE__, __LINE__, #c);      \
 	} while (0)
-#define REQ_MSG(c, ...)                          \
-	do {                                     \
-		if (!(c))                        \
-			ck_abort_msg(__VA_ARGS__); \
+#define REQ_MSG(c, ...)                                                                            \
+	do {                                                                                       \
+		if (!(c))                                                                          \
+			ck_abort_msg(__VA_ARGS__);                                                 \
 	} while (0)
-#define REQ_CMP(a, op, b)                                                                   \
-	do {                                                                                \
-		long long a_ = (long long)(a), b_ = (long long)(b);                         \
-		if (!(a_ op b_))                                                            \
+#define REQ_CMP(a, op, b)                                                                          \
+	do {                                                                                       \
+		long long a_ = (long long)(a), b_ = (long long)(b);                                \
+		if (!(a_ op b_))                                                                   \
 			ck_abort_msg("%s:%d: '%s %s %s' failed: %lld vs %lld", __FILE__, __LINE__, \
-				     #a, #op, #b, a_, b_);                                  \
+				     #a, #op, #b, a_, b_);                                         \
 	} while (0)
 #define REQ_EQ(a, b) REQ_CMP(a, ==, b)
 #define REQ_LT(a, b) REQ_CMP(a, <, b)
@@ -67,8 +67,7 @@ cmp_u32(const void *a, const void *b)
 
 /* Reference: full sort on (score key, position), take an end. Output sorted by position. */
 static void
-ref_select(const float *score, const uint32_t *cand, size_t ncand, size_t m, int top,
-	   uint32_t *out)
+ref_select(const float *score, const uint32_t *cand, size_t ncand, size_t m, int top, uint32_t *out)
 {
 	uint64_t *k = malloc(ncand * sizeof(*k) + 1);
 	size_t i;
@@ -87,8 +86,8 @@ enum { DIST_UNIFORM, DIST_FEW, DIST_SAME, DIST_SPECIAL, DIST__COUNT };
 static float
 gen_score(int dist)
 {
-	static const float special[] = { 0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, NAN,
-					 -NAN, 1e-40f, -1e-40f, 3.5f, 3.5f };
+	static const float special[] = {0.0f, -0.0f, 1.0f,   -1.0f,   INFINITY, -INFINITY,
+					NAN,  -NAN,  1e-40f, -1e-40f, 3.5f,	3.5f};
 
 	switch (dist) {
 	case DIST_UNIFORM:
@@ -119,7 +118,7 @@ check_one(const float *score, uint32_t *cand, size_t ncand, size_t m)
 		qsort(got, m, sizeof(*got), cmp_u32);
 		ref_select(score, cand, ncand, m, top, want);
 		REQ_MSG(!memcmp(got, want, m * sizeof(*got)),
-			      "top=%d ncand=%zu m=%zu differs from the sort reference", top, ncand, m);
+			"top=%d ncand=%zu m=%zu differs from the sort reference", top, ncand, m);
 	}
 	free(scratch);
 	free(got);
@@ -140,7 +139,7 @@ shuffle(uint32_t *a, size_t n)
 
 START_TEST(test_key_order)
 {
-	const float v[] = { -INFINITY, -3.0f, -1e-40f, 0.0f, 1e-40f, 2.0f, INFINITY };
+	const float v[] = {-INFINITY, -3.0f, -1e-40f, 0.0f, 1e-40f, 2.0f, INFINITY};
 	size_t i;
 
 	for (i = 1; i < sizeof(v) / sizeof(v[0]); i++)
@@ -155,21 +154,24 @@ END_TEST
 START_TEST(test_kth)
 {
 	static uint32_t keys[70000], sorted[70000], surv[70000], hist[KVT_SELECT_HIST];
-	const size_t sizes[] = { 1, 2, 3, 255, 256, 1000, 16383, 16384, 70000 };
+	const size_t sizes[] = {1, 2, 3, 255, 256, 1000, 16383, 16384, 70000};
 
 	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
 		size_t n = sizes[si];
 
 		for (int dist = 0; dist < 4; dist++) {
 			for (size_t i = 0; i < n; i++)
-				keys[i] = dist == 0 ? (uint32_t)rnd()
+				keys[i] = dist == 0   ? (uint32_t)rnd()
 					  : dist == 1 ? (uint32_t)(rnd() % 5) << 30
 					  : dist == 2 ? 0x80000000u
 						      : (uint32_t)(rnd() % 3) * 0x01010101u;
 			memcpy(sorted, keys, n * sizeof(*keys));
 			qsort(sorted, n, sizeof(*sorted), cmp_u32);
 			for (int t = 0; t < 8; t++) {
-				size_t k = t == 0 ? 0 : t == 1 ? n - 1 : rnd() % n, less, want_less = 0;
+				size_t k = t == 0   ? 0
+					   : t == 1 ? n - 1
+						    : rnd() % n,
+				       less, want_less = 0;
 				uint32_t v = kvt_select_kth(keys, n, k, surv, hist, &less);
 
 				REQ_EQ(v, sorted[k]);
@@ -184,7 +186,7 @@ END_TEST
 
 START_TEST(test_random_vs_sort)
 {
-	const size_t sizes[] = { 1, 2, 5, 64, 1000, 20000, 40000 };
+	const size_t sizes[] = {1, 2, 5, 64, 1000, 20000, 40000};
 
 	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
 		size_t n = sizes[si];
@@ -198,7 +200,7 @@ START_TEST(test_random_vs_sort)
 			for (size_t i = 0; i < n; i++)
 				cand[i] = (uint32_t)(2 * i + (rnd() & 1));
 			for (int order = 0; order < 2; order++) {
-				const size_t ms[] = { 0, 1, n / 3, n / 2, n - 1, n, rnd() % (n + 1) };
+				const size_t ms[] = {0, 1, n / 3, n / 2, n - 1, n, rnd() % (n + 1)};
 
 				if (order)
 					shuffle(cand, n);
@@ -234,8 +236,8 @@ END_TEST
 
 START_TEST(test_ties_go_to_older)
 {
-	float score[6] = { 1, 1, 1, 1, 1, 1 };
-	uint32_t cand[6] = { 5, 3, 1, 0, 2, 4 }, out[6];
+	float score[6] = {1, 1, 1, 1, 1, 1};
+	uint32_t cand[6] = {5, 3, 1, 0, 2, 4}, out[6];
 	size_t sz = kvt_select_scratch_bytes(6);
 	void *scratch = aligned_alloc(64, sz);
 
@@ -258,8 +260,8 @@ END_TEST
 
 START_TEST(test_errors)
 {
-	float score[4] = { 0 };
-	uint32_t cand[4] = { 0, 1, 2, 3 }, out[4];
+	float score[4] = {0};
+	uint32_t cand[4] = {0, 1, 2, 3}, out[4];
 	size_t sz = kvt_select_scratch_bytes(4);
 	void *scratch = aligned_alloc(64, sz);
 

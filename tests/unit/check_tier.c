@@ -22,22 +22,22 @@
  * Check's ck_assert_* write to a pipe on every passing assertion (its "mark point"), which costs
  * a syscall each; these checks run millions of times, so they only call into Check on failure.
  */
-#define REQ(c)                                                                               \
-	do {                                                                                 \
-		if (!(c))                                                                    \
-			ck_abort_msg("%s:%d: assertion '%s' failed", __FILE__, __LINE__, #c); \
+#define REQ(c)                                                                                     \
+	do {                                                                                       \
+		if (!(c))                                                                          \
+			ck_abort_msg("%s:%d: assertion '%s' failed", __FILE__, __LINE__, #c);      \
 	} while (0)
-#define REQ_MSG(c, ...)                          \
-	do {                                     \
-		if (!(c))                        \
-			ck_abort_msg(__VA_ARGS__); \
+#define REQ_MSG(c, ...)                                                                            \
+	do {                                                                                       \
+		if (!(c))                                                                          \
+			ck_abort_msg(__VA_ARGS__);                                                 \
 	} while (0)
-#define REQ_CMP(a, op, b)                                                                   \
-	do {                                                                                \
-		long long a_ = (long long)(a), b_ = (long long)(b);                         \
-		if (!(a_ op b_))                                                            \
+#define REQ_CMP(a, op, b)                                                                          \
+	do {                                                                                       \
+		long long a_ = (long long)(a), b_ = (long long)(b);                                \
+		if (!(a_ op b_))                                                                   \
 			ck_abort_msg("%s:%d: '%s %s %s' failed: %lld vs %lld", __FILE__, __LINE__, \
-				     #a, #op, #b, a_, b_);                                  \
+				     #a, #op, #b, a_, b_);                                         \
 	} while (0)
 #define REQ_EQ(a, b) REQ_CMP(a, ==, b)
 #define REQ_LT(a, b) REQ_CMP(a, <, b)
@@ -77,23 +77,23 @@ static struct kvt_seq_params
 defaults(uint32_t t0_slots)
 {
 	return (struct kvt_seq_params){
-		.size = sizeof(struct kvt_seq_params),
-		.layers = 2,
-		.kv_heads = 2,
-		.head_dim = 16,
-		.dtype = KVT_DTYPE_F32,
-		.policy = KVT_POLICY_TIERED,
-		.score_mode = KVT_SCORE_SUM,
-		.protect_prompt = 1,
-		.delta = 64,
-		.sinks = 4,
-		.window = 128,
-		.prompt_len = 0,
-		.hbm_frac = 0.5f,
-		.evict_frac = 0.03f,
-		.t2_frac = 0.0f,
-		.t0_buf_id = t0_slots ? 1 : 0,
-		.t0_slots = t0_slots,
+	    .size = sizeof(struct kvt_seq_params),
+	    .layers = 2,
+	    .kv_heads = 2,
+	    .head_dim = 16,
+	    .dtype = KVT_DTYPE_F32,
+	    .policy = KVT_POLICY_TIERED,
+	    .score_mode = KVT_SCORE_SUM,
+	    .protect_prompt = 1,
+	    .delta = 64,
+	    .sinks = 4,
+	    .window = 128,
+	    .prompt_len = 0,
+	    .hbm_frac = 0.5f,
+	    .evict_frac = 0.03f,
+	    .t2_frac = 0.0f,
+	    .t0_buf_id = t0_slots ? 1 : 0,
+	    .t0_slots = t0_slots,
 	};
 }
 
@@ -150,7 +150,7 @@ static void
 check_invariants(const struct tseq *t)
 {
 	const struct kvt_tier_seq *s = &t->s;
-	uint32_t cnt[4] = { 0 }, n_int8 = 0, i;
+	uint32_t cnt[4] = {0}, n_int8 = 0, i;
 	const uint32_t *l1, *l2;
 	int n1, n2, k1 = 0, k2 = 0;
 
@@ -210,7 +210,8 @@ ref_tiers(const struct tseq *t, uint8_t *out)
 {
 	const struct kvt_tier_cfg *c = &t->cfg;
 	const struct kvt_tier_seq *s = &t->s;
-	uint32_t n = s->n, head = c->sinks, pre, wst, cap0 = c->t0_slots ? c->t0_slots - c->delta : 0;
+	uint32_t n = s->n, head = c->sinks, pre, wst,
+		 cap0 = c->t0_slots ? c->t0_slots - c->delta : 0;
 	uint64_t *k = malloc((n + 1) * 8), *mid = malloc((n + 1) * 8);
 	uint32_t nc = 0, np = 0, nmid = 0, e_new, t0c, t0_tot, q_tgt = 0, q_live = 0, i;
 
@@ -228,8 +229,8 @@ ref_tiers(const struct tseq *t, uint8_t *out)
 		if (prot) {
 			np++;
 			out[i] = cap0 ? (KVT_T0 | (s->tier[i] & KVT_TIER_F_INT8))
-				      : (s->tier[i] & KVT_TIER_F_INT8) ? (KVT_T2 | KVT_TIER_F_INT8)
-									: KVT_T1;
+				 : (s->tier[i] & KVT_TIER_F_INT8) ? (KVT_T2 | KVT_TIER_F_INT8)
+								  : KVT_T1;
 			continue;
 		}
 		float sc = s->score[i];
@@ -309,7 +310,7 @@ retier_checked(struct tseq *t)
 	check_invariants(t);
 	for (i = 0; i < n; i++)
 		REQ_MSG(s->tier[i] == want[i], "pos %u: tier %u, reference %u (was %u)", i,
-			      s->tier[i], want[i], before[i]);
+			s->tier[i], want[i], before[i]);
 	/* differential: staying T0 keeps its slot; only newly promoted positions are copied */
 	{
 		uint32_t np = 0, nd = 0;
@@ -333,7 +334,7 @@ retier_checked(struct tseq *t)
 				REQ_EQ(s->tier[i], KVT_T3); /* eviction is final */
 			if (before[i] & KVT_TIER_F_INT8)
 				REQ(s->tier[i] & KVT_TIER_F_INT8 ||
-					  s->tier[i] == KVT_T3); /* so is quantization */
+				    s->tier[i] == KVT_T3); /* so is quantization */
 		}
 		REQ_EQ(np, p.n_promote);
 		REQ_EQ(nd, p.n_demote);
@@ -391,13 +392,13 @@ START_TEST(test_validate)
 	struct kvt_seq_params p;
 	const char *why;
 
-#define BAD(stmt)                                                              \
-	do {                                                                   \
-		p = defaults(1024);                                            \
-		stmt;                                                          \
-		why = NULL;                                                    \
-		REQ_EQ(kvt_tier_validate(&p, &why), -EINVAL);        \
-		ck_assert_ptr_nonnull(why);                                    \
+#define BAD(stmt)                                                                                  \
+	do {                                                                                       \
+		p = defaults(1024);                                                                \
+		stmt;                                                                              \
+		why = NULL;                                                                        \
+		REQ_EQ(kvt_tier_validate(&p, &why), -EINVAL);                                      \
+		ck_assert_ptr_nonnull(why);                                                        \
 	} while (0)
 	p = defaults(1024);
 	REQ_EQ(kvt_tier_validate(&p, NULL), 0);
@@ -441,8 +442,8 @@ END_TEST
 /* Every policy, sum and mean modes, against the reference; budgets checked explicitly too. */
 START_TEST(test_policies)
 {
-	const int policies[] = { KVT_POLICY_TIERED, KVT_POLICY_H2O, KVT_POLICY_STREAMING,
-				 KVT_POLICY_FULL };
+	const int policies[] = {KVT_POLICY_TIERED, KVT_POLICY_H2O, KVT_POLICY_STREAMING,
+				KVT_POLICY_FULL};
 
 	for (size_t pi = 0; pi < 4; pi++)
 		for (int mode = 0; mode < 2; mode++)
@@ -472,7 +473,7 @@ START_TEST(test_policies)
 					REQ_EQ(t.s.n_int8, (uint32_t)floor((double)0.2f * n));
 					if (!pool_only)
 						REQ_EQ(t.s.count[KVT_T0],
-								  (uint32_t)ceil((double)0.4f * n));
+						       (uint32_t)ceil((double)0.4f * n));
 					break;
 				case KVT_POLICY_H2O:
 					/* pool-only: the protected set stays in the pool */
@@ -480,13 +481,12 @@ START_TEST(test_policies)
 					       pool_only ? 100 + 128 : 0);
 					if (!pool_only)
 						REQ_EQ(t.s.count[KVT_T0],
-								  (uint32_t)ceil(0.5 * n) < 1536 - 64
-									  ? (uint32_t)ceil(0.5 * n)
-									  : 1536 - 64);
+						       (uint32_t)ceil(0.5 * n) < 1536 - 64
+							   ? (uint32_t)ceil(0.5 * n)
+							   : 1536 - 64);
 					break;
 				case KVT_POLICY_STREAMING:
-					REQ_EQ(t.s.count[KVT_T0] + t.s.count[KVT_T1],
-							  100 + 128);
+					REQ_EQ(t.s.count[KVT_T0] + t.s.count[KVT_T1], 100 + 128);
 					break;
 				default:
 					REQ_EQ(t.s.count[KVT_T3], 0);
@@ -572,7 +572,7 @@ START_TEST(test_api_errors)
 	struct kvt_seq_params p = defaults(256);
 	struct tseq t;
 	struct kvt_tier_plan plan;
-	uint32_t slots[3] = { 0, 1, 1 }, bad = 256;
+	uint32_t slots[3] = {0, 1, 1}, bad = 256;
 	float v = NAN;
 	const uint32_t *l;
 	uint32_t out[8];
@@ -581,7 +581,7 @@ START_TEST(test_api_errors)
 	p.window = 16;
 	tseq_open(&t, &p, 64);
 	REQ_EQ(kvt_tier_append(&t.s, 3, slots), -EBUSY); /* slot named twice */
-	REQ_EQ(t.s.slot_pos[0], -1);			    /* rolled back */
+	REQ_EQ(t.s.slot_pos[0], -1);			 /* rolled back */
 	REQ_EQ(kvt_tier_append(&t.s, 1, &bad), -EINVAL);
 	REQ_EQ(kvt_tier_append(&t.s, 0, NULL), -EINVAL);
 	REQ_EQ(kvt_tier_append(&t.s, 65, NULL), -ENOSPC);
@@ -589,7 +589,7 @@ START_TEST(test_api_errors)
 	REQ_EQ(kvt_tier_append(&t.s, 1, &slots[1]), -EBUSY);
 	REQ_EQ(kvt_tier_append(&t.s, 5, NULL), 2);
 	REQ_EQ(t.s.n, 7);
-	REQ_EQ(kvt_tier_score_add(&t.s, 6, 2, (const float []){ 1, 2 }), -EINVAL);
+	REQ_EQ(kvt_tier_score_add(&t.s, 6, 2, (const float[]){1, 2}), -EINVAL);
 	REQ_EQ(kvt_tier_score_add(&t.s, 0, 1, &v), -EINVAL);
 	v = INFINITY;
 	REQ_EQ(kvt_tier_score_add(&t.s, 0, 1, &v), -EINVAL);
@@ -660,10 +660,10 @@ END_TEST
 
 /* ---- Proposition 1 ---------------------------------------------------------------------- */
 
-#define P1_L 2
-#define P1_H 2
-#define P1_D 16
-#define P1_ROW (P1_H * P1_D)	    /* floats per row */
+#define P1_L   2
+#define P1_H   2
+#define P1_D   16
+#define P1_ROW (P1_H * P1_D)	   /* floats per row */
 #define P1_TOK (P1_L * 2 * P1_ROW) /* floats per token */
 
 /* One (layer, head) attention: softmax(q K^T / sqrt(D)) V over @m rows, in the given order. */
@@ -730,8 +730,9 @@ p1_retier(struct p1 *x)
 		uint32_t pos = pl.quant_pos[i];
 
 		REQ_EQ(kvt_quant_rows(KVT_DTYPE_F32, P1_H, P1_D, x->pool + (size_t)pos * P1_TOK,
-						P1_ROW * 4, P1_L * 2, x->codes + (size_t)pos * P1_TOK,
-						x->qscale + (size_t)pos * P1_L * 2 * P1_H), 0);
+				      P1_ROW * 4, P1_L * 2, x->codes + (size_t)pos * P1_TOK,
+				      x->qscale + (size_t)pos * P1_L * 2 * P1_H),
+		       0);
 		poison(x->pool + (size_t)pos * P1_TOK, P1_TOK); /* the T1 slot is freed */
 	}
 	for (i = 0; i < pl.n_demote; i++) /* no copy; the slot content is dead from now on */
@@ -740,20 +741,21 @@ p1_retier(struct p1 *x)
 	if (pl.n_promote_t1) {
 		float *buf = malloc((size_t)pl.n_promote_t1 * P1_TOK * 4);
 
-		REQ_EQ(kvt_gather_rows(buf, x->pool, P1_TOK * 4, pl.promote_pos,
-						 pl.n_promote_t1, P1_TOK * 4), 0);
+		REQ_EQ(kvt_gather_rows(buf, x->pool, P1_TOK * 4, pl.promote_pos, pl.n_promote_t1,
+				       P1_TOK * 4),
+		       0);
 		for (i = 0; i < pl.n_promote_t1; i++)
-			memcpy(x->t0 + (size_t)pl.promote_slot[i] * P1_TOK, buf + (size_t)i * P1_TOK,
-			       P1_TOK * 4);
+			memcpy(x->t0 + (size_t)pl.promote_slot[i] * P1_TOK,
+			       buf + (size_t)i * P1_TOK, P1_TOK * 4);
 		free(buf);
 	}
 	for (i = pl.n_promote_t1; i < pl.n_promote; i++) {
 		uint32_t pos = pl.promote_pos[i];
 
 		REQ_EQ(kvt_dequant_rows(KVT_DTYPE_F32, P1_H, P1_D, x->codes + (size_t)pos * P1_TOK,
-						  x->qscale + (size_t)pos * P1_L * 2 * P1_H, P1_L * 2,
-						  x->t0 + (size_t)pl.promote_slot[i] * P1_TOK, P1_ROW * 4),
-				 0);
+					x->qscale + (size_t)pos * P1_L * 2 * P1_H, P1_L * 2,
+					x->t0 + (size_t)pl.promote_slot[i] * P1_TOK, P1_ROW * 4),
+		       0);
 	}
 	for (i = 0; i < pl.n_evict; i++)
 		poison(x->pool + (size_t)pl.evict_pos[i] * P1_TOK, P1_TOK);
@@ -811,14 +813,17 @@ p1_step(struct p1 *x, int exact)
 				size_t row = (size_t)pos * P1_L * 2 + (size_t)l * 2 + (size_t)kv;
 
 				if (s->tier[pos] & KVT_TIER_F_INT8)
-					REQ_EQ(kvt_dequant_rows(KVT_DTYPE_F32, P1_H, P1_D,
-									  x->codes + row * P1_ROW,
-									  x->qscale + row * P1_H, 1,
-									  st + (size_t)i * P1_ROW, P1_ROW * 4), 0);
+					REQ_EQ(kvt_dequant_rows(
+						   KVT_DTYPE_F32, P1_H, P1_D,
+						   x->codes + row * P1_ROW, x->qscale + row * P1_H,
+						   1, st + (size_t)i * P1_ROW, P1_ROW * 4),
+					       0);
 				else
-					REQ_EQ(kvt_gather_rows(st + (size_t)i * P1_ROW,
-									 x->pool + ((size_t)l * 2 + kv) * P1_ROW,
-									 P1_TOK * 4, &pos, 1, P1_ROW * 4), 0);
+					REQ_EQ(
+					    kvt_gather_rows(st + (size_t)i * P1_ROW,
+							    x->pool + ((size_t)l * 2 + kv) * P1_ROW,
+							    P1_TOK * 4, &pos, 1, P1_ROW * 4),
+					    0);
 			}
 		}
 		/* client order: merge slot contents and staged rows by position */
@@ -859,7 +864,7 @@ p1_step(struct p1 *x, int exact)
 				wsum[cpos[i]] += logit[i] / (P1_L * P1_H);
 			if (exact)
 				REQ_MSG(!memcmp(oc, orf, sizeof(oc)),
-					      "attention differs at n=%u layer %d head %d", n, l, h);
+					"attention differs at n=%u layer %d head %d", n, l, h);
 			for (int d = 0; d < P1_D; d++) {
 				e2 += (double)(oc[d] - orf[d]) * (oc[d] - orf[d]);
 				r2 += (double)orf[d] * orf[d];
@@ -886,7 +891,7 @@ static double
 p1_run(float hbm, float evict, float t2, int exact, double *ret_worst)
 {
 	struct kvt_seq_params p = defaults(512);
-	struct p1 x = { .cap = 64 + 640 };
+	struct p1 x = {.cap = 64 + 640};
 	double worst = 0.0;
 
 	p.delta = 16;
@@ -931,7 +936,7 @@ p1_run(float hbm, float evict, float t2, int exact, double *ret_worst)
 
 START_TEST(test_prop1_exact)
 {
-	const float hbm[] = { 0.1f, 0.3f, 0.5f, 0.7f, 1.0f };
+	const float hbm[] = {0.1f, 0.3f, 0.5f, 0.7f, 1.0f};
 
 	/* evict_frac = 0, t2_frac = 0: equal to attention over the full cache, bit for bit */
 	for (size_t i = 0; i < sizeof(hbm) / sizeof(hbm[0]); i++)
@@ -943,13 +948,14 @@ END_TEST
 
 START_TEST(test_prop1_t2_error)
 {
-	const float t2[] = { 0.2f, 0.5f };
+	const float t2[] = {0.2f, 0.5f};
 
 	for (size_t i = 0; i < 2; i++) {
 		double worst, e = p1_run(0.3f, 0.0f, t2[i], 0, &worst);
 
 		printf("check_tier: T2 on (hbm 0.3, t2_frac %.1f, per-head int8): relative L2 "
-		       "attention error %.3e overall, %.3e worst single output\n", t2[i], e, worst);
+		       "attention error %.3e overall, %.3e worst single output\n",
+		       t2[i], e, worst);
 		/* int8 codes carry ~0.4%% of a head's max per element; outputs average many rows */
 		REQ_MSG(e < 1e-2, "relative error %g", e);
 		REQ_MSG(worst < 1e-1, "worst relative error %g", worst);

@@ -18,8 +18,7 @@ struct baseline_in {
 };
 
 /* Writes the target tier (0..3, no int8 flag) of every position to @out_tier[n]. */
-void
-baseline_retier(const struct baseline_in *in, uint8_t *out_tier);
+void baseline_retier(const struct baseline_in *in, uint8_t *out_tier);
 
 #ifdef __cplusplus
 }

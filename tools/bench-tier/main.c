@@ -94,16 +94,26 @@ bench_retier(uint32_t n, int reps, struct retier_result *res)
 {
 	uint32_t cap = n + (uint32_t)(reps + 2) * DELTA, t0_slots = cap / 2 + 4 * DELTA;
 	struct kvt_seq_params p = {
-		.size = sizeof(p), .policy = KVT_POLICY_TIERED, .score_mode = KVT_SCORE_SUM,
-		.protect_prompt = 1, .delta = DELTA, .sinks = 4, .window = 128, .prompt_len = 512,
-		.hbm_frac = 0.5f, .evict_frac = 0.03f, .t2_frac = 0.0f, .t0_buf_id = 1,
-		.t0_slots = t0_slots,
+	    .size = sizeof(p),
+	    .policy = KVT_POLICY_TIERED,
+	    .score_mode = KVT_SCORE_SUM,
+	    .protect_prompt = 1,
+	    .delta = DELTA,
+	    .sinks = 4,
+	    .window = 128,
+	    .prompt_len = 512,
+	    .hbm_frac = 0.5f,
+	    .evict_frac = 0.03f,
+	    .t2_frac = 0.0f,
+	    .t0_buf_id = 1,
+	    .t0_slots = t0_slots,
 	};
 	struct kvt_tier_cfg cfg;
 	struct kvt_tier_seq s;
 	struct kvt_tier_plan plan;
 	const char *why = "";
-	size_t seq_sz = kvt_tier_seq_bytes(cap, t0_slots), ws_sz = kvt_tier_ws_bytes(cap, t0_slots, DELTA);
+	size_t seq_sz = kvt_tier_seq_bytes(cap, t0_slots),
+	       ws_sz = kvt_tier_ws_bytes(cap, t0_slots, DELTA);
 	void *mem = xalloc(seq_sz), *ws = xalloc(ws_sz);
 	float *add = xalloc((size_t)cap * 4);
 	uint8_t *want = xalloc(cap);
@@ -111,7 +121,8 @@ bench_retier(uint32_t n, int reps, struct retier_result *res)
 	double *ratio = calloc(reps, sizeof(double));
 	uint32_t i;
 
-	if (kvt_tier_cfg_init(&p, &cfg, &why) < 0 || kvt_tier_seq_init(&s, mem, seq_sz, cap, t0_slots) < 0) {
+	if (kvt_tier_cfg_init(&p, &cfg, &why) < 0 ||
+	    kvt_tier_seq_init(&s, mem, seq_sz, cap, t0_slots) < 0) {
 		fprintf(stderr, "kvtier-bench-tier: bad setup: %s\n", why);
 		exit(1);
 	}
@@ -132,17 +143,25 @@ bench_retier(uint32_t n, int reps, struct retier_result *res)
 			add[i] = (float)(-log(unif()) * 0.02);
 		kvt_tier_score_add(&s, 0, s.n, add);
 
-		in = (struct baseline_in){ .n = s.n, .t0_slots = t0_slots, .delta = DELTA,
-					   .sinks = p.sinks, .window = p.window,
-					   .prompt_len = p.prompt_len, .protect_prompt = 1,
-					   .evicted = s.count[KVT_T3], .hbm_frac = p.hbm_frac,
-					   .evict_frac = p.evict_frac, .score = s.score, .tier = s.tier };
+		in = (struct baseline_in){.n = s.n,
+					  .t0_slots = t0_slots,
+					  .delta = DELTA,
+					  .sinks = p.sinks,
+					  .window = p.window,
+					  .prompt_len = p.prompt_len,
+					  .protect_prompt = 1,
+					  .evicted = s.count[KVT_T3],
+					  .hbm_frac = p.hbm_frac,
+					  .evict_frac = p.evict_frac,
+					  .score = s.score,
+					  .tier = s.tier};
 		t = now_us();
 		baseline_retier(&in, want);
 		t_base[r] = now_us() - t;
 
 		t = now_us();
-		if (kvt_tier_plan(&cfg, &s, ws, ws_sz, &plan) < 0 || kvt_tier_commit(&s, &plan) < 0) {
+		if (kvt_tier_plan(&cfg, &s, ws, ws_sz, &plan) < 0 ||
+		    kvt_tier_commit(&s, &plan) < 0) {
 			fprintf(stderr, "kvtier-bench-tier: retier failed\n");
 			exit(1);
 		}
@@ -150,8 +169,10 @@ bench_retier(uint32_t n, int reps, struct retier_result *res)
 		ratio[r] = t_base[r] / t_ours[r];
 		for (i = 0; i < s.n; i++)
 			if ((s.tier[i] & KVT_TIER_MASK) != want[i]) {
-				fprintf(stderr, "kvtier-bench-tier: baseline and engine disagree at "
-						"n=%u pos %u (%u vs %u)\n", s.n, i, s.tier[i], want[i]);
+				fprintf(stderr,
+					"kvtier-bench-tier: baseline and engine disagree at "
+					"n=%u pos %u (%u vs %u)\n",
+					s.n, i, s.tier[i], want[i]);
 				exit(1);
 			}
 	}
@@ -172,9 +193,9 @@ bench_retier(uint32_t n, int reps, struct retier_result *res)
 
 /* 7B-class geometry: 32 layers, 8 KV heads, head_dim 128, f16: 128 KiB per token. */
 #define TRACE_TOKEN_BYTES (32ull * 2 * 8 * 128 * 2)
-#define TRACE_PROMPT 512
-#define TRACE_STEPS 16384
-#define TRACE_ANCHORS 8
+#define TRACE_PROMPT	  512
+#define TRACE_STEPS	  16384
+#define TRACE_ANCHORS	  8
 
 struct trace_result {
 	uint64_t diff_bytes, full_bytes;
@@ -186,21 +207,32 @@ bench_trace(struct trace_result *res)
 {
 	const uint32_t cap = TRACE_PROMPT + TRACE_STEPS, t0_slots = cap / 2 + 2 * DELTA;
 	struct kvt_seq_params p = {
-		.size = sizeof(p), .policy = KVT_POLICY_TIERED, .score_mode = KVT_SCORE_SUM,
-		.protect_prompt = 1, .delta = DELTA, .sinks = 4, .window = 128,
-		.prompt_len = TRACE_PROMPT, .hbm_frac = 0.5f, .evict_frac = 0.03f, .t2_frac = 0.0f,
-		.t0_buf_id = 1, .t0_slots = t0_slots,
+	    .size = sizeof(p),
+	    .policy = KVT_POLICY_TIERED,
+	    .score_mode = KVT_SCORE_SUM,
+	    .protect_prompt = 1,
+	    .delta = DELTA,
+	    .sinks = 4,
+	    .window = 128,
+	    .prompt_len = TRACE_PROMPT,
+	    .hbm_frac = 0.5f,
+	    .evict_frac = 0.03f,
+	    .t2_frac = 0.0f,
+	    .t0_buf_id = 1,
+	    .t0_slots = t0_slots,
 	};
 	struct kvt_tier_cfg cfg;
 	struct kvt_tier_seq s;
 	struct kvt_tier_plan plan;
-	size_t seq_sz = kvt_tier_seq_bytes(cap, t0_slots), ws_sz = kvt_tier_ws_bytes(cap, t0_slots, DELTA);
+	size_t seq_sz = kvt_tier_seq_bytes(cap, t0_slots),
+	       ws_sz = kvt_tier_ws_bytes(cap, t0_slots, DELTA);
 	void *mem = xalloc(seq_sz), *ws = xalloc(ws_sz);
 	float *acc = xalloc((size_t)cap * 4);
 	uint32_t anchor[TRACE_ANCHORS], i, used = 0;
 	const char *why = "";
 
-	if (kvt_tier_cfg_init(&p, &cfg, &why) < 0 || kvt_tier_seq_init(&s, mem, seq_sz, cap, t0_slots) < 0) {
+	if (kvt_tier_cfg_init(&p, &cfg, &why) < 0 ||
+	    kvt_tier_seq_init(&s, mem, seq_sz, cap, t0_slots) < 0) {
 		fprintf(stderr, "kvtier-bench-tier: bad trace setup: %s\n", why);
 		exit(1);
 	}
@@ -220,15 +252,16 @@ bench_trace(struct trace_result *res)
 		kvt_tier_append(&s, 1, &plan.free_slot[used++]);
 		n = s.n;
 		/*
-		 * Attention of this step: 0.2 on the sinks, 0.4 on the recent tokens (decaying), 0.3
-		 * on a few anchors and their neighbours; an anchor jumps to a uniformly random old
-		 * token with probability 1/16 per step (unpredictable revisits). The last 0.1 is
-		 * spread as noise over all tokens once per epoch below.
+		 * Attention of this step: 0.2 on the sinks, 0.4 on the recent tokens (decaying),
+		 * 0.3 on a few anchors and their neighbours; an anchor jumps to a uniformly random
+		 * old token with probability 1/16 per step (unpredictable revisits). The last 0.1
+		 * is spread as noise over all tokens once per epoch below.
 		 */
 		for (i = 0; i < 4; i++)
 			acc[i] += 0.05f;
 		for (i = 0; i < 64 && i < n; i++)
-			acc[n - 1 - i] += 0.4f * (1.0f - expf(-1.0f / 16.0f)) * expf(-(float)i / 16.0f);
+			acc[n - 1 - i] +=
+			    0.4f * (1.0f - expf(-1.0f / 16.0f)) * expf(-(float)i / 16.0f);
 		if (rnd() % 16 == 0)
 			anchor[rnd() % TRACE_ANCHORS] = (uint32_t)(rnd() % n);
 		for (i = 0; i < TRACE_ANCHORS; i++) {
@@ -262,10 +295,10 @@ bench_trace(struct trace_result *res)
 
 /* ---- 3. quantize / dequantize vs memcpy ------------------------------------------------- */
 
-#define Q_HEADS 8
-#define Q_DIM 128
+#define Q_HEADS	    8
+#define Q_DIM	    128
 #define Q_ROW_BYTES (Q_HEADS * Q_DIM * 2) /* f16 */
-#define Q_BYTES (128u << 20)		  /* 4x the L3 of the test machine */
+#define Q_BYTES	    (128u << 20)	  /* 4x the L3 of the test machine */
 
 /*
  * Ratios are medians of per-repetition ratios (each repetition times the kernels back to back),
@@ -294,10 +327,12 @@ bench_quant(int reps, struct quant_result *res)
 		memcpy(cpy, src, Q_BYTES);
 		tm[r] = now_us() - t;
 		t = now_us();
-		kvt_quant_rows(KVT_DTYPE_F16, Q_HEADS, Q_DIM, src, Q_ROW_BYTES, rows, codes, scales);
+		kvt_quant_rows(KVT_DTYPE_F16, Q_HEADS, Q_DIM, src, Q_ROW_BYTES, rows, codes,
+			       scales);
 		tq[r] = now_us() - t;
 		t = now_us();
-		kvt_dequant_rows(KVT_DTYPE_F16, Q_HEADS, Q_DIM, codes, scales, rows, dst, Q_ROW_BYTES);
+		kvt_dequant_rows(KVT_DTYPE_F16, Q_HEADS, Q_DIM, codes, scales, rows, dst,
+				 Q_ROW_BYTES);
 		td[r] = now_us() - t;
 		rq[r] = tm[r] / tq[r];
 		rd[r] = tm[r] / td[r];
@@ -324,7 +359,7 @@ bench_quant(int reps, struct quant_result *res)
 
 /* ---- 4. gather of 256-byte rows vs streaming read --------------------------------------- */
 
-#define G_ROW 256
+#define G_ROW	    256
 #define G_SRC_BYTES (256ull << 20)
 #define G_OUT_BYTES (64ull << 20)
 
@@ -364,7 +399,8 @@ bench_gather(int reps, struct gather_result *res)
 	for (int r = 0; r < reps; r++) {
 		double t;
 		/* the read covers a region the gathers did not just touch */
-		const uint64_t *rd = (const uint64_t *)(src + (r % 2 ? 0 : G_SRC_BYTES - G_OUT_BYTES));
+		const uint64_t *rd =
+		    (const uint64_t *)(src + (r % 2 ? 0 : G_SRC_BYTES - G_OUT_BYTES));
 
 		/* FETCH-shaped: a random quarter of the rows, in ascending order (T1 lists are
 		 * ascending positions) */
@@ -430,7 +466,7 @@ verdict(double v, double target)
 int
 main(int argc, char **argv)
 {
-	static const uint32_t sizes[] = { 32u << 10, 128u << 10, 1u << 20 };
+	static const uint32_t sizes[] = {32u << 10, 128u << 10, 1u << 20};
 	struct retier_result rt[3];
 	struct trace_result tr;
 	struct quant_result q;
@@ -464,16 +500,19 @@ main(int argc, char **argv)
 
 	if (json) {
 		printf("{\"simd\":\"%s\",\"reps\":%d", kvt_simd_name(kvt_simd_level()), reps);
-		printf(",\"retier_us_32k\":%.1f,\"nth_sort_us_32k\":%.1f", rt[0].ours_us, rt[0].base_us);
-		printf(",\"retier_us_128k\":%.1f,\"nth_sort_us_128k\":%.1f", rt[1].ours_us, rt[1].base_us);
-		printf(",\"retier_us_1m\":%.1f,\"nth_sort_us_1m\":%.1f", rt[2].ours_us, rt[2].base_us);
+		printf(",\"retier_us_32k\":%.1f,\"nth_sort_us_32k\":%.1f", rt[0].ours_us,
+		       rt[0].base_us);
+		printf(",\"retier_us_128k\":%.1f,\"nth_sort_us_128k\":%.1f", rt[1].ours_us,
+		       rt[1].base_us);
+		printf(",\"retier_us_1m\":%.1f,\"nth_sort_us_1m\":%.1f", rt[2].ours_us,
+		       rt[2].base_us);
 		printf(",\"retier_speedup_1m\":%.2f", rt[2].speedup);
 		printf(",\"diff_prefetch_bytes\":%llu,\"full_prefetch_bytes\":%llu",
 		       (unsigned long long)tr.diff_bytes, (unsigned long long)tr.full_bytes);
 		printf(",\"prefetch_ratio\":%.2f,\"trace_epochs\":%u,\"trace_tokens\":%u", pf_ratio,
 		       tr.epochs, tr.n_final);
-		printf(",\"quant_gbps\":%.2f,\"dequant_gbps\":%.2f,\"memcpy_gbps\":%.2f", q.quant_gbps,
-		       q.dequant_gbps, q.memcpy_gbps);
+		printf(",\"quant_gbps\":%.2f,\"dequant_gbps\":%.2f,\"memcpy_gbps\":%.2f",
+		       q.quant_gbps, q.dequant_gbps, q.memcpy_gbps);
 		printf(",\"quant_vs_memcpy\":%.2f,\"dequant_vs_memcpy\":%.2f", q.quant_ratio,
 		       q.dequant_ratio);
 		printf(",\"gather_gbps\":%.2f,\"gather_random_gbps\":%.2f,\"read_gbps\":%.2f",
@@ -494,9 +533,10 @@ main(int argc, char **argv)
 		       i == 2 ? (rt[i].speedup >= 2.0 ? "  (target >= 2x: ok)"
 						      : "  (target >= 2x: BELOW TARGET)")
 			      : "");
-	printf("\nprefetch bytes, decode trace of %u tokens, %u epochs, 128 KiB/token\n", tr.n_final,
-	       tr.epochs);
-	printf("  differential %14llu\n  full T0      %14llu\n  ratio        %13.1fx  (target >= 5x: %s)\n",
+	printf("\nprefetch bytes, decode trace of %u tokens, %u epochs, 128 KiB/token\n",
+	       tr.n_final, tr.epochs);
+	printf("  differential %14llu\n  full T0      %14llu\n  ratio        %13.1fx  (target >= "
+	       "5x: %s)\n",
 	       (unsigned long long)tr.diff_bytes, (unsigned long long)tr.full_bytes, pf_ratio,
 	       verdict(pf_ratio, 5.0));
 	printf("\nint8 rows (f16, 8 heads x 128), %u MiB, GB/s of f16 bytes\n", Q_BYTES >> 20);
@@ -508,8 +548,8 @@ main(int argc, char **argv)
 	printf("\ngather of 256-byte rows, %llu MiB out of %llu MiB\n", G_OUT_BYTES >> 20,
 	       G_SRC_BYTES >> 20);
 	printf("  stream read            %7.2f GB/s\n", g.read_gbps);
-	printf("  memcpy, same bytes     %7.2f GB/s  %.2fx read (a read+write bound)\n", g.copy_gbps,
-	       g.copy_ratio);
+	printf("  memcpy, same bytes     %7.2f GB/s  %.2fx read (a read+write bound)\n",
+	       g.copy_gbps, g.copy_ratio);
 	printf("  gather, ascending rows %7.2f GB/s  %.2fx read (target >= 0.5x: %s)\n",
 	       g.gather_gbps, g.gather_ratio, verdict(g.gather_ratio, 0.5));
 	printf("  gather, random order   %7.2f GB/s  %.2fx read (worst case, same target: %s)\n",
