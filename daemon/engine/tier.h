@@ -207,7 +207,8 @@ size_t kvt_tier_ws_bytes(uint32_t n, uint32_t t0_slots, uint32_t delta);
  * Eviction is applied first, so the T0 and int8 budgets only see what survives it. Positions
  * already in T0 that stay in T0 keep their slot; promotions fill the lowest free slots after
  * the demotions, then free_slot lists the next delta free slots.
- * Return: 0, or -EINVAL (NULL, t0_slots mismatch, workspace too small or misaligned). O(n)
+ * Return: 0, or -EINVAL (NULL, t0_slots mismatch, workspace too small or misaligned, or a cfg
+ * not from kvt_tier_cfg_init() whose delta or protected set does not fit in t0_slots). O(n)
  * time; no allocation.
  */
 int kvt_tier_plan(const struct kvt_tier_cfg *cfg, const struct kvt_tier_seq *s, void *ws,
