@@ -772,6 +772,56 @@ kvt_seq_stat(struct kvt_client *c, uint32_t seq, struct kvt_seq_stat *ret_stat)
 	return r;
 }
 
+KVT_EXPORT int
+kvt_retier(struct kvt_client *c, uint32_t seq, void *out, uint64_t out_len)
+{
+	struct kvt_sqe *e;
+	int r;
+
+	if (out_len > c->arena_size)
+		out_len = c->arena_size;
+	if (out_len > UINT32_MAX)
+		out_len = UINT32_MAX & ~7u;
+	e = sync_sqe(c, KVT_OP_RETIER, seq, 1, &r);
+	if (!e)
+		return r;
+	e->arena_len = (uint32_t)out_len;
+	r = run_one(c, e, NULL);
+	if (r > 0)
+		memcpy(out, c->arena, (size_t)r);
+	return r;
+}
+
+KVT_EXPORT int
+kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer0, uint32_t nlayers,
+	  uint32_t stage_row, uint32_t *pos, uint32_t count)
+{
+	uint64_t len = (uint64_t)count * sizeof(uint32_t);
+	struct kvt_sqe *e;
+	int r;
+
+	if (len > c->arena_size)
+		len = c->arena_size & ~3ull; /* as many positions as the arena holds */
+	if ((flags & KVT_FETCH_F_LIST) && len != (uint64_t)count * sizeof(uint32_t))
+		return -E2BIG;
+	e = sync_sqe(c, KVT_OP_FETCH, seq, 1, &r);
+	if (!e)
+		return r;
+	if (flags & KVT_FETCH_F_LIST) {
+		memcpy(c->arena, pos, len);
+		e->count = count;
+	}
+	e->op_flags = (uint16_t)flags;
+	e->arena_len = (uint32_t)len;
+	e->arg0 = layer0;
+	e->arg1 = nlayers;
+	e->arg2 = stage_row;
+	r = run_one(c, e, NULL);
+	if (r > 0 && !(flags & KVT_FETCH_F_LIST))
+		memcpy(pos, c->arena, (size_t)r * sizeof(uint32_t));
+	return r;
+}
+
 KVT_EXPORT const char *
 kvt_strerror(int err)
 {

@@ -55,7 +55,7 @@ op_seq_open(struct kvtd_session *s, const struct kvt_sqe *e)
 static int
 op_append(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
 {
-	uint64_t first = q->n, len;
+	uint64_t first = q->ts.n, len;
 	const void *src;
 	int64_t r;
 
@@ -93,23 +93,43 @@ op_score_add(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q
 		return -EINVAL;
 	if (e->arena_len != (uint64_t)e->count * sizeof(float))
 		return -EINVAL;
-	if (e->arg0 > q->n || e->count > q->n - e->arg0)
-		return -EINVAL;
 	v = arena_range(s, e->arena_off, e->arena_len, 4);
 	if (!v)
 		return -EINVAL;
-	for (uint32_t i = 0; i < e->count; i++) {
-		float x = v[i];
+	return kvtd_seq_score_add(q, e->arg0, e->count, v);
+}
 
-		/* A NaN or negative weight is not an attention weight: refuse the whole add. */
-		if (!(x >= 0.0f) || x > 1e30f)
-			return -EINVAL;
-	}
-	for (uint32_t i = 0; i < e->count; i++) {
-		q->score[e->arg0 + i] += v[i];
-		q->score_total += v[i];
-	}
-	return 0;
+static int
+op_retier(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
+{
+	uint32_t changes = 0;
+	void *out;
+	int r;
+
+	if (e->op_flags || !unused_zero(e, 1, 0, 0, 0))
+		return -EINVAL;
+	out = arena_range(s, e->arena_off, e->arena_len, 8);
+	if (!out)
+		return -EINVAL;
+	r = kvtd_seq_retier(s, q, out, e->arena_len, &changes);
+	c->aux[0] = changes;
+	return r;
+}
+
+static int
+op_fetch(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q)
+{
+	void *list;
+
+	if (e->buf_id || e->arg0 > UINT32_MAX || e->arg1 > UINT32_MAX || (e->arena_len & 3))
+		return -EINVAL;
+	if ((e->op_flags & KVT_FETCH_F_LIST) ? e->arena_len != (uint64_t)e->count * 4 : e->count != 0)
+		return -EINVAL;
+	list = arena_range(s, e->arena_off, e->arena_len, 4);
+	if (!list)
+		return -EINVAL;
+	return kvtd_seq_fetch(s, q, e->op_flags, (uint32_t)e->arg0, (uint32_t)e->arg1, e->arg2,
+			      list, e->arena_len / 4, e->count);
 }
 
 static int
@@ -126,9 +146,10 @@ op_seq_stat(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q)
 	memset(&st, 0, sizeof(st));
 	st.size = sizeof(st);
 	st.seq = q->id;
-	st.n_tokens = q->n;
-	memcpy(st.tier_count, q->tier_count, sizeof(st.tier_count));
-	st.pool_bytes = (q->n - q->tier_count[KVTD_T3]) * kvtd_pool_slot_size(&s->d->pool, q->cls);
+	st.n_tokens = q->ts.n;
+	for (int t = 0; t < 4; t++)
+		st.tier_count[t] = q->ts.count[t];
+	st.pool_bytes = kvtd_seq_pool_bytes(s, q);
 	st.bytes_in = q->bytes_in;
 	st.bytes_out = q->bytes_out;
 	st.score_total = q->score_total;
@@ -158,12 +179,12 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 	case KVT_OP_SEQ_CLOSE:
 	case KVT_OP_APPEND:
 	case KVT_OP_SCORE_ADD:
-	case KVT_OP_SEQ_STAT:
-		break;
 	case KVT_OP_RETIER:
 	case KVT_OP_FETCH:
+	case KVT_OP_SEQ_STAT:
+		break;
 	case KVT_OP_TOPK:
-		r = -EOPNOTSUPP; /* numbers reserved; handlers land with the tiering and retrieval engines */
+		r = -EOPNOTSUPP; /* reserved; the handler lands with the retrieval engine */
 		goto out;
 	default:
 		r = -EINVAL;
@@ -189,6 +210,12 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 		break;
 	case KVT_OP_SCORE_ADD:
 		r = op_score_add(s, e, q);
+		break;
+	case KVT_OP_RETIER:
+		r = op_retier(s, e, q, c);
+		break;
+	case KVT_OP_FETCH:
+		r = op_fetch(s, e, q);
 		break;
 	default: /* KVT_OP_SEQ_STAT */
 		r = op_seq_stat(s, e, q);

@@ -1,4 +1,12 @@
 /* SPDX-License-Identifier: MIT */
+/*
+ * seq.c - sequences: the daemon side of APPEND, SCORE_ADD, RETIER and FETCH. The tier engine
+ * (engine/tier.h) decides; this file owns the pool slots and moves the rows.
+ *
+ * Pool slot of a position: a T1 slot (token_bytes, the rows as appended) or, once quantized, a
+ * T2 slot (q_bytes: 2L*H*D int8 codes, then 2L*H f32 scales, one per (layer, K|V, head)). The
+ * hierarchy is inclusive: a T0 position keeps its pool slot, so demotion never copies.
+ */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
@@ -8,13 +16,16 @@
 #include "kvt_dev.h"
 #include "kvtd.h"
 #include "log.h"
+#include "quant.h"
 #include "seq.h"
 #include "session.h"
 
-static int
-frac_ok(float f)
+#define COPY_BATCH 256 /* rows per device copy call */
+
+static struct kvtd_acct *
+uid_acct(struct kvtd_session *s)
 {
-	return f >= 0.0f && f <= 1.0f; /* false for NaN too */
+	return s->uid_ent ? &s->uid_ent->acct : NULL;
 }
 
 /*
@@ -38,6 +49,7 @@ region_fits(uint64_t buf_size, uint64_t base, uint64_t layers, uint64_t layer_st
 	return end <= buf_size;
 }
 
+/* Geometry and layout; the tiering fields are the engine's to check (kvt_tier_cfg_init()). */
 static int
 params_check(const struct kvt_seq_params *p, const char **why)
 {
@@ -56,37 +68,116 @@ params_check(const struct kvt_seq_params *p, const char **why)
 		*why = "head_dim out of range";
 	else if (p->dtype >= KVT_DTYPE__COUNT)
 		*why = "unknown dtype";
-	else if (p->policy >= KVT_POLICY__COUNT)
-		*why = "unknown policy";
-	else if (p->score_mode >= KVT_SCORE__COUNT)
-		*why = "unknown score_mode";
-	else if (p->protect_prompt > 1)
-		*why = "protect_prompt must be 0 or 1";
-	else if (!p->delta)
-		*why = "delta must be >= 1";
-	else if (!frac_ok(p->hbm_frac) || !frac_ok(p->evict_frac) || !frac_ok(p->t2_frac))
-		*why = "hbm_frac, evict_frac and t2_frac must lie in [0, 1]";
-	else if (p->t0_buf_id && !p->t0_slots)
-		*why = "t0_slots must be > 0 with a T0 region";
-	else if (p->t0_buf_id && p->window > p->t0_slots)
-		*why = "window larger than t0_slots";
-	else if (p->t0_buf_id && p->delta >= p->t0_slots)
-		*why = "delta must be smaller than t0_slots";
 	else if (p->stage_buf_id && !p->stage_slots)
 		*why = "stage_slots must be > 0 with a staging region";
+	else if (!p->t0_buf_id && p->t0_slots)
+		*why = "t0_slots without a T0 region";
 	return *why ? -EINVAL : 0;
+}
+
+static struct kvt_dev_buf *
+region_get(struct kvtd_session *s, uint32_t id, uint64_t base, const struct kvt_seq_params *p,
+	   uint64_t layer_stride, uint64_t kv_stride, uint32_t slots, uint64_t slot_stride,
+	   uint64_t row_bytes, int *ret_err)
+{
+	struct kvt_dev_buf *b = kvtd_session_buf(s, id);
+
+	if (!b) {
+		*ret_err = -ENOENT;
+		return NULL;
+	}
+	if (!region_fits(kvt_dev_buf_size(b), base, p->layers, layer_stride, kv_stride, slots,
+			 slot_stride, row_bytes)) {
+		*ret_err = -ERANGE;
+		return NULL;
+	}
+	kvt_dev_buf_get(b);
+	return b;
+}
+
+/* Grow the per-position state to hold @need positions. */
+static int
+seq_ensure_cap(struct kvtd_seq *q, uint64_t need)
+{
+	struct kvt_tier_seq nts;
+	uint64_t cap = q->ts.cap ? q->ts.cap : 1024;
+	size_t size;
+	void *mem, *slot;
+	int r;
+
+	if (need <= q->ts.cap && q->ts_mem)
+		return 0;
+	if (need > KVT_TIER_MAX_CAP || (q->p.max_tokens && need > q->p.max_tokens))
+		return -ENOSPC;
+	while (cap < need)
+		cap *= 2;
+	if (q->p.max_tokens && cap > q->p.max_tokens)
+		cap = q->p.max_tokens;
+	if (cap > KVT_TIER_MAX_CAP)
+		cap = KVT_TIER_MAX_CAP;
+	size = kvt_tier_seq_bytes((uint32_t)cap, q->cfg.t0_slots);
+	mem = malloc(size);
+	slot = realloc(q->slot, cap * sizeof(*q->slot));
+	if (!mem || !slot) {
+		free(mem);
+		if (slot)
+			q->slot = slot;
+		return -ENOMEM;
+	}
+	q->slot = slot;
+	memset(q->slot + q->ts.cap, 0, (cap - q->ts.cap) * sizeof(*q->slot));
+	if (q->ts_mem)
+		r = kvt_tier_seq_move(&nts, mem, size, (uint32_t)cap, &q->ts);
+	else
+		r = kvt_tier_seq_init(&nts, mem, size, (uint32_t)cap, q->cfg.t0_slots);
+	if (r < 0) {
+		free(mem);
+		return r;
+	}
+	free(q->ts_mem);
+	q->ts_mem = mem;
+	q->ts_size = size;
+	q->ts = nts;
+	return 0;
+}
+
+static int
+seq_ensure_ws(struct kvtd_seq *q)
+{
+	size_t need = kvt_tier_ws_bytes(q->ts.n, q->cfg.t0_slots, q->cfg.delta);
+	/* FETCH keeps its private position list there too. */
+	size_t list = (size_t)q->ts.n * sizeof(uint32_t) + 64;
+	void *ws;
+
+	if (list > need)
+		need = list;
+	if (need <= q->ws_size)
+		return 0;
+	need += need / 2;
+	ws = malloc(need);
+	if (!ws)
+		return -ENOMEM;
+	free(q->ws);
+	q->ws = ws;
+	q->ws_size = need;
+	return 0;
 }
 
 int
 kvtd_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p)
 {
 	struct kvtd *d = s->d;
+	struct kvt_seq_params pp = *p;
 	struct kvtd_seq *q;
 	const char *why;
 	unsigned idx;
 	int r;
 
 	r = params_check(p, &why);
+	if (r == 0) {
+		/* The engine reads t0_slots only when there is a T0 region. */
+		r = kvt_tier_validate(&pp, &why);
+	}
 	if (r < 0) {
 		log_debug("session %u: SEQ_OPEN refused: %s", s->id, why);
 		return r;
@@ -98,53 +189,38 @@ kvtd_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p)
 	q = calloc(1, sizeof(*q));
 	if (!q)
 		return -ENOMEM;
-	q->p = *p;
-	q->p.size = sizeof(*p);
+	q->p = pp;
+	q->p.size = sizeof(pp);
+	q->cls = q->cls_q = -1;
+	kvt_tier_cfg_init(&pp, &q->cfg, &why);
 	q->row_bytes = (uint64_t)p->kv_heads * p->head_dim * kvt_dtype_size(p->dtype);
 	q->token_bytes = (uint64_t)p->layers * 2 * q->row_bytes;
-	q->cls = -1;
-
+	q->q_bytes = (uint64_t)p->layers * 2 * p->kv_heads * (p->head_dim + sizeof(float));
 	if (p->t0_buf_id) {
-		q->t0_buf = kvtd_session_buf(s, p->t0_buf_id);
-		if (!q->t0_buf) {
-			r = -ENOENT;
+		q->t0_buf = region_get(s, p->t0_buf_id, p->t0_base_off, p, p->t0_layer_stride,
+				       p->t0_kv_stride, p->t0_slots, p->t0_slot_stride,
+				       q->row_bytes, &r);
+		if (!q->t0_buf)
 			goto err_free;
-		}
-		if (!region_fits(kvt_dev_buf_size(q->t0_buf), p->t0_base_off, p->layers,
-				 p->t0_layer_stride, p->t0_kv_stride, p->t0_slots,
-				 p->t0_slot_stride, q->row_bytes)) {
-			q->t0_buf = NULL;
-			r = -ERANGE;
-			goto err_free;
-		}
-		kvt_dev_buf_get(q->t0_buf);
-		q->slot_pos = malloc(sizeof(*q->slot_pos) * p->t0_slots);
-		if (!q->slot_pos) {
-			r = -ENOMEM;
-			goto err_free;
-		}
-		for (uint32_t i = 0; i < p->t0_slots; i++)
-			q->slot_pos[i] = -1;
 	}
 	if (p->stage_buf_id) {
-		q->stage_buf = kvtd_session_buf(s, p->stage_buf_id);
-		if (!q->stage_buf) {
-			r = -ENOENT;
+		q->stage_buf = region_get(s, p->stage_buf_id, p->stage_base_off, p,
+					  p->stage_layer_stride, p->stage_kv_stride,
+					  p->stage_slots, p->stage_slot_stride, q->row_bytes, &r);
+		if (!q->stage_buf)
 			goto err_free;
-		}
-		if (!region_fits(kvt_dev_buf_size(q->stage_buf), p->stage_base_off, p->layers,
-				 p->stage_layer_stride, p->stage_kv_stride, p->stage_slots,
-				 p->stage_slot_stride, q->row_bytes)) {
-			q->stage_buf = NULL;
-			r = -ERANGE;
-			goto err_free;
-		}
-		kvt_dev_buf_get(q->stage_buf);
 	}
 	r = kvtd_pool_class_get(&d->pool, q->token_bytes);
 	if (r < 0)
 		goto err_free;
 	q->cls = r;
+	r = kvtd_pool_class_get(&d->pool, q->q_bytes);
+	if (r < 0)
+		goto err_free;
+	q->cls_q = r;
+	r = seq_ensure_cap(q, 1);
+	if (r < 0)
+		goto err_free;
 	q->id = idx + 1;
 	s->seqs[idx] = q;
 	s->n_seqs++;
@@ -155,35 +231,64 @@ err_free:
 	return r;
 }
 
+/* Return the pool slots of @n positions (T1 or T2 each, by their tier flag). */
+static void
+free_positions(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *pos, uint32_t n)
+{
+	void *b1[COPY_BATCH], *b2[COPY_BATCH];
+	unsigned n1 = 0, n2 = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		void *p = q->slot[pos[i]];
+
+		if (!p)
+			continue;
+		if (q->ts.tier[pos[i]] & KVT_TIER_F_INT8)
+			b2[n2++] = p;
+		else
+			b1[n1++] = p;
+		q->slot[pos[i]] = NULL;
+		if (n1 == COPY_BATCH || n2 == COPY_BATCH || i + 1 == n) {
+			kvtd_pool_free(&s->d->pool, q->cls, n1, &s->acct, uid_acct(s), b1);
+			kvtd_pool_free(&s->d->pool, q->cls_q, n2, &s->acct, uid_acct(s), b2);
+			n1 = n2 = 0;
+		}
+	}
+	kvtd_pool_free(&s->d->pool, q->cls, n1, &s->acct, uid_acct(s), b1);
+	kvtd_pool_free(&s->d->pool, q->cls_q, n2, &s->acct, uid_acct(s), b2);
+}
+
 void
 kvtd_seq_destroy(struct kvtd_session *s, struct kvtd_seq *q)
 {
-	struct kvtd *d = s->d;
-	uint64_t i = 0;
-
 	if (!q)
 		return;
-	/* Return slots in batches: one pool lock round trip per batch, not per token. */
-	while (i < q->n) {
-		void *batch[256];
-		unsigned k = 0;
+	for (uint32_t i = 0; q->slot && i < q->ts.n;) {
+		uint32_t batch[COPY_BATCH], k = 0;
 
-		for (; i < q->n && k < 256; i++)
-			if (q->slot[i])
-				batch[k++] = q->slot[i];
-		kvtd_pool_free(&d->pool, q->cls, k, &s->acct, s->uid_ent ? &s->uid_ent->acct : NULL,
-			       batch);
+		for (; i < q->ts.n && k < COPY_BATCH; i++)
+			batch[k++] = i;
+		free_positions(s, q, batch, k);
 	}
 	if (q->cls >= 0)
-		kvtd_pool_class_put(&d->pool, q->cls);
+		kvtd_pool_class_put(&s->d->pool, q->cls);
+	if (q->cls_q >= 0)
+		kvtd_pool_class_put(&s->d->pool, q->cls_q);
 	kvt_dev_buf_put(q->t0_buf);
 	kvt_dev_buf_put(q->stage_buf);
 	free(q->slot);
-	free(q->score);
-	free(q->tier);
-	free(q->slot_pos);
-	free(q->pos_slot);
+	free(q->ts_mem);
+	free(q->ws);
 	free(q);
+}
+
+uint64_t
+kvtd_seq_pool_bytes(struct kvtd_session *s, const struct kvtd_seq *q)
+{
+	uint64_t live = q->ts.n - q->ts.count[KVT_T3];
+
+	return (live - q->ts.n_int8) * kvtd_pool_slot_size(&s->d->pool, q->cls) +
+	       (uint64_t)q->ts.n_int8 * kvtd_pool_slot_size(&s->d->pool, q->cls_q);
 }
 
 struct kvtd_seq *
@@ -207,74 +312,23 @@ kvtd_seq_close(struct kvtd_session *s, uint32_t id)
 	return 0;
 }
 
-static int
-seq_grow(struct kvtd_seq *q, uint64_t need)
-{
-	uint64_t cap = q->cap ? q->cap : 1024;
-	void *p;
-
-	if (need <= q->cap)
-		return 0;
-	if (q->p.max_tokens && need > q->p.max_tokens)
-		return -ENOSPC;
-	while (cap < need)
-		cap *= 2;
-#define GROW(field)                                                      \
-	do {                                                             \
-		p = realloc(q->field, cap * sizeof(*q->field));          \
-		if (!p)                                                  \
-			return -ENOMEM;                                  \
-		q->field = p;                                            \
-		memset(q->field + q->cap, 0, (cap - q->cap) * sizeof(*q->field)); \
-	} while (0)
-	GROW(slot);
-	GROW(score);
-	GROW(tier);
-	GROW(pos_slot);
-#undef GROW
-	q->cap = cap;
-	return 0;
-}
-
-/* Reserve pool slots and per-position state for @ntok new positions. */
+/* Reserve pool slots for @ntok new positions (q->slot[n..n+ntok)). */
 static int
 seq_reserve(struct kvtd_session *s, struct kvtd_seq *q, uint32_t ntok)
 {
-	int r = seq_grow(q, q->n + ntok);
+	int r = seq_ensure_cap(q, (uint64_t)q->ts.n + ntok);
 
 	if (r < 0)
 		return r;
-	return kvtd_pool_alloc(&s->d->pool, q->cls, ntok, &s->acct,
-			       s->uid_ent ? &s->uid_ent->acct : NULL, q->slot + q->n);
+	return kvtd_pool_alloc(&s->d->pool, q->cls, ntok, &s->acct, uid_acct(s),
+			       q->slot + q->ts.n);
 }
 
 static void
-seq_commit(struct kvtd_seq *q, uint32_t ntok, const uint32_t *t0_slots)
+seq_unreserve(struct kvtd_session *s, struct kvtd_seq *q, uint32_t ntok)
 {
-	for (uint32_t i = 0; i < ntok; i++) {
-		uint64_t pos = q->n + i;
-
-		q->score[pos] = 0.0f;
-		q->pos_slot[pos] = -1;
-		q->tier[pos] = KVTD_T1;
-		if (t0_slots) {
-			int32_t old = q->slot_pos[t0_slots[i]];
-
-			/* The client reused a slot: its previous token keeps its pool copy (T1). */
-			if (old >= 0) {
-				q->pos_slot[old] = -1;
-				q->tier[old] = KVTD_T1;
-				q->tier_count[KVTD_T0]--;
-				q->tier_count[KVTD_T1]++;
-			}
-			q->slot_pos[t0_slots[i]] = (int32_t)pos;
-			q->pos_slot[pos] = t0_slots[i];
-			q->tier[pos] = KVTD_T0;
-		}
-		q->tier_count[q->tier[pos]]++;
-	}
-	q->n += ntok;
-	q->bytes_in += (uint64_t)ntok * q->token_bytes;
+	kvtd_pool_free(&s->d->pool, q->cls, ntok, &s->acct, uid_acct(s), q->slot + q->ts.n);
+	memset(q->slot + q->ts.n, 0, ntok * sizeof(void *));
 }
 
 int64_t
@@ -286,9 +340,29 @@ kvtd_seq_append_rows(struct kvtd_session *s, struct kvtd_seq *q, const uint8_t *
 	if (r < 0)
 		return r;
 	for (uint32_t i = 0; i < ntok; i++)
-		memcpy(q->slot[q->n + i], rows + (uint64_t)i * q->token_bytes, q->token_bytes);
-	seq_commit(q, ntok, NULL);
-	return (int64_t)q->n;
+		memcpy(q->slot[q->ts.n + i], rows + (uint64_t)i * q->token_bytes, q->token_bytes);
+	r = kvt_tier_append(&q->ts, ntok, NULL);
+	if (r < 0) {
+		seq_unreserve(s, q, ntok);
+		return r;
+	}
+	q->bytes_in += (uint64_t)ntok * q->token_bytes;
+	return (int64_t)q->ts.n;
+}
+
+/* Device address of (slot, layer, kv) in a strided region. */
+static uint64_t
+t0_off(const struct kvt_seq_params *p, uint32_t slot, uint32_t l, uint32_t kv)
+{
+	return p->t0_base_off + l * p->t0_layer_stride + kv * p->t0_kv_stride +
+	       slot * p->t0_slot_stride;
+}
+
+static uint64_t
+stage_off(const struct kvt_seq_params *p, uint32_t row, uint32_t l, uint32_t kv)
+{
+	return p->stage_base_off + l * p->stage_layer_stride + kv * p->stage_kv_stride +
+	       row * p->stage_slot_stride;
 }
 
 int64_t
@@ -296,7 +370,7 @@ kvtd_seq_append_t0(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *s
 		   uint32_t ntok)
 {
 	const struct kvt_seq_params *p = &q->p;
-	struct kvt_dev_copy rows[256];
+	struct kvt_dev_copy rows[COPY_BATCH];
 	uint32_t slot_copy[256];
 	unsigned nr = 0;
 	int r;
@@ -313,43 +387,326 @@ kvtd_seq_append_t0(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *s
 		for (uint32_t j = 0; j < i; j++)
 			if (slot_copy[j] == slot_copy[i])
 				return -EINVAL;
+		if (q->ts.slot_pos[slot_copy[i]] >= 0)
+			return -EBUSY;
 	}
 	r = seq_reserve(s, q, ntok);
 	if (r < 0)
 		return r;
-	/* One device batch per up to 256 rows: never one copy call per row on CUDA. */
+	/* One device batch per COPY_BATCH rows: never one copy call per row on CUDA. */
 	for (uint32_t i = 0; i < ntok; i++) {
-		uint8_t *dst = q->slot[q->n + i];
+		uint8_t *dst = q->slot[q->ts.n + i];
 
 		for (uint32_t l = 0; l < p->layers; l++)
 			for (uint32_t kv = 0; kv < 2; kv++) {
-				rows[nr].buf_off = p->t0_base_off + l * p->t0_layer_stride +
-						   kv * p->t0_kv_stride +
-						   slot_copy[i] * p->t0_slot_stride;
+				rows[nr].buf_off = t0_off(p, slot_copy[i], l, kv);
 				rows[nr].host = dst + (2 * l + kv) * q->row_bytes;
 				rows[nr].len = q->row_bytes;
-				if (++nr == 256) {
+				if (++nr == COPY_BATCH) {
 					r = kvt_dev_copy_d2h(s->d->dev, q->t0_buf, rows, nr);
 					if (r < 0)
-						goto err_free;
+						goto err;
 					nr = 0;
 				}
 			}
 	}
-	if (nr) {
-		r = kvt_dev_copy_d2h(s->d->dev, q->t0_buf, rows, nr);
-		if (r < 0)
-			goto err_free;
-	}
-	r = kvt_dev_sync(s->d->dev);
+	r = nr ? kvt_dev_copy_d2h(s->d->dev, q->t0_buf, rows, nr) : 0;
+	if (r == 0)
+		r = kvt_dev_sync(s->d->dev);
+	if (r == 0)
+		r = kvt_tier_append(&q->ts, ntok, slot_copy);
 	if (r < 0)
-		goto err_free;
-	seq_commit(q, ntok, slot_copy);
-	return (int64_t)q->n;
-
-err_free:
-	kvtd_pool_free(&s->d->pool, q->cls, ntok, &s->acct, s->uid_ent ? &s->uid_ent->acct : NULL,
-		       q->slot + q->n);
-	memset(q->slot + q->n, 0, ntok * sizeof(void *));
+		goto err;
+	q->bytes_in += (uint64_t)ntok * q->token_bytes;
+	return (int64_t)q->ts.n;
+err:
+	seq_unreserve(s, q, ntok);
 	return r;
+}
+
+int
+kvtd_seq_score_add(struct kvtd_seq *q, uint64_t first, uint32_t count, const float *v)
+{
+	float copy[1024];
+	double sum = 0;
+	int r;
+
+	if (first > q->ts.n || count > q->ts.n - first)
+		return -EINVAL;
+	/* Check values first (the whole add is refused, nothing changes), from a private copy
+	 * so what is checked is what is added. */
+	for (uint32_t done = 0; done < count;) {
+		uint32_t k = count - done < 1024 ? count - done : 1024;
+
+		memcpy(copy, v + done, k * sizeof(float));
+		for (uint32_t i = 0; i < k; i++)
+			if (!(copy[i] >= 0.0f) || copy[i] > 1e30f)
+				return -EINVAL;
+		done += k;
+	}
+	for (uint32_t done = 0; done < count;) {
+		uint32_t k = count - done < 1024 ? count - done : 1024;
+
+		memcpy(copy, v + done, k * sizeof(float));
+		for (uint32_t i = 0; i < k; i++) {
+			if (!(copy[i] >= 0.0f) || copy[i] > 1e30f)
+				copy[i] = 0.0f; /* changed under us since the check: ignore it */
+			sum += copy[i];
+		}
+		r = kvt_tier_score_add(&q->ts, (uint32_t)(first + done), k, copy);
+		if (r < 0)
+			return r;
+		done += k;
+	}
+	q->score_total += sum;
+	return 0;
+}
+
+/* Rows of one position for (l, kv), from its pool slot: a pointer into a T1 slot, or the row
+ * dequantized from a T2 slot into @tmp. */
+static const void *
+pos_row(const struct kvtd_seq *q, uint32_t pos, uint32_t l, uint32_t kv, void *tmp)
+{
+	const uint8_t *slot = q->slot[pos];
+	uint32_t r = 2 * l + kv, H = q->p.kv_heads, D = q->p.head_dim;
+
+	if (!(q->ts.tier[pos] & KVT_TIER_F_INT8))
+		return slot + r * q->row_bytes;
+	kvt_dequant_rows(q->p.dtype, H, D, (const int8_t *)slot + (uint64_t)r * H * D,
+			 (const float *)(slot + (uint64_t)2 * q->p.layers * H * D) + (uint64_t)r * H,
+			 1, tmp, q->row_bytes);
+	return tmp;
+}
+
+/*
+ * Copy rows to the device in batches. @dst(i, l, kv) gives each row's buffer offset; rows of
+ * T2 positions are dequantized into a staging area first (one per batch entry).
+ */
+struct row_batch {
+	struct kvtd_session *s;
+	struct kvt_dev_buf *buf;
+	struct kvt_dev_copy rows[COPY_BATCH];
+	uint8_t *tmp; /* COPY_BATCH rows */
+	unsigned n;
+	uint64_t bytes;
+};
+
+static int
+batch_flush(struct row_batch *b)
+{
+	int r = b->n ? kvt_dev_copy_h2d(b->s->d->dev, b->buf, b->rows, b->n) : 0;
+
+	/* The host rows (and dequantized temporaries) must stay put until the copy is done. */
+	if (r == 0 && b->n)
+		r = kvt_dev_sync(b->s->d->dev);
+	b->n = 0;
+	return r;
+}
+
+static int
+batch_add(struct row_batch *b, const struct kvtd_seq *q, uint32_t pos, uint32_t l, uint32_t kv,
+	  uint64_t dst_off)
+{
+	b->rows[b->n].host = (void *)pos_row(q, pos, l, kv, b->tmp + b->n * q->row_bytes);
+	b->rows[b->n].buf_off = dst_off;
+	b->rows[b->n].len = q->row_bytes;
+	b->bytes += q->row_bytes;
+	return ++b->n == COPY_BATCH ? batch_flush(b) : 0;
+}
+
+/* T1 -> T2: quantize each position's rows into the int8 slot @qs[i] (already allocated) and
+ * give back its full-precision slot. */
+static void
+quantize_positions(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *pos, uint32_t n,
+		   void **qs)
+{
+	uint32_t H = q->p.kv_heads, D = q->p.head_dim, rows = 2u * q->p.layers;
+
+	for (uint32_t i = 0; i < n; i++) {
+		int8_t *codes = qs[i];
+		void *old = q->slot[pos[i]];
+
+		kvt_quant_rows(q->p.dtype, H, D, old, q->row_bytes, rows, codes,
+			       (float *)(codes + (uint64_t)rows * H * D));
+		q->slot[pos[i]] = qs[i];
+		qs[i] = old;
+	}
+	for (uint32_t done = 0; done < n; done += COPY_BATCH)
+		kvtd_pool_free(&s->d->pool, q->cls, n - done < COPY_BATCH ? n - done : COPY_BATCH,
+			       &s->acct, uid_acct(s), qs + done);
+}
+
+int
+kvtd_seq_retier(struct kvtd_session *s, struct kvtd_seq *q, void *out, uint64_t out_len,
+		uint32_t *ret_changes)
+{
+	struct kvt_retier_result res;
+	struct kvt_tier_plan plan;
+	struct row_batch *b = NULL;
+	void **qs = NULL;
+	uint64_t need;
+	uint8_t *o = out;
+	int r;
+
+	r = seq_ensure_ws(q);
+	if (r < 0)
+		return r;
+	r = kvt_tier_plan(&q->cfg, &q->ts, q->ws, q->ws_size, &plan);
+	if (r < 0)
+		return r;
+	need = sizeof(res) + (uint64_t)(plan.n_demote + plan.n_promote) * 8 + plan.n_free * 4ull;
+	if (need > out_len)
+		return -ENOSPC;
+	/* Pool room for the int8 rows first, all or nothing: the only step that may fail for
+	 * want of memory, taken before anything is moved. */
+	if (plan.n_quant) {
+		qs = malloc(plan.n_quant * sizeof(*qs));
+		if (!qs)
+			return -ENOMEM;
+		r = kvtd_pool_alloc(&s->d->pool, q->cls_q, plan.n_quant, &s->acct, uid_acct(s), qs);
+		if (r < 0) {
+			free(qs);
+			return r;
+		}
+	}
+	if (plan.n_promote) {
+		b = malloc(sizeof(*b));
+		if (b)
+			b->tmp = malloc(COPY_BATCH * q->row_bytes);
+		if (!b || !b->tmp) {
+			free(b);
+			r = -ENOMEM;
+			goto err_qs;
+		}
+		b->s = s;
+		b->buf = q->t0_buf;
+		b->n = 0;
+		b->bytes = 0;
+		/* Only newly promoted positions are copied, every layer, in batches. */
+		for (uint32_t i = 0; i < plan.n_promote && r == 0; i++)
+			for (uint32_t l = 0; l < q->p.layers && r == 0; l++)
+				for (uint32_t kv = 0; kv < 2 && r == 0; kv++)
+					r = batch_add(b, q, plan.promote_pos[i], l, kv,
+						      t0_off(&q->p, plan.promote_slot[i], l, kv));
+		if (r == 0)
+			r = batch_flush(b);
+		q->bytes_out += b->bytes;
+		free(b->tmp);
+		free(b);
+		if (r < 0) {
+			/* The T0 slots being refilled are in an unknown state now; the plan is
+			 * dropped and the client must treat its T0 region as lost. */
+			log_err("session %u seq %u: promotion copy failed: %s", s->id, q->id,
+				strerror(-r));
+			goto err_qs;
+		}
+	}
+	quantize_positions(s, q, plan.quant_pos, plan.n_quant, qs);
+	free(qs);
+	free_positions(s, q, plan.evict_pos, plan.n_evict);
+	r = kvt_tier_commit(&q->ts, &plan);
+	if (r < 0)
+		return r;
+
+	memset(&res, 0, sizeof(res));
+	res.size = sizeof(res);
+	res.n_changes = plan.n_demote + plan.n_promote;
+	res.n_free = plan.n_free;
+	res.evicted_ratio = plan.evicted_ratio;
+	res.n_tokens = q->ts.n;
+	for (int t = 0; t < 4; t++)
+		res.tier_count[t] = q->ts.count[t];
+	memcpy(o, &res, sizeof(res));
+	o += sizeof(res);
+	for (uint32_t i = 0; i < plan.n_demote; i++, o += 8) {
+		struct kvt_slot_change c = {plan.demote_slot[i], -1};
+
+		memcpy(o, &c, sizeof(c));
+	}
+	for (uint32_t i = 0; i < plan.n_promote; i++, o += 8) {
+		struct kvt_slot_change c = {plan.promote_slot[i], (int32_t)plan.promote_pos[i]};
+
+		memcpy(o, &c, sizeof(c));
+	}
+	memcpy(o, plan.free_slot, plan.n_free * sizeof(uint32_t));
+	*ret_changes = res.n_changes;
+	return (int)need;
+
+err_qs:
+	if (qs)
+		kvtd_pool_free(&s->d->pool, q->cls_q, plan.n_quant, &s->acct, uid_acct(s), qs);
+	free(qs);
+	return r;
+}
+
+int
+kvtd_seq_fetch(struct kvtd_session *s, struct kvtd_seq *q, unsigned flags, uint32_t layer0,
+	       uint32_t nlayers, uint32_t stage_row, uint32_t *list, uint32_t list_cap,
+	       uint32_t count)
+{
+	const struct kvt_seq_params *p = &q->p;
+	struct row_batch *b;
+	uint32_t *pos, m;
+	int r;
+
+	if (!q->stage_buf || !nlayers || layer0 >= p->layers || nlayers > p->layers - layer0)
+		return -EINVAL;
+	if (!flags || flags & ~(KVT_FETCH_F_T1 | KVT_FETCH_F_T2 | KVT_FETCH_F_LIST) ||
+	    ((flags & KVT_FETCH_F_LIST) && flags != KVT_FETCH_F_LIST))
+		return -EINVAL;
+	r = seq_ensure_ws(q);
+	if (r < 0)
+		return r;
+	pos = q->ws; /* private: positions are validated here and used to index q->slot */
+	if (flags & KVT_FETCH_F_LIST) {
+		if (!count || count > q->ts.n || count > list_cap)
+			return -EINVAL;
+		memcpy(pos, list, count * sizeof(uint32_t));
+		for (uint32_t i = 0; i < count; i++) {
+			if (pos[i] >= q->ts.n)
+				return -EINVAL;
+			if ((q->ts.tier[pos[i]] & KVT_TIER_MASK) == KVT_T3)
+				return -ENOENT;
+		}
+		m = count;
+	} else {
+		unsigned mask = ((flags & KVT_FETCH_F_T1) ? 1u << KVT_T1 : 0) |
+				((flags & KVT_FETCH_F_T2) ? 1u << KVT_T2 : 0);
+
+		r = kvt_tier_fetch_list(&q->ts, mask, q->ts.n, pos);
+		if (r < 0)
+			return r;
+		m = (uint32_t)r;
+		if (m > list_cap)
+			return -ENOSPC;
+	}
+	if (stage_row > p->stage_slots || m > p->stage_slots - stage_row)
+		return -ENOSPC;
+	b = malloc(sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	b->tmp = malloc(COPY_BATCH * q->row_bytes);
+	if (!b->tmp) {
+		free(b);
+		return -ENOMEM;
+	}
+	b->s = s;
+	b->buf = q->stage_buf;
+	b->n = 0;
+	b->bytes = 0;
+	r = 0;
+	for (uint32_t l = layer0; l < layer0 + nlayers && r == 0; l++)
+		for (uint32_t kv = 0; kv < 2 && r == 0; kv++)
+			for (uint32_t i = 0; i < m && r == 0; i++)
+				r = batch_add(b, q, pos[i], l, kv, stage_off(p, stage_row + i, l, kv));
+	if (r == 0)
+		r = batch_flush(b);
+	q->bytes_out += b->bytes;
+	free(b->tmp);
+	free(b);
+	if (r < 0)
+		return r;
+	if (!(flags & KVT_FETCH_F_LIST))
+		memcpy(list, pos, m * sizeof(uint32_t));
+	return (int)m;
 }

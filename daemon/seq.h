@@ -1,42 +1,43 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * seq.h - per-sequence state: geometry, the pool slot of every position, cumulative scores,
- * tiers and the T0 slot map. Poller lock held for everything here.
+ * seq.h - per-sequence state: geometry, the pool slot of every position (full precision for
+ * T1, int8 for T2), and the tier state of daemon/engine/tier.h (scores, tiers, T0 slot map).
+ * Poller lock held for everything here.
  */
 #ifndef KVTD_SEQ_H
 #define KVTD_SEQ_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kvt_abi.h"
+#include "tier.h"
 
 struct kvtd_session;
 struct kvt_dev_buf;
 
-enum { KVTD_T0 = 0, KVTD_T1 = 1, KVTD_T2 = 2, KVTD_T3 = 3 };
-
 struct kvtd_seq {
 	uint32_t id;
 	struct kvt_seq_params p;
+	struct kvt_tier_cfg cfg;
+	struct kvt_tier_seq ts; /* over ts_mem */
+	void *ts_mem;
+	size_t ts_size;
+	void *ws; /* RETIER workspace and FETCH list, grown with n */
+	size_t ws_size;
 	uint64_t row_bytes;   /* H * D * elem: one (token, layer, K|V) */
-	uint64_t token_bytes; /* L * 2 * row_bytes: one pool slot */
-	int cls;	      /* pool class of token slots */
-	uint64_t n;	      /* positions appended */
-	uint64_t cap;	      /* allocated length of the per-position arrays */
-	void **slot;	      /* pool slot per position, NULL once evicted */
-	float *score;
-	uint8_t *tier;
-	int32_t *slot_pos;    /* T0 slot -> position, -1 free; t0_slots entries */
-	int64_t *pos_slot;    /* position -> T0 slot, -1 none */
+	uint64_t token_bytes; /* L * 2 * row_bytes: one T1 pool slot */
+	uint64_t q_bytes;     /* one T2 pool slot: L*2*H*D int8 codes, then L*2*H f32 scales */
+	int cls, cls_q;	      /* pool classes of T1 and T2 slots */
+	void **slot;	      /* [ts.cap] pool slot per position (T1 or T2 by KVT_TIER_F_INT8) */
 	struct kvt_dev_buf *t0_buf, *stage_buf;
-	uint64_t tier_count[4];
 	uint64_t bytes_in, bytes_out;
 	double score_total;
 };
 
 /*
  * kvtd_seq_open() - validate @p (already copied out of the arena) and create a sequence.
- * Returns the id (> 0), -EINVAL (bad field, with the reason logged at debug level), -EMFILE
+ * Returns the id (> 0), -EINVAL (bad field, reason logged at debug level), -EMFILE
  * (seqs_per_session reached), -ENOENT (buffer id not registered), -ERANGE (region outside its
  * buffer), -E2BIG (a token slot larger than a pool chunk), -ENOSPC (no pool class left), -ENOMEM.
  */
@@ -50,8 +51,25 @@ struct kvtd_seq *kvtd_seq_get(struct kvtd_session *s, uint32_t id);
 /* APPEND from rows in memory laid out [token][layer][K,V][row]. Returns the new n or -errno. */
 int64_t kvtd_seq_append_rows(struct kvtd_session *s, struct kvtd_seq *q, const uint8_t *rows,
 			     uint32_t ntok);
-/* APPEND from the T0 region at @slots. Returns the new n or -errno (-EINVAL bad slot). */
+/* APPEND from free T0 slots @slots of the T0 region. Returns the new n, -EINVAL (slot out of
+ * range or named twice), -EBUSY (slot holds a live token), -E2BIG (more than 256 tokens). */
 int64_t kvtd_seq_append_t0(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *slots,
 			   uint32_t ntok);
+
+/* SCORE_ADD. Returns 0, -EINVAL (range past n, a value negative, NaN or infinite). */
+int kvtd_seq_score_add(struct kvtd_seq *q, uint64_t first, uint32_t count, const float *v);
+
+/* Pool bytes the sequence holds (T1 and T2 slots). */
+uint64_t kvtd_seq_pool_bytes(struct kvtd_session *s, const struct kvtd_seq *q);
+
+/* RETIER: result written to @out (@out_len bytes). Returns bytes written or -errno. */
+int kvtd_seq_retier(struct kvtd_session *s, struct kvtd_seq *q, void *out, uint64_t out_len,
+		    uint32_t *ret_changes);
+
+/* FETCH (see KVT_FETCH_F_* in kvt_abi.h). @list: the arena (positions in or out), @list_cap
+ * entries. Returns rows staged per (layer, K|V) or -errno. */
+int kvtd_seq_fetch(struct kvtd_session *s, struct kvtd_seq *q, unsigned flags, uint32_t layer0,
+		   uint32_t nlayers, uint32_t stage_row, uint32_t *list, uint32_t list_cap,
+		   uint32_t count);
 
 #endif

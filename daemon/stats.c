@@ -58,8 +58,8 @@ sum_session(struct kvtd_session *s, void *arg)
 	t->seqs += s->n_seqs;
 	for (unsigned i = 0; i < s->max_seqs; i++)
 		if (s->seqs[i])
-			for (int k = 0; k < 4; k++)
-				t->tiers[k] += s->seqs[i]->tier_count[k];
+				for (int k = 0; k < 4; k++)
+				t->tiers[k] += s->seqs[i]->ts.count[k];
 }
 
 struct json_object *
@@ -151,17 +151,21 @@ add_seqs(struct kvtd_session *s, void *arg)
 		c = json_object_new_object();
 		ADD(c, "session", U64(s->id));
 		ADD(c, "seq", U64(q->id));
-		ADD(c, "n", U64(q->n));
+		ADD(c, "n", U64(q->ts.n));
 		ADD(c, "layers", U64(q->p.layers));
 		ADD(c, "kv_heads", U64(q->p.kv_heads));
 		ADD(c, "head_dim", U64(q->p.head_dim));
 		ADD(c, "dtype", json_object_new_string(dtype_names[q->p.dtype]));
 		ADD(c, "policy", json_object_new_string(policy_names[q->p.policy]));
-		ADD(c, "tiers", tiers_array(q->tier_count));
+		{
+			uint64_t t[4] = {q->ts.count[0], q->ts.count[1], q->ts.count[2],
+					 q->ts.count[3]};
+
+			ADD(c, "tiers", tiers_array(t));
+		}
 		ADD(c, "evicted_ratio",
-		    json_object_new_double(q->n ? (double)q->tier_count[KVTD_T3] / q->n : 0.0));
-		ADD(c, "pool_bytes",
-		    U64((q->n - q->tier_count[KVTD_T3]) * kvtd_pool_slot_size(&s->d->pool, q->cls)));
+		    json_object_new_double(q->ts.n ? (double)q->ts.count[KVT_T3] / q->ts.n : 0.0));
+		ADD(c, "pool_bytes", U64(kvtd_seq_pool_bytes(s, q)));
 		json_object_array_add(arg, c);
 	}
 }

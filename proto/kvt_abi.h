@@ -207,6 +207,47 @@ _Static_assert(sizeof(struct kvt_seq_params) == 160, "kvt_seq_params ABI");
  */
 
 /*
+ * RETIER: recompute the sequence's tiers (specs/tiering.md) and move the data: demotions free
+ * T0 slots without copying, promotions copy rows into the client's T0 slots (all layers, one
+ * batch), T1 -> T2 quantizes, evictions free pool slots. Output, in the arena at arena_off
+ * (arena_len must hold it all, else -ENOSPC and nothing changes): struct kvt_retier_result,
+ * then n_changes struct kvt_slot_change (demotions first), then n_free u32 slot ids, the free
+ * slots the client writes its next tokens into. CQE res: bytes written; aux[0]: n_changes.
+ * Errors: -ENOMEM / -EDQUOT (no pool room for int8 rows: nothing changed).
+ */
+struct kvt_slot_change {
+	uint32_t slot;
+	int32_t pos; /* position now in the slot, -1: the slot is free */
+};
+_Static_assert(sizeof(struct kvt_slot_change) == 8, "kvt_slot_change ABI");
+
+struct kvt_retier_result {
+	uint32_t size;	    /* sizeof(struct kvt_retier_result) */
+	uint32_t n_changes; /* struct kvt_slot_change entries that follow */
+	uint32_t n_free;    /* u32 free slot ids after the changes */
+	float evicted_ratio;
+	uint64_t n_tokens;
+	uint64_t tier_count[4];
+	uint64_t reserved[2];
+};
+_Static_assert(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI");
+
+/*
+ * FETCH: stage rows of layers [arg0, arg0 + arg1) into the staging region, starting at staging
+ * row arg2: row i of layer l, K or V, lands at stage_base_off + l * stage_layer_stride +
+ * kv * stage_kv_stride + (arg2 + i) * stage_slot_stride.
+ *   KVT_FETCH_F_T1 and/or KVT_FETCH_F_T2: every T1 and/or T2 position, ascending (T2 rows
+ *     dequantized); their positions are written to the arena (u32 each).
+ *   KVT_FETCH_F_LIST: the @count positions the arena holds, in that order (any live tier).
+ * CQE res: rows staged per (layer, K|V). Errors: -ENOSPC (staging region or arena too small:
+ * nothing staged), -EINVAL (no staging region, layers out of range, a position >= n),
+ * -ENOENT (a listed position was evicted).
+ */
+#define KVT_FETCH_F_T1 (1u << 0)
+#define KVT_FETCH_F_T2 (1u << 1)
+#define KVT_FETCH_F_LIST (1u << 2)
+
+/*
  * struct kvt_seq_stat - SEQ_STAT output, written to the arena at arena_off (arena_len >= size).
  * CQE res: bytes written.
  */

@@ -146,6 +146,25 @@ int kvt_score_add(struct kvt_client *c, uint32_t seq, uint64_t first, const floa
 
 int kvt_seq_stat(struct kvt_client *c, uint32_t seq, struct kvt_seq_stat *ret_stat);
 
+/*
+ * kvt_retier() - re-tier the sequence (specs/tiering.md). @out receives struct
+ * kvt_retier_result, then its n_changes struct kvt_slot_change, then n_free u32 free slots
+ * (see kvt_abi.h); @out_len must hold them (t0_slots * 12 + 72 always does).
+ * Returns the bytes written, -ENOSPC (@out too small: nothing changed), -ENOMEM/-EDQUOT (no pool
+ * room for int8 rows: nothing changed), or the errors above.
+ */
+int kvt_retier(struct kvt_client *c, uint32_t seq, void *out, uint64_t out_len);
+
+/*
+ * kvt_fetch() - stage rows of layers [@layer0, @layer0 + @nlayers) into the staging region from
+ * staging row @stage_row on. @flags KVT_FETCH_F_T1 and/or KVT_FETCH_F_T2: every position of
+ * those tiers, ascending, written to @pos (room for @count); KVT_FETCH_F_LIST: the @count
+ * positions in @pos, in that order. Returns the rows staged per (layer, K|V), -ENOSPC (staging
+ * region or @pos too small: nothing staged), -EINVAL, -ENOENT (a listed position was evicted).
+ */
+int kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer0,
+	      uint32_t nlayers, uint32_t stage_row, uint32_t *pos, uint32_t count);
+
 /* Message for a negative errno from libkvtier or the daemon, kvtier meanings first. */
 const char *kvt_strerror(int err);
 
