@@ -1,0 +1,378 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Tiering through a real kvtierd: a client decodes into its T0 region, follows RETIER's slot
+ * changes and FETCHes the offloaded rows. Proposition 1 end to end: attention over T0 slots +
+ * staged rows equals attention over a full reference cache, bit for bit, when nothing is evicted
+ * or quantized, whatever hbm_frac is.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "kvtier.h"
+
+enum { L = 2, H = 2, D = 32, SLOTS = 256, DELTA = 16, STEPS = 600 };
+#define ROW (H * D)	      /* floats per (token, layer, K|V) */
+#define TOK (L * 2 * ROW)     /* floats per token */
+
+static struct kvtd_proc Dm;
+
+struct client {
+	struct kvt_client *c;
+	struct kvt_buf *t0, *stage;
+	uint32_t seq;
+	int32_t slot_pos[SLOTS];
+	uint32_t free_slots[SLOTS], n_free, next_free;
+	float *ref; /* [STEPS][TOK] */
+	uint64_t rng;
+	uint32_t n;
+	int int8; /* t2_frac > 0 */
+};
+
+static float
+frand(uint64_t *s)
+{
+	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
+	return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
+}
+
+static float *
+t0_row(struct client *k, uint32_t slot, uint32_t l, uint32_t kv)
+{
+	return (float *)kvt_buf_ptr(k->t0) + ((size_t)(l * 2 + kv) * SLOTS + slot) * ROW;
+}
+
+static float *
+stage_row(struct client *k, uint32_t row, uint32_t l, uint32_t kv)
+{
+	return (float *)kvt_buf_ptr(k->stage) + ((size_t)(l * 2 + kv) * STEPS + row) * ROW;
+}
+
+static void
+apply_retier(struct client *k)
+{
+	static uint8_t out[SLOTS * 16 + 256];
+	const struct kvt_retier_result *res = (const void *)out;
+	const struct kvt_slot_change *ch;
+	const uint32_t *fs;
+	int r = kvt_retier(k->c, k->seq, out, sizeof(out));
+
+	ck_assert_msg(r > 0, "RETIER: %s", kvt_strerror(r));
+	ck_assert_uint_eq(res->size, sizeof(*res));
+	ck_assert_uint_eq(res->n_tokens, k->n);
+	ch = (const void *)(out + sizeof(*res));
+	fs = (const void *)(ch + res->n_changes);
+	ck_assert_int_eq(r, (int)(sizeof(*res) + res->n_changes * 8 + res->n_free * 4));
+	for (uint32_t i = 0; i < res->n_changes; i++) {
+		ck_assert_uint_lt(ch[i].slot, SLOTS);
+		k->slot_pos[ch[i].slot] = ch[i].pos;
+	}
+	for (uint32_t i = 0; i < res->n_free; i++) {
+		ck_assert_int_eq(k->slot_pos[fs[i]], -1);
+		k->free_slots[i] = fs[i];
+	}
+	k->n_free = res->n_free;
+	k->next_free = 0;
+	/* Every slot that holds a position holds that position's rows: exactly, or within int8
+	 * error when the sequence quantizes (a T2 position promoted back comes dequantized). */
+	for (uint32_t s = 0; s < SLOTS; s++)
+		if (k->slot_pos[s] >= 0)
+			for (uint32_t l = 0; l < L; l++)
+				for (uint32_t kv = 0; kv < 2; kv++) {
+					const float *got = t0_row(k, s, l, kv);
+					const float *want = k->ref + (size_t)k->slot_pos[s] * TOK +
+							    (l * 2 + kv) * ROW;
+
+					if (!k->int8) {
+						ck_assert(!memcmp(got, want, ROW * sizeof(float)));
+						continue;
+					}
+					for (int j = 0; j < ROW; j++)
+						ck_assert(fabsf(got[j] - want[j]) <= 1.0f / 127);
+				}
+}
+
+static void
+client_open(struct client *k, float hbm, float evict, float t2, uint64_t seed)
+{
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+
+	memset(k, 0, sizeof(*k));
+	k->rng = seed;
+	k->int8 = t2 > 0;
+	ck_assert_int_eq(kvt_connect(Dm.sock, &o, &k->c), 0);
+	ck_assert_int_eq(kvt_buf_alloc(k->c, (size_t)L * 2 * SLOTS * ROW * 4, &k->t0), 0);
+	ck_assert_int_eq(kvt_buf_alloc(k->c, (size_t)L * 2 * STEPS * ROW * 4, &k->stage), 0);
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_TIERED;
+	p.delta = DELTA;
+	p.sinks = 4;
+	p.window = 32;
+	p.hbm_frac = hbm;
+	p.evict_frac = evict;
+	p.t2_frac = t2;
+	p.t0_buf_id = kvt_buf_id(k->t0);
+	p.t0_slots = SLOTS;
+	p.t0_slot_stride = ROW * 4;
+	p.t0_kv_stride = (uint64_t)SLOTS * ROW * 4;
+	p.t0_layer_stride = 2ull * SLOTS * ROW * 4;
+	p.stage_buf_id = kvt_buf_id(k->stage);
+	p.stage_slots = STEPS;
+	p.stage_slot_stride = ROW * 4;
+	p.stage_kv_stride = (uint64_t)STEPS * ROW * 4;
+	p.stage_layer_stride = 2ull * STEPS * ROW * 4;
+	ck_assert_int_eq(kvt_seq_open(k->c, &p, &k->seq), 0);
+	for (int i = 0; i < SLOTS; i++)
+		k->slot_pos[i] = -1;
+	k->ref = malloc(sizeof(float) * TOK * STEPS);
+	apply_retier(k); /* n = 0: hands out the first free slots */
+}
+
+static void
+client_close(struct client *k)
+{
+	ck_assert_int_eq(kvt_seq_close(k->c, k->seq), 0);
+	kvt_disconnect(k->c);
+	free(k->ref);
+}
+
+/* One decode step: write the token into the next free slot, append it, add scores. */
+static void
+step(struct client *k)
+{
+	float *ref = k->ref + (size_t)k->n * TOK, w[STEPS];
+	uint32_t slot;
+
+	ck_assert_uint_lt(k->next_free, k->n_free);
+	slot = k->free_slots[k->next_free++];
+	for (int i = 0; i < TOK; i++)
+		ref[i] = frand(&k->rng);
+	for (uint32_t l = 0; l < L; l++)
+		for (uint32_t kv = 0; kv < 2; kv++)
+			memcpy(t0_row(k, slot, l, kv), ref + (l * 2 + kv) * ROW, ROW * 4);
+	ck_assert_int_eq(kvt_append_t0(k->c, k->seq, &slot, 1), k->n + 1);
+	k->slot_pos[slot] = (int32_t)k->n;
+	k->n++;
+	/* Skewed, unpredictable weights: some old positions matter a lot. */
+	for (uint32_t i = 0; i < k->n; i++) {
+		float x = frand(&k->rng);
+
+		w[i] = x > 0.9f ? 1.0f : x * x * 0.01f;
+	}
+	ck_assert_int_eq(kvt_score_add(k->c, k->seq, 0, w, k->n), 0);
+	if (k->next_free == k->n_free)
+		apply_retier(k);
+}
+
+/* Attention of @q over (position, K row, V row) triples sorted by position, layer 0 head 0. */
+static void
+attend(uint32_t m, const uint32_t *pos, const float *const *K, const float *const *V,
+       const float *q, float *out)
+{
+	float logit[STEPS], mx = -INFINITY, sum = 0;
+
+	for (uint32_t i = 0; i < m; i++) {
+		float s = 0;
+
+		if (i)
+			ck_assert_uint_gt(pos[i], pos[i - 1]);
+		for (int j = 0; j < D; j++)
+			s += q[j] * K[i][j];
+		logit[i] = s / sqrtf((float)D);
+		mx = fmaxf(mx, logit[i]);
+	}
+	for (uint32_t i = 0; i < m; i++)
+		sum += logit[i] = expf(logit[i] - mx);
+	for (int j = 0; j < D; j++) {
+		float acc = 0;
+
+		for (uint32_t i = 0; i < m; i++)
+			acc += logit[i] / sum * V[i][j];
+		out[j] = acc;
+	}
+}
+
+/* Gathers T0 slots + staged T1/T2 rows (layer 0), sorted by position; returns the count. */
+static uint32_t
+gather_view(struct client *k, unsigned flags, uint32_t *pos, const float **K, const float **V)
+{
+	static uint32_t staged[STEPS];
+	int r = kvt_fetch(k->c, k->seq, flags, 0, L, 0, staged, STEPS);
+	uint32_t m = 0, a = 0;
+	const float *byp_k[STEPS] = {0}, *byp_v[STEPS] = {0};
+
+	ck_assert_msg(r >= 0, "FETCH: %s", kvt_strerror(r));
+	for (int i = 0; i < r; i++) {
+		ck_assert_uint_lt(staged[i], k->n);
+		byp_k[staged[i]] = stage_row(k, i, 0, 0);
+		byp_v[staged[i]] = stage_row(k, i, 0, 1);
+	}
+	for (uint32_t s = 0; s < SLOTS; s++)
+		if (k->slot_pos[s] >= 0) {
+			ck_assert_ptr_null(byp_k[k->slot_pos[s]]); /* never both */
+			byp_k[k->slot_pos[s]] = t0_row(k, s, 0, 0);
+			byp_v[k->slot_pos[s]] = t0_row(k, s, 0, 1);
+			a++;
+		}
+	for (uint32_t p = 0; p < k->n; p++)
+		if (byp_k[p]) {
+			pos[m] = p;
+			K[m] = byp_k[p];
+			V[m] = byp_v[p];
+			m++;
+		}
+	ck_assert_uint_eq(m, a + (uint32_t)r);
+	return m;
+}
+
+START_TEST(t_prop1_bit_exact)
+{
+	static const float fracs[] = {0.1f, 0.3f, 0.5f, 0.7f, 1.0f};
+	float hbm = fracs[_i];
+	struct client k;
+	struct kvt_seq_stat st;
+
+	client_open(&k, hbm, 0.0f, 0.0f, 1000 + _i);
+	for (int t = 0; t < STEPS - 100; t++) {
+		step(&k);
+		if (t % 97 == 96) {
+			static uint32_t pos[STEPS], fpos[STEPS];
+			static const float *K[STEPS], *V[STEPS], *FK[STEPS], *FV[STEPS];
+			float q[D], a[D], b[D];
+			uint32_t m = gather_view(&k, KVT_FETCH_F_T1, pos, K, V);
+
+			ck_assert_uint_eq(m, k.n); /* nothing evicted: every position is there */
+			for (uint32_t i = 0; i < k.n; i++) {
+				fpos[i] = i;
+				FK[i] = k.ref + (size_t)i * TOK;
+				FV[i] = k.ref + (size_t)i * TOK + ROW;
+				ck_assert(!memcmp(K[i], FK[i], ROW * 4));
+				ck_assert(!memcmp(V[i], FV[i], ROW * 4));
+			}
+			for (int j = 0; j < D; j++)
+				q[j] = frand(&k.rng);
+			attend(m, pos, K, V, q, a);
+			attend(k.n, fpos, FK, FV, q, b);
+			ck_assert(!memcmp(a, b, sizeof(a)));
+		}
+	}
+	ck_assert_int_eq(kvt_seq_stat(k.c, k.seq, &st), 0);
+	/* T0 follows hbm_frac (capped at t0_slots - delta), the rest is T1, none evicted. */
+	ck_assert_uint_eq(st.tier_count[3], 0);
+	ck_assert_uint_eq(st.tier_count[2], 0);
+	ck_assert_uint_le(st.tier_count[0], SLOTS);
+	ck_assert_uint_eq(st.tier_count[0] + st.tier_count[1], st.n_tokens);
+	client_close(&k);
+}
+END_TEST
+
+START_TEST(t_evict_and_int8)
+{
+	struct client k;
+	struct kvt_seq_stat st;
+	static uint32_t pos[STEPS];
+	static const float *K[STEPS], *V[STEPS];
+	double err = 0, norm = 0;
+	uint32_t m;
+
+	client_open(&k, 0.3f, 0.1f, 0.2f, 77);
+	for (int t = 0; t < STEPS - 100; t++)
+		step(&k);
+	apply_retier(&k);
+	ck_assert_int_eq(kvt_seq_stat(k.c, k.seq, &st), 0);
+	ck_assert_uint_eq(st.tier_count[3], (uint64_t)floorf(0.1f * k.n));
+	ck_assert_uint_gt(st.tier_count[2], 0);
+	m = gather_view(&k, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, pos, K, V);
+	ck_assert_uint_eq(m, k.n - st.tier_count[3]);
+	/* T2 rows come back dequantized: close, not exact. */
+	for (uint32_t i = 0; i < m; i++)
+		for (int j = 0; j < ROW; j++) {
+			float want = k.ref[(size_t)pos[i] * TOK + j];
+
+			err += (K[i][j] - want) * (K[i][j] - want);
+			norm += want * want;
+		}
+	fprintf(stderr, "t2 relative L2 error over kept keys: %.3g\n", sqrt(err / norm));
+	ck_assert(sqrt(err / norm) < 1e-2);
+	ck_assert(sqrt(err / norm) > 0); /* the int8 rows are really int8 */
+	client_close(&k);
+}
+END_TEST
+
+START_TEST(t_bad_input)
+{
+	struct client k;
+	uint8_t small[64];
+	uint32_t list[4] = {0, 1, 2, 9999}, out[8];
+	struct kvt_seq_stat before, after;
+
+	client_open(&k, 0.5f, 0.0f, 0.0f, 5);
+	for (int t = 0; t < 40; t++)
+		step(&k);
+	ck_assert_int_eq(kvt_seq_stat(k.c, k.seq, &before), 0);
+	/* RETIER whose output does not fit: -ENOSPC, nothing changed */
+	ck_assert_int_eq(kvt_retier(k.c, k.seq, small, sizeof(small)), -ENOSPC);
+	/* FETCH into a region too small (start row near the end) */
+	ck_assert_int_eq(kvt_fetch(k.c, k.seq, KVT_FETCH_F_T1, 0, L, STEPS - 2, out, 8),
+			 before.tier_count[1] > 2 ? -ENOSPC : (int)before.tier_count[1]);
+	/* positions beyond n, layers out of range, mixed flags */
+	ck_assert_int_eq(kvt_fetch(k.c, k.seq, KVT_FETCH_F_LIST, 0, 1, 0, list, 4), -EINVAL);
+	ck_assert_int_eq(kvt_fetch(k.c, k.seq, KVT_FETCH_F_LIST, 0, L + 1, 0, list, 3), -EINVAL);
+	ck_assert_int_eq(kvt_fetch(k.c, k.seq, KVT_FETCH_F_LIST | KVT_FETCH_F_T1, 0, 1, 0, list, 3),
+			 -EINVAL);
+	ck_assert_int_eq(kvt_fetch(k.c, k.seq, 0, 0, 1, 0, list, 3), -EINVAL);
+	/* an explicit list works and stages in the order given */
+	ck_assert_int_eq(kvt_fetch(k.c, k.seq, KVT_FETCH_F_LIST, 1, 1, 0, list, 3), 3);
+	ck_assert(!memcmp(stage_row(&k, 2, 1, 1), k.ref + 2 * TOK + 3 * ROW, ROW * 4));
+	ck_assert_int_eq(kvt_seq_stat(k.c, k.seq, &after), 0);
+	ck_assert(!memcmp(before.tier_count, after.tier_count, sizeof(before.tier_count)));
+	/* RETIER and FETCH on a closed sequence */
+	ck_assert_int_eq(kvt_seq_close(k.c, k.seq), 0);
+	ck_assert_int_eq(kvt_retier(k.c, k.seq, out, sizeof(out)), -ENOENT);
+	ck_assert_int_eq(kvt_fetch(k.c, k.seq, KVT_FETCH_F_T1, 0, 1, 0, out, 8), -ENOENT);
+	kvt_disconnect(k.c);
+	free(k.ref);
+}
+END_TEST
+
+static void
+up(void)
+{
+	daemon_start(&Dm, NULL);
+}
+
+static void
+down(void)
+{
+	ck_assert_int_eq(daemon_stop(&Dm), 0);
+}
+
+int
+main(void)
+{
+	Suite *s = suite_create("tier");
+	TCase *tc = tcase_create("tier");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_checked_fixture(tc, up, down);
+	tcase_set_timeout(tc, 120);
+	tcase_add_loop_test(tc, t_prop1_bit_exact, 0, 5);
+	tcase_add_test(tc, t_evict_and_int8);
+	tcase_add_test(tc, t_bad_input);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
