@@ -90,12 +90,8 @@ int bench_socket(const struct bench_opts *o, struct bench_result *ret);
 int bench_eventfd(const struct bench_opts *o, struct bench_result *ret);
 int bench_uring_batch32(const struct bench_opts *o, struct bench_result *ret);
 
-/*
- * bench_proc_cpu_ticks() - utime + stime of process @pid, in clock ticks (sysconf(_SC_CLK_TCK)
- * per second), from /proc/PID/stat. Counts all of its threads.
- * Returns 0, -ESRCH (no such process), -EPROTO (unparsable stat line) or -errno.
- */
-int bench_proc_cpu_ticks(pid_t pid, uint64_t *ret_ticks);
+/* bench_proc_cpu_ticks() is in tools/bench/daemon.h. */
+
 
 /*
  * bench_proc_cpu() - CPU use of @pid over the next @interval_s seconds (this call sleeps), as

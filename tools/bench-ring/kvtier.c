@@ -10,90 +10,14 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <limits.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench.h"
+#include "daemon.h"
 #include "kvtier.h"
-
-struct kvtd_child {
-	pid_t pid;
-	char dir[64];
-	char sock[96];
-};
-
-static const char *
-kvtierd_path(void)
-{
-	static char buf[PATH_MAX];
-	const char *env = getenv("KVTIERD");
-	ssize_t n;
-
-	if (env && *env)
-		return env;
-	/* Installed side by side in bindir. */
-	n = readlink("/proc/self/exe", buf, sizeof(buf) - 16);
-	if (n > 0) {
-		buf[n] = '\0';
-		strcpy(strrchr(buf, '/') + 1, "kvtierd");
-		if (access(buf, X_OK) == 0)
-			return buf;
-	}
-	return KVT_KVTIERD_BUILD_PATH;
-}
-
-static int
-daemon_up(struct kvtd_child *d, unsigned spin_us)
-{
-	char spin[16];
-
-	snprintf(d->dir, sizeof(d->dir), "/tmp/kvt-bench-XXXXXX");
-	if (!mkdtemp(d->dir))
-		return -errno;
-	snprintf(d->sock, sizeof(d->sock), "%s/kvtierd.sock", d->dir);
-	snprintf(spin, sizeof(spin), "%u", spin_us);
-	d->pid = fork();
-	if (d->pid < 0)
-		return -errno;
-	if (d->pid == 0) {
-		const char *path = kvtierd_path();
-
-		execl(path, path, "--config", "/dev/null", "--socket", d->sock, "--pool-size",
-		      "16M", "--lock", "no", "--spin-us", spin, "--log-level", "warning", NULL);
-		fprintf(stderr, "kvtier-bench ring: cannot run %s: %s (set KVTIERD)\n", path,
-			strerror(errno));
-		_exit(127);
-	}
-	for (int i = 0; i < 500; i++) {
-		struct sockaddr_un sa = {.sun_family = AF_UNIX};
-		int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0), ok;
-
-		snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", d->sock);
-		ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-		close(fd);
-		if (ok)
-			return 0;
-		if (waitpid(d->pid, NULL, WNOHANG) == d->pid)
-			return -ECHILD;
-		usleep(10000);
-	}
-	return -ETIMEDOUT;
-}
-
-static void
-daemon_down(struct kvtd_child *d)
-{
-	kill(d->pid, SIGTERM);
-	waitpid(d->pid, NULL, 0);
-	rmdir(d->dir);
-}
 
 static int
 nop_op(void *ctx)
@@ -136,11 +60,12 @@ run_mode(const struct bench_opts *o, enum mode m, struct bench_result *ret)
 {
 	struct kvt_opts opts = {.size = sizeof(opts), .name = "kvtier-bench",
 				.spin_us = m == MODE_SLEEP ? 0 : 1000000, .sq_entries = 64};
-	struct kvtd_child d;
+	struct bench_daemon d;
 	struct kvt_client *c;
 	int r;
 
-	r = daemon_up(&d, m == MODE_SLEEP ? 0 : 1000000);
+	r = bench_daemon_start(&d, (const char *const[]){"--pool-size", "16M", "--spin-us",
+							  m == MODE_SLEEP ? "0" : "1000000", NULL});
 	if (r < 0)
 		return r;
 	r = kvt_connect(d.sock, &opts, &c);
@@ -156,7 +81,7 @@ run_mode(const struct bench_opts *o, enum mode m, struct bench_result *ret)
 		}
 		kvt_disconnect(c);
 	}
-	daemon_down(&d);
+	bench_daemon_stop(&d);
 	return r;
 }
 
@@ -183,13 +108,13 @@ int
 bench_kvtier_idle(const struct bench_opts *o, struct bench_result *ret)
 {
 	struct kvt_opts opts = {.size = sizeof(opts), .name = "idle"};
-	struct kvtd_child d;
+	struct bench_daemon d;
 	struct kvt_client *c;
 	int r;
 
 	if (o->cpu_pid > 0)
 		return bench_proc_cpu(o->cpu_pid, o->cpu_interval_s, &ret->cpu_pct);
-	r = daemon_up(&d, 50);
+	r = bench_daemon_start(&d, (const char *const[]){"--pool-size", "16M", NULL});
 	if (r < 0)
 		return r;
 	r = kvt_connect(d.sock, &opts, &c);
@@ -200,6 +125,6 @@ bench_kvtier_idle(const struct bench_opts *o, struct bench_result *ret)
 			r = bench_proc_cpu(d.pid, o->cpu_interval_s, &ret->cpu_pct);
 		kvt_disconnect(c);
 	}
-	daemon_down(&d);
+	bench_daemon_stop(&d);
 	return r;
 }

@@ -10,36 +10,7 @@
 #include <unistd.h>
 
 #include "bench.h"
-
-int
-bench_proc_cpu_ticks(pid_t pid, uint64_t *ret_ticks)
-{
-	char path[64], buf[1024], *p;
-	unsigned long long utime, stime;
-	ssize_t n;
-	int fd;
-
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT ? -ESRCH : -errno;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n < 0)
-		return -errno;
-	buf[n] = '\0';
-	/*
-	 * Field 2, comm, is in parentheses and may itself hold spaces and ')': the fields after it
-	 * start after the last ')'. From there: state ppid pgrp session tty_nr tpgid flags minflt
-	 * cminflt majflt cmajflt utime stime (proc(5) fields 3..15).
-	 */
-	p = strrchr(buf, ')');
-	if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &utime,
-			 &stime) != 2)
-		return -EPROTO;
-	*ret_ticks = utime + stime;
-	return 0;
-}
+#include "daemon.h"
 
 int
 bench_proc_cpu(pid_t pid, double interval_s, double *ret_pct)
