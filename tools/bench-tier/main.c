@@ -452,8 +452,10 @@ bench_gather(int reps, struct gather_result *res)
 static void
 usage(FILE *f)
 {
-	fprintf(f, "usage: kvtier-bench tier [--json] [--reps N]\n"
+	fprintf(f, "usage: kvtier-bench tier [--json] [--reps N] [--no-step]\n"
 		   "  --json    print one JSON object instead of the table\n"
+		   "  --no-step skip the end-to-end decode step (it starts a kvtierd with a 4 GiB\n"
+		   "            pool and fills a 32K-token, 32-layer sequence)\n"
 		   "  --reps N  repetitions per figure, medians reported (default 9, min 3)\n");
 }
 
@@ -471,7 +473,8 @@ main(int argc, char **argv)
 	struct trace_result tr;
 	struct quant_result q;
 	struct gather_result g;
-	int json = 0, reps = 9;
+	int json = 0, reps = 9, do_step = 1, step_err = 0;
+	struct step_result st = {0};
 	double pf_ratio;
 
 	for (int i = 1; i < argc; i++) {
@@ -483,6 +486,8 @@ main(int argc, char **argv)
 				usage(stderr);
 				return 2;
 			}
+		} else if (!strcmp(argv[i], "--no-step")) {
+			do_step = 0;
 		} else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
 			usage(stdout);
 			return 0;
@@ -496,6 +501,8 @@ main(int argc, char **argv)
 	bench_trace(&tr);
 	bench_quant(reps, &q);
 	bench_gather(reps, &g);
+	if (do_step)
+		step_err = bench_step(32u << 10, 128, &st);
 	pf_ratio = tr.diff_bytes ? (double)tr.full_bytes / tr.diff_bytes : INFINITY;
 
 	if (json) {
@@ -519,9 +526,16 @@ main(int argc, char **argv)
 		       g.gather_gbps, g.random_gbps, g.read_gbps);
 		printf(",\"gather_vs_read\":%.2f,\"gather_random_vs_read\":%.2f", g.gather_ratio,
 		       g.random_ratio);
-		printf(",\"copy_64m_gbps\":%.2f,\"copy_vs_read\":%.2f}\n", g.copy_gbps,
+		printf(",\"copy_64m_gbps\":%.2f,\"copy_vs_read\":%.2f", g.copy_gbps,
 		       g.copy_ratio);
-		return 0;
+		if (do_step && !step_err)
+			printf(",\"step_us_32k\":%.1f,\"step_nofetch_us_32k\":%.1f,"
+			       "\"fetch_us_32k\":%.1f,\"retier_daemon_us_32k\":%.1f,"
+			       "\"step_t1_rows\":%llu",
+			       st.step_us, st.step_nofetch_us, st.fetch_us, st.retier_us,
+			       (unsigned long long)st.t1);
+		printf("}\n");
+		return step_err ? 1 : 0;
 	}
 	printf("kvtier-bench tier: medians of %d repetitions, SIMD level %s\n\n", reps,
 	       kvt_simd_name(kvt_simd_level()));
@@ -554,5 +568,22 @@ main(int argc, char **argv)
 	       g.gather_gbps, g.gather_ratio, verdict(g.gather_ratio, 0.5));
 	printf("  gather, random order   %7.2f GB/s  %.2fx read (worst case, same target: %s)\n",
 	       g.random_gbps, g.random_ratio, verdict(g.random_ratio, 0.5));
+	if (!do_step)
+		return 0;
+	if (step_err) {
+		printf("\ndecode step through kvtierd: failed: %s\n", strerror(-step_err));
+		return 1;
+	}
+	printf("\ndecode step through kvtierd (host backend), 32 layers x 8 kv heads x 128, f16,\n"
+	       "%u tokens (T0 %llu, T1 %llu), daemon CPU per step, %u steps\n", st.n,
+	       (unsigned long long)st.t0, (unsigned long long)st.t1, st.steps);
+	printf("  APPEND + SCORE_ADD (n floats) + RETIER every 64         %10.0f us\n",
+	       st.step_nofetch_us);
+	printf("  FETCH of every T1 row, one op per layer (memcpy here)   %10.0f us\n",
+	       st.fetch_us);
+	printf("  step_us_32k (sum)                                       %10.0f us\n",
+	       st.step_us);
+	printf("  one RETIER of the whole sequence                        %10.0f us\n",
+	       st.retier_us);
 	return 0;
 }
