@@ -1,0 +1,117 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvtierctl against a real kvtierd: what an operator sees matches what clients hold.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvtier.h"
+
+static struct kvtd_proc D;
+
+/* Runs kvtierctl with @args; returns its exit status, output in @out. */
+static int
+ctl(const char *args, char *out, size_t len)
+{
+	char cmd[512];
+	size_t n = 0;
+	FILE *p;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "%s --socket %s %s 2>&1", getenv("KVTIERCTL"), D.sock, args);
+	p = popen(cmd, "r");
+	ck_assert_ptr_nonnull(p);
+	while (n + 1 < len && fgets(out + n, (int)(len - n), p))
+		n += strlen(out + n);
+	out[n] = '\0';
+	st = pclose(p);
+	return WEXITSTATUS(st);
+}
+
+START_TEST(t_status_clients_seqs)
+{
+	static char out[65536];
+	struct kvt_opts o = {.size = sizeof(o), .name = "ctl-live"};
+	struct kvt_seq_params p = {.size = sizeof(p), .layers = 2, .kv_heads = 1, .head_dim = 16,
+				   .dtype = KVT_DTYPE_F32, .delta = 8, .hbm_frac = 0.5f};
+	struct json_object *j, *a;
+	struct kvt_client *c;
+	float rows[2 * 2 * 16 * 10] = {0};
+	uint32_t seq;
+
+	ck_assert_int_eq(kvt_connect(D.sock, &o, &c), 0);
+	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 10, NULL), 10);
+
+	ck_assert_int_eq(ctl("status --json", out, sizeof(out)), 0);
+	j = json_tokener_parse(out);
+	ck_assert_ptr_nonnull(j);
+	ck_assert_int_eq(json_get_i64(j, "sessions"), 1);
+	ck_assert_int_eq(json_get_i64(j, "seqs"), 1);
+	ck_assert_int_eq(json_get_i64(j, "pool.size"), 64 << 20);
+	ck_assert_int_gt(json_get_i64(j, "pool.used"), 0);
+	json_object_put(j);
+
+	ck_assert_int_eq(ctl("clients", out, sizeof(out)), 0);
+	ck_assert_ptr_nonnull(strstr(out, "ctl-live"));
+
+	ck_assert_int_eq(ctl("seqs --json", out, sizeof(out)), 0);
+	j = json_tokener_parse(out);
+	ck_assert(json_object_object_get_ex(j, "seqs", &a));
+	ck_assert_int_eq(json_object_array_length(a), 1);
+	ck_assert_int_eq(json_get_i64(json_object_array_get_idx(a, 0), "n"), 10);
+	json_object_put(j);
+
+	ck_assert_int_eq(ctl("metrics", out, sizeof(out)), 0);
+	ck_assert_ptr_nonnull(strstr(out, "kvtier_"));
+
+	kvt_disconnect(c);
+	ck_assert_int_eq(ctl("status --json", out, sizeof(out)), 0);
+	j = json_tokener_parse(out);
+	for (int i = 0; i < 100 && json_get_i64(j, "sessions") != 0; i++) {
+		json_object_put(j);
+		usleep(10000);
+		ck_assert_int_eq(ctl("status --json", out, sizeof(out)), 0);
+		j = json_tokener_parse(out);
+	}
+	ck_assert_int_eq(json_get_i64(j, "sessions"), 0);
+	ck_assert_int_eq(json_get_i64(j, "pool.used"), 0);
+	json_object_put(j);
+}
+END_TEST
+
+static void
+up(void)
+{
+	daemon_start(&D, NULL);
+}
+
+static void
+down(void)
+{
+	ck_assert_int_eq(daemon_stop(&D), 0);
+}
+
+int
+main(void)
+{
+	Suite *s = suite_create("ctl-live");
+	TCase *tc = tcase_create("ctl-live");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_checked_fixture(tc, up, down);
+	tcase_add_test(tc, t_status_clients_seqs);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
