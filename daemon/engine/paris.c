@@ -1,0 +1,794 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "paris.h"
+#include "simd.h"
+
+const float kvt_paris_theta[7] = {
+	0.08420966f, 0.16964098f, 0.25757120f, 0.34969834f, 0.44844857f, 0.55829565f, 0.68999742f,
+};
+
+const float kvt_paris_level[8] = {
+	0.04192810f, 0.12649122f, 0.21279074f, 0.30235165f,
+	0.39704504f, 0.49985211f, 0.61673919f, 0.76325565f,
+};
+
+/* Cumulative tier fractions of the collision budget (section 3.2). */
+static const double tier_frac[KVT_PARIS_TIERS] = {0.05, 0.15, 0.30, 0.50, 0.75, 1.00};
+
+static void *
+default_page_get(void *ctx, size_t len)
+{
+	return aligned_alloc(64, (len + 63) & ~(size_t)63);
+}
+
+static void
+default_page_put(void *ctx, void *page, size_t len)
+{
+	free(page);
+}
+
+size_t
+kvt_paris_page_bytes(unsigned int dim, unsigned int page_keys)
+{
+	return (size_t)9 * (dim / KVT_PARIS_M) * page_keys;
+}
+
+/* Page layout: cid [B][P] | codes [P][4B] | weights [P][B] f32. Every part starts 64-aligned
+ * because P is a multiple of 64. */
+static inline uint8_t *
+page_cid(const struct kvt_paris_index *ix, uint32_t p)
+{
+	return ix->pages[p];
+}
+
+static inline uint8_t *
+page_code(const struct kvt_paris_index *ix, uint32_t p)
+{
+	return (uint8_t *)ix->pages[p] + (size_t)ix->nblk * ix->page_keys;
+}
+
+static inline float *
+page_w(const struct kvt_paris_index *ix, uint32_t p)
+{
+	return (float *)((uint8_t *)ix->pages[p] + (size_t)5 * ix->nblk * ix->page_keys);
+}
+
+int
+kvt_paris_index_init(struct kvt_paris_index *ix, unsigned int dim, unsigned int page_keys,
+		     const struct kvt_paris_alloc *alloc)
+{
+	if (dim != 64 && dim != 128)
+		return -EINVAL;
+	if (!page_keys)
+		page_keys = KVT_PARIS_PAGE_KEYS;
+	if (page_keys < 64 || page_keys > (1u << 20) || (page_keys & (page_keys - 1)))
+		return -EINVAL;
+	if (alloc && (!alloc->page_get || !alloc->page_put))
+		return -EINVAL;
+	memset(ix, 0, sizeof(*ix));
+	ix->dim = dim;
+	ix->nblk = dim / KVT_PARIS_M;
+	ix->page_keys = page_keys;
+	ix->page_shift = (uint32_t)__builtin_ctz(page_keys);
+	ix->page_bytes = kvt_paris_page_bytes(dim, page_keys);
+	if (alloc) {
+		ix->alloc = *alloc;
+	} else {
+		ix->alloc.page_get = default_page_get;
+		ix->alloc.page_put = default_page_put;
+	}
+	return 0;
+}
+
+void
+kvt_paris_index_fini(struct kvt_paris_index *ix)
+{
+	if (!ix)
+		return;
+	for (uint32_t p = 0; p < ix->npages; p++)
+		ix->alloc.page_put(ix->alloc.ctx, ix->pages[p], ix->page_bytes);
+	free(ix->pages);
+	ix->pages = NULL;
+	ix->npages = ix->max_pages = 0;
+	ix->n = 0;
+}
+
+int
+kvt_paris_index_reserve(struct kvt_paris_index *ix, uint32_t nkeys)
+{
+	uint32_t want;
+
+	if (nkeys > (1u << 31))
+		return -EOVERFLOW;
+	want = (uint32_t)(((uint64_t)nkeys + ix->page_keys - 1) >> ix->page_shift);
+	if (want > ix->max_pages) {
+		uint32_t m = ix->max_pages ? ix->max_pages : 4;
+		void **np;
+
+		while (m < want)
+			m *= 2;
+		np = realloc(ix->pages, m * sizeof(*np));
+		if (!np)
+			return -ENOMEM;
+		ix->pages = np;
+		ix->max_pages = m;
+	}
+	while (ix->npages < want) {
+		void *pg = ix->alloc.page_get(ix->alloc.ctx, ix->page_bytes);
+
+		if (!pg)
+			return -ENOMEM;
+		/* The vote scan reads centroid ids past n up to a multiple of 64: keep them defined. */
+		memset(pg, 0, (size_t)ix->nblk * ix->page_keys);
+		ix->pages[ix->npages++] = pg;
+	}
+	return (int)((uint64_t)ix->npages << ix->page_shift > (1u << 31)
+			     ? (1u << 31)
+			     : (uint64_t)ix->npages << ix->page_shift);
+}
+
+void
+kvt_paris_encode_key(const struct kvt_srht *srht, const float *key, uint8_t *ret_cid,
+		     uint8_t *ret_code, float *ret_w)
+{
+	unsigned int d = srht->dim, nb = d / KVT_PARIS_M;
+	float y[KVT_SRHT_MAX_DIM] = {0}, nrm2 = 0.0f, nrm, den;
+
+	for (unsigned int i = 0; i < d; i++)
+		nrm2 += key[i] * key[i];
+	nrm = sqrtf(nrm2);
+	den = fmaxf(nrm, 1e-8f);
+	for (unsigned int i = 0; i < d; i++)
+		y[i] = key[i] / den;
+	kvt_srht_apply(srht, y, y);
+
+	for (unsigned int b = 0; b < nb; b++) {
+		const float *yb = y + KVT_PARIS_M * b;
+		float r2 = 0.0f, r, rden, alpha = 0.0f;
+		uint32_t word = 0, id = 0;
+
+		for (unsigned int j = 0; j < KVT_PARIS_M; j++)
+			r2 += yb[j] * yb[j];
+		r = sqrtf(r2);
+		rden = fmaxf(r, 1e-8f);
+		for (unsigned int j = 0; j < KVT_PARIS_M; j++) {
+			float au = fabsf(yb[j] / rden);
+			uint32_t s = yb[j] >= 0.0f; /* an exact zero counts as positive */
+			uint32_t t = 0;
+
+			/* bucketize(right=False): a value equal to a threshold stays in the lower bin */
+			for (unsigned int l = 0; l < 7; l++)
+				t += kvt_paris_theta[l] < au;
+			id |= s << j;
+			word |= ((s << 3) | t) << (4 * j);
+			alpha += kvt_paris_level[t] * au;
+		}
+		alpha = fmaxf(alpha, 1e-6f);
+		ret_cid[b] = (uint8_t)id;
+		ret_code[4 * b + 0] = (uint8_t)word;
+		ret_code[4 * b + 1] = (uint8_t)(word >> 8);
+		ret_code[4 * b + 2] = (uint8_t)(word >> 16);
+		ret_code[4 * b + 3] = (uint8_t)(word >> 24);
+		ret_w[b] = nrm * r / alpha;
+	}
+}
+
+int
+kvt_paris_index_append(struct kvt_paris_index *ix, const struct kvt_srht *srht,
+		       const float *keys, size_t stride, uint32_t count)
+{
+	uint32_t nb = ix->nblk, P = ix->page_keys;
+
+	if (srht->dim != ix->dim || stride < ix->dim)
+		return -EINVAL;
+	if ((uint64_t)ix->n + count > ((uint64_t)ix->npages << ix->page_shift) ||
+	    (uint64_t)ix->n + count > (1u << 31))
+		return -ENOSPC;
+	for (uint32_t i = 0; i < count; i++) {
+		uint32_t at = ix->n + i, p = at >> ix->page_shift, off = at & (P - 1);
+		uint8_t cid[KVT_PARIS_MAX_BLK];
+		uint8_t *cb = page_cid(ix, p);
+
+		kvt_paris_encode_key(srht, keys + (size_t)i * stride, cid,
+				     page_code(ix, p) + (size_t)off * 4 * nb,
+				     page_w(ix, p) + (size_t)off * nb);
+		for (uint32_t b = 0; b < nb; b++) {
+			cb[(size_t)b * P + off] = cid[b];
+			ix->hist[b][cid[b]]++;
+		}
+	}
+	ix->n += count;
+	return (int)ix->n;
+}
+
+int
+kvt_paris_key_codes(const struct kvt_paris_index *ix, uint32_t i, const uint8_t **ret_cid,
+		    const uint8_t **ret_code, const float **ret_w)
+{
+	uint32_t p = i >> ix->page_shift, off = i & (ix->page_keys - 1);
+
+	if (i >= ix->n)
+		return -ERANGE;
+	*ret_cid = page_cid(ix, p) + off;
+	*ret_code = page_code(ix, p) + (size_t)off * 4 * ix->nblk;
+	*ret_w = page_w(ix, p) + (size_t)off * ix->nblk;
+	return 0;
+}
+
+void
+kvt_paris_schedule(uint32_t n, double *ret_rho_cand, double *ret_rho_col)
+{
+	if (n < 5000) {
+		*ret_rho_cand = 0.50;
+		*ret_rho_col = 0.50;
+	} else if (n < 10000) {
+		*ret_rho_cand = 0.25;
+		*ret_rho_col = 0.30;
+	} else if (n < 30000) {
+		*ret_rho_cand = 0.20;
+		*ret_rho_col = 0.25;
+	} else {
+		*ret_rho_cand = 0.10;
+		*ret_rho_col = 0.20;
+	}
+}
+
+void
+kvt_paris_query_prep(const struct kvt_srht *srht, const float *q, struct kvt_paris_query *ret_q)
+{
+	unsigned int d = srht->dim;
+	float nrm2 = 0.0f, den;
+
+	for (unsigned int i = 0; i < d; i++)
+		nrm2 += q[i] * q[i];
+	ret_q->dim = d;
+	ret_q->norm = sqrtf(nrm2);
+	den = fmaxf(ret_q->norm, 1e-8f);
+	for (unsigned int i = 0; i < d; i++)
+		ret_q->y[i] = q[i] / den;
+	kvt_srht_apply(srht, ret_q->y, ret_q->y);
+}
+
+/*
+ * Stable LSD radix sort of the 256 flip masks by their cost. Costs are sums of |y| and so never
+ * negative: their IEEE bit patterns order like the values. The input is in mask order and every
+ * pass is stable, so equal costs stay in ascending mask order (deterministic ties).
+ */
+static void
+rank_masks(const float *cost, uint8_t *ret_order)
+{
+	uint32_t key[256], k2[256];
+	uint8_t o2[256];
+	uint32_t *ks = key, *kd = k2;
+	uint8_t *os = ret_order, *od = o2;
+
+	for (unsigned int x = 0; x < 256; x++) {
+		memcpy(&key[x], &cost[x], sizeof(uint32_t));
+		ret_order[x] = (uint8_t)x;
+	}
+	for (unsigned int shift = 0; shift < 32; shift += 8) {
+		uint32_t cnt[256] = {0}, sum = 0;
+
+		for (unsigned int i = 0; i < 256; i++)
+			cnt[(ks[i] >> shift) & 0xff]++;
+		if (cnt[(ks[0] >> shift) & 0xff] == 256)
+			continue; /* all equal in this byte: the pass would be the identity */
+		for (unsigned int v = 0; v < 256; v++) {
+			uint32_t c = cnt[v];
+
+			cnt[v] = sum;
+			sum += c;
+		}
+		for (unsigned int i = 0; i < 256; i++) {
+			uint32_t at = cnt[(ks[i] >> shift) & 0xff]++;
+
+			kd[at] = ks[i];
+			od[at] = os[i];
+		}
+		uint32_t *kt = ks;
+		uint8_t *ot = os;
+
+		ks = kd;
+		kd = kt;
+		os = od;
+		od = ot;
+	}
+	if (os != ret_order)
+		memcpy(ret_order, os, 256);
+}
+
+int
+kvt_paris_vote_tables(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+		      double rho_col, uint8_t (*ret_tab)[256])
+{
+	double budget[KVT_PARIS_TIERS];
+
+	if (q->dim != ix->dim || !(rho_col > 0.0 && rho_col <= 1.0))
+		return -EINVAL;
+	for (int t = 0; t < KVT_PARIS_TIERS; t++)
+		budget[t] = ceil(((double)ix->n * rho_col) * tier_frac[t]);
+
+	for (uint32_t b = 0; b < ix->nblk; b++) {
+		const float *yb = q->y + KVT_PARIS_M * b;
+		float ay[KVT_PARIS_M], cost[256];
+		uint8_t order[256];
+		uint32_t top = 0;
+		uint64_t prefix = 0;
+
+		for (unsigned int j = 0; j < KVT_PARIS_M; j++) {
+			top |= (uint32_t)(yb[j] >= 0.0f) << j;
+			ay[j] = fabsf(yb[j]);
+		}
+		/* cost[x] = sum of |y_j| over the dims flipped by mask x; x = 0 is the top centroid */
+		cost[0] = 0.0f;
+		for (unsigned int x = 1; x < 256; x++)
+			cost[x] = cost[x & (x - 1)] + ay[__builtin_ctz(x)];
+		rank_masks(cost, order);
+		for (unsigned int p = 0; p < 256; p++) {
+			uint32_t c = order[p] ^ top;
+			uint8_t w = 0;
+
+			for (int t = 0; t < KVT_PARIS_TIERS; t++)
+				w += (double)prefix < budget[t];
+			ret_tab[b][c] = w;
+			prefix += ix->hist[b][c];
+		}
+	}
+	return 0;
+}
+
+size_t
+kvt_paris_votes_len(const struct kvt_paris_index *ix)
+{
+	return ((size_t)ix->n + 63) & ~(size_t)63;
+}
+
+static void
+votes_scalar(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t *ret_votes)
+{
+	uint32_t P = ix->page_keys, nb = ix->nblk;
+
+	for (uint32_t p = 0; (uint64_t)p << ix->page_shift < ix->n; p++) {
+		uint32_t base = p << ix->page_shift, cnt = ix->n - base;
+		const uint8_t *cid = page_cid(ix, p);
+
+		cnt = cnt > P ? P : (cnt + 63) & ~63u;
+		for (uint32_t i = 0; i < cnt; i++) {
+			uint32_t v = 0;
+
+			for (uint32_t b = 0; b < nb; b++)
+				v += tab[b][cid[(size_t)b * P + i]];
+			ret_votes[base + i] = (uint8_t)v;
+		}
+	}
+}
+
+#if defined(__x86_64__)
+/*
+ * A 256-entry byte table cannot be looked up with vpshufb, but omega is only 3 bits: store it as
+ * three 256-bit bitsets per block (bit p of omega_b(c) at bit c of plane p). For 32 ids, byte
+ * c >> 3 of a plane comes from two 16-byte vpshufb lookups blended on bit 4 of c >> 3, and bit
+ * c & 7 is tested against a vpshufb-made mask. All integer, so the result equals the scalar sum.
+ */
+__attribute__((target("avx2,fma"))) static void
+votes_avx2(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t *ret_votes)
+{
+	uint32_t P = ix->page_keys, nb = ix->nblk;
+	__m256i plo[KVT_PARIS_MAX_BLK][3], phi[KVT_PARIS_MAX_BLK][3];
+	const __m256i bits = _mm256_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 0, 0, 0, 0, 0, 0, 0, 0, 1,
+					      2, 4, 8, 16, 32, 64, -128, 0, 0, 0, 0, 0, 0, 0, 0);
+	const __m256i m7 = _mm256_set1_epi8(7), m31 = _mm256_set1_epi8(31);
+
+	for (uint32_t b = 0; b < nb; b++) {
+		for (int pl = 0; pl < 3; pl++) {
+			uint8_t set[32] = {0};
+
+			for (unsigned int c = 0; c < 256; c++)
+				if ((tab[b][c] >> pl) & 1)
+					set[c >> 3] |= (uint8_t)(1u << (c & 7));
+			plo[b][pl] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)set));
+			phi[b][pl] =
+				_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(set + 16)));
+		}
+	}
+	for (uint32_t p = 0; (uint64_t)p << ix->page_shift < ix->n; p++) {
+		uint32_t base = p << ix->page_shift, cnt = ix->n - base;
+		const uint8_t *cid = page_cid(ix, p);
+
+		cnt = cnt > P ? P : (cnt + 63) & ~63u;
+		for (uint32_t i = 0; i < cnt; i += 32) {
+			__m256i acc = _mm256_setzero_si256();
+
+			for (uint32_t b = 0; b < nb; b++) {
+				__m256i id = _mm256_loadu_si256((const __m256i *)(cid + (size_t)b * P + i));
+				__m256i bm = _mm256_shuffle_epi8(bits, _mm256_and_si256(id, m7));
+				__m256i hi = _mm256_and_si256(_mm256_srli_epi16(id, 3), m31);
+				__m256i sel = _mm256_slli_epi16(hi, 3); /* bit 4 of hi -> bit 7 */
+
+				for (int pl = 0; pl < 3; pl++) {
+					__m256i lo = _mm256_shuffle_epi8(plo[b][pl], hi);
+					__m256i up = _mm256_shuffle_epi8(phi[b][pl], hi);
+					__m256i by = _mm256_blendv_epi8(lo, up, sel);
+					__m256i hit = _mm256_cmpeq_epi8(_mm256_and_si256(by, bm), bm);
+
+					acc = _mm256_add_epi8(
+						acc, _mm256_and_si256(hit, _mm256_set1_epi8((char)(1 << pl))));
+				}
+			}
+			_mm256_storeu_si256((__m256i *)(ret_votes + base + i), acc);
+		}
+	}
+}
+#endif
+
+void
+kvt_paris_votes(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t *ret_votes)
+{
+#if defined(__x86_64__)
+	if (kvt_simd_level() >= KVT_SIMD_AVX2) {
+		votes_avx2(ix, tab, ret_votes);
+		return;
+	}
+#endif
+	votes_scalar(ix, tab, ret_votes);
+}
+
+/* Finds the cut vote tau and how many keys voting exactly tau are taken (the lowest-index ones). */
+static void
+select_cut(const uint8_t *votes, uint32_t n, uint32_t c, uint32_t *ret_tau, uint32_t *ret_eq)
+{
+	uint32_t h[4][KVT_PARIS_MAX_VOTE + 1] = {{0}}, cum = 0, tau = 0;
+	uint32_t i = 0;
+
+	/* four sub-histograms break the store-to-load dependency on equal consecutive votes */
+	for (; i + 4 <= n; i += 4) {
+		h[0][votes[i]]++;
+		h[1][votes[i + 1]]++;
+		h[2][votes[i + 2]]++;
+		h[3][votes[i + 3]]++;
+	}
+	for (; i < n; i++)
+		h[0][votes[i]]++;
+	for (int v = KVT_PARIS_MAX_VOTE; v >= 0; v--) {
+		uint32_t hv = h[0][v] + h[1][v] + h[2][v] + h[3][v];
+
+		if (cum + hv >= c) {
+			tau = (uint32_t)v;
+			break;
+		}
+		cum += hv;
+	}
+	*ret_tau = tau;
+	*ret_eq = c - cum;
+}
+
+static uint32_t
+select_emit_scalar(const uint8_t *votes, uint32_t from, uint32_t n, uint32_t tau, uint32_t *eq,
+		   uint32_t *out, uint32_t o)
+{
+	for (uint32_t i = from; i < n; i++) {
+		if (votes[i] > tau) {
+			out[o++] = i;
+		} else if (votes[i] == tau && *eq) {
+			out[o++] = i;
+			(*eq)--;
+		}
+	}
+	return o;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) static uint32_t
+select_emit_avx2(const uint8_t *votes, uint32_t n, uint32_t tau, uint32_t eq, uint32_t *out)
+{
+	const __m256i t = _mm256_set1_epi8((char)tau);
+	uint32_t o = 0, i = 0;
+
+	for (; i + 32 <= n; i += 32) {
+		__m256i v = _mm256_loadu_si256((const __m256i *)(votes + i));
+		/* votes are <= 96, so the signed byte compare is exact */
+		uint32_t mgt = (uint32_t)_mm256_movemask_epi8(_mm256_cmpgt_epi8(v, t));
+		uint32_t meq = eq ? (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, t)) : 0;
+		uint32_t m;
+
+		if (meq) {
+			uint32_t pc = (uint32_t)__builtin_popcount(meq);
+
+			if (pc > eq) {
+				uint32_t keep = 0;
+
+				for (uint32_t k = 0; k < eq; k++) {
+					keep |= meq & -meq;
+					meq &= meq - 1;
+				}
+				meq = keep;
+				pc = eq;
+			}
+			eq -= pc;
+		}
+		m = mgt | meq;
+		while (m) {
+			out[o++] = i + (uint32_t)__builtin_ctz(m);
+			m &= m - 1;
+		}
+	}
+	return select_emit_scalar(votes, i, n, tau, &eq, out, o);
+}
+#endif
+
+uint32_t
+kvt_paris_select(const uint8_t *votes, uint32_t n, uint32_t c, uint32_t *ret_cand)
+{
+	uint32_t tau, eq;
+
+	if (c >= n) {
+		for (uint32_t i = 0; i < n; i++)
+			ret_cand[i] = i;
+		return n;
+	}
+	if (!c)
+		return 0;
+	select_cut(votes, n, c, &tau, &eq);
+#if defined(__x86_64__)
+	if (kvt_simd_level() >= KVT_SIMD_AVX2)
+		return select_emit_avx2(votes, n, tau, eq, ret_cand);
+#endif
+	return select_emit_scalar(votes, 0, n, tau, &eq, ret_cand, 0);
+}
+
+static void
+rerank_scalar(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+	      const uint32_t *cand, uint32_t nc, float *ret_score)
+{
+	uint32_t nb = ix->nblk;
+
+	for (uint32_t k = 0; k < nc; k++) {
+		uint32_t i = cand[k], p = i >> ix->page_shift, off = i & (ix->page_keys - 1);
+		const uint8_t *code = page_code(ix, p) + (size_t)off * 4 * nb;
+		const float *w = page_w(ix, p) + (size_t)off * nb;
+		float s = 0.0f;
+
+		for (uint32_t b = 0; b < nb; b++) {
+			uint32_t word = (uint32_t)code[4 * b] | (uint32_t)code[4 * b + 1] << 8 |
+					(uint32_t)code[4 * b + 2] << 16 |
+					(uint32_t)code[4 * b + 3] << 24;
+			float acc = 0.0f;
+
+			for (unsigned int j = 0; j < KVT_PARIS_M; j++) {
+				uint32_t nib = (word >> (4 * j)) & 15;
+				float v = kvt_paris_level[nib & 7] * q->y[KVT_PARIS_M * b + j];
+
+				acc += (nib & 8) ? v : -v;
+			}
+			s += w[b] * acc;
+		}
+		ret_score[k] = q->norm * s;
+	}
+}
+
+#if defined(__x86_64__)
+/* One block of 8 dims per AVX2 register: the nibbles index the 8 levels directly (vpermps uses
+ * the low 3 bits), and the sign bit of the nibble, inverted, becomes the float sign. */
+__attribute__((target("avx2,fma"))) static void
+rerank_avx2(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+	    const uint32_t *cand, uint32_t nc, float *ret_score)
+{
+	uint32_t nb = ix->nblk;
+	const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+	const __m256i m15 = _mm256_set1_epi32(15), m8 = _mm256_set1_epi32(8);
+	const __m256 lev = _mm256_loadu_ps(kvt_paris_level);
+	__m256 qy[KVT_PARIS_MAX_BLK];
+
+	for (uint32_t b = 0; b < nb; b++)
+		qy[b] = _mm256_loadu_ps(q->y + KVT_PARIS_M * b);
+	for (uint32_t k = 0; k < nc; k++) {
+		uint32_t i = cand[k], p = i >> ix->page_shift, off = i & (ix->page_keys - 1);
+		const uint8_t *code = page_code(ix, p) + (size_t)off * 4 * nb;
+		const float *w = page_w(ix, p) + (size_t)off * nb;
+		__m256 acc = _mm256_setzero_ps();
+		__m128 h;
+
+		if (k + 4 < nc) {
+			uint32_t j = cand[k + 4], pj = j >> ix->page_shift;
+			uint32_t oj = j & (ix->page_keys - 1);
+
+			_mm_prefetch((const char *)(page_code(ix, pj) + (size_t)oj * 4 * nb),
+				     _MM_HINT_T0);
+			_mm_prefetch((const char *)(page_w(ix, pj) + (size_t)oj * nb), _MM_HINT_T0);
+		}
+		for (uint32_t b = 0; b < nb; b++) {
+			uint32_t word;
+			__m256i nib;
+			__m256 mag, sgn;
+
+			memcpy(&word, code + 4 * b, 4); /* little-endian host */
+			nib = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)word), shifts),
+					       m15);
+			mag = _mm256_permutevar8x32_ps(lev, nib);
+			sgn = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_andnot_si256(nib, m8), 28));
+			acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_xor_ps(mag, sgn), qy[b]),
+					      _mm256_set1_ps(w[b]), acc);
+		}
+		h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+		h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+		h = _mm_add_ss(h, _mm_movehdup_ps(h));
+		ret_score[k] = q->norm * _mm_cvtss_f32(h);
+	}
+}
+#endif
+
+void
+kvt_paris_rerank(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+		 const uint32_t *cand, uint32_t nc, float *ret_score)
+{
+#if defined(__x86_64__)
+	if (kvt_simd_level() >= KVT_SIMD_AVX2) {
+		rerank_avx2(ix, q, cand, nc, ret_score);
+		return;
+	}
+#endif
+	rerank_scalar(ix, q, cand, nc, ret_score);
+}
+
+/* a ranks before b: higher score, then lower index */
+static inline bool
+better(float sa, uint32_t ia, float sb, uint32_t ib)
+{
+	return sa > sb || (sa == sb && ia < ib);
+}
+
+/* Min-heap on "better": the root is the worst of the kept entries. */
+static void
+heap_down(uint32_t *hi, float *hs, uint32_t n, uint32_t at)
+{
+	for (;;) {
+		uint32_t l = 2 * at + 1, r = l + 1, w = at;
+
+		if (l < n && better(hs[w], hi[w], hs[l], hi[l]))
+			w = l;
+		if (r < n && better(hs[w], hi[w], hs[r], hi[r]))
+			w = r;
+		if (w == at)
+			return;
+		uint32_t ti = hi[at];
+		float ts = hs[at];
+
+		hi[at] = hi[w];
+		hs[at] = hs[w];
+		hi[w] = ti;
+		hs[w] = ts;
+		at = w;
+	}
+}
+
+void
+kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, uint32_t k,
+		      uint32_t *ret_idx, float *ret_score)
+{
+	uint32_t m = 0;
+
+	if (!k)
+		return;
+	for (uint32_t i = 0; i < n; i++) {
+		if (m < k) {
+			ret_idx[m] = idx[i];
+			ret_score[m] = score[i];
+			m++;
+			if (m == k)
+				for (uint32_t j = k / 2; j-- > 0;)
+					heap_down(ret_idx, ret_score, k, j);
+		} else if (better(score[i], idx[i], ret_score[0], ret_idx[0])) {
+			ret_idx[0] = idx[i];
+			ret_score[0] = score[i];
+			heap_down(ret_idx, ret_score, k, 0);
+		}
+	}
+	if (m < k)
+		for (uint32_t j = m / 2; j-- > 0;)
+			heap_down(ret_idx, ret_score, m, j);
+	/* heap sort: repeatedly move the worst to the end, leaving best-first order */
+	for (uint32_t end = m; end > 1; end--) {
+		uint32_t ti = ret_idx[0];
+		float ts = ret_score[0];
+
+		ret_idx[0] = ret_idx[end - 1];
+		ret_score[0] = ret_score[end - 1];
+		ret_idx[end - 1] = ti;
+		ret_score[end - 1] = ts;
+		heap_down(ret_idx, ret_score, end - 1, 0);
+	}
+}
+
+void
+kvt_paris_scratch_fini(struct kvt_paris_scratch *s)
+{
+	if (!s)
+		return;
+	free(s->votes);
+	free(s->cand);
+	free(s->score);
+	s->votes = NULL;
+	s->cand = NULL;
+	s->score = NULL;
+	s->votes_cap = s->cand_cap = 0;
+}
+
+static int
+scratch_reserve(struct kvt_paris_scratch *s, size_t votes, size_t cand)
+{
+	if (votes > s->votes_cap) {
+		uint8_t *v = aligned_alloc(64, (votes + 63) & ~(size_t)63);
+
+		if (!v)
+			return -ENOMEM;
+		free(s->votes);
+		s->votes = v;
+		s->votes_cap = votes;
+	}
+	if (cand > s->cand_cap) {
+		uint32_t *c = malloc(cand * sizeof(*c));
+		float *f = malloc(cand * sizeof(*f));
+
+		if (!c || !f) {
+			free(c);
+			free(f);
+			return -ENOMEM;
+		}
+		free(s->cand);
+		free(s->score);
+		s->cand = c;
+		s->score = f;
+		s->cand_cap = cand;
+	}
+	return 0;
+}
+
+int
+kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+		 const struct kvt_paris_search_opts *opts, struct kvt_paris_scratch *scr,
+		 uint32_t *ret_idx, float *ret_score)
+{
+	double rho_cand, rho_col, cd;
+	uint32_t n = ix->n, k = opts->k, c, nc;
+	int r;
+
+	if (!k || q->dim != ix->dim)
+		return -EINVAL;
+	if (opts->rho_cand < 0.0 || opts->rho_cand > 1.0 || opts->rho_col < 0.0 ||
+	    opts->rho_col > 1.0 || isnan(opts->rho_cand) || isnan(opts->rho_col))
+		return -EINVAL;
+	if (k > n)
+		return -ERANGE;
+	kvt_paris_schedule(n, &rho_cand, &rho_col);
+	if (opts->rho_cand > 0.0)
+		rho_cand = opts->rho_cand;
+	if (opts->rho_col > 0.0)
+		rho_col = opts->rho_col;
+	cd = ceil((double)n * rho_cand);
+	c = cd >= (double)n ? n : (uint32_t)cd;
+	if (c < k)
+		c = k;
+
+	r = scratch_reserve(scr, c < n ? kvt_paris_votes_len(ix) : 0, c);
+	if (r < 0)
+		return r;
+	if (c < n) {
+		r = kvt_paris_vote_tables(ix, q, rho_col, scr->tab);
+		if (r < 0)
+			return r;
+		kvt_paris_votes(ix, (const uint8_t(*)[256])scr->tab, scr->votes);
+	}
+	nc = kvt_paris_select(scr->votes, n, c, scr->cand);
+	kvt_paris_rerank(ix, q, scr->cand, nc, scr->score);
+	kvt_paris_topk_select(scr->cand, scr->score, nc, k, ret_idx, ret_score);
+	return (int)k;
+}

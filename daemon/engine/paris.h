@@ -1,0 +1,230 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * paris.h - ParisKV retrieval index for one (sequence, layer, kv head) (specs/pariskv.md).
+ *
+ * Keys are normalised, rotated with the shared SRHT (srht.h) and split into B = D/8 blocks of 8
+ * dims. Per key and block the index stores:
+ *   - a centroid id byte: the block's sign bits, bit j = [y_j >= 0], LSB = first dim (section 2);
+ *   - four code bytes: per dim a nibble (sign << 3) | t, t the 3-bit Lloyd-Max magnitude index of
+ *     |u_j| for u = y_b / |y_b| (Beta(1/2, 7/2) levels); byte j holds dim 2j in the low nibble and
+ *     dim 2j+1 in the high nibble, so the 4 bytes read as a little-endian u32 hold dim j in bits
+ *     [4j, 4j+4) (section 7);
+ *   - a calibration weight w_b = |k| * r_b / alpha_b as f32 (section 4);
+ * and per block a histogram of centroid ids (u32 [B][256]).
+ *
+ * A search ranks the 256 centroids of every block by flip cost against the rotated query, gives
+ * each key a 6-tier collision vote (0..6 per block, 0..6B in all) from the key-mass prefix of its
+ * centroid's rank, keeps the C keys with the most votes (counting pass over 0..96, ties to the
+ * lower index), estimates <k, q> for them from the 4-bit codes (RSQ-IP) and returns the top k.
+ *
+ * Storage: keys live in pages of page_keys keys obtained from a caller-supplied allocator (the
+ * daemon will hand out pool pages). Inside a page the three arrays are separate (SoA): centroid
+ * ids subspace-major [B][P] because the vote scan streams them block by block; codes [P][B][4]
+ * and weights [P][B] key-major because the rerank touches a scattered candidate set and then
+ * reads one cache line of codes and one of weights per key (D = 128) instead of 2B lines.
+ *
+ * Thread safety: an index has one writer. Searches only read it, so any number of threads may
+ * search one index concurrently, each with its own struct kvt_paris_scratch, as long as no
+ * append or reserve runs at the same time.
+ */
+#ifndef KVT_ENGINE_PARIS_H
+#define KVT_ENGINE_PARIS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "srht.h"
+
+#define KVT_PARIS_M	   8			  /* dims per block */
+#define KVT_PARIS_MAX_BLK  (KVT_SRHT_MAX_DIM / 8) /* 16 */
+#define KVT_PARIS_TIERS	   6
+#define KVT_PARIS_MAX_VOTE (KVT_PARIS_TIERS * KVT_PARIS_MAX_BLK) /* 96 */
+#define KVT_PARIS_PAGE_KEYS 4096u			  /* default keys per page */
+
+/* Lloyd-Max levels for |u_1|, u uniform on S^7 (u_1^2 ~ Beta(1/2, 7/2)), f32 (section 4). */
+extern const float kvt_paris_theta[7];
+extern const float kvt_paris_level[8];
+
+/*
+ * struct kvt_paris_alloc - where index pages come from.
+ * @page_get: returns @len bytes aligned to 64, or NULL. Contents need not be zeroed.
+ * @page_put: gives back a page from @page_get with the same @len.
+ * @ctx: passed through.
+ * Called only from kvt_paris_index_reserve() and kvt_paris_index_fini(), on the writer's thread.
+ */
+struct kvt_paris_alloc {
+	void *(*page_get)(void *ctx, size_t len);
+	void (*page_put)(void *ctx, void *page, size_t len);
+	void *ctx;
+};
+
+/* struct kvt_paris_index - see the top of this file. Fields are read-only outside paris.c. */
+struct kvt_paris_index {
+	uint32_t dim;			/* 64 or 128 */
+	uint32_t nblk;			/* dim / 8 */
+	uint32_t page_keys;		/* keys per page, a power of two >= 64 */
+	uint32_t page_shift;		/* log2(page_keys) */
+	uint32_t n;			/* encoded keys (the retrieval zone length N) */
+	uint32_t npages;		/* pages held: capacity = npages * page_keys */
+	uint32_t max_pages;		/* slots in @pages */
+	size_t page_bytes;
+	void **pages;
+	struct kvt_paris_alloc alloc;
+	uint32_t hist[KVT_PARIS_MAX_BLK][256]; /* centroid id counts, never decremented */
+};
+
+/*
+ * kvt_paris_index_init - make an empty index.
+ * @dim: head_dim, 64 or 128.
+ * @page_keys: keys per page, power of two in [64, 1 << 20]; 0 means KVT_PARIS_PAGE_KEYS.
+ * @alloc: page allocator, copied; NULL means aligned_alloc()/free().
+ * Returns 0, or -EINVAL for a bad @dim or @page_keys. No memory is allocated until reserve.
+ */
+int kvt_paris_index_init(struct kvt_paris_index *ix, unsigned int dim, unsigned int page_keys,
+			 const struct kvt_paris_alloc *alloc);
+
+/* kvt_paris_index_fini - give back every page. Accepts a zeroed or half-built index. */
+void kvt_paris_index_fini(struct kvt_paris_index *ix);
+
+/* kvt_paris_page_bytes - bytes of one page for @dim and @page_keys (9 * (dim / 8) * page_keys). */
+size_t kvt_paris_page_bytes(unsigned int dim, unsigned int page_keys);
+
+/*
+ * kvt_paris_index_reserve - make room for at least @nkeys keys in all, taking pages from the
+ * allocator. Capacity never shrinks.
+ * Returns the capacity in keys, or -ENOMEM (allocator or page table failure; the index keeps the
+ * pages it already had), -EOVERFLOW when @nkeys passes 2^31.
+ */
+int kvt_paris_index_reserve(struct kvt_paris_index *ix, uint32_t nkeys);
+
+/*
+ * kvt_paris_index_append - encode @count keys and append them as retrieval indices
+ * n .. n + count - 1 (the flush of section 6), updating the histograms.
+ * @srht: the rotation, same dim as the index; must be the same for every call on this index.
+ * @keys: @count keys of dim f32 each, key i at keys + i * @stride (in floats, >= dim).
+ * Returns the new key count, or -EINVAL (dim mismatch, @stride < dim), -ENOSPC (capacity short:
+ * call kvt_paris_index_reserve() first; nothing is appended).
+ */
+int kvt_paris_index_append(struct kvt_paris_index *ix, const struct kvt_srht *srht,
+			   const float *keys, size_t stride, uint32_t count);
+
+/*
+ * kvt_paris_encode_key - encode one key (exposed for tests and for a device encoder to compare).
+ * @key: dim floats. @ret_cid: B bytes. @ret_code: 4B bytes (layout above). @ret_w: B floats.
+ * Thread-safe.
+ */
+void kvt_paris_encode_key(const struct kvt_srht *srht, const float *key, uint8_t *ret_cid,
+			  uint8_t *ret_code, float *ret_w);
+
+/*
+ * kvt_paris_key_codes - pointers to key @i's stored bytes (i < n).
+ * Returns 0 with @ret_cid (B bytes, stride page_keys between blocks), @ret_code (4B bytes) and
+ * @ret_w (B floats), or -ERANGE for i >= n.
+ */
+int kvt_paris_key_codes(const struct kvt_paris_index *ix, uint32_t i, const uint8_t **ret_cid,
+			const uint8_t **ret_code, const float **ret_w);
+
+/*
+ * kvt_paris_schedule - the (rho_cand, rho_col) pair of section 3.6 for a zone of @n keys
+ * (doubles, as the reference evaluates the tier budgets in double):
+ * < 5000: (0.50, 0.50); < 10000: (0.25, 0.30); < 30000: (0.20, 0.25); else (0.10, 0.20).
+ */
+void kvt_paris_schedule(uint32_t n, double *ret_rho_cand, double *ret_rho_col);
+
+/* struct kvt_paris_query - one prepared query (kvt_paris_query_prep()). */
+struct kvt_paris_query {
+	uint32_t dim;
+	float norm;			/* |q| (the GQA mean when built by the seq layer) */
+	float y[KVT_SRHT_MAX_DIM];	/* SRHT(q / max(|q|, 1e-8)) */
+};
+
+/*
+ * kvt_paris_query_prep - normalise and rotate @q (dim floats) into @ret_q. The arithmetic is the
+ * same at every SIMD level, so votes do not depend on it. Thread-safe.
+ */
+void kvt_paris_query_prep(const struct kvt_srht *srht, const float *q,
+			  struct kvt_paris_query *ret_q);
+
+/*
+ * kvt_paris_vote_tables - per block and centroid the collision vote omega_b(c) in 0..6
+ * (section 3.1-3.3). Centroids are ranked by ascending flip cost sum_{j flipped} |y_j| (the top
+ * centroid is the query's sign pattern), ties broken by the smaller flip mask; tier budgets
+ * T_t = ceil(n * rho_col * r_t), r = (.05, .15, .30, .50, .75, 1), evaluated in double.
+ * @rho_col: in (0, 1].
+ * @ret_tab: [nblk][256] bytes.
+ * Returns 0, or -EINVAL for a bad @rho_col or dim mismatch. Thread-safe against searches.
+ */
+int kvt_paris_vote_tables(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+			  double rho_col, uint8_t (*ret_tab)[256]);
+
+/*
+ * kvt_paris_votes - cnt_i = sum_b tab[b][cid_i,b] for every key, dispatched on
+ * kvt_simd_level(); every level gives the same bytes.
+ * @ret_votes: at least kvt_paris_votes_len(ix) bytes; entries >= n are scratch.
+ */
+void kvt_paris_votes(const struct kvt_paris_index *ix, const uint8_t (*tab)[256],
+		     uint8_t *ret_votes);
+
+/* kvt_paris_votes_len - bytes a vote array needs: n rounded up to a multiple of 64. */
+size_t kvt_paris_votes_len(const struct kvt_paris_index *ix);
+
+/*
+ * kvt_paris_select - the @c keys with the most votes, in ascending index order. Ties at the cut
+ * go to the lower indices, so the set is fully determined; every SIMD level gives the same list.
+ * @votes: @n entries in 0..KVT_PARIS_MAX_VOTE (the array may be longer, see kvt_paris_votes_len).
+ * @ret_cand: @c entries. Returns min(c, n). Thread-safe.
+ */
+uint32_t kvt_paris_select(const uint8_t *votes, uint32_t n, uint32_t c, uint32_t *ret_cand);
+
+/*
+ * kvt_paris_rerank - RSQ-IP estimates s_i = |q| sum_b w_b sum_j y_j (2 sigma_j - 1) a[t_j] for
+ * @nc candidates (indices < n), dispatched on kvt_simd_level(). Variants may differ in the last
+ * bits (summation order). @ret_score: @nc floats. Thread-safe.
+ */
+void kvt_paris_rerank(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+		      const uint32_t *cand, uint32_t nc, float *ret_score);
+
+/*
+ * kvt_paris_topk_select - the @k best (score desc, index asc) of @n (index, score) pairs, sorted
+ * that way. @k <= @n. Thread-safe.
+ */
+void kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, uint32_t k,
+			   uint32_t *ret_idx, float *ret_score);
+
+/*
+ * struct kvt_paris_scratch - per-thread working memory of a search. Zero it before first use;
+ * kvt_paris_search() grows it with malloc as needed. Not shareable between concurrent searches.
+ */
+struct kvt_paris_scratch {
+	uint8_t *votes;
+	uint32_t *cand;
+	float *score;
+	size_t votes_cap;	/* bytes */
+	size_t cand_cap;	/* entries */
+	uint8_t tab[KVT_PARIS_MAX_BLK][256];
+};
+
+/* kvt_paris_scratch_fini - free the scratch buffers; the struct may be reused after. NULL-safe. */
+void kvt_paris_scratch_fini(struct kvt_paris_scratch *s);
+
+/* struct kvt_paris_search_opts - knobs of one search. */
+struct kvt_paris_search_opts {
+	uint32_t k;		/* results wanted, 1 .. n */
+	double rho_cand;	/* candidate ratio in (0, 1]; 0 = schedule */
+	double rho_col;		/* collision budget ratio in (0, 1]; 0 = schedule */
+};
+
+/*
+ * kvt_paris_search - top-k retrieval-zone indices of one prepared query.
+ * C = max(ceil(n * rho_cand), k) clamped to n. (The reference takes min(k, C) results when
+ * C < k; we widen C instead so a caller always gets k rows.)
+ * @ret_idx, @ret_score: k entries, score descending (ties: index ascending); scores estimate
+ * <key, q> (not divided by sqrt(d)).
+ * Returns k, or -EINVAL (k == 0, a ratio outside (0, 1], dim mismatch), -ERANGE (k > n, which
+ * includes an empty index), -ENOMEM (scratch growth). Thread-safe per the file comment.
+ */
+int kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+		     const struct kvt_paris_search_opts *opts, struct kvt_paris_scratch *scr,
+		     uint32_t *ret_idx, float *ret_score);
+
+#endif /* KVT_ENGINE_PARIS_H */

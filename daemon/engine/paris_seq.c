@@ -1,0 +1,220 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "paris_seq.h"
+
+int
+kvt_paris_seq_init(struct kvt_paris_seq *seq, const struct kvt_paris_geom *g,
+		   const struct kvt_paris_zone_cfg *zone, const struct kvt_srht *srht,
+		   unsigned int page_keys, const struct kvt_paris_alloc *alloc)
+{
+	size_t nix;
+	int r;
+
+	memset(seq, 0, sizeof(*seq));
+	if (!g->layers || !g->kv_heads || !g->q_heads || g->q_heads % g->kv_heads ||
+	    g->head_dim != srht->dim || kvt_paris_zone_check(zone) < 0)
+		return -EINVAL;
+	if ((uint64_t)g->layers * g->kv_heads > 1u << 20)
+		return -EINVAL;
+	nix = (size_t)g->layers * g->kv_heads;
+	seq->ix = calloc(nix, sizeof(*seq->ix));
+	if (!seq->ix)
+		return -ENOMEM;
+	seq->g = *g;
+	seq->zone = *zone;
+	seq->srht = *srht;
+	for (size_t i = 0; i < nix; i++) {
+		r = kvt_paris_index_init(&seq->ix[i], g->head_dim, page_keys, alloc);
+		if (r < 0)
+			goto err_fini;
+	}
+	return 0;
+
+err_fini:
+	kvt_paris_seq_fini(seq);
+	return r;
+}
+
+void
+kvt_paris_seq_fini(struct kvt_paris_seq *seq)
+{
+	if (!seq || !seq->ix)
+		return;
+	for (size_t i = 0; i < (size_t)seq->g.layers * seq->g.kv_heads; i++)
+		kvt_paris_index_fini(&seq->ix[i]);
+	free(seq->ix);
+	seq->ix = NULL;
+}
+
+int
+kvt_paris_seq_len(const struct kvt_paris_seq *seq, uint32_t layer)
+{
+	if (layer >= seq->g.layers)
+		return -ERANGE;
+	return (int)seq->ix[(size_t)layer * seq->g.kv_heads].n;
+}
+
+int
+kvt_paris_seq_index(const struct kvt_paris_seq *seq, uint32_t layer, uint32_t head,
+		    const struct kvt_paris_index **ret_ix)
+{
+	if (layer >= seq->g.layers || head >= seq->g.kv_heads)
+		return -ERANGE;
+	*ret_ix = &seq->ix[(size_t)layer * seq->g.kv_heads + head];
+	return 0;
+}
+
+int
+kvt_paris_seq_append(struct kvt_paris_seq *seq, uint32_t layer, uint32_t pos, uint32_t count,
+		     const float *keys, size_t token_stride)
+{
+	struct kvt_paris_index *row;
+	uint32_t hkv = seq->g.kv_heads, d = seq->g.head_dim;
+	int r = 0;
+
+	if (layer >= seq->g.layers)
+		return -ERANGE;
+	row = &seq->ix[(size_t)layer * hkv];
+	if ((uint64_t)pos != (uint64_t)seq->zone.sink + row[0].n || token_stride < (size_t)hkv * d)
+		return -EINVAL;
+	if ((uint64_t)row[0].n + count > (1u << 31))
+		return -EINVAL;
+	for (uint32_t h = 0; h < hkv; h++) {
+		r = kvt_paris_index_reserve(&row[h], row[h].n + count);
+		if (r < 0)
+			return r;
+		r = kvt_paris_index_append(&row[h], &seq->srht, keys + (size_t)h * d, token_stride,
+					   count);
+		if (r < 0)
+			return r;
+	}
+	return r;
+}
+
+uint32_t
+kvt_paris_seq_topk_stride(const struct kvt_paris_seq *seq, const struct kvt_paris_topk_opts *opts)
+{
+	if (opts->flags & KVT_PARIS_F_UNION)
+		return opts->k * (seq->g.q_heads / seq->g.kv_heads);
+	return opts->k;
+}
+
+static int
+cmp_idx(const void *a, const void *b)
+{
+	const uint32_t *x = a, *y = b;
+
+	return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+static int
+cmp_score_desc(const void *a, const void *b)
+{
+	const uint32_t *x = a, *y = b;
+	float fx, fy;
+
+	memcpy(&fx, &x[1], sizeof(fx));
+	memcpy(&fy, &y[1], sizeof(fy));
+	if (fx != fy)
+		return fx < fy ? 1 : -1;
+	return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+/* Merges g sorted per-query-head lists (pos, score) in place into their union, keeping the
+ * highest score of a position, best first. Pairs are packed as two u32 so qsort can move them. */
+static uint32_t
+union_merge(uint32_t *pos, float *score, uint32_t total)
+{
+	uint32_t (*pair)[2] = malloc((size_t)total * sizeof(*pair));
+	uint32_t m = 0;
+
+	if (!pair)
+		return 0;
+	for (uint32_t i = 0; i < total; i++) {
+		pair[i][0] = pos[i];
+		memcpy(&pair[i][1], &score[i], sizeof(float));
+	}
+	qsort(pair, total, sizeof(*pair), cmp_idx);
+	for (uint32_t i = 0; i < total; i++) {
+		if (m && pair[m - 1][0] == pair[i][0]) {
+			float a, b;
+
+			memcpy(&a, &pair[m - 1][1], sizeof(a));
+			memcpy(&b, &pair[i][1], sizeof(b));
+			if (b > a)
+				pair[m - 1][1] = pair[i][1];
+			continue;
+		}
+		pair[m][0] = pair[i][0];
+		pair[m][1] = pair[i][1];
+		m++;
+	}
+	qsort(pair, m, sizeof(*pair), cmp_score_desc);
+	for (uint32_t i = 0; i < m; i++) {
+		pos[i] = pair[i][0];
+		memcpy(&score[i], &pair[i][1], sizeof(float));
+	}
+	free(pair);
+	return m;
+}
+
+int
+kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float *q, size_t q_len,
+		   const struct kvt_paris_topk_opts *opts, struct kvt_paris_scratch *scr,
+		   uint32_t *ret_pos, float *ret_score, uint32_t *ret_count)
+{
+	uint32_t hkv = seq->g.kv_heads, d = seq->g.head_dim, grp = seq->g.q_heads / hkv;
+	uint32_t stride = kvt_paris_seq_topk_stride(seq, opts), k = opts->k;
+	struct kvt_paris_search_opts so = {.k = k, .rho_cand = opts->rho_cand,
+					   .rho_col = opts->rho_col};
+	const struct kvt_paris_index *row;
+	struct kvt_paris_query pq;
+	int r;
+
+	if (layer >= seq->g.layers)
+		return -ERANGE;
+	if (!k || q_len != (size_t)seq->g.q_heads * d || (opts->flags & ~KVT_PARIS_F_ALL))
+		return -EINVAL;
+	row = &seq->ix[(size_t)layer * hkv];
+	if (k > row[0].n)
+		return -ERANGE;
+
+	for (uint32_t h = 0; h < hkv; h++) {
+		const float *qh = q + (size_t)h * grp * d;
+		uint32_t *op = ret_pos + (size_t)h * stride;
+		float *os = ret_score + (size_t)h * stride;
+
+		if (opts->flags & KVT_PARIS_F_UNION) {
+			for (uint32_t j = 0; j < grp; j++) {
+				kvt_paris_query_prep(&seq->srht, qh + (size_t)j * d, &pq);
+				r = kvt_paris_search(&row[h], &pq, &so, scr, op + (size_t)j * k,
+						     os + (size_t)j * k);
+				if (r < 0)
+					return r;
+			}
+			ret_count[h] = grp > 1 ? union_merge(op, os, grp * k) : k;
+			if (!ret_count[h])
+				return -ENOMEM;
+		} else {
+			float mean[KVT_SRHT_MAX_DIM] = {0};
+
+			/* GQA: the group's queries are averaged into one retrieval query */
+			for (uint32_t j = 0; j < grp; j++)
+				for (uint32_t i = 0; i < d; i++)
+					mean[i] += qh[(size_t)j * d + i];
+			for (uint32_t i = 0; i < d; i++)
+				mean[i] /= (float)grp;
+			kvt_paris_query_prep(&seq->srht, mean, &pq);
+			r = kvt_paris_search(&row[h], &pq, &so, scr, op, os);
+			if (r < 0)
+				return r;
+			ret_count[h] = k;
+		}
+		for (uint32_t i = 0; i < ret_count[h]; i++)
+			op[i] += seq->zone.sink;
+	}
+	return (int)hkv;
+}

@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * paris_seq.h - the ParisKV retrieval state of one sequence: one index per (layer, kv head),
+ * the shared rotation, the zone sizes, and the TOPK operation over them.
+ *
+ * How a daemon drives it (TOPK op and flushes):
+ *   1. SEQ_OPEN: kvt_paris_seq_init() with the geometry, zone sizes, the persisted rotation and
+ *      the pool's page allocator.
+ *   2. After every APPEND (prefill or decode): for each layer, kvt_paris_zone_flush(prompt_len,
+ *      T, kvt_paris_seq_len(layer)) gives the positions that just left the dense window; pass
+ *      their keys (post-RoPE, f32) to kvt_paris_seq_append().
+ *   3. TOPK: if kvt_paris_zone_dense_only() the client attends densely; otherwise
+ *      kvt_paris_seq_topk() returns, per kv head, absolute positions (S + retrieval index) and
+ *      estimated <k, q> scores; the client attends sink + dense window + these positions.
+ *
+ * Thread safety: one writer (init, append, fini); topk only reads, so concurrent topk calls are
+ * safe with separate scratch, but not concurrently with append on the same layer.
+ */
+#ifndef KVT_ENGINE_PARIS_SEQ_H
+#define KVT_ENGINE_PARIS_SEQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "paris.h"
+#include "paris_zone.h"
+
+/* struct kvt_paris_geom - sequence geometry. q_heads must be a multiple of kv_heads. */
+struct kvt_paris_geom {
+	uint32_t layers;
+	uint32_t q_heads;
+	uint32_t kv_heads;
+	uint32_t head_dim; /* 64 or 128, equal to the rotation's dim */
+};
+
+struct kvt_paris_seq {
+	struct kvt_paris_geom g;
+	struct kvt_paris_zone_cfg zone;
+	struct kvt_srht srht;
+	struct kvt_paris_index *ix; /* [layers][kv_heads] */
+};
+
+/* Flags of struct kvt_paris_topk_opts. */
+#define KVT_PARIS_F_UNION (1u << 0) /* per query head top-k, merged per kv head (max score) */
+#define KVT_PARIS_F_ALL	  KVT_PARIS_F_UNION
+
+/* struct kvt_paris_topk_opts - one TOPK request. */
+struct kvt_paris_topk_opts {
+	uint32_t k;	 /* per kv head (per query head with KVT_PARIS_F_UNION), 1 .. N */
+	uint32_t flags;	 /* KVT_PARIS_F_* */
+	double rho_cand; /* 0: schedule (section 3.6) */
+	double rho_col;	 /* 0: schedule */
+};
+
+/*
+ * kvt_paris_seq_init - set up empty indexes for every (layer, kv head).
+ * @srht: the persisted rotation, copied; its dim must equal @g->head_dim.
+ * @page_keys, @alloc: as kvt_paris_index_init().
+ * Returns 0, or -EINVAL (zero or inconsistent geometry, bad zone cfg, dim mismatch), -ENOMEM.
+ */
+int kvt_paris_seq_init(struct kvt_paris_seq *seq, const struct kvt_paris_geom *g,
+		       const struct kvt_paris_zone_cfg *zone, const struct kvt_srht *srht,
+		       unsigned int page_keys, const struct kvt_paris_alloc *alloc);
+
+/* kvt_paris_seq_fini - free everything. Accepts a zeroed or half-built seq. */
+void kvt_paris_seq_fini(struct kvt_paris_seq *seq);
+
+/*
+ * kvt_paris_seq_len - retrieval keys encoded for @layer (equal for all its heads).
+ * Returns the count, or -ERANGE for a bad layer.
+ */
+int kvt_paris_seq_len(const struct kvt_paris_seq *seq, uint32_t layer);
+
+/*
+ * kvt_paris_seq_index - the index of (@layer, @head), for inspection.
+ * Returns 0, or -ERANGE for a bad layer or head.
+ */
+int kvt_paris_seq_index(const struct kvt_paris_seq *seq, uint32_t layer, uint32_t head,
+			const struct kvt_paris_index **ret_ix);
+
+/*
+ * kvt_paris_seq_append - encode the keys of absolute positions @pos .. @pos + @count - 1 of
+ * @layer into every kv head's index, reserving pages as needed.
+ * @keys: [count][kv_heads][head_dim] f32, token t at keys + t * @token_stride (floats).
+ * Returns the new key count of the layer, or -ERANGE (bad layer), -EINVAL (@pos is not
+ * S + kvt_paris_seq_len(layer): flushes must be contiguous; @token_stride < kv_heads*head_dim),
+ * -ENOMEM. On -ENOMEM some heads may hold more keys than others; the seq must then be dropped.
+ */
+int kvt_paris_seq_append(struct kvt_paris_seq *seq, uint32_t layer, uint32_t pos,
+			 uint32_t count, const float *keys, size_t token_stride);
+
+/* kvt_paris_seq_topk_stride - entries per kv head in topk outputs: k, or k * q_heads/kv_heads
+ * with KVT_PARIS_F_UNION. */
+uint32_t kvt_paris_seq_topk_stride(const struct kvt_paris_seq *seq,
+				   const struct kvt_paris_topk_opts *opts);
+
+/*
+ * kvt_paris_seq_topk - the TOPK op: for each kv head h of @layer, the retrieval-zone positions
+ * most likely to matter to query @q.
+ * @q: [q_heads][head_dim] f32 (post-RoPE); @q_len: its length in floats, must be
+ *     q_heads * head_dim. Query heads h*g .. h*g+g-1 (g = q_heads / kv_heads) belong to kv head
+ *     h; by default their mean is the retrieval query (section 1).
+ * @scr: per-thread scratch (zeroed before first use, freed with kvt_paris_scratch_fini()).
+ * @ret_pos, @ret_score: [kv_heads][stride] with stride = kvt_paris_seq_topk_stride(); absolute
+ *     positions (S + retrieval index) and estimated <k, q_h> in descending score order.
+ * @ret_count: [kv_heads] entries used: k, or with KVT_PARIS_F_UNION the size of the union
+ *     (k .. stride).
+ * Returns the number of kv heads, or -ERANGE (bad layer, k > N, N == 0), -EINVAL (k == 0,
+ * @q_len wrong, unknown flags, ratio outside [0, 1]), -ENOMEM. Outputs are undefined on failure.
+ */
+int kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float *q,
+		       size_t q_len, const struct kvt_paris_topk_opts *opts,
+		       struct kvt_paris_scratch *scr, uint32_t *ret_pos, float *ret_score,
+		       uint32_t *ret_count);
+
+#endif /* KVT_ENGINE_PARIS_SEQ_H */

@@ -1,0 +1,501 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvtier-bench-retrieval - recall@k and single-thread time per (layer, head) query of the ParisKV
+ * index against an exact fp16 scan and FAISS baselines, on synthetic key sets (gen.h).
+ *
+ * Methods:
+ *   kvtier       ParisKV, the reference ratio schedule (specs/pariskv.md 3.6)
+ *   kvtier-wide  the same index searched with rho_cand 0.2, rho_col 0.5 (a tuned schedule)
+ *   exact        fp16 keys, full scan with a size-k heap (F16C when the CPU has it)
+ *   faiss-flat   IndexFlatIP;  faiss-ivfpq  IndexIVFPQ trained on the first 10 % (the prefill)
+ *   faiss-hnsw   IndexHNSWFlat
+ * Ground truth is the exact f32 inner-product top-k (double accumulation). Times are medians
+ * over the queries; build times are wall time of one build. Nothing here is a pass/fail test.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <json-c/json.h>
+
+#include "gen.h"
+#include "paris.h"
+#include "simd.h"
+#include "srht.h"
+#ifdef KVT_HAVE_FAISS
+#include "faiss_peer.h"
+#endif
+
+#define D	 128
+#define KMAX	 200
+#define NK	 3
+static const uint32_t ks[NK] = {64, 100, 200};
+
+struct row {
+	const char *data;
+	uint32_t n, k;
+	const char *method;
+	double recall, us, build_s;
+};
+
+static struct row rows[256];
+static int nrows;
+/* HNSW builds above this many keys are skipped: Debian's libfaiss uses its scalar reference
+ * distance code, so one-thread HNSW construction takes about 165 s at 32K keys and grows
+ * faster than linearly; the default keeps the full run near half an hour. */
+static uint32_t hnsw_max = 32768;
+
+static double
+now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int
+cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+static double
+median(double *v, int n)
+{
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* |got ∩ truth[0..k)| / k; @got may hold -1 (FAISS pads) */
+static double
+recall_of(const int64_t *got, const uint32_t *truth, uint32_t k)
+{
+	uint32_t hit = 0;
+
+	for (uint32_t i = 0; i < k; i++)
+		for (uint32_t j = 0; j < k; j++)
+			if (got[i] == (int64_t)truth[j]) {
+				hit++;
+				break;
+			}
+	return (double)hit / k;
+}
+
+static void
+add_row(const char *data, uint32_t n, uint32_t k, const char *method, double recall, double us,
+	double build_s)
+{
+	if (nrows < (int)(sizeof(rows) / sizeof(rows[0])))
+		rows[nrows++] = (struct row){data, n, k, method, recall, us, build_s};
+	fprintf(stderr, "  %-8s n=%-8u k=%-4u %-12s recall %.3f  %10.1f us/query  build %.2f s\n",
+		data, n, k, method, recall, us, build_s);
+}
+
+/* ---- size-k heap (min at root), shared by the exact scan and ground truth ---- */
+
+struct heap {
+	uint32_t n, k;
+	float s[KMAX];
+	uint32_t id[KMAX];
+};
+
+static void
+heap_push(struct heap *h, float s, uint32_t id)
+{
+	uint32_t at;
+
+	if (h->n < h->k) {
+		at = h->n++;
+		while (at && h->s[(at - 1) / 2] > s) {
+			h->s[at] = h->s[(at - 1) / 2];
+			h->id[at] = h->id[(at - 1) / 2];
+			at = (at - 1) / 2;
+		}
+		h->s[at] = s;
+		h->id[at] = id;
+		return;
+	}
+	if (s <= h->s[0])
+		return;
+	at = 0;
+	for (;;) {
+		uint32_t l = 2 * at + 1, r = l + 1, m = at;
+		float ms = s;
+
+		if (l < h->n && h->s[l] < ms) {
+			m = l;
+			ms = h->s[l];
+		}
+		if (r < h->n && h->s[r] < ms)
+			m = r;
+		if (m == at)
+			break;
+		h->s[at] = h->s[m];
+		h->id[at] = h->id[m];
+		at = m;
+	}
+	h->s[at] = s;
+	h->id[at] = id;
+}
+
+/* Sorted best-first ids out of a heap (destroys it). */
+static void
+heap_drain(struct heap *h, uint32_t *ret)
+{
+	uint32_t m = h->n;
+	float s[KMAX];
+	uint32_t id[KMAX], ord[KMAX];
+
+	memcpy(s, h->s, m * sizeof(float));
+	memcpy(id, h->id, m * sizeof(uint32_t));
+	for (uint32_t i = 0; i < m; i++)
+		ord[i] = i;
+	/* insertion sort by score desc, id asc: k <= 200 */
+	for (uint32_t i = 1; i < m; i++) {
+		uint32_t o = ord[i], j = i;
+
+		while (j && (s[ord[j - 1]] < s[o] || (s[ord[j - 1]] == s[o] && id[ord[j - 1]] > id[o]))) {
+			ord[j] = ord[j - 1];
+			j--;
+		}
+		ord[j] = o;
+	}
+	for (uint32_t i = 0; i < m; i++)
+		ret[i] = id[ord[i]];
+}
+
+static void
+ground_truth(const float *keys, uint32_t n, const float *q, uint32_t *ret)
+{
+	struct heap h = {.k = KMAX};
+
+	for (uint32_t i = 0; i < n; i++) {
+		double acc = 0.0;
+
+		for (int j = 0; j < D; j++)
+			acc += (double)keys[(size_t)i * D + j] * q[j];
+		heap_push(&h, (float)acc, i);
+	}
+	heap_drain(&h, ret);
+}
+
+/* ---- exact fp16 scan ---- */
+
+#if defined(__x86_64__)
+__attribute__((target("f16c"))) static void
+to_f16(const float *x, size_t n, uint16_t *ret)
+{
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		_mm_storeu_si128((__m128i *)(ret + i),
+				 _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+	for (; i < n; i++)
+		ret[i] = (uint16_t)_cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void
+exact_scan(const uint16_t *kh, uint32_t n, const float *q, uint32_t k, uint32_t *ret)
+{
+	struct heap h = {.k = k};
+	__m256 qv[D / 8];
+
+	for (int b = 0; b < D / 8; b++)
+		qv[b] = _mm256_loadu_ps(q + 8 * b);
+	for (uint32_t i = 0; i < n; i++) {
+		const uint16_t *r = kh + (size_t)i * D;
+		__m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+		__m128 x;
+
+		for (int b = 0; b < D / 8; b += 2) {
+			a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * b))),
+					     qv[b], a0);
+			a1 = _mm256_fmadd_ps(
+				_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * b + 8))),
+				qv[b + 1], a1);
+		}
+		a0 = _mm256_add_ps(a0, a1);
+		x = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+		x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+		x = _mm_add_ss(x, _mm_movehdup_ps(x));
+		heap_push(&h, _mm_cvtss_f32(x), i);
+	}
+	heap_drain(&h, ret);
+}
+#endif
+
+/* ---- one (data set, n) ---- */
+
+static int
+run_case(enum gen_set set, uint32_t n, uint32_t nq)
+{
+	const char *name = gen_name(set);
+	float *keys = malloc((size_t)n * D * sizeof(float));
+	float *qs = malloc((size_t)nq * D * sizeof(float));
+	uint32_t *truth = malloc((size_t)nq * KMAX * sizeof(uint32_t));
+	double *lat = malloc(nq * sizeof(double));
+	int64_t ids[KMAX];
+	uint32_t got[KMAX];
+	float sc[KMAX];
+	double t0, build;
+	int r = -ENOMEM;
+
+	if (!keys || !qs || !truth || !lat)
+		goto out;
+	fprintf(stderr, "%s n=%u: generating, ground truth for %u queries\n", name, n, nq);
+	r = gen_make(set, n, D, nq, 1, keys, qs);
+	if (r < 0)
+		goto out;
+	for (uint32_t qi = 0; qi < nq; qi++)
+		ground_truth(keys, n, qs + (size_t)qi * D, truth + (size_t)qi * KMAX);
+
+	/* kvtier */
+	{
+		struct kvt_srht srht;
+		struct kvt_paris_index ix;
+		struct kvt_paris_scratch scr = {0};
+		static const double wide[2] = {0.2, 0.5};
+
+		kvt_srht_init(&srht, D, KVT_SRHT_SEED);
+		kvt_paris_index_init(&ix, D, 0, NULL);
+		t0 = now();
+		r = kvt_paris_index_reserve(&ix, n);
+		if (r >= 0)
+			r = kvt_paris_index_append(&ix, &srht, keys, D, n);
+		build = now() - t0;
+		if (r < 0) {
+			kvt_paris_index_fini(&ix);
+			goto out;
+		}
+		for (int v = 0; v < 2; v++) {
+			for (int ki = 0; ki < NK; ki++) {
+				struct kvt_paris_search_opts so = {.k = ks[ki]};
+				double rec = 0.0;
+
+				if (v) {
+					so.rho_cand = wide[0];
+					so.rho_col = wide[1];
+				}
+				for (uint32_t qi = 0; qi < nq; qi++) {
+					struct kvt_paris_query pq;
+
+					t0 = now();
+					kvt_paris_query_prep(&srht, qs + (size_t)qi * D, &pq);
+					r = kvt_paris_search(&ix, &pq, &so, &scr, got, sc);
+					lat[qi] = now() - t0;
+					if (r < 0)
+						break;
+					for (uint32_t i = 0; i < ks[ki]; i++)
+						ids[i] = got[i];
+					rec += recall_of(ids, truth + (size_t)qi * KMAX, ks[ki]);
+				}
+				if (r < 0)
+					break;
+				add_row(name, n, ks[ki], v ? "kvtier-wide" : "kvtier", rec / nq,
+					median(lat, nq) * 1e6, build);
+			}
+		}
+		kvt_paris_scratch_fini(&scr);
+		kvt_paris_index_fini(&ix);
+		if (r < 0)
+			goto out;
+	}
+
+#if defined(__x86_64__)
+	/* exact fp16 scan */
+	if (kvt_simd_level() >= KVT_SIMD_AVX2 && __builtin_cpu_supports("f16c")) {
+		uint16_t *kh = malloc((size_t)n * D * sizeof(uint16_t));
+
+		if (!kh) {
+			r = -ENOMEM;
+			goto out;
+		}
+		t0 = now();
+		to_f16(keys, (size_t)n * D, kh);
+		build = now() - t0;
+		for (int ki = 0; ki < NK; ki++) {
+			double rec = 0.0;
+
+			for (uint32_t qi = 0; qi < nq; qi++) {
+				t0 = now();
+				exact_scan(kh, n, qs + (size_t)qi * D, ks[ki], got);
+				lat[qi] = now() - t0;
+				for (uint32_t i = 0; i < ks[ki]; i++)
+					ids[i] = got[i];
+				rec += recall_of(ids, truth + (size_t)qi * KMAX, ks[ki]);
+			}
+			add_row(name, n, ks[ki], "exact", rec / nq, median(lat, nq) * 1e6, build);
+		}
+		free(kh);
+	}
+#endif
+
+#ifdef KVT_HAVE_FAISS
+	{
+		static const char *const fname[3] = {"faiss-flat", "faiss-ivfpq", "faiss-hnsw"};
+
+		for (int kind = 0; kind < 3; kind++) {
+			struct fpeer *p;
+
+			if (kind == FPEER_HNSW && n > hnsw_max) {
+				fprintf(stderr, "%s n=%u: skipping %s above --hnsw-max %u\n", name, n,
+					fname[kind], hnsw_max);
+				continue;
+			}
+			fprintf(stderr, "%s n=%u: building %s\n", name, n, fname[kind]);
+			t0 = now();
+			r = fpeer_build((enum fpeer_kind)kind, keys, n, D, n / 10, &p);
+			build = now() - t0;
+			if (r < 0)
+				goto out;
+			fprintf(stderr, "  %s: %s\n", fname[kind], fpeer_describe(p));
+			for (int ki = 0; ki < NK; ki++) {
+				double rec = 0.0;
+
+				for (uint32_t qi = 0; qi < nq; qi++) {
+					t0 = now();
+					r = fpeer_search(p, qs + (size_t)qi * D, ks[ki], ids);
+					lat[qi] = now() - t0;
+					if (r < 0)
+						break;
+					rec += recall_of(ids, truth + (size_t)qi * KMAX, ks[ki]);
+				}
+				if (r < 0)
+					break;
+				add_row(name, n, ks[ki], fname[kind], rec / nq,
+					median(lat, nq) * 1e6, build);
+			}
+			fpeer_free(p);
+			if (r < 0)
+				goto out;
+		}
+	}
+#endif
+	r = 0;
+out:
+	free(keys);
+	free(qs);
+	free(truth);
+	free(lat);
+	return r;
+}
+
+static void
+print_json(void)
+{
+	json_object *root = json_object_new_object(), *arr = json_object_new_array();
+
+	for (int i = 0; i < nrows; i++) {
+		json_object *o = json_object_new_object();
+
+		json_object_object_add(o, "data", json_object_new_string(rows[i].data));
+		json_object_object_add(o, "n", json_object_new_int64(rows[i].n));
+		json_object_object_add(o, "k", json_object_new_int64(rows[i].k));
+		json_object_object_add(o, "method", json_object_new_string(rows[i].method));
+		json_object_object_add(o, "recall", json_object_new_double(rows[i].recall));
+		json_object_object_add(o, "us_per_query", json_object_new_double(rows[i].us));
+		json_object_object_add(o, "build_s", json_object_new_double(rows[i].build_s));
+		json_object_array_add(arr, o);
+	}
+	json_object_object_add(root, "rows", arr);
+	printf("%s\n", json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN));
+	json_object_put(root);
+}
+
+static void
+print_table(void)
+{
+	printf("%-8s %8s %4s %-12s %7s %12s %9s\n", "data", "n", "k", "method", "recall",
+	       "us/query", "build_s");
+	for (int i = 0; i < nrows; i++)
+		printf("%-8s %8u %4u %-12s %7.3f %12.1f %9.2f\n", rows[i].data, rows[i].n, rows[i].k,
+		       rows[i].method, rows[i].recall, rows[i].us, rows[i].build_s);
+}
+
+static void
+usage(FILE *f)
+{
+	fprintf(f, "usage: kvtier-bench-retrieval [--json] [--quick] [--queries N] [--hnsw-max N]\n"
+		   "  --json        print {\"rows\":[...]} on stdout instead of a table\n"
+		   "  --quick       N = 32K and 128K only (the full run adds 1M)\n"
+		   "  --queries N   queries per case (default 32)\n"
+		   "  --hnsw-max N  skip faiss-hnsw above N keys (default 32768)\n");
+}
+
+int
+main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"json", no_argument, NULL, 'j'},
+		{"quick", no_argument, NULL, 'q'},
+		{"queries", required_argument, NULL, 'n'},
+		{"hnsw-max", required_argument, NULL, 'm'},
+		{"help", no_argument, NULL, 'h'},
+		{0},
+	};
+	static const uint32_t sizes[3] = {32768, 131072, 1048576};
+	bool json = false, quick = false;
+	uint32_t nq = 32;
+	double t0 = now();
+	int c, r;
+
+	while ((c = getopt_long(argc, argv, "jqn:m:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'j':
+			json = true;
+			break;
+		case 'q':
+			quick = true;
+			break;
+		case 'n':
+			nq = (uint32_t)strtoul(optarg, NULL, 10);
+			if (nq < 1 || nq > 10000) {
+				usage(stderr);
+				return 2;
+			}
+			break;
+		case 'm':
+			hnsw_max = (uint32_t)strtoul(optarg, NULL, 10);
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+#ifndef KVT_HAVE_FAISS
+	fprintf(stderr, "note: built without FAISS; only kvtier and exact are measured\n");
+#endif
+	fprintf(stderr, "kvtier-bench-retrieval: 1 thread, D = %d, simd %s\n", D,
+		kvt_simd_name(kvt_simd_level()));
+	for (int si = 0; si < (quick ? 2 : 3); si++) {
+		for (int set = GEN_OUTLIER; set <= GEN_DRIFT; set++) {
+			r = run_case((enum gen_set)set, sizes[si], nq);
+			if (r < 0) {
+				fprintf(stderr, "kvtier-bench-retrieval: %s n=%u failed: %s\n",
+					gen_name((enum gen_set)set), sizes[si], strerror(-r));
+				return 1;
+			}
+		}
+	}
+	if (json)
+		print_json();
+	else
+		print_table();
+	fprintf(stderr, "total %.1f s\n", now() - t0);
+	return 0;
+}
