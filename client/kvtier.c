@@ -822,6 +822,32 @@ kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer0, u
 	return r;
 }
 
+KVT_EXPORT int
+kvt_topk(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
+	 const float *query, uint32_t q_len, void *out, uint64_t out_len)
+{
+	uint64_t qbytes = (uint64_t)q_len * sizeof(float), out_off = (qbytes + 63) & ~63ull;
+	struct kvt_sqe *e;
+	int r;
+
+	if (out_off > c->arena_size || out_len > c->arena_size - out_off || out_len > UINT32_MAX)
+		return -E2BIG;
+	e = sync_sqe(c, KVT_OP_TOPK, seq, 1, &r);
+	if (!e)
+		return r;
+	memcpy(c->arena, query, qbytes);
+	e->op_flags = (uint16_t)flags;
+	e->arena_len = (uint32_t)qbytes;
+	e->count = k;
+	e->arg0 = layer;
+	e->arg1 = out_off;
+	e->arg2 = (uint32_t)out_len;
+	r = run_one(c, e, NULL);
+	if (r > 0)
+		memcpy(out, c->arena + out_off, out_len);
+	return r;
+}
+
 KVT_EXPORT const char *
 kvt_strerror(int err)
 {

@@ -133,6 +133,26 @@ op_fetch(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q)
 }
 
 static int
+op_topk(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
+{
+	const float *query;
+	void *out;
+	uint64_t n = 0;
+	int r;
+
+	if (e->buf_id || e->arg0 > UINT32_MAX || (e->arena_len & 3))
+		return -EINVAL;
+	query = arena_range(s, e->arena_off, e->arena_len, 4);
+	out = arena_range(s, e->arg1, e->arg2, 8);
+	if (!query || !out)
+		return -EINVAL;
+	r = kvtd_seq_topk(s, q, (uint32_t)e->arg0, e->count, e->op_flags, query, e->arena_len / 4,
+			  out, e->arg2, &n);
+	c->aux[0] = n;
+	return r;
+}
+
+static int
 op_seq_stat(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q)
 {
 	struct kvt_seq_stat st;
@@ -181,11 +201,9 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 	case KVT_OP_SCORE_ADD:
 	case KVT_OP_RETIER:
 	case KVT_OP_FETCH:
+	case KVT_OP_TOPK:
 	case KVT_OP_SEQ_STAT:
 		break;
-	case KVT_OP_TOPK:
-		r = -EOPNOTSUPP; /* reserved; the handler lands with the retrieval engine */
-		goto out;
 	default:
 		r = -EINVAL;
 		goto out;
@@ -216,6 +234,9 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 		break;
 	case KVT_OP_FETCH:
 		r = op_fetch(s, e, q);
+		break;
+	case KVT_OP_TOPK:
+		r = op_topk(s, e, q, c);
 		break;
 	default: /* KVT_OP_SEQ_STAT */
 		r = op_seq_stat(s, e, q);

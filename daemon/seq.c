@@ -58,7 +58,7 @@ params_check(const struct kvt_seq_params *p, const char **why)
 	*why = NULL;
 	if (p->size < sizeof(*p))
 		*why = "size smaller than struct kvt_seq_params";
-	else if (p->reserved0 || res[0] || res[1] || res[2] || res[3])
+	else if (res[0] || res[1] || res[2] || p->ret_flags)
 		*why = "reserved field not zero";
 	else if (!p->layers || p->layers > KVT_MAX_LAYERS)
 		*why = "layers out of range";
@@ -72,6 +72,10 @@ params_check(const struct kvt_seq_params *p, const char **why)
 		*why = "stage_slots must be > 0 with a staging region";
 	else if (!p->t0_buf_id && p->t0_slots)
 		*why = "t0_slots without a T0 region";
+	else if (p->q_heads % p->kv_heads || p->q_heads > 8 * KVT_MAX_KV_HEADS)
+		*why = "q_heads must be a multiple of kv_heads";
+	else if (p->ret_update && p->head_dim != 64 && p->head_dim != 128)
+		*why = "retrieval (ret_update > 0) needs head_dim 64 or 128";
 	return *why ? -EINVAL : 0;
 }
 
@@ -163,6 +167,137 @@ seq_ensure_ws(struct kvtd_seq *q)
 	return 0;
 }
 
+/* Index pages come from the pool, charged to the session like rows. */
+static void *
+page_get(void *ctx, size_t len)
+{
+	struct kvtd_seq *q = ctx;
+	struct kvtd_session *s = q->owner;
+	void *p;
+
+	if (kvtd_pool_alloc(&s->d->pool, q->cls_pg, 1, &s->acct,
+			    s->uid_ent ? &s->uid_ent->acct : NULL, &p) < 0)
+		return NULL;
+	return p;
+}
+
+static void
+page_put(void *ctx, void *page, size_t len)
+{
+	struct kvtd_seq *q = ctx;
+	struct kvtd_session *s = q->owner;
+
+	kvtd_pool_free(&s->d->pool, q->cls_pg, 1, &s->acct, s->uid_ent ? &s->uid_ent->acct : NULL,
+		       &page);
+}
+
+static int
+retrieval_init(struct kvtd_session *s, struct kvtd_seq *q)
+{
+	const struct kvt_seq_params *p = &q->p;
+	struct kvt_paris_geom g = {p->layers, p->q_heads ? p->q_heads : p->kv_heads, p->kv_heads,
+				   p->head_dim};
+	struct kvt_paris_zone_cfg z = {p->sinks, p->window, p->ret_update, 0};
+	struct kvt_paris_alloc a = {page_get, page_put, q};
+	unsigned page_keys = KVT_PARIS_PAGE_KEYS;
+	struct kvt_srht rot;
+	int r;
+
+	/* A page must fit in one pool chunk. */
+	while (page_keys > 64 && kvt_paris_page_bytes(p->head_dim, page_keys) > s->d->pool.chunk_size)
+		page_keys /= 2;
+	r = kvtd_pool_class_get(&s->d->pool, kvt_paris_page_bytes(p->head_dim, page_keys));
+	if (r < 0)
+		return r;
+	q->cls_pg = r;
+	q->owner = s;
+	/* The rotation is a pure function of (dim, seed): every daemon and restart agrees. */
+	r = kvt_srht_init(&rot, p->head_dim, KVT_SRHT_SEED);
+	if (r < 0)
+		return r;
+	q->paris = calloc(1, sizeof(*q->paris));
+	q->keybuf = malloc(sizeof(float) * p->kv_heads * p->head_dim * 256);
+	if (!q->paris || !q->keybuf)
+		return -ENOMEM;
+	r = kvt_paris_seq_init(q->paris, &g, &z, &rot, page_keys, &a);
+	if (r < 0) {
+		free(q->paris);
+		q->paris = NULL;
+	}
+	return r;
+}
+
+/* The key row of (pos, layer) as f32, whatever the pool holds (full precision or int8). */
+static void
+key_f32(const struct kvtd_seq *q, uint32_t pos, uint32_t l, float *out, void *tmp)
+{
+	uint32_t n = (uint32_t)q->p.kv_heads * q->p.head_dim;
+	const uint8_t *slot = q->slot[pos];
+	const void *row;
+
+	if (!slot) { /* evicted before it left the dense window: it can never be retrieved */
+		memset(out, 0, n * sizeof(float));
+		return;
+	}
+	if (q->ts.tier[pos] & KVT_TIER_F_INT8) {
+		uint32_t H = q->p.kv_heads, D = q->p.head_dim, r = 2 * l;
+
+		kvt_dequant_rows(KVT_DTYPE_F32, H, D, (const int8_t *)slot + (uint64_t)r * n,
+				 (const float *)(slot + (uint64_t)2 * q->p.layers * n) +
+					 (uint64_t)r * H,
+				 1, out, n * sizeof(float));
+		return;
+	}
+	row = slot + (uint64_t)2 * l * q->row_bytes;
+	switch (q->p.dtype) {
+	case KVT_DTYPE_F32:
+		memcpy(out, row, n * sizeof(float));
+		break;
+	case KVT_DTYPE_F16:
+		for (uint32_t i = 0; i < n; i++)
+			out[i] = kvt_f16_to_f32(((const uint16_t *)row)[i]);
+		break;
+	default:
+		for (uint32_t i = 0; i < n; i++)
+			out[i] = kvt_bf16_to_f32(((const uint16_t *)row)[i]);
+		break;
+	}
+	(void)tmp;
+}
+
+/* After an append: encode the keys that left the dense window (every U tokens). */
+static int
+retrieval_flush(struct kvtd_seq *q)
+{
+	uint32_t n = (uint32_t)q->p.kv_heads * q->p.head_dim, T = q->ts.n;
+
+	if (!q->paris || T < q->p.prompt_len)
+		return 0;
+	for (uint32_t l = 0; l < q->p.layers; l++) {
+		uint32_t pos, count;
+		int r = kvt_paris_seq_len(q->paris, l);
+
+		if (r < 0)
+			return r;
+		r = kvt_paris_zone_flush(&q->paris->zone, q->p.prompt_len, T, (uint32_t)r, &pos,
+					 &count);
+		if (r < 0)
+			return r;
+		while (count) {
+			uint32_t k = count < 256 ? count : 256;
+
+			for (uint32_t i = 0; i < k; i++)
+				key_f32(q, pos + i, l, q->keybuf + (uint64_t)i * n, NULL);
+			r = kvt_paris_seq_append(q->paris, l, pos, k, q->keybuf, n);
+			if (r < 0)
+				return r;
+			pos += k;
+			count -= k;
+		}
+	}
+	return 0;
+}
+
 int
 kvtd_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p)
 {
@@ -191,7 +326,7 @@ kvtd_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p)
 		return -ENOMEM;
 	q->p = pp;
 	q->p.size = sizeof(pp);
-	q->cls = q->cls_q = -1;
+	q->cls = q->cls_q = q->cls_pg = -1;
 	kvt_tier_cfg_init(&pp, &q->cfg, &why);
 	q->row_bytes = (uint64_t)p->kv_heads * p->head_dim * kvt_dtype_size(p->dtype);
 	q->token_bytes = (uint64_t)p->layers * 2 * q->row_bytes;
@@ -221,6 +356,11 @@ kvtd_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p)
 	r = seq_ensure_cap(q, 1);
 	if (r < 0)
 		goto err_free;
+	if (p->ret_update) {
+		r = retrieval_init(s, q);
+		if (r < 0)
+			goto err_free;
+	}
 	q->id = idx + 1;
 	s->seqs[idx] = q;
 	s->n_seqs++;
@@ -270,6 +410,16 @@ kvtd_seq_destroy(struct kvtd_session *s, struct kvtd_seq *q)
 			batch[k++] = i;
 		free_positions(s, q, batch, k);
 	}
+	if (q->paris) {
+		kvt_paris_seq_fini(q->paris);
+		free(q->paris);
+	}
+	kvt_paris_scratch_fini(&q->scr);
+	free(q->keybuf);
+	free(q->topk_pos);
+	free(q->topk_score);
+	if (q->cls_pg >= 0)
+		kvtd_pool_class_put(&s->d->pool, q->cls_pg);
 	if (q->cls >= 0)
 		kvtd_pool_class_put(&s->d->pool, q->cls);
 	if (q->cls_q >= 0)
@@ -347,7 +497,8 @@ kvtd_seq_append_rows(struct kvtd_session *s, struct kvtd_seq *q, const uint8_t *
 		return r;
 	}
 	q->bytes_in += (uint64_t)ntok * q->token_bytes;
-	return (int64_t)q->ts.n;
+	r = retrieval_flush(q);
+	return r < 0 ? r : (int64_t)q->ts.n;
 }
 
 /* Device address of (slot, layer, kv) in a strided region. */
@@ -418,7 +569,8 @@ kvtd_seq_append_t0(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *s
 	if (r < 0)
 		goto err;
 	q->bytes_in += (uint64_t)ntok * q->token_bytes;
-	return (int64_t)q->ts.n;
+	r = retrieval_flush(q);
+	return r < 0 ? r : (int64_t)q->ts.n;
 err:
 	seq_unreserve(s, q, ntok);
 	return r;
@@ -709,4 +861,87 @@ kvtd_seq_fetch(struct kvtd_session *s, struct kvtd_seq *q, unsigned flags, uint3
 	if (!(flags & KVT_FETCH_F_LIST))
 		memcpy(list, pos, m * sizeof(uint32_t));
 	return (int)m;
+}
+
+int
+kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32_t k,
+	      unsigned flags, const float *query, uint64_t q_len, void *out, uint64_t out_len,
+	      uint64_t *ret_n)
+{
+	const struct kvt_seq_params *p = &q->p;
+	struct kvt_paris_topk_opts opts = {.k = k};
+	uint32_t H = p->kv_heads, qh = p->q_heads ? p->q_heads : H, stride, counts[KVT_MAX_KV_HEADS];
+	uint64_t need;
+	float *qbuf;
+	int r;
+
+	if (!q->paris || layer >= p->layers || !k ||
+	    (flags & ~(KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH)) || q_len != (uint64_t)qh * p->head_dim)
+		return -EINVAL;
+	if (flags & KVT_TOPK_F_UNION)
+		opts.flags = KVT_PARIS_F_UNION;
+	r = kvt_paris_seq_len(q->paris, layer);
+	if (r < 0)
+		return r;
+	*ret_n = (uint64_t)r;
+	if (k > (uint32_t)r)
+		return -ERANGE;
+	stride = kvt_paris_seq_topk_stride(q->paris, &opts);
+	need = (uint64_t)H * 4 + (uint64_t)H * stride * 8;
+	if (need > out_len)
+		return -ENOSPC;
+	if ((flags & KVT_TOPK_F_FETCH) &&
+	    (!q->stage_buf || (uint64_t)H * stride > p->stage_slots))
+		return q->stage_buf ? -ENOSPC : -EINVAL;
+	if ((uint64_t)H * stride > q->topk_cap) {
+		free(q->topk_pos);
+		free(q->topk_score);
+		q->topk_cap = H * stride;
+		q->topk_pos = malloc(sizeof(uint32_t) * q->topk_cap);
+		q->topk_score = malloc(sizeof(float) * q->topk_cap);
+		if (!q->topk_pos || !q->topk_score) {
+			q->topk_cap = 0;
+			return -ENOMEM;
+		}
+	}
+	/* A private copy of the query: the arena is shared. */
+	qbuf = malloc(q_len * sizeof(float));
+	if (!qbuf)
+		return -ENOMEM;
+	memcpy(qbuf, query, q_len * sizeof(float));
+	r = kvt_paris_seq_topk(q->paris, layer, qbuf, q_len, &opts, &q->scr, q->topk_pos,
+			       q->topk_score, counts);
+	free(qbuf);
+	if (r < 0)
+		return r;
+	if (flags & KVT_TOPK_F_FETCH) {
+		struct row_batch *b = malloc(sizeof(*b));
+
+		if (!b || !(b->tmp = malloc(COPY_BATCH * q->row_bytes))) {
+			free(b);
+			return -ENOMEM;
+		}
+		b->s = s;
+		b->buf = q->stage_buf;
+		b->n = 0;
+		b->bytes = 0;
+		r = 0;
+		for (uint32_t h = 0; h < H && r == 0; h++)
+			for (uint32_t i = 0; i < counts[h] && r == 0; i++)
+				for (uint32_t kv = 0; kv < 2 && r == 0; kv++)
+					r = batch_add(b, q, q->topk_pos[h * stride + i], layer, kv,
+						      stage_off(p, h * stride + i, layer, kv));
+		if (r == 0)
+			r = batch_flush(b);
+		q->bytes_out += b->bytes;
+		free(b->tmp);
+		free(b);
+		if (r < 0)
+			return r;
+	}
+	memcpy(out, counts, H * sizeof(uint32_t));
+	memcpy((uint8_t *)out + H * 4, q->topk_pos, (size_t)H * stride * 4);
+	memcpy((uint8_t *)out + H * 4 + (size_t)H * stride * 4, q->topk_score,
+	       (size_t)H * stride * 4);
+	return (int)stride;
 }

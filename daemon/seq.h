@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "kvt_abi.h"
+#include "paris_seq.h"
 #include "tier.h"
 
 struct kvtd_session;
@@ -33,6 +34,15 @@ struct kvtd_seq {
 	struct kvt_dev_buf *t0_buf, *stage_buf;
 	uint64_t bytes_in, bytes_out;
 	double score_total;
+	/* retrieval (TOPK), when ret_update > 0 */
+	struct kvt_paris_seq *paris;
+	struct kvt_paris_scratch scr;
+	struct kvtd_session *owner; /* for the index page allocator */
+	int cls_pg;		   /* pool class of index pages */
+	float *keybuf;		   /* f32 keys being encoded, U tokens */
+	uint32_t *topk_pos;
+	float *topk_score;
+	uint32_t topk_cap;
 };
 
 /*
@@ -71,5 +81,11 @@ int kvtd_seq_retier(struct kvtd_session *s, struct kvtd_seq *q, void *out, uint6
 int kvtd_seq_fetch(struct kvtd_session *s, struct kvtd_seq *q, unsigned flags, uint32_t layer0,
 		   uint32_t nlayers, uint32_t stage_row, uint32_t *list, uint32_t list_cap,
 		   uint32_t count);
+
+/* TOPK (see KVT_TOPK_F_* in kvt_abi.h). @query: @q_len floats in the arena; @out: @out_len
+ * bytes in the arena. Returns the stride or -errno; @ret_n: the retrieval keys N. */
+int kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32_t k,
+		  unsigned flags, const float *query, uint64_t q_len, void *out, uint64_t out_len,
+		  uint64_t *ret_n);
 
 #endif

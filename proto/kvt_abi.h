@@ -165,7 +165,7 @@ struct kvt_seq_params {
 	uint8_t policy;	   /* KVT_POLICY_* */
 	uint8_t score_mode; /* KVT_SCORE_* */
 	uint8_t protect_prompt; /* 0 or 1 */
-	uint16_t reserved0;
+	uint16_t q_heads;  /* query heads for TOPK (GQA), a multiple of kv_heads; 0 = kv_heads */
 	uint32_t delta;	    /* re-tier period, tokens, >= 1 */
 	uint32_t sinks;
 	uint32_t window;
@@ -188,7 +188,11 @@ struct kvt_seq_params {
 	uint64_t stage_slot_stride;
 	uint64_t stage_layer_stride;
 	uint64_t stage_kv_stride;
-	uint64_t reserved[4]; /* zero */
+	/* Retrieval (TOPK, specs/pariskv.md): sink S = sinks, dense window W = window, update
+	 * buffer U. Keys leaving the dense window are encoded every U tokens. 0: no TOPK. */
+	uint32_t ret_update;
+	uint32_t ret_flags; /* zero */
+	uint64_t reserved[3]; /* zero */
 };
 _Static_assert(sizeof(struct kvt_seq_params) == 160, "kvt_seq_params ABI");
 
@@ -246,6 +250,24 @@ _Static_assert(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI");
 #define KVT_FETCH_F_T1 (1u << 0)
 #define KVT_FETCH_F_T2 (1u << 1)
 #define KVT_FETCH_F_LIST (1u << 2)
+
+/*
+ * TOPK: the positions most likely to matter to a query, per kv head (ParisKV retrieval over the
+ * keys that left the dense window). Needs ret_update > 0 and head_dim 64 or 128.
+ *   arena_off, arena_len: the query, q_heads * head_dim f32 (post-RoPE), 4-byte aligned.
+ *   arg0: layer.  count: k per kv head (per query head with KVT_TOPK_F_UNION).
+ *   arg1: arena offset of the output (8-byte aligned), arg2: its length in bytes:
+ *     u32 n[kv_heads], then u32 pos[kv_heads][stride], then f32 score[kv_heads][stride],
+ *     stride = k, or k * q_heads / kv_heads with KVT_TOPK_F_UNION; positions absolute,
+ *     in descending estimated score.
+ *   KVT_TOPK_F_FETCH: also stage the rows (all heads) of those positions for this layer into the
+ *     staging region, kv head h's i-th position at staging row h * stride + i.
+ * CQE res: stride. aux[0]: retrieval keys N. Errors: -EINVAL (k = 0, query length, flags,
+ * layer out of range, no retrieval), -ERANGE (k larger than the retrieval zone, or nothing
+ * encoded yet: attend densely), -ENOSPC (output or staging too small).
+ */
+#define KVT_TOPK_F_UNION (1u << 0)
+#define KVT_TOPK_F_FETCH (1u << 1)
 
 /*
  * struct kvt_seq_stat - SEQ_STAT output, written to the arena at arena_off (arena_len >= size).

@@ -165,6 +165,17 @@ int kvt_retier(struct kvt_client *c, uint32_t seq, void *out, uint64_t out_len);
 int kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer0,
 	      uint32_t nlayers, uint32_t stage_row, uint32_t *pos, uint32_t count);
 
+/*
+ * kvt_topk() - ParisKV top-k over the keys that left the dense window (the sequence was opened
+ * with ret_update > 0). @query: @q_len floats, q_heads * head_dim. @k per kv head (per query
+ * head with KVT_TOPK_F_UNION). @out receives u32 n[kv_heads], u32 pos[kv_heads][stride],
+ * f32 score[kv_heads][stride] (kvt_abi.h, KVT_OP_TOPK); with KVT_TOPK_F_FETCH the rows are also
+ * staged. Returns the stride, -ERANGE (k larger than the retrieval zone: attend densely),
+ * -ENOSPC (@out or staging too small), -EINVAL, or the errors above.
+ */
+int kvt_topk(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
+	     const float *query, uint32_t q_len, void *out, uint64_t out_len);
+
 /* Message for a negative errno from libkvtier or the daemon, kvtier meanings first. */
 const char *kvt_strerror(int err);
 

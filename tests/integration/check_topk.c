@@ -1,0 +1,220 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * TOPK through a real kvtierd: keys leave the dense window every U tokens and are encoded; a
+ * query retrieves the keys an exact inner-product search would, mostly (recall measured against
+ * exact top-k); staged rows are the appended rows; bad requests fail alone.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "kvtier.h"
+
+enum { L = 2, H = 2, QH = 4, D = 64, S = 4, W = 64, U = 32, N_TOK = 4096, K = 64 };
+#define ROW (H * D)
+#define TOK (L * 2 * ROW)
+
+static struct kvtd_proc Dm;
+
+static float
+gauss(uint64_t *s)
+{
+	float u, v;
+
+	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
+	u = ((*s >> 40) + 1) / 16777217.0f;
+	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
+	v = (*s >> 40) / 16777216.0f;
+	return sqrtf(-2 * logf(u)) * cosf(6.2831853f * v);
+}
+
+struct fixture {
+	struct kvt_client *c;
+	struct kvt_buf *stage;
+	uint32_t seq;
+	float *ref;
+};
+
+static void
+open_seq(struct fixture *f, int retrieval)
+{
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	uint64_t rng = 99;
+
+	ck_assert_int_eq(kvt_connect(Dm.sock, &o, &f->c), 0);
+	ck_assert_int_eq(kvt_buf_alloc(f->c, (uint64_t)L * 2 * H * K * ROW * 4, &f->stage), 0);
+	p.layers = L;
+	p.kv_heads = H;
+	p.q_heads = QH;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_FULL;
+	p.delta = 64;
+	p.sinks = S;
+	p.window = W;
+	p.hbm_frac = 1.0f;
+	p.ret_update = retrieval ? U : 0;
+	p.stage_buf_id = kvt_buf_id(f->stage);
+	p.stage_slots = H * K;
+	p.stage_slot_stride = ROW * 4;
+	p.stage_kv_stride = (uint64_t)H * K * ROW * 4;
+	p.stage_layer_stride = 2 * p.stage_kv_stride;
+	ck_assert_int_eq(kvt_seq_open(f->c, &p, &f->seq), 0);
+	f->ref = malloc(sizeof(float) * TOK * N_TOK);
+	/* Anisotropic keys with two outlier channels, as real keys have. */
+	for (uint64_t i = 0; i < (uint64_t)TOK * N_TOK; i++) {
+		uint32_t d = i % D;
+
+		f->ref[i] = gauss(&rng) * (d == 3 || d == 17 ? 6.0f : 1.0f + (d % 8) * 0.1f);
+	}
+	for (uint32_t t = 0; t < N_TOK; t += 256)
+		ck_assert_int_eq(kvt_append(f->c, f->seq, f->ref + (uint64_t)t * TOK,
+					    256ull * TOK * 4, 256, NULL),
+				 t + 256);
+}
+
+static void
+close_seq(struct fixture *f)
+{
+	kvt_disconnect(f->c);
+	free(f->ref);
+}
+
+START_TEST(t_recall_and_fetch)
+{
+	struct fixture f;
+	static float q[QH * D], qbar[D];
+	static uint8_t out[H * 4 + H * K * 8];
+	uint32_t nret, found = 0, total = 0;
+	uint64_t rng = 7;
+	int stride;
+
+	open_seq(&f, 1);
+	/* N = U * floor((T - S - W) / U) with no prompt */
+	nret = U * ((N_TOK - S - W) / U);
+	for (int trial = 0; trial < 8; trial++) {
+		uint32_t layer = trial % L;
+		const uint32_t *n = (const void *)out, *pos = n + H;
+
+		/* A query near a random retrieval-zone key of head 0, plus noise. */
+		uint32_t target = S + (uint32_t)(gauss(&rng) * 1e6f) % nret;
+
+		for (int h = 0; h < QH; h++)
+			for (int d = 0; d < D; d++)
+				q[h * D + d] = f.ref[(uint64_t)target * TOK + 2 * layer * ROW +
+						     (h / (QH / H)) * D + d] +
+					       0.3f * gauss(&rng);
+		stride = kvt_topk(f.c, f.seq, layer, K, KVT_TOPK_F_FETCH, q, QH * D, out,
+				  sizeof(out));
+		ck_assert_int_eq(stride, K);
+		for (uint32_t h = 0; h < H; h++) {
+			static float ip[N_TOK];
+			float kth;
+			uint32_t better;
+
+			ck_assert_uint_eq(n[h], K);
+			/* exact: <k, mean of the group's queries>, over the retrieval zone */
+			for (int d = 0; d < D; d++)
+				qbar[d] = (q[(2 * h) * D + d] + q[(2 * h + 1) * D + d]) / 2;
+			for (uint32_t i = 0; i < nret; i++) {
+				const float *k = f.ref + (uint64_t)(S + i) * TOK + 2 * layer * ROW +
+						 h * D;
+
+				ip[i] = 0;
+				for (int d = 0; d < D; d++)
+					ip[i] += k[d] * qbar[d];
+			}
+			for (uint32_t j = 0; j < K; j++) {
+				uint32_t p = pos[h * K + j];
+
+				ck_assert_uint_ge(p, S);
+				ck_assert_uint_lt(p, S + nret);
+				/* staged row = the appended row of that position */
+				ck_assert(!memcmp((float *)kvt_buf_ptr(f.stage) +
+							  ((uint64_t)(layer * 2) * H * K + h * K + j) *
+								  ROW,
+						  f.ref + (uint64_t)p * TOK + 2 * layer * ROW,
+						  ROW * 4));
+			}
+			/* recall@K: how many returned keys are in the exact top K */
+			for (uint32_t j = 0; j < K; j++) {
+				kth = ip[pos[h * K + j] - S];
+				better = 0;
+				for (uint32_t i = 0; i < nret; i++)
+					better += ip[i] > kth;
+				found += better < K;
+				total++;
+			}
+		}
+	}
+	fprintf(stderr, "TOPK recall@%d through kvtierd: %.3f\n", K, (double)found / total);
+	ck_assert_msg((double)found / total >= 0.8, "recall %.3f", (double)found / total);
+	close_seq(&f);
+}
+END_TEST
+
+START_TEST(t_bad_topk)
+{
+	struct fixture f, g;
+	static float q[QH * D];
+	static uint8_t out[H * 4 + H * K * 8], small[16];
+
+	open_seq(&f, 1);
+	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, 0, 0, q, QH * D, out, sizeof(out)), -EINVAL);
+	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, 100000, 0, q, QH * D, out, sizeof(out)), -ERANGE);
+	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0, q, QH * D - 1, out, sizeof(out)), -EINVAL);
+	ck_assert_int_eq(kvt_topk(f.c, f.seq, L, K, 0, q, QH * D, out, sizeof(out)), -EINVAL);
+	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0x80, q, QH * D, out, sizeof(out)), -EINVAL);
+	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0, q, QH * D, small, sizeof(small)), -ENOSPC);
+	/* staging holds H*K rows: the union of per-query-head lists needs twice that */
+	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH, q,
+				  QH * D, out, sizeof(out)),
+			 -ENOSPC);
+	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0, q, QH * D, out, sizeof(out)), K);
+	close_seq(&f);
+	/* a sequence opened without retrieval */
+	open_seq(&g, 0);
+	ck_assert_int_eq(kvt_topk(g.c, g.seq, 0, K, 0, q, QH * D, out, sizeof(out)), -EINVAL);
+	close_seq(&g);
+}
+END_TEST
+
+static void
+up(void)
+{
+	const char *extra[] = {"--pool-size", "256M", NULL};
+
+	daemon_start(&Dm, extra);
+}
+
+static void
+down(void)
+{
+	ck_assert_int_eq(daemon_stop(&Dm), 0);
+}
+
+int
+main(void)
+{
+	Suite *s = suite_create("topk");
+	TCase *tc = tcase_create("topk");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_checked_fixture(tc, up, down);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, t_recall_and_fetch);
+	tcase_add_test(tc, t_bad_topk);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
