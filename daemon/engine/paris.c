@@ -13,12 +13,12 @@
 #include "simd.h"
 
 const float kvt_paris_theta[7] = {
-	0.08420966f, 0.16964098f, 0.25757120f, 0.34969834f, 0.44844857f, 0.55829565f, 0.68999742f,
+    0.08420966f, 0.16964098f, 0.25757120f, 0.34969834f, 0.44844857f, 0.55829565f, 0.68999742f,
 };
 
 const float kvt_paris_level[8] = {
-	0.04192810f, 0.12649122f, 0.21279074f, 0.30235165f,
-	0.39704504f, 0.49985211f, 0.61673919f, 0.76325565f,
+    0.04192810f, 0.12649122f, 0.21279074f, 0.30235165f,
+    0.39704504f, 0.49985211f, 0.61673919f, 0.76325565f,
 };
 
 /* Cumulative tier fractions of the collision budget (section 3.2). */
@@ -127,13 +127,14 @@ kvt_paris_index_reserve(struct kvt_paris_index *ix, uint32_t nkeys)
 
 		if (!pg)
 			return -ENOMEM;
-		/* The vote scan reads centroid ids past n up to a multiple of 64: keep them defined. */
+		/* The vote scan reads centroid ids past n up to a multiple of 64: keep them
+		 * defined. */
 		memset(pg, 0, (size_t)ix->nblk * ix->page_keys);
 		ix->pages[ix->npages++] = pg;
 	}
 	return (int)((uint64_t)ix->npages << ix->page_shift > (1u << 31)
-			     ? (1u << 31)
-			     : (uint64_t)ix->npages << ix->page_shift);
+			 ? (1u << 31)
+			 : (uint64_t)ix->npages << ix->page_shift);
 }
 
 void
@@ -165,7 +166,8 @@ kvt_paris_encode_key(const struct kvt_srht *srht, const float *key, uint8_t *ret
 			uint32_t s = yb[j] >= 0.0f; /* an exact zero counts as positive */
 			uint32_t t = 0;
 
-			/* bucketize(right=False): a value equal to a threshold stays in the lower bin */
+			/* bucketize(right=False): a value equal to a threshold stays in the lower
+			 * bin */
 			for (unsigned int l = 0; l < 7; l++)
 				t += kvt_paris_theta[l] < au;
 			id |= s << j;
@@ -183,8 +185,8 @@ kvt_paris_encode_key(const struct kvt_srht *srht, const float *key, uint8_t *ret
 }
 
 int
-kvt_paris_index_append(struct kvt_paris_index *ix, const struct kvt_srht *srht,
-		       const float *keys, size_t stride, uint32_t count)
+kvt_paris_index_append(struct kvt_paris_index *ix, const struct kvt_srht *srht, const float *keys,
+		       size_t stride, uint32_t count)
 {
 	uint32_t nb = ix->nblk, P = ix->page_keys;
 
@@ -328,7 +330,8 @@ kvt_paris_vote_tables(const struct kvt_paris_index *ix, const struct kvt_paris_q
 			top |= (uint32_t)(yb[j] >= 0.0f) << j;
 			ay[j] = fabsf(yb[j]);
 		}
-		/* cost[x] = sum of |y_j| over the dims flipped by mask x; x = 0 is the top centroid */
+		/* cost[x] = sum of |y_j| over the dims flipped by mask x; x = 0 is the top centroid
+		 */
 		cost[0] = 0.0f;
 		for (unsigned int x = 1; x < 256; x++)
 			cost[x] = cost[x & (x - 1)] + ay[__builtin_ctz(x)];
@@ -384,8 +387,8 @@ votes_avx2(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t 
 {
 	uint32_t P = ix->page_keys, nb = ix->nblk;
 	__m256i plo[KVT_PARIS_MAX_BLK][3], phi[KVT_PARIS_MAX_BLK][3];
-	const __m256i bits = _mm256_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 0, 0, 0, 0, 0, 0, 0, 0, 1,
-					      2, 4, 8, 16, 32, 64, -128, 0, 0, 0, 0, 0, 0, 0, 0);
+	const __m256i bits = _mm256_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 0, 0, 0, 0, 0, 0, 0, 0,
+					      1, 2, 4, 8, 16, 32, 64, -128, 0, 0, 0, 0, 0, 0, 0, 0);
 	const __m256i m7 = _mm256_set1_epi8(7), m31 = _mm256_set1_epi8(31);
 
 	for (uint32_t b = 0; b < nb; b++) {
@@ -395,9 +398,10 @@ votes_avx2(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t 
 			for (unsigned int c = 0; c < 256; c++)
 				if ((tab[b][c] >> pl) & 1)
 					set[c >> 3] |= (uint8_t)(1u << (c & 7));
-			plo[b][pl] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)set));
-			phi[b][pl] =
-				_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(set + 16)));
+			plo[b][pl] =
+			    _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)set));
+			phi[b][pl] = _mm256_broadcastsi128_si256(
+			    _mm_loadu_si128((const __m128i *)(set + 16)));
 		}
 	}
 	for (uint32_t p = 0; (uint64_t)p << ix->page_shift < ix->n; p++) {
@@ -409,7 +413,8 @@ votes_avx2(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t 
 			__m256i acc = _mm256_setzero_si256();
 
 			for (uint32_t b = 0; b < nb; b++) {
-				__m256i id = _mm256_loadu_si256((const __m256i *)(cid + (size_t)b * P + i));
+				__m256i id =
+				    _mm256_loadu_si256((const __m256i *)(cid + (size_t)b * P + i));
 				__m256i bm = _mm256_shuffle_epi8(bits, _mm256_and_si256(id, m7));
 				__m256i hi = _mm256_and_si256(_mm256_srli_epi16(id, 3), m31);
 				__m256i sel = _mm256_slli_epi16(hi, 3); /* bit 4 of hi -> bit 7 */
@@ -418,10 +423,12 @@ votes_avx2(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t 
 					__m256i lo = _mm256_shuffle_epi8(plo[b][pl], hi);
 					__m256i up = _mm256_shuffle_epi8(phi[b][pl], hi);
 					__m256i by = _mm256_blendv_epi8(lo, up, sel);
-					__m256i hit = _mm256_cmpeq_epi8(_mm256_and_si256(by, bm), bm);
+					__m256i hit =
+					    _mm256_cmpeq_epi8(_mm256_and_si256(by, bm), bm);
 
 					acc = _mm256_add_epi8(
-						acc, _mm256_and_si256(hit, _mm256_set1_epi8((char)(1 << pl))));
+					    acc, _mm256_and_si256(
+						     hit, _mm256_set1_epi8((char)(1 << pl))));
 				}
 			}
 			_mm256_storeu_si256((__m256i *)(ret_votes + base + i), acc);
@@ -579,8 +586,8 @@ rerank_scalar(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
 /* One block of 8 dims per AVX2 register: the nibbles index the 8 levels directly (vpermps uses
  * the low 3 bits), and the sign bit of the nibble, inverted, becomes the float sign. */
 __attribute__((target("avx2,fma"))) static void
-rerank_avx2(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
-	    const uint32_t *cand, uint32_t nc, float *ret_score)
+rerank_avx2(const struct kvt_paris_index *ix, const struct kvt_paris_query *q, const uint32_t *cand,
+	    uint32_t nc, float *ret_score)
 {
 	uint32_t nb = ix->nblk;
 	const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
@@ -611,10 +618,11 @@ rerank_avx2(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
 			__m256 mag, sgn;
 
 			memcpy(&word, code + 4 * b, 4); /* little-endian host */
-			nib = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)word), shifts),
-					       m15);
+			nib = _mm256_and_si256(
+			    _mm256_srlv_epi32(_mm256_set1_epi32((int)word), shifts), m15);
 			mag = _mm256_permutevar8x32_ps(lev, nib);
-			sgn = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_andnot_si256(nib, m8), 28));
+			sgn = _mm256_castsi256_ps(
+			    _mm256_slli_epi32(_mm256_andnot_si256(nib, m8), 28));
 			acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_xor_ps(mag, sgn), qy[b]),
 					      _mm256_set1_ps(w[b]), acc);
 		}

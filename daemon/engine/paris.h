@@ -35,11 +35,11 @@
 
 #include "srht.h"
 
-#define KVT_PARIS_M	   8			  /* dims per block */
-#define KVT_PARIS_MAX_BLK  (KVT_SRHT_MAX_DIM / 8) /* 16 */
-#define KVT_PARIS_TIERS	   6
-#define KVT_PARIS_MAX_VOTE (KVT_PARIS_TIERS * KVT_PARIS_MAX_BLK) /* 96 */
-#define KVT_PARIS_PAGE_KEYS 4096u			  /* default keys per page */
+#define KVT_PARIS_M	    8			   /* dims per block */
+#define KVT_PARIS_MAX_BLK   (KVT_SRHT_MAX_DIM / 8) /* 16 */
+#define KVT_PARIS_TIERS	    6
+#define KVT_PARIS_MAX_VOTE  (KVT_PARIS_TIERS * KVT_PARIS_MAX_BLK) /* 96 */
+#define KVT_PARIS_PAGE_KEYS 4096u				  /* default keys per page */
 
 /* Lloyd-Max levels for |u_1|, u uniform on S^7 (u_1^2 ~ Beta(1/2, 7/2)), f32 (section 4). */
 extern const float kvt_paris_theta[7];
@@ -60,13 +60,13 @@ struct kvt_paris_alloc {
 
 /* struct kvt_paris_index - see the top of this file. Fields are read-only outside paris.c. */
 struct kvt_paris_index {
-	uint32_t dim;			/* 64 or 128 */
-	uint32_t nblk;			/* dim / 8 */
-	uint32_t page_keys;		/* keys per page, a power of two >= 64 */
-	uint32_t page_shift;		/* log2(page_keys) */
-	uint32_t n;			/* encoded keys (the retrieval zone length N) */
-	uint32_t npages;		/* pages held: capacity = npages * page_keys */
-	uint32_t max_pages;		/* slots in @pages */
+	uint32_t dim;	     /* 64 or 128 */
+	uint32_t nblk;	     /* dim / 8 */
+	uint32_t page_keys;  /* keys per page, a power of two >= 64 */
+	uint32_t page_shift; /* log2(page_keys) */
+	uint32_t n;	     /* encoded keys (the retrieval zone length N) */
+	uint32_t npages;     /* pages held: capacity = npages * page_keys */
+	uint32_t max_pages;  /* slots in @pages */
 	size_t page_bytes;
 	void **pages;
 	struct kvt_paris_alloc alloc;
@@ -134,8 +134,8 @@ void kvt_paris_schedule(uint32_t n, double *ret_rho_cand, double *ret_rho_col);
 /* struct kvt_paris_query - one prepared query (kvt_paris_query_prep()). */
 struct kvt_paris_query {
 	uint32_t dim;
-	float norm;			/* |q| (the GQA mean when built by the seq layer) */
-	float y[KVT_SRHT_MAX_DIM];	/* SRHT(q / max(|q|, 1e-8)) */
+	float norm;		   /* |q| (the GQA mean when built by the seq layer) */
+	float y[KVT_SRHT_MAX_DIM]; /* SRHT(q / max(|q|, 1e-8)) */
 };
 
 /*
@@ -199,8 +199,8 @@ struct kvt_paris_scratch {
 	uint8_t *votes;
 	uint32_t *cand;
 	float *score;
-	size_t votes_cap;	/* bytes */
-	size_t cand_cap;	/* entries */
+	size_t votes_cap; /* bytes */
+	size_t cand_cap;  /* entries */
 	uint8_t tab[KVT_PARIS_MAX_BLK][256];
 };
 
@@ -209,9 +209,9 @@ void kvt_paris_scratch_fini(struct kvt_paris_scratch *s);
 
 /* struct kvt_paris_search_opts - knobs of one search. */
 struct kvt_paris_search_opts {
-	uint32_t k;		/* results wanted, 1 .. n */
-	double rho_cand;	/* candidate ratio in (0, 1]; 0 = schedule */
-	double rho_col;		/* collision budget ratio in (0, 1]; 0 = schedule */
+	uint32_t k;	 /* results wanted, 1 .. n */
+	double rho_cand; /* candidate ratio in (0, 1]; 0 = schedule */
+	double rho_col;	 /* collision budget ratio in (0, 1]; 0 = schedule */
 };
 
 /*

@@ -128,7 +128,7 @@ cmp_score_desc(const void *a, const void *b)
 static uint32_t
 union_merge(uint32_t *pos, float *score, uint32_t total)
 {
-	uint32_t (*pair)[2] = malloc((size_t)total * sizeof(*pair));
+	uint32_t(*pair)[2] = malloc((size_t)total * sizeof(*pair));
 	uint32_t m = 0;
 
 	if (!pair)
@@ -168,8 +168,8 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 {
 	uint32_t hkv = seq->g.kv_heads, d = seq->g.head_dim, grp = seq->g.q_heads / hkv;
 	uint32_t stride = kvt_paris_seq_topk_stride(seq, opts), k = opts->k;
-	struct kvt_paris_search_opts so = {.k = k, .rho_cand = opts->rho_cand,
-					   .rho_col = opts->rho_col};
+	struct kvt_paris_search_opts so = {
+	    .k = k, .rho_cand = opts->rho_cand, .rho_col = opts->rho_col};
 	const struct kvt_paris_index *row;
 	struct kvt_paris_query pq;
 	int r;

@@ -86,8 +86,8 @@ int kvt_paris_seq_index(const struct kvt_paris_seq *seq, uint32_t layer, uint32_
  * S + kvt_paris_seq_len(layer): flushes must be contiguous; @token_stride < kv_heads*head_dim),
  * -ENOMEM. On -ENOMEM some heads may hold more keys than others; the seq must then be dropped.
  */
-int kvt_paris_seq_append(struct kvt_paris_seq *seq, uint32_t layer, uint32_t pos,
-			 uint32_t count, const float *keys, size_t token_stride);
+int kvt_paris_seq_append(struct kvt_paris_seq *seq, uint32_t layer, uint32_t pos, uint32_t count,
+			 const float *keys, size_t token_stride);
 
 /* kvt_paris_seq_topk_stride - entries per kv head in topk outputs: k, or k * q_heads/kv_heads
  * with KVT_PARIS_F_UNION. */

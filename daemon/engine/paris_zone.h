@@ -21,7 +21,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* struct kvt_paris_zone_cfg - zone sizes; the reference decode defaults are 4 / 512 / 128 / 2000. */
+/* struct kvt_paris_zone_cfg - zone sizes; the reference decode defaults are 4 / 512 / 128 / 2000.
+ */
 struct kvt_paris_zone_cfg {
 	uint32_t sink;		 /* S */
 	uint32_t local;		 /* W */

@@ -28,9 +28,9 @@
  * of threads may apply it concurrently.
  */
 struct kvt_srht {
-	uint32_t dim;			  /* 64 or 128 */
-	float scale;			  /* 1/sqrt(dim) */
-	float sign[KVT_SRHT_MAX_DIM];	  /* the diagonal, +1.0f or -1.0f; [dim, MAX) unused */
+	uint32_t dim;		      /* 64 or 128 */
+	float scale;		      /* 1/sqrt(dim) */
+	float sign[KVT_SRHT_MAX_DIM]; /* the diagonal, +1.0f or -1.0f; [dim, MAX) unused */
 };
 
 /*

@@ -85,7 +85,8 @@ START_TEST(test_matches_definition)
 			double ref = 0.0;
 
 			for (unsigned int j = 0; j < d; j++)
-				ref += (__builtin_popcount(i & j) & 1 ? -1.0 : 1.0) * s.sign[j] * x[j];
+				ref +=
+				    (__builtin_popcount(i & j) & 1 ? -1.0 : 1.0) * s.sign[j] * x[j];
 			ref /= sqrt((double)d);
 			ck_assert_double_eq_tol(y[i], ref, 1e-5);
 		}

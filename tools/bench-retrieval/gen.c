@@ -6,7 +6,7 @@
 #include "gen.h"
 
 #define MAX_TOPICS 512
-#define SALIENT	   0.10	 /* fraction of keys in topic passages */
+#define SALIENT	   0.10 /* fraction of keys in topic passages */
 #define TOPIC_AMP  24.0f
 
 struct rng {

@@ -30,8 +30,8 @@ enum gen_set {
  * gen_make - fill @keys [n][d] and @queries [nq][d].
  * Returns 0, or -EINVAL for d > 128 or d not a multiple of 8.
  */
-int gen_make(enum gen_set set, uint32_t n, unsigned int d, uint32_t nq, uint64_t seed,
-	     float *keys, float *queries);
+int gen_make(enum gen_set set, uint32_t n, unsigned int d, uint32_t nq, uint64_t seed, float *keys,
+	     float *queries);
 
 /* gen_name - "outlier" or "drift". */
 const char *gen_name(enum gen_set set);

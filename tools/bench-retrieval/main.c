@@ -35,9 +35,9 @@
 #include "faiss_peer.h"
 #endif
 
-#define D	 128
-#define KMAX	 200
-#define NK	 3
+#define D    128
+#define KMAX 200
+#define NK   3
 static const uint32_t ks[NK] = {64, 100, 200};
 
 struct row {
@@ -166,7 +166,8 @@ heap_drain(struct heap *h, uint32_t *ret)
 	for (uint32_t i = 1; i < m; i++) {
 		uint32_t o = ord[i], j = i;
 
-		while (j && (s[ord[j - 1]] < s[o] || (s[ord[j - 1]] == s[o] && id[ord[j - 1]] > id[o]))) {
+		while (j && (s[ord[j - 1]] < s[o] ||
+			     (s[ord[j - 1]] == s[o] && id[ord[j - 1]] > id[o]))) {
 			ord[j] = ord[j - 1];
 			j--;
 		}
@@ -200,8 +201,8 @@ to_f16(const float *x, size_t n, uint16_t *ret)
 	size_t i = 0;
 
 	for (; i + 8 <= n; i += 8)
-		_mm_storeu_si128((__m128i *)(ret + i),
-				 _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+		_mm_storeu_si128((__m128i *)(ret + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i),
+								       _MM_FROUND_TO_NEAREST_INT));
 	for (; i < n; i++)
 		ret[i] = (uint16_t)_cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
 }
@@ -220,11 +221,12 @@ exact_scan(const uint16_t *kh, uint32_t n, const float *q, uint32_t k, uint32_t 
 		__m128 x;
 
 		for (int b = 0; b < D / 8; b += 2) {
-			a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * b))),
-					     qv[b], a0);
+			a0 = _mm256_fmadd_ps(
+			    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * b))), qv[b],
+			    a0);
 			a1 = _mm256_fmadd_ps(
-				_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * b + 8))),
-				qv[b + 1], a1);
+			    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 8 * b + 8))),
+			    qv[b + 1], a1);
 		}
 		a0 = _mm256_add_ps(a0, a1);
 		x = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
@@ -350,8 +352,8 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 			struct fpeer *p;
 
 			if (kind == FPEER_HNSW && n > hnsw_max) {
-				fprintf(stderr, "%s n=%u: skipping %s above --hnsw-max %u\n", name, n,
-					fname[kind], hnsw_max);
+				fprintf(stderr, "%s n=%u: skipping %s above --hnsw-max %u\n", name,
+					n, fname[kind], hnsw_max);
 				continue;
 			}
 			fprintf(stderr, "%s n=%u: building %s\n", name, n, fname[kind]);
@@ -420,8 +422,8 @@ print_table(void)
 	printf("%-8s %8s %4s %-12s %7s %12s %9s\n", "data", "n", "k", "method", "recall",
 	       "us/query", "build_s");
 	for (int i = 0; i < nrows; i++)
-		printf("%-8s %8u %4u %-12s %7.3f %12.1f %9.2f\n", rows[i].data, rows[i].n, rows[i].k,
-		       rows[i].method, rows[i].recall, rows[i].us, rows[i].build_s);
+		printf("%-8s %8u %4u %-12s %7.3f %12.1f %9.2f\n", rows[i].data, rows[i].n,
+		       rows[i].k, rows[i].method, rows[i].recall, rows[i].us, rows[i].build_s);
 }
 
 static void
@@ -438,12 +440,9 @@ int
 main(int argc, char **argv)
 {
 	static const struct option opts[] = {
-		{"json", no_argument, NULL, 'j'},
-		{"quick", no_argument, NULL, 'q'},
-		{"queries", required_argument, NULL, 'n'},
-		{"hnsw-max", required_argument, NULL, 'm'},
-		{"help", no_argument, NULL, 'h'},
-		{0},
+	    {"json", no_argument, NULL, 'j'},	       {"quick", no_argument, NULL, 'q'},
+	    {"queries", required_argument, NULL, 'n'}, {"hnsw-max", required_argument, NULL, 'm'},
+	    {"help", no_argument, NULL, 'h'},	       {0},
 	};
 	static const uint32_t sizes[3] = {32768, 131072, 1048576};
 	bool json = false, quick = false;
