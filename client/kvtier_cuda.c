@@ -92,8 +92,8 @@ kvt_buf_register_cuda(struct kvt_client *c, void *dev_ptr, uint64_t size, struct
 		r = cuda_errno(cudaIpcGetMemHandle(&h, dev_ptr));
 	if (r < 0)
 		return r;
-	return kvtc_buf_register_ipc(c, (const uint8_t *)h.reserved, (const uint8_t *)prop.uuid.bytes,
-				     dev_ptr, size, ret_buf);
+	return kvtc_buf_register_ipc(c, (const uint8_t *)h.reserved,
+				     (const uint8_t *)prop.uuid.bytes, dev_ptr, size, ret_buf);
 }
 
 KVT_EXPORT int

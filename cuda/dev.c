@@ -34,7 +34,7 @@ kvt_dev_log(int level, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	atomic_load(&log_fn)(level, msg);
+	atomic_load (&log_fn)(level, msg);
 }
 
 int
@@ -132,8 +132,7 @@ kvt_dev_buf_import(struct kvt_dev *dev, const struct kvt_dev_import *imp,
 void
 kvt_dev_buf_get(struct kvt_dev_buf *buf)
 {
-	atomic_fetch_add_explicit(&((struct kvt_dev_buf_base *)buf)->refs, 1,
-				  memory_order_relaxed);
+	atomic_fetch_add_explicit(&((struct kvt_dev_buf_base *)buf)->refs, 1, memory_order_relaxed);
 }
 
 void

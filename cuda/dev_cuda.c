@@ -34,7 +34,7 @@
 #ifndef KVT_CUDA_REG_CHUNK
 #define KVT_CUDA_REG_CHUNK (64ull << 30)
 #endif
-#define LANE_ROWS 1024	     /* rows per kernel launch */
+#define LANE_ROWS  1024	      /* rows per kernel launch */
 #define BOUNCE_MIN (1u << 20) /* first bounce buffer size */
 
 static int
@@ -82,12 +82,12 @@ cuda_check(cudaError_t e, int level, const char *call, const char *file, int lin
 }
 
 #define KVT_CUDA_LVL(level, call) cuda_check((call), (level), #call, __FILE__, __LINE__)
-#define KVT_CUDA(call) KVT_CUDA_LVL(KVT_DEV_LOG_ERR, call)
+#define KVT_CUDA(call)		  KVT_CUDA_LVL(KVT_DEV_LOG_ERR, call)
 
 typedef CUresult (*get_range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr p);
 
 struct lane {
-	pthread_mutex_t lock;	   /* staging below */
+	pthread_mutex_t lock; /* staging below */
 	cudaStream_t stream;
 	cudaEvent_t done;	   /* after the last kernel that read the staging */
 	int pending;		   /* @done recorded and not yet waited for */
@@ -405,8 +405,9 @@ cuda_register(struct kvt_dev *dev, void *p, size_t len)
 		KVT_CUDA(cudaHostUnregister(base + done));
 	}
 	if (r == -EOPNOTSUPP)
-		kvt_dev_log(KVT_DEV_LOG_WARNING, "cuda: the platform refuses to pin the pool "
-						 "(cudaHostRegister); it must come from cudaHostAlloc");
+		kvt_dev_log(KVT_DEV_LOG_WARNING,
+			    "cuda: the platform refuses to pin the pool "
+			    "(cudaHostRegister); it must come from cudaHostAlloc");
 	return r;
 }
 
@@ -516,8 +517,9 @@ cuda_import(struct kvt_dev *dev, const struct kvt_dev_import *imp, struct kvt_de
 		dev->maps = m;
 	}
 	if (imp->size > m->size) {
-		kvt_dev_log(KVT_DEV_LOG_WARNING, "cuda: client claims %llu bytes of a %llu-byte "
-						 "allocation",
+		kvt_dev_log(KVT_DEV_LOG_WARNING,
+			    "cuda: client claims %llu bytes of a %llu-byte "
+			    "allocation",
 			    (unsigned long long)imp->size, (unsigned long long)m->size);
 		pthread_mutex_unlock(&dev->ipc_lock);
 		buf->dev = dev;
@@ -691,8 +693,8 @@ lane_launch(struct kvt_dev *dev, struct lane *l, struct kvt_dev_buf *buf,
 }
 
 static int
-cuda_copy(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows,
-	  unsigned n, int to_dev)
+cuda_copy(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows, unsigned n,
+	  int to_dev)
 {
 	struct gpu *g = &dev->gpus[buf->map->gpu];
 	struct lane *l = to_dev ? &g->prefetch : &g->offload;
@@ -704,13 +706,14 @@ cuda_copy(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_cop
 		uint8_t *d = buf->map->ptr + rows[0].buf_off;
 		uint64_t len = rows[n - 1].buf_off + rows[n - 1].len - rows[0].buf_off;
 
-		return KVT_CUDA(cudaMemcpyAsync(to_dev ? d : rows[0].host, to_dev ? rows[0].host : d,
-						len, cudaMemcpyDefault, l->stream));
+		return KVT_CUDA(cudaMemcpyAsync(to_dev ? d : rows[0].host,
+						to_dev ? rows[0].host : d, len, cudaMemcpyDefault,
+						l->stream));
 	}
 	pthread_mutex_lock(&l->lock);
 	for (unsigned done = 0; done < n && r == 0; done += LANE_ROWS)
-		r = lane_launch(dev, l, buf, rows + done, n - done < LANE_ROWS ? n - done : LANE_ROWS,
-				to_dev);
+		r = lane_launch(dev, l, buf, rows + done,
+				n - done < LANE_ROWS ? n - done : LANE_ROWS, to_dev);
 	pthread_mutex_unlock(&l->lock);
 	return r;
 }
@@ -741,8 +744,8 @@ cuda_event_destroy(struct kvt_dev *dev, struct kvt_dev_event *ev)
 }
 
 static int
-cuda_event_create(struct kvt_dev *dev, const uint8_t device_uuid[16],
-		  struct kvt_dev_event **ret_ev, uint8_t ret_handle[64])
+cuda_event_create(struct kvt_dev *dev, const uint8_t device_uuid[16], struct kvt_dev_event **ret_ev,
+		  uint8_t ret_handle[64])
 {
 	struct kvt_dev_event *ev;
 	cudaIpcEventHandle_t h;
@@ -790,18 +793,18 @@ cuda_event_record(struct kvt_dev *dev, struct kvt_dev_event *ev)
 }
 
 const struct kvt_dev_ops kvt_dev_cuda_ops = {
-	.kind = KVT_DEV_CUDA,
-	.close = cuda_close,
-	.name = cuda_name,
-	.host_register = cuda_register,
-	.host_unregister = cuda_unregister,
-	.host_alloc = cuda_host_alloc,
-	.host_free = cuda_host_free,
-	.buf_import = cuda_import,
-	.buf_release = cuda_release,
-	.copy = cuda_copy,
-	.sync = cuda_sync,
-	.event_create = cuda_event_create,
-	.event_record = cuda_event_record,
-	.event_destroy = cuda_event_destroy,
+    .kind = KVT_DEV_CUDA,
+    .close = cuda_close,
+    .name = cuda_name,
+    .host_register = cuda_register,
+    .host_unregister = cuda_unregister,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .buf_import = cuda_import,
+    .buf_release = cuda_release,
+    .copy = cuda_copy,
+    .sync = cuda_sync,
+    .event_create = cuda_event_create,
+    .event_record = cuda_event_record,
+    .event_destroy = cuda_event_destroy,
 };

@@ -112,8 +112,8 @@ host_release(struct kvt_dev_buf *buf)
 }
 
 static int
-host_copy(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows,
-	  unsigned n, int to_dev)
+host_copy(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows, unsigned n,
+	  int to_dev)
 {
 	for (unsigned i = 0; i < n; i++) {
 		if (to_dev)
@@ -131,8 +131,8 @@ host_sync(struct kvt_dev *dev)
 }
 
 static int
-host_event_create(struct kvt_dev *dev, const uint8_t device_uuid[16],
-		  struct kvt_dev_event **ret_ev, uint8_t ret_handle[64])
+host_event_create(struct kvt_dev *dev, const uint8_t device_uuid[16], struct kvt_dev_event **ret_ev,
+		  uint8_t ret_handle[64])
 {
 	return -EOPNOTSUPP; /* copies are complete when the op's CQE is posted */
 }
@@ -149,18 +149,18 @@ host_event_destroy(struct kvt_dev *dev, struct kvt_dev_event *ev)
 }
 
 const struct kvt_dev_ops kvt_dev_host_ops = {
-	.kind = KVT_DEV_HOST,
-	.close = host_close,
-	.name = host_name,
-	.host_register = host_register,
-	.host_unregister = host_unregister,
-	.host_alloc = host_alloc,
-	.host_free = host_free,
-	.buf_import = host_import,
-	.buf_release = host_release,
-	.copy = host_copy,
-	.sync = host_sync,
-	.event_create = host_event_create,
-	.event_record = host_event_record,
-	.event_destroy = host_event_destroy,
+    .kind = KVT_DEV_HOST,
+    .close = host_close,
+    .name = host_name,
+    .host_register = host_register,
+    .host_unregister = host_unregister,
+    .host_alloc = host_alloc,
+    .host_free = host_free,
+    .buf_import = host_import,
+    .buf_release = host_release,
+    .copy = host_copy,
+    .sync = host_sync,
+    .event_create = host_event_create,
+    .event_record = host_event_record,
+    .event_destroy = host_event_destroy,
 };

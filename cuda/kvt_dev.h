@@ -29,8 +29,13 @@ struct kvt_dev_buf;
 struct kvt_dev_event;
 
 /* Log levels of the device layer: the sd-daemon priorities the daemon's log.h uses. */
-enum { KVT_DEV_LOG_ERR = 3, KVT_DEV_LOG_WARNING = 4, KVT_DEV_LOG_NOTICE = 5, KVT_DEV_LOG_INFO = 6,
-       KVT_DEV_LOG_DEBUG = 7 };
+enum {
+	KVT_DEV_LOG_ERR = 3,
+	KVT_DEV_LOG_WARNING = 4,
+	KVT_DEV_LOG_NOTICE = 5,
+	KVT_DEV_LOG_INFO = 6,
+	KVT_DEV_LOG_DEBUG = 7
+};
 
 /*
  * kvt_dev_set_log() - where the device layer's messages go: @fn gets a level and one line

@@ -22,11 +22,11 @@
 #include "kvt_ctl.h"
 #include "kvtier.h"
 
-#define L 2
-#define D 64
+#define L     2
+#define D     64
 #define SLOTS 8
 #define STEPS 8
-#define ROW (D * 4) /* one head, f32 */
+#define ROW   (D * 4) /* one head, f32 */
 
 static struct kvtd_proc Dm;
 static char shim_log[200];
@@ -136,9 +136,9 @@ START_TEST(cuda_daemon_append_fetch_bit_exact)
 				uint32_t slot = slots[list[r]];
 
 				ck_assert_mem_eq(stp + l * p.stage_layer_stride +
-							 kv * p.stage_kv_stride + r * ROW,
+						     kv * p.stage_kv_stride + r * ROW,
 						 t0p + l * p.t0_layer_stride + kv * p.t0_kv_stride +
-							 slot * ROW,
+						     slot * ROW,
 						 ROW);
 			}
 	/* The daemon moved the rows with launches, never with a copy per row. */

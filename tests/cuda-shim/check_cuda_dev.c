@@ -196,16 +196,16 @@ static const struct {
 	const char *fn;
 	int err, want;
 } open_faults[] = {
-	{"cudaLibraryLoadData", cudaErrorInvalidValue, -EINVAL},
-	{"cudaLibraryGetKernel", cudaErrorInvalidResourceHandle, -EINVAL},
-	{"cudaGetDriverEntryPointByVersion", cudaErrorNotSupported, -EOPNOTSUPP},
-	{"cudaGetDeviceProperties", cudaErrorInvalidDevice, -ENODEV},
-	{"cudaSetDevice", cudaErrorDevicesUnavailable, -ENODEV},
-	{"cudaDeviceGetAttribute", cudaErrorInsufficientDriver, -ENODEV},
-	{"cudaStreamCreateWithPriority", cudaErrorLaunchFailure, -EIO},
-	{"cudaEventCreateWithFlags", cudaErrorMemoryAllocation, -ENOMEM},
-	{"cudaHostAlloc", cudaErrorMemoryAllocation, -ENOMEM},
-	{"cudaHostGetDevicePointer", cudaErrorIllegalAddress, -EIO},
+    {"cudaLibraryLoadData", cudaErrorInvalidValue, -EINVAL},
+    {"cudaLibraryGetKernel", cudaErrorInvalidResourceHandle, -EINVAL},
+    {"cudaGetDriverEntryPointByVersion", cudaErrorNotSupported, -EOPNOTSUPP},
+    {"cudaGetDeviceProperties", cudaErrorInvalidDevice, -ENODEV},
+    {"cudaSetDevice", cudaErrorDevicesUnavailable, -ENODEV},
+    {"cudaDeviceGetAttribute", cudaErrorInsufficientDriver, -ENODEV},
+    {"cudaStreamCreateWithPriority", cudaErrorLaunchFailure, -EIO},
+    {"cudaEventCreateWithFlags", cudaErrorMemoryAllocation, -ENOMEM},
+    {"cudaHostAlloc", cudaErrorMemoryAllocation, -ENOMEM},
+    {"cudaHostGetDevicePointer", cudaErrorIllegalAddress, -EIO},
 };
 
 START_TEST(open_fault_maps_errno)
@@ -223,10 +223,10 @@ START_TEST(open_fault_maps_errno)
 	ck_assert_ptr_nonnull(strstr(msgs, strerror(-open_faults[_i].want)));
 	/* Whatever was created before the failure is gone again. */
 	ck_assert_uint_eq(kvt_shim_count("cudaStreamCreateWithPriority") -
-				  (!strcmp(open_faults[_i].fn, "cudaStreamCreateWithPriority")),
+			      (!strcmp(open_faults[_i].fn, "cudaStreamCreateWithPriority")),
 			  kvt_shim_count("cudaStreamDestroy"));
 	ck_assert_uint_eq(kvt_shim_count("cudaHostAlloc") -
-				  (!strcmp(open_faults[_i].fn, "cudaHostAlloc")),
+			      (!strcmp(open_faults[_i].fn, "cudaHostAlloc")),
 			  kvt_shim_count("cudaFreeHost"));
 }
 END_TEST
@@ -528,8 +528,8 @@ START_TEST(batch_contiguous_is_one_memcpy)
 
 	copy_fix_start(&f);
 	for (unsigned i = 0; i < 64; i++)
-		rows[i] = (struct kvt_dev_copy){.buf_off = 4096 + i * 128ull,
-						.host = f.pool + 8192 + i * 128ull, .len = 128};
+		rows[i] = (struct kvt_dev_copy){
+		    .buf_off = 4096 + i * 128ull, .host = f.pool + 8192 + i * 128ull, .len = 128};
 	memset(f.pool + 8192, 0x77, 64 * 128);
 	kvt_shim_reset(1);
 	ck_assert_int_eq(kvt_dev_copy_h2d(f.dev, f.buf, rows, 64), 0);

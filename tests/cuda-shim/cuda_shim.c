@@ -30,7 +30,7 @@
 #include "rows.h"
 
 #define SHIM_EXPORT __attribute__((visibility("default")))
-#define MAGIC 0x4d494853544b56ull /* "KVTSHIM" */
+#define MAGIC	    0x4d494853544b56ull /* "KVTSHIM" */
 
 enum obj_kind { OBJ_DEVMEM, OBJ_IPCMAP, OBJ_HOSTALLOC, OBJ_REGISTERED };
 
@@ -39,7 +39,7 @@ struct obj {
 	enum obj_kind kind;
 	uint8_t *p;
 	size_t len;
-	int fd;		/* OBJ_DEVMEM: the memfd */
+	int fd;		 /* OBJ_DEVMEM: the memfd */
 	uint64_t serial; /* OBJ_DEVMEM / OBJ_IPCMAP: the allocation's id "pid.serial" */
 	int pid;
 };
@@ -333,24 +333,42 @@ SHIM_EXPORT const char *
 cudaGetErrorName(cudaError_t e)
 {
 	switch (e) {
-	case cudaSuccess: return "cudaSuccess";
-	case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-	case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-	case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-	case cudaErrorNoDevice: return "cudaErrorNoDevice";
-	case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
-	case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-	case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
-	case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
-	case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
-	case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
-	case cudaErrorNotSupported: return "cudaErrorNotSupported";
-	case cudaErrorNotPermitted: return "cudaErrorNotPermitted";
-	case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-	case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
-	case cudaErrorMapBufferObjectFailed: return "cudaErrorMapBufferObjectFailed";
-	case cudaErrorDevicesUnavailable: return "cudaErrorDevicesUnavailable";
-	default: return "cudaErrorUnknown";
+	case cudaSuccess:
+		return "cudaSuccess";
+	case cudaErrorInvalidValue:
+		return "cudaErrorInvalidValue";
+	case cudaErrorMemoryAllocation:
+		return "cudaErrorMemoryAllocation";
+	case cudaErrorInvalidDevice:
+		return "cudaErrorInvalidDevice";
+	case cudaErrorNoDevice:
+		return "cudaErrorNoDevice";
+	case cudaErrorInsufficientDriver:
+		return "cudaErrorInsufficientDriver";
+	case cudaErrorInvalidResourceHandle:
+		return "cudaErrorInvalidResourceHandle";
+	case cudaErrorInvalidDevicePointer:
+		return "cudaErrorInvalidDevicePointer";
+	case cudaErrorInvalidDeviceFunction:
+		return "cudaErrorInvalidDeviceFunction";
+	case cudaErrorHostMemoryAlreadyRegistered:
+		return "cudaErrorHostMemoryAlreadyRegistered";
+	case cudaErrorHostMemoryNotRegistered:
+		return "cudaErrorHostMemoryNotRegistered";
+	case cudaErrorNotSupported:
+		return "cudaErrorNotSupported";
+	case cudaErrorNotPermitted:
+		return "cudaErrorNotPermitted";
+	case cudaErrorLaunchFailure:
+		return "cudaErrorLaunchFailure";
+	case cudaErrorIllegalAddress:
+		return "cudaErrorIllegalAddress";
+	case cudaErrorMapBufferObjectFailed:
+		return "cudaErrorMapBufferObjectFailed";
+	case cudaErrorDevicesUnavailable:
+		return "cudaErrorDevicesUnavailable";
+	default:
+		return "cudaErrorUnknown";
 	}
 }
 
@@ -429,8 +447,8 @@ cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
 		LEAVE(cudaErrorInvalidDevice);
 	*value = attr == cudaDevAttrUnifiedAddressing || attr == cudaDevAttrCanMapHostMemory ||
 			 attr == cudaDevAttrCanUseHostPointerForRegisteredMem
-		 ? 1
-		 : 0;
+		     ? 1
+		     : 0;
 	LEAVE(cudaSuccess);
 }
 
@@ -717,7 +735,8 @@ cudaIpcOpenMemHandle(void **ret, cudaIpcMemHandle_t h, unsigned flags)
 	if (m.magic != MAGIC)
 		LEAVE(cudaErrorInvalidResourceHandle);
 	if (m.pid == getpid())
-		LEAVE(cudaErrorDeviceUninitialized); /* CUDA refuses handles of the calling process */
+		LEAVE(
+		    cudaErrorDeviceUninitialized); /* CUDA refuses handles of the calling process */
 	for (o = objs; o; o = o->next)
 		if (o->kind == OBJ_IPCMAP && o->pid == m.pid && o->serial == m.serial)
 			LEAVE(cudaErrorAlreadyMapped); /* opened twice in one process */
@@ -847,8 +866,7 @@ cudaLibraryUnload(cudaLibrary_t lib)
 }
 
 SHIM_EXPORT cudaError_t
-cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem,
-		 cudaStream_t s)
+cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s)
 {
 	const struct kvt_row_desc *d;
 	unsigned n;
