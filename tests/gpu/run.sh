@@ -35,13 +35,14 @@ step() {
 }
 
 step "configure (sm_$cap) in $build"
+mkdir -p "$build" || exit 1
 cmake -S "$root" -B "$build" -DKVT_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-	-DCMAKE_CUDA_ARCHITECTURES="$cap" >"$build.configure.log" 2>&1 ||
-	{ cat "$build.configure.log"; echo "run.sh: configure failed"; exit 1; }
+	-DCMAKE_CUDA_ARCHITECTURES="$cap" >"$build/run-configure.log" 2>&1 ||
+	{ cat "$build/run-configure.log"; echo "run.sh: configure failed"; exit 1; }
 
 step "build (-j$jobs)"
-timeout 240 cmake --build "$build" -j"$jobs" >"$build.build.log" 2>&1 ||
-	{ tail -n 60 "$build.build.log"; echo "run.sh: build failed"; exit 1; }
+timeout 240 cmake --build "$build" -j"$jobs" >"$build/run-build.log" 2>&1 ||
+	{ tail -n 60 "$build/run-build.log"; echo "run.sh: build failed"; exit 1; }
 
 step "GPU tests"
 timeout 240 ctest --test-dir "$build" -L gpu --output-on-failure --no-tests=error
