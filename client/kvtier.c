@@ -21,6 +21,7 @@
 #include "kvt_ctl.h"
 #include "kvt_ring.h"
 #include "kvtier.h"
+#include "kvtier_int.h"
 
 #define KVT_EXPORT __attribute__((visibility("default")))
 #define CONNECT_TIMEOUT_MS 10000
@@ -29,7 +30,8 @@ struct kvt_buf {
 	struct kvt_buf *next;
 	uint32_t id;
 	uint64_t size;
-	void *map;
+	void *map; /* our mapping, or the device pointer of a CUDA buffer */
+	int ipc;   /* CUDA buffer: the memory is the caller's, nothing to unmap */
 };
 
 struct kvt_client {
@@ -155,7 +157,8 @@ client_free(struct kvt_client *c)
 		struct kvt_buf *b = c->bufs;
 
 		c->bufs = b->next;
-		munmap(b->map, b->size);
+		if (!b->ipc)
+			munmap(b->map, b->size);
 		free(b);
 	}
 	free(c->stash);
@@ -444,8 +447,68 @@ kvt_buf_free(struct kvt_client *c, struct kvt_buf *buf)
 			*pp = buf->next;
 			break;
 		}
-	munmap(buf->map, buf->size);
+	if (!buf->ipc)
+		munmap(buf->map, buf->size);
 	free(buf);
+	return r;
+}
+
+int
+kvtc_buf_register_ipc(struct kvt_client *c, const uint8_t handle[64], const uint8_t uuid[16],
+		      void *ptr, uint64_t size, struct kvt_buf **ret_buf)
+{
+	struct kvt_ctl_buf_register m;
+	union {
+		struct kvt_ctl_buf_registered ok;
+		struct kvt_ctl_error e;
+	} reply;
+	struct kvt_buf *b;
+	int r;
+
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	memset(&m, 0, sizeof(m));
+	m.hdr.type = KVT_CTL_BUF_REGISTER;
+	m.kind = KVT_BUF_CUDA_IPC;
+	m.size = size;
+	memcpy(m.ipc_handle, handle, sizeof(m.ipc_handle));
+	memcpy(m.device_uuid, uuid, sizeof(m.device_uuid));
+	r = ctl_request(c, &m, sizeof(m), -1, &reply, sizeof(reply));
+	if (r == 0 && (reply.ok.hdr.type != KVT_CTL_BUF_REGISTERED || !reply.ok.buf_id))
+		r = -EPROTO;
+	if (r < 0) {
+		free(b);
+		return r;
+	}
+	b->id = reply.ok.buf_id;
+	b->size = size;
+	b->map = ptr;
+	b->ipc = 1;
+	b->next = c->bufs;
+	c->bufs = b;
+	*ret_buf = b;
+	return 0;
+}
+
+int
+kvtc_event_get(struct kvt_client *c, const uint8_t uuid[16], uint8_t ret_handle[64])
+{
+	struct kvt_ctl_event_get m;
+	union {
+		struct kvt_ctl_event ev;
+		struct kvt_ctl_error e;
+	} reply;
+	int r;
+
+	memset(&m, 0, sizeof(m));
+	m.hdr.type = KVT_CTL_EVENT_GET;
+	memcpy(m.device_uuid, uuid, sizeof(m.device_uuid));
+	r = ctl_request(c, &m, sizeof(m), -1, &reply, sizeof(reply));
+	if (r == 0 && reply.ev.hdr.type != KVT_CTL_EVENT)
+		r = -EPROTO;
+	if (r == 0)
+		memcpy(ret_handle, reply.ev.ipc_handle, 64);
 	return r;
 }
 

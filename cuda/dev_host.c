@@ -2,77 +2,77 @@
 /*
  * dev_host.c - the host backend: device buffers are sealed memfds mapped shared with the client,
  * copies are memcpy. It is what runs on machines without a GPU and what every CPU test drives.
+ * Reached through dev.c (kvt_dev_* dispatch on the ops table at the head of each object).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dev_int.h"
 #include "kvt_ctl.h"
-#include "kvt_dev.h"
 
 struct kvt_dev {
-	enum kvt_dev_kind kind;
+	struct kvt_dev_base base;
 };
 
 struct kvt_dev_buf {
-	_Atomic unsigned refs;
-	uint64_t size;
+	struct kvt_dev_buf_base base;
 	uint8_t *map;
 };
 
 int
-kvt_dev_open(enum kvt_dev_kind want, struct kvt_dev **ret_dev)
+kvt_dev_host_open(struct kvt_dev **ret_dev)
 {
-	struct kvt_dev *dev;
+	struct kvt_dev *dev = calloc(1, sizeof(*dev));
 
-	if (want == KVT_DEV_CUDA)
-		return -ENODEV; /* this build has no CUDA backend */
-	dev = calloc(1, sizeof(*dev));
 	if (!dev)
 		return -ENOMEM;
-	dev->kind = KVT_DEV_HOST;
+	dev->base.ops = &kvt_dev_host_ops;
 	*ret_dev = dev;
 	return 0;
 }
 
-void
-kvt_dev_close(struct kvt_dev *dev)
+static void
+host_close(struct kvt_dev *dev)
 {
 	free(dev);
 }
 
-enum kvt_dev_kind
-kvt_dev_kind(const struct kvt_dev *dev)
-{
-	return dev->kind;
-}
-
-const char *
-kvt_dev_name(const struct kvt_dev *dev)
+static const char *
+host_name(const struct kvt_dev *dev)
 {
 	return "host";
 }
 
-int
-kvt_dev_host_register(struct kvt_dev *dev, void *p, size_t len)
+static int
+host_register(struct kvt_dev *dev, void *p, size_t len)
 {
 	return ((uintptr_t)p & 4095) ? -EINVAL : 0;
 }
 
-void
-kvt_dev_host_unregister(struct kvt_dev *dev, void *p, size_t len)
+static void
+host_unregister(struct kvt_dev *dev, void *p, size_t len)
 {
 }
 
-int
-kvt_dev_buf_import(struct kvt_dev *dev, const struct kvt_dev_import *imp,
-		   struct kvt_dev_buf **ret_buf)
+static int
+host_alloc(struct kvt_dev *dev, size_t len, void **ret_p)
+{
+	return -EOPNOTSUPP; /* host_register() never refuses, so nobody needs this */
+}
+
+static void
+host_free(struct kvt_dev *dev, void *p, size_t len)
+{
+}
+
+static int
+host_import(struct kvt_dev *dev, const struct kvt_dev_import *imp, struct kvt_dev_buf **ret_buf)
 {
 	struct kvt_dev_buf *buf;
 	struct stat st;
@@ -98,73 +98,69 @@ kvt_dev_buf_import(struct kvt_dev *dev, const struct kvt_dev_import *imp,
 		free(buf);
 		return r;
 	}
-	buf->size = imp->size;
-	atomic_init(&buf->refs, 1);
+	buf->base.ops = &kvt_dev_host_ops;
+	buf->base.size = imp->size;
 	*ret_buf = buf;
 	return 0;
 }
 
-void
-kvt_dev_buf_get(struct kvt_dev_buf *buf)
+static void
+host_release(struct kvt_dev_buf *buf)
 {
-	atomic_fetch_add_explicit(&buf->refs, 1, memory_order_relaxed);
-}
-
-void
-kvt_dev_buf_put(struct kvt_dev_buf *buf)
-{
-	if (!buf)
-		return;
-	/* acq_rel: the last putter must see every other holder's copies before unmapping. */
-	if (atomic_fetch_sub_explicit(&buf->refs, 1, memory_order_acq_rel) != 1)
-		return;
-	munmap(buf->map, buf->size);
+	munmap(buf->map, buf->base.size);
 	free(buf);
 }
 
-uint64_t
-kvt_dev_buf_size(const struct kvt_dev_buf *buf)
+static int
+host_copy(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows, unsigned n,
+	  int to_dev)
 {
-	return buf->size;
+	for (unsigned i = 0; i < n; i++) {
+		if (to_dev)
+			memcpy(buf->map + rows[i].buf_off, rows[i].host, rows[i].len);
+		else
+			memcpy(rows[i].host, buf->map + rows[i].buf_off, rows[i].len);
+	}
+	return 0;
 }
 
 static int
-rows_check(const struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows, unsigned n)
-{
-	for (unsigned i = 0; i < n; i++)
-		if (rows[i].buf_off > buf->size || rows[i].len > buf->size - rows[i].buf_off)
-			return -ERANGE;
-	return 0;
-}
-
-int
-kvt_dev_copy_h2d(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows,
-		 unsigned n)
-{
-	int r = rows_check(buf, rows, n);
-
-	if (r < 0)
-		return r;
-	for (unsigned i = 0; i < n; i++)
-		memcpy(buf->map + rows[i].buf_off, rows[i].host, rows[i].len);
-	return 0;
-}
-
-int
-kvt_dev_copy_d2h(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows,
-		 unsigned n)
-{
-	int r = rows_check(buf, rows, n);
-
-	if (r < 0)
-		return r;
-	for (unsigned i = 0; i < n; i++)
-		memcpy(rows[i].host, buf->map + rows[i].buf_off, rows[i].len);
-	return 0;
-}
-
-int
-kvt_dev_sync(struct kvt_dev *dev)
+host_sync(struct kvt_dev *dev)
 {
 	return 0;
 }
+
+static int
+host_event_create(struct kvt_dev *dev, const uint8_t device_uuid[16], struct kvt_dev_event **ret_ev,
+		  uint8_t ret_handle[64])
+{
+	return -EOPNOTSUPP; /* copies are complete when the op's CQE is posted */
+}
+
+static int
+host_event_record(struct kvt_dev *dev, struct kvt_dev_event *ev)
+{
+	return 0;
+}
+
+static void
+host_event_destroy(struct kvt_dev *dev, struct kvt_dev_event *ev)
+{
+}
+
+const struct kvt_dev_ops kvt_dev_host_ops = {
+    .kind = KVT_DEV_HOST,
+    .close = host_close,
+    .name = host_name,
+    .host_register = host_register,
+    .host_unregister = host_unregister,
+    .host_alloc = host_alloc,
+    .host_free = host_free,
+    .buf_import = host_import,
+    .buf_release = host_release,
+    .copy = host_copy,
+    .sync = host_sync,
+    .event_create = host_event_create,
+    .event_record = host_event_record,
+    .event_destroy = host_event_destroy,
+};

@@ -7,6 +7,8 @@
  * The host backend is complete and always built: device buffers are memfds the client maps and
  * copies are memcpy. The CUDA backend (dev_cuda.c) builds when the toolkit is found.
  *
+ * Both backends are always linked in a CUDA build; kvt_dev_open() picks one at run time.
+ *
  * Thread safety: a struct kvt_dev may be used from several threads at once; one struct
  * kvt_dev_buf may be copied to/from by several threads; get/put are atomic.
  */
@@ -24,6 +26,26 @@ enum kvt_dev_kind {
 
 struct kvt_dev;
 struct kvt_dev_buf;
+struct kvt_dev_event;
+
+/* Log levels of the device layer: the sd-daemon priorities the daemon's log.h uses. */
+enum {
+	KVT_DEV_LOG_ERR = 3,
+	KVT_DEV_LOG_WARNING = 4,
+	KVT_DEV_LOG_NOTICE = 5,
+	KVT_DEV_LOG_INFO = 6,
+	KVT_DEV_LOG_DEBUG = 7
+};
+
+/*
+ * kvt_dev_set_log() - where the device layer's messages go: @fn gets a level and one line
+ * without a newline. NULL restores the default, "<level>line\n" on stderr (the daemon's format).
+ * Every failed CUDA call is logged once, with its call site and the CUDA error name.
+ * Thread safety: may be called at any time; @fn may be called from any thread.
+ */
+typedef void kvt_dev_log_fn(int level, const char *msg);
+void kvt_dev_set_log(kvt_dev_log_fn *fn);
+void kvt_dev_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* What a client hands over to share one buffer. */
 struct kvt_dev_import {
@@ -43,8 +65,11 @@ struct kvt_dev_copy {
 
 /*
  * kvt_dev_open() - start a backend.
- * @want: KVT_DEV_AUTO, KVT_DEV_HOST or KVT_DEV_CUDA.
- * Returns 0, -ENODEV (CUDA asked for, none present or not built), -ENOMEM.
+ * @want: KVT_DEV_AUTO, KVT_DEV_HOST or KVT_DEV_CUDA. AUTO opens CUDA when the build has it and
+ *        a device is present, else the host backend (logged at notice level); the caller logs
+ *        kvt_dev_name() of what it got.
+ * Returns 0, -ENODEV (CUDA asked for, none present or not built; the reason is logged),
+ * -EINVAL (unknown @want), -ENOMEM, -EIO (CUDA present but failing; logged).
  */
 int kvt_dev_open(enum kvt_dev_kind want, struct kvt_dev **ret_dev);
 
@@ -57,22 +82,41 @@ const char *kvt_dev_name(const struct kvt_dev *dev);
 
 /*
  * kvt_dev_host_register() - make pool memory usable for device copies (pinning on CUDA; a no-op
- * check on the host backend, where the pool is already mlock()ed). All or nothing.
- * Returns 0, -EINVAL (unaligned), -ENOMEM, -EIO (device error, logged by the caller).
+ * check on the host backend, where the pool is already mlock()ed). All or nothing: CUDA pins
+ * in chunks of at most 64 GiB (cudaHostRegister, portable and mapped) and unpins the chunks
+ * already done, in reverse order, when one fails.
+ * Returns 0, -EINVAL (unaligned), -ENOMEM, -EOPNOTSUPP (the platform refuses to pin memory it
+ * did not allocate: use kvt_dev_host_alloc() instead), -EIO (device error). Failures are logged.
  */
 int kvt_dev_host_register(struct kvt_dev *dev, void *p, size_t len);
+/* Undoes a successful kvt_dev_host_register() of the same range (chunks in reverse order). */
 void kvt_dev_host_unregister(struct kvt_dev *dev, void *p, size_t len);
+
+/*
+ * kvt_dev_host_alloc() - @len bytes of pinned, device-mapped host memory allocated by the
+ * backend (cudaHostAlloc, portable and mapped), for when kvt_dev_host_register() says
+ * -EOPNOTSUPP. Page aligned and zeroed. Free with kvt_dev_host_free() with the same @len.
+ * Returns 0, -EOPNOTSUPP (host backend: it never refuses registration), -ENOMEM, -EIO.
+ */
+int kvt_dev_host_alloc(struct kvt_dev *dev, size_t len, void **ret_p);
+void kvt_dev_host_free(struct kvt_dev *dev, void *p, size_t len);
 
 /*
  * kvt_dev_buf_import() - map a client buffer into the daemon.
  * Host backend: @imp->fd must be a memfd carrying F_SEAL_SHRINK (so it can never shrink under
- * the daemon's mapping) and at least @imp->size bytes. The returned buffer holds one reference.
- * Returns 0, -EINVAL (wrong kind, size 0, not sealed), -EBADF, -ENOMEM, -ENODEV.
+ * the daemon's mapping) and at least @imp->size bytes. CUDA backend: KVT_BUF_CUDA_IPC, the
+ * device named by @imp->device_uuid; the handle must name the start of an allocation of at least
+ * @imp->size bytes. A handle is opened once per device however often it is imported; the
+ * mapping is shared and closed when its last importer is released. The returned buffer holds
+ * one reference.
+ * Returns 0, -EINVAL (wrong kind, size 0, not sealed, bad handle, allocation too small),
+ * -EBADF, -ENOMEM, -ENODEV (no device with that UUID), -EIO.
  */
 int kvt_dev_buf_import(struct kvt_dev *dev, const struct kvt_dev_import *imp,
 		       struct kvt_dev_buf **ret_buf);
 void kvt_dev_buf_get(struct kvt_dev_buf *buf);
-/* Drops a reference; the last one unmaps (CUDA: closes the IPC handle) after pending copies. */
+/* Drops a reference; the last one waits for the buffer's device streams to drain, then unmaps
+ * (CUDA: drops its share of the IPC mapping, which is closed exactly once). NULL is fine. */
 void kvt_dev_buf_put(struct kvt_dev_buf *buf);
 uint64_t kvt_dev_buf_size(const struct kvt_dev_buf *buf);
 
@@ -80,13 +124,34 @@ uint64_t kvt_dev_buf_size(const struct kvt_dev_buf *buf);
  * kvt_dev_copy_h2d() / kvt_dev_copy_d2h() - copy a batch of rows to / from a buffer in one call.
  * Every (buf_off, len) must lie inside the buffer (callers validate; this checks again).
  * The copy is complete when the call returns on the host backend; on CUDA it is ordered on the
- * backend's stream and kvt_dev_sync() waits for it.
- * Returns 0, -ERANGE (row outside the buffer), -EIO.
+ * device's high-priority prefetch stream (h2d) or its offload stream (d2h), and kvt_dev_sync()
+ * waits for it. CUDA moves a batch with one gather kernel reading and writing host rows through
+ * UVA (or one cudaMemcpyAsync when the rows are contiguous on both sides), never one copy per
+ * row. Host rows outside registered memory go through a pinned bounce buffer; a d2h batch that
+ * needs it is complete on return. The host rows must stay valid until kvt_dev_sync().
+ * Returns 0, -ERANGE (row outside the buffer), -ENOMEM, -EIO (logged).
  */
 int kvt_dev_copy_h2d(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows,
 		     unsigned n);
 int kvt_dev_copy_d2h(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows,
 		     unsigned n);
+/* Waits for every copy queued so far on every stream. Returns 0 or -EIO (logged). */
 int kvt_dev_sync(struct kvt_dev *dev);
+
+/*
+ * Session events: let a client's stream wait for the daemon's copies with no CPU round trip.
+ * kvt_dev_event_create() makes an interprocess event on the device named by @device_uuid and
+ * writes its 64-byte IPC handle (cudaIpcEventHandle_t) to @ret_handle; the client opens it with
+ * cudaIpcOpenEventHandle() (kvt_event_get_cuda() in libkvtier). kvt_dev_event_record() records
+ * it after everything queued so far on both of that device's streams: a client stream that
+ * waits on it (cudaStreamWaitEvent) after reaping a CQE sees that op's rows.
+ * create returns 0, -EOPNOTSUPP (host backend), -ENODEV (no such device), -ENOMEM, -EIO;
+ * record returns 0 or -EIO; NULL @ev is a no-op for record and destroy.
+ * Thread safety: record may race with copies on other threads; destroy after the last record.
+ */
+int kvt_dev_event_create(struct kvt_dev *dev, const uint8_t device_uuid[16],
+			 struct kvt_dev_event **ret_ev, uint8_t ret_handle[64]);
+int kvt_dev_event_record(struct kvt_dev *dev, struct kvt_dev_event *ev);
+void kvt_dev_event_destroy(struct kvt_dev *dev, struct kvt_dev_event *ev);
 
 #endif /* KVT_DEV_H */

@@ -296,7 +296,8 @@ handle_buf_register(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_bu
 	r = kvt_dev_buf_import(d->dev, &imp, &buf);
 	if (r < 0) {
 		send_error(c->fd, m->hdr.id, r,
-			   r == -EINVAL ? "buffer refused: a host buffer must be a memfd sealed "
+			   r == -EINVAL && m->kind == KVT_BUF_HOST_MEMFD
+				   ? "buffer refused: a host buffer must be a memfd sealed "
 					  "against shrinking, at least as large as claimed"
 					: "buffer import failed: %s",
 			   strerror(-r));
@@ -342,6 +343,39 @@ handle_buf_unregister(struct kvtd_conn *c, const struct kvt_ctl_buf_unregister *
 		send(c->fd, &ok, sizeof(ok), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+static void
+handle_event_get(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_event_get *m, size_t len)
+{
+	struct kvt_ctl_event ev = {.hdr = {.type = KVT_CTL_EVENT, .len = sizeof(ev), .id = m->hdr.id}};
+	struct kvtd_session *s = c->s;
+	int r = 0;
+
+	if (len < sizeof(*m) || m->reserved[0] || m->reserved[1]) {
+		send_error(c->fd, m->hdr.id, -EINVAL, "malformed EVENT_GET");
+		return;
+	}
+	if (!s->dev_event) {
+		struct kvt_dev_event *e;
+
+		r = kvt_dev_event_create(d->dev, m->device_uuid, &e, s->event_handle);
+		if (r == 0) {
+			kvtd_poller_lock(s->poller);
+			s->dev_event = e;
+			kvtd_poller_unlock(s->poller);
+		}
+	}
+	if (r < 0) {
+		send_error(c->fd, m->hdr.id, r,
+			   r == -EOPNOTSUPP ? "the %s backend has no events: copies are complete "
+					      "when the CQE is posted"
+					    : "no event on the %s backend: %s",
+			   kvt_dev_name(d->dev), strerror(-r));
+		return;
+	}
+	memcpy(ev.ipc_handle, s->event_handle, sizeof(ev.ipc_handle));
+	send(c->fd, &ev, sizeof(ev), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
 /* One message. Returns < 0 to drop the connection. */
 static int
 handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, int fd)
@@ -380,6 +414,13 @@ handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, 
 		if (h->type == KVT_CTL_BUF_REGISTER)
 			return handle_buf_register(d, c, (const void *)buf, len, fd);
 		handle_buf_unregister(c, (const void *)buf, len);
+		return 0;
+	case KVT_CTL_EVENT_GET:
+		if (c->state != CONN_SESSION) {
+			send_error(c->fd, h->id, -ENOTCONN, "EVENT_GET needs a session");
+			return c->state == CONN_NEW ? -ENOTCONN : 0;
+		}
+		handle_event_get(d, c, (const void *)buf, len);
 		return 0;
 	default:
 		send_error(c->fd, h->id, -EINVAL, "unknown control message type %u", h->type);

@@ -173,6 +173,24 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 	}
 	if (dev) {
 		r = kvt_dev_host_register(dev, pool->base, pool->size);
+		if (r == -EOPNOTSUPP) {
+			/* The platform pins only memory the driver allocates: the pool moves there,
+			 * losing hugetlb/THP and the NUMA binding (the driver places the pages). */
+			void *p;
+
+			r = kvt_dev_host_alloc(dev, pool->size, &p);
+			if (r == 0) {
+				if (pool->locked)
+					munlock(pool->base, pool->size);
+				munmap(pool->base, pool->size);
+				pool->base = p;
+				pool->locked = 0;
+				pool->dev_alloc = 1;
+				pool->backing = "cuda-host-alloc";
+				log_warn("pool: pinned by %s allocation instead of registration",
+					 kvt_dev_name(dev));
+			}
+		}
 		if (r < 0) {
 			log_err("pool: registering with the %s backend failed: %s",
 				kvt_dev_name(dev), strerror(-r));
@@ -198,6 +216,10 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 	return 0;
 
 err_unregister:
+	if (pool->dev_alloc) {
+		kvt_dev_host_free(dev, pool->base, pool->size);
+		goto err_lock;
+	}
 	if (pool->dev)
 		kvt_dev_host_unregister(dev, pool->base, pool->size);
 err_munlock:
@@ -216,11 +238,16 @@ kvtd_pool_fini(struct kvtd_pool *pool)
 {
 	if (!pool->base)
 		return;
-	if (pool->dev)
+	if (pool->dev_alloc) {
+		kvt_dev_host_free(pool->dev, pool->base, pool->size);
+		pool->base = NULL; /* not ours to unmap */
+	} else if (pool->dev) {
 		kvt_dev_host_unregister(pool->dev, pool->base, pool->size);
+	}
 	if (pool->locked)
 		munlock(pool->base, pool->size);
-	munmap(pool->base, pool->size);
+	if (pool->base)
+		munmap(pool->base, pool->size);
 	free(pool->chunks);
 	pthread_mutex_destroy(&pool->lock);
 	pool->base = NULL;

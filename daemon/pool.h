@@ -51,10 +51,11 @@ struct kvtd_pool {
 	struct kvtd_pool_class classes[KVTD_POOL_MAX_CLASSES];
 	uint64_t used_bytes; /* slot bytes handed out */
 	uint64_t refused_quota, refused_nomem;
-	const char *backing; /* "hugetlb", "thp" or "anon" */
+	const char *backing; /* "hugetlb", "thp", "anon" or "cuda-host-alloc" */
 	int numa_node;	     /* -1: not bound */
 	int locked;
 	struct kvt_dev *dev; /* registered with, NULL in unit tests */
+	int dev_alloc;	     /* base came from kvt_dev_host_alloc(): the device layer frees it */
 };
 
 /*

@@ -565,6 +565,8 @@ kvtd_seq_append_t0(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *s
 	if (r == 0)
 		r = kvt_dev_sync(s->d->dev);
 	if (r == 0)
+		r = kvt_dev_event_record(s->d->dev, s->dev_event);
+	if (r == 0)
 		r = kvt_tier_append(&q->ts, ntok, slot_copy);
 	if (r < 0)
 		goto err;
@@ -651,6 +653,8 @@ batch_flush(struct row_batch *b)
 	/* The host rows (and dequantized temporaries) must stay put until the copy is done. */
 	if (r == 0 && b->n)
 		r = kvt_dev_sync(b->s->d->dev);
+	if (r == 0 && b->n)
+		r = kvt_dev_event_record(b->s->d->dev, b->s->dev_event);
 	b->n = 0;
 	return r;
 }

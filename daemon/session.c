@@ -140,6 +140,7 @@ kvtd_session_destroy(struct kvtd_session *s)
 		kvtd_seq_destroy(s, s->seqs[i]);
 	for (unsigned i = 0; s->bufs && i < s->max_bufs; i++)
 		kvt_dev_buf_put(s->bufs[i]);
+	kvt_dev_event_destroy(s->d->dev, s->dev_event);
 	if (s->region != MAP_FAILED)
 		munmap(s->region, s->region_size);
 	if (s->memfd >= 0)

@@ -20,6 +20,7 @@ struct kvtd_poller;
 struct kvtd_seq;
 struct kvtd_uid;
 struct kvt_dev_buf;
+struct kvt_dev_event;
 
 struct kvtd_session {
 	struct kvtd *d;
@@ -58,6 +59,8 @@ struct kvtd_session {
 	struct kvtd_acct acct;
 	struct kvtd_uid *uid_ent;
 	uint64_t ops, errors;
+	struct kvt_dev_event *dev_event; /* EVENT_GET: recorded after each op's copies */
+	uint8_t event_handle[64];
 };
 
 /*

@@ -30,6 +30,8 @@ enum {
 	KVT_CTL_BUF_REGISTERED = 5, /* daemon -> client, struct kvt_ctl_buf_registered */
 	KVT_CTL_BUF_UNREGISTER = 6, /* client -> daemon, struct kvt_ctl_buf_unregister */
 	KVT_CTL_OK = 7,		   /* daemon -> client, header only */
+	KVT_CTL_EVENT_GET = 8,	   /* client -> daemon, struct kvt_ctl_event_get */
+	KVT_CTL_EVENT = 9,	   /* daemon -> client, struct kvt_ctl_event */
 	KVT_CTL_STATUS = 16,	   /* admin request, header only */
 	KVT_CTL_CLIENTS = 17,	   /* admin request, header only */
 	KVT_CTL_SEQS = 18,	   /* admin request, header only */
@@ -111,5 +113,27 @@ struct kvt_ctl_buf_unregister {
 	uint32_t reserved0;
 };
 _Static_assert(sizeof(struct kvt_ctl_buf_unregister) == 24, "kvt_ctl_buf_unregister ABI");
+
+/*
+ * EVENT_GET: the session's interprocess CUDA event on the device named by @device_uuid. The
+ * daemon records it after the copies of every op of this session that moves rows, before the
+ * op's CQE is posted; a client stream that waits on it (cudaStreamWaitEvent) after reaping a CQE
+ * is ordered after that op's copies with no CPU round trip. One event per session: asking again
+ * returns the same handle. The host backend answers -EOPNOTSUPP (its copies are complete when
+ * the CQE is posted).
+ */
+struct kvt_ctl_event_get {
+	struct kvt_ctl_hdr hdr;
+	uint8_t device_uuid[16];
+	uint64_t reserved[2]; /* must be zero */
+};
+_Static_assert(sizeof(struct kvt_ctl_event_get) == 48, "kvt_ctl_event_get ABI");
+
+struct kvt_ctl_event {
+	struct kvt_ctl_hdr hdr;
+	uint8_t ipc_handle[64]; /* cudaIpcEventHandle_t */
+	uint64_t reserved[2];
+};
+_Static_assert(sizeof(struct kvt_ctl_event) == 96, "kvt_ctl_event ABI");
 
 #endif /* KVT_CTL_H */

@@ -83,6 +83,32 @@ int kvt_buf_alloc(struct kvt_client *c, uint64_t size, struct kvt_buf **ret_buf)
  * -ECONNRESET. NULL is fine (0). */
 int kvt_buf_free(struct kvt_client *c, struct kvt_buf *buf);
 void *kvt_buf_ptr(const struct kvt_buf *buf);
+
+/*
+ * kvt_buf_register_cuda() - share device memory with kvtierd as a device buffer (T0 or staging
+ * region on the CUDA backend). @dev_ptr must be the start of a cudaMalloc() allocation of at
+ * least @size bytes; libkvtier exports it with cudaIpcGetMemHandle() and names its device by
+ * UUID, and the daemon opens the handle on that device. The memory stays the caller's: free it
+ * only after kvt_buf_free() (or kvt_disconnect()). kvt_buf_ptr() returns @dev_ptr.
+ * Returns 0, -EINVAL (not device memory, not an allocation's start, @size 0 or too large; the
+ * daemon's refusals: wrong size, bad handle), -ENODEV (the daemon has no such device),
+ * -EOPNOTSUPP (libkvtier built without CUDA, or the daemon runs the host backend),
+ * -EMFILE (buffers_per_session), -ENOMEM, -EIO (CUDA error), -ECONNRESET.
+ * Thread safety: as the client; the calling thread's current CUDA device does not matter.
+ */
+int kvt_buf_register_cuda(struct kvt_client *c, void *dev_ptr, uint64_t size,
+			  struct kvt_buf **ret_buf);
+
+/*
+ * kvt_event_get_cuda() - the session's interprocess CUDA event on device @device (ordinal in
+ * this process), a cudaEvent_t returned as void * so this header needs no CUDA types. kvtierd
+ * records it after the copies of each op that moves rows and before that op's CQE: after
+ * reaping the CQE, cudaStreamWaitEvent(stream, ev, 0) orders the stream after the op's copies
+ * with no CPU wait. Asking again returns a new handle to the same event; destroy each with
+ * cudaEventDestroy(). Returns 0, -EOPNOTSUPP (no CUDA here, or the daemon's host backend, where
+ * copies are complete when the CQE is posted), -ENODEV, -EIO, -ECONNRESET.
+ */
+int kvt_event_get_cuda(struct kvt_client *c, int device, void **ret_event);
 uint32_t kvt_buf_id(const struct kvt_buf *buf);
 uint64_t kvt_buf_size(const struct kvt_buf *buf);
 

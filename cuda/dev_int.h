@@ -1,0 +1,58 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * dev_int.h - private to cuda/: how the public kvt_dev_* functions (dev.c) reach a backend.
+ *
+ * Every backend object starts with a pointer to its backend's operations, so dev.c dispatches
+ * on the object itself: a struct kvt_dev_buf knows its backend without its struct kvt_dev.
+ * No CUDA types here either; dev_cuda.c keeps those to itself.
+ */
+#ifndef KVT_DEV_INT_H
+#define KVT_DEV_INT_H
+
+#include "kvt_dev.h"
+
+struct kvt_dev_ops {
+	enum kvt_dev_kind kind;
+	void (*close)(struct kvt_dev *dev);
+	const char *(*name)(const struct kvt_dev *dev);
+	int (*host_register)(struct kvt_dev *dev, void *p, size_t len);
+	void (*host_unregister)(struct kvt_dev *dev, void *p, size_t len);
+	int (*host_alloc)(struct kvt_dev *dev, size_t len, void **ret_p);
+	void (*host_free)(struct kvt_dev *dev, void *p, size_t len);
+	int (*buf_import)(struct kvt_dev *dev, const struct kvt_dev_import *imp,
+			  struct kvt_dev_buf **ret_buf);
+	void (*buf_release)(struct kvt_dev_buf *buf); /* the last reference went */
+	int (*copy)(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows,
+		    unsigned n, int to_dev);
+	int (*sync)(struct kvt_dev *dev);
+	int (*event_create)(struct kvt_dev *dev, const uint8_t device_uuid[16],
+			    struct kvt_dev_event **ret_ev, uint8_t ret_handle[64]);
+	int (*event_record)(struct kvt_dev *dev, struct kvt_dev_event *ev);
+	void (*event_destroy)(struct kvt_dev *dev, struct kvt_dev_event *ev);
+};
+
+/* The head of every struct kvt_dev. */
+struct kvt_dev_base {
+	const struct kvt_dev_ops *ops;
+};
+
+/* The head of every struct kvt_dev_buf: refcount and size are kept by dev.c. */
+struct kvt_dev_buf_base {
+	const struct kvt_dev_ops *ops;
+	_Atomic unsigned refs;
+	uint64_t size;
+};
+
+extern const struct kvt_dev_ops kvt_dev_host_ops;
+int kvt_dev_host_open(struct kvt_dev **ret_dev);
+
+#ifdef KVT_HAVE_CUDA
+extern const struct kvt_dev_ops kvt_dev_cuda_ops;
+/* Returns 0, -ENODEV (no usable device; reason logged), -ENOMEM, -EIO. */
+int kvt_dev_cuda_open(struct kvt_dev **ret_dev);
+#endif
+
+/* Rows inside a buffer of @size bytes: 0 or -ERANGE. */
+int kvt_dev_rows_check(uint64_t size, const struct kvt_dev_copy *rows, unsigned n);
+
+#endif /* KVT_DEV_INT_H */

@@ -1,0 +1,28 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * rows.h - private to cuda/: the row-copy kernel's descriptor, shared by rows.cu (the kernel),
+ * dev_cuda.c (which fills descriptors in pinned host memory the kernel reads through UVA) and
+ * the test shim (which runs the kernel's effect on the host). C and CUDA both read it.
+ */
+#ifndef KVT_ROWS_H
+#define KVT_ROWS_H
+
+#include <stdint.h>
+
+/* Name of the kernel inside the embedded fatbin (extern "C", so unmangled). */
+#define KVT_ROWS_KERNEL "kvt_rows_copy"
+
+/* One row: @len bytes from @src to @dst, both addresses the device can use (device memory, or
+ * pinned host memory mapped through UVA). */
+struct kvt_row_desc {
+	uint64_t src;
+	uint64_t dst;
+	uint64_t len;
+};
+
+/* The fatbin holding kvt_rows_copy(const struct kvt_row_desc *d, unsigned n), generated from
+ * rows.cu at build time (rows_fatbin.c), loaded with cudaLibraryLoadData(). */
+extern const unsigned char kvt_rows_fatbin[];
+extern const unsigned long kvt_rows_fatbin_size;
+
+#endif /* KVT_ROWS_H */

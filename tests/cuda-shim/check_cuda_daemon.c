@@ -1,0 +1,260 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * check_cuda_daemon - the production kvtierd on its CUDA backend and real client processes,
+ * both running on the fake CUDA runtime (LD_PRELOAD of libkvt_cudashim, set by ctest): rows go
+ * from a cudaMalloc T0 region to the pool and back into a cudaMalloc staging region bit for bit;
+ * every IPC handle the daemon opens is closed exactly once, across repeated registrations,
+ * unregistration, and a client killed with SIGKILL. The daemon's CUDA calls are read from its
+ * shim log (KVT_SHIM_LOG).
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvt_ctl.h"
+#include "kvtier.h"
+
+#define L     2
+#define D     64
+#define SLOTS 8
+#define STEPS 8
+#define ROW   (D * 4) /* one head, f32 */
+
+static struct kvtd_proc Dm;
+static char shim_log[200];
+
+static void
+start(void)
+{
+	static const char *const extra[] = {"--backend", "cuda", NULL};
+
+	snprintf(shim_log, sizeof(shim_log), "/tmp/kvt-shim-log-%d", (int)getpid());
+	unlink(shim_log);
+	setenv("KVT_SHIM_LOG", shim_log, 1); /* read by the shim in the exec'd daemon */
+	daemon_start(&Dm, extra);
+	unsetenv("KVT_SHIM_LOG");
+}
+
+/* Lines of the daemon's shim log containing @needle. */
+static unsigned
+log_count(const char *needle)
+{
+	char line[512];
+	unsigned n = 0;
+	FILE *f = fopen(shim_log, "r");
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, needle) != NULL;
+	fclose(f);
+	return n;
+}
+
+static int
+wait_log(const char *needle, unsigned want)
+{
+	for (int i = 0; i < 500; i++) {
+		if (log_count(needle) >= want)
+			return 1;
+		usleep(10000);
+	}
+	return 0;
+}
+
+static void
+stop(void)
+{
+	ck_assert_int_eq(daemon_stop(&Dm), 0);
+}
+
+START_TEST(cuda_daemon_append_fetch_bit_exact)
+{
+	struct kvt_opts o = {.size = sizeof(o)};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	size_t t0_len = (size_t)L * 2 * SLOTS * ROW, st_len = (size_t)L * 2 * STEPS * ROW;
+	struct kvt_buf *t0, *st;
+	struct kvt_client *c;
+	uint8_t *t0p, *stp;
+	uint32_t seq, slots[2] = {2, 0}, list[2] = {1, 0};
+	void *ev = NULL;
+
+	start();
+	{
+		struct json_object *s = admin_request(Dm.sock, KVT_CTL_STATUS);
+
+		ck_assert_ptr_nonnull(s);
+		ck_assert_str_eq(json_object_get_string(json_object_object_get(s, "backend")),
+				 "cuda:0 kvt-shim GPU 0");
+		json_object_put(s);
+	}
+	ck_assert_int_eq(kvt_connect(Dm.sock, &o, &c), 0);
+	ck_assert_int_eq(cudaMalloc((void **)&t0p, t0_len), cudaSuccess);
+	ck_assert_int_eq(cudaMalloc((void **)&stp, st_len), cudaSuccess);
+	ck_assert_int_eq(kvt_buf_register_cuda(c, t0p, t0_len, &t0), 0);
+	ck_assert_int_eq(kvt_buf_register_cuda(c, stp, st_len, &st), 0);
+	ck_assert_ptr_eq(kvt_buf_ptr(t0), t0p);
+	ck_assert_int_eq(kvt_buf_register_cuda(c, t0p + 64, 64, &t0), -EINVAL); /* not a start */
+	ck_assert_int_eq(kvt_event_get_cuda(c, 0, &ev), 0);
+	ck_assert_ptr_nonnull(ev);
+	cudaEventDestroy(ev);
+	p.layers = L;
+	p.kv_heads = 1;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_TIERED;
+	p.delta = 2;
+	p.window = 2;
+	p.hbm_frac = 0.5f;
+	p.t0_buf_id = kvt_buf_id(t0);
+	p.t0_slots = SLOTS;
+	p.t0_slot_stride = ROW;
+	p.t0_kv_stride = (uint64_t)SLOTS * ROW;
+	p.t0_layer_stride = 2ull * SLOTS * ROW;
+	p.stage_buf_id = kvt_buf_id(st);
+	p.stage_slots = STEPS;
+	p.stage_slot_stride = ROW;
+	p.stage_kv_stride = (uint64_t)STEPS * ROW;
+	p.stage_layer_stride = 2ull * STEPS * ROW;
+	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+	for (size_t i = 0; i < t0_len; i++)
+		t0p[i] = (uint8_t)(i * 131 + 7);
+	ck_assert_int_eq(kvt_append_t0(c, seq, slots, 2), 2);
+	/* Positions 1 then 0 (slots 0 and 2) into staging rows 0 and 1 of every layer. */
+	ck_assert_int_eq(kvt_fetch(c, seq, KVT_FETCH_F_LIST, 0, L, 0, list, 2), 2);
+	for (unsigned l = 0; l < L; l++)
+		for (unsigned kv = 0; kv < 2; kv++)
+			for (unsigned r = 0; r < 2; r++) {
+				uint32_t slot = slots[list[r]];
+
+				ck_assert_mem_eq(stp + l * p.stage_layer_stride +
+						     kv * p.stage_kv_stride + r * ROW,
+						 t0p + l * p.t0_layer_stride + kv * p.t0_kv_stride +
+						     slot * ROW,
+						 ROW);
+			}
+	/* The daemon moved the rows with launches, never with a copy per row. */
+	ck_assert_uint_ge(log_count("cudaLaunchKernel kvt_rows_copy"), 2);
+	ck_assert_uint_eq(log_count("cudaMemcpyAsync"), 0);
+	kvt_disconnect(c);
+	ck_assert(wait_log("cudaIpcCloseMemHandle", 2));
+	cudaFree(t0p);
+	cudaFree(stp);
+	stop();
+	ck_assert_uint_eq(log_count("cudaIpcOpenMemHandle"), 2);
+	ck_assert_uint_eq(log_count("cudaIpcCloseMemHandle"), 2);
+	unlink(shim_log);
+}
+END_TEST
+
+/* A client that registers one allocation @times times, reports its IPC id, then waits. */
+static pid_t
+client_spawn(int times, int unregister, char *ret_id, size_t idlen)
+{
+	int up[2];
+	pid_t pid;
+
+	ck_assert_int_eq(pipe(up), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct kvt_opts o = {.size = sizeof(o)};
+		struct kvt_client *c;
+		struct kvt_buf *b[4];
+		cudaIpcMemHandle_t h;
+		char id[64];
+		struct {
+			int64_t magic;
+			int32_t pid, fd;
+			uint64_t size, serial;
+		} m;
+		void *p;
+
+		close(up[0]);
+		if (kvt_connect(Dm.sock, &o, &c) || cudaMalloc(&p, 1 << 20) ||
+		    cudaIpcGetMemHandle(&h, p))
+			_exit(1);
+		memcpy(&m, h.reserved, sizeof(m));
+		snprintf(id, sizeof(id), "id=%d.%llu", (int)m.pid, (unsigned long long)m.serial);
+		for (int i = 0; i < times; i++)
+			if (kvt_buf_register_cuda(c, p, 1 << 20, &b[i]))
+				_exit(2);
+		if (unregister)
+			for (int i = 0; i < times; i++)
+				if (kvt_buf_free(c, b[i]))
+					_exit(3);
+		if (write(up[1], id, sizeof(id)) != sizeof(id))
+			_exit(4);
+		pause();
+		_exit(0);
+	}
+	close(up[1]);
+	ck_assert_int_eq(read(up[0], ret_id, idlen), (ssize_t)idlen);
+	close(up[0]);
+	return pid;
+}
+
+START_TEST(cuda_daemon_ipc_closed_once)
+{
+	char a[64], b[64], want[128];
+	pid_t pa, pb;
+	int st;
+
+	start();
+	/* A: three registrations of one allocation, then killed with its buffers registered. */
+	pa = client_spawn(3, 0, a, sizeof(a));
+	/* B: two registrations, both unregistered, still connected. */
+	pb = client_spawn(2, 1, b, sizeof(b));
+	snprintf(want, sizeof(want), "cudaIpcOpenMemHandle %s", a);
+	ck_assert_uint_eq(log_count(want), 1);
+	snprintf(want, sizeof(want), "cudaIpcOpenMemHandle %s", b);
+	ck_assert_uint_eq(log_count(want), 1);
+	snprintf(want, sizeof(want), "cudaIpcCloseMemHandle %s", b);
+	ck_assert_uint_eq(log_count(want), 1);
+	kill(pa, SIGKILL);
+	waitpid(pa, &st, 0);
+	snprintf(want, sizeof(want), "cudaIpcCloseMemHandle %s", a);
+	ck_assert(wait_log(want, 1));
+	ck_assert(daemon_alive(&Dm));
+	kill(pb, SIGKILL);
+	waitpid(pb, &st, 0);
+	stop();
+	snprintf(want, sizeof(want), "cudaIpcCloseMemHandle %s", a);
+	ck_assert_uint_eq(log_count(want), 1);
+	snprintf(want, sizeof(want), "cudaIpcCloseMemHandle %s", b);
+	ck_assert_uint_eq(log_count(want), 1);
+	ck_assert_uint_eq(log_count("cudaIpcOpenMemHandle"), 2);
+	ck_assert_uint_eq(log_count("cudaIpcCloseMemHandle"), 2);
+	/* The pool was pinned at start and unpinned at stop. */
+	ck_assert_uint_eq(log_count("cudaHostRegister"), 1);
+	ck_assert_uint_eq(log_count("cudaHostUnregister"), 1);
+	unlink(shim_log);
+}
+END_TEST
+
+int
+main(void)
+{
+	Suite *s = suite_create("cuda_daemon");
+	TCase *t = tcase_create("daemon");
+	SRunner *sr;
+	int failed;
+
+	tcase_set_timeout(t, 60);
+	tcase_add_test(t, cuda_daemon_append_fetch_bit_exact);
+	tcase_add_test(t, cuda_daemon_ipc_closed_once);
+	suite_add_tcase(s, t);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,894 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda_shim.c - FAULT-INJECTING FAKE CUDA RUNTIME, FOR TESTS ONLY: never installed, never used
+ * outside tests/cuda-shim/. See cuda_shim.h for what it emulates and how it is controlled.
+ *
+ * Each exported function starts with ENTER(), which logs the call, counts it and returns an
+ * armed failure, so every function can be failed at any call. Emulated objects:
+ * - device memory: memfd + shared mapping (the fd stays open so another process can map it
+ *   through /proc/<pid>/fd/<fd> when it opens the IPC handle);
+ * - pinned host memory: a table of registered ranges and cudaHostAlloc blocks (device pointer
+ *   = host pointer, as UVA gives on Linux);
+ * - streams and events: tokens; work is done when called;
+ * - the kvt_rows_copy kernel: its descriptors are executed with memcpy.
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cuda_shim.h"
+#include "rows.h"
+
+#define SHIM_EXPORT __attribute__((visibility("default")))
+#define MAGIC	    0x4d494853544b56ull /* "KVTSHIM" */
+
+enum obj_kind { OBJ_DEVMEM, OBJ_IPCMAP, OBJ_HOSTALLOC, OBJ_REGISTERED };
+
+struct obj {
+	struct obj *next;
+	enum obj_kind kind;
+	uint8_t *p;
+	size_t len;
+	int fd;		 /* OBJ_DEVMEM: the memfd */
+	uint64_t serial; /* OBJ_DEVMEM / OBJ_IPCMAP: the allocation's id "pid.serial" */
+	int pid;
+};
+
+struct ipc_mem {
+	uint64_t magic;
+	int32_t pid, fd;
+	uint64_t size, serial;
+};
+
+struct ipc_ev {
+	uint64_t magic;
+	int32_t pid;
+	uint32_t interprocess;
+};
+
+struct arm {
+	char fn[48];
+	unsigned k;
+	int err;
+};
+
+struct counter {
+	char fn[48];
+	unsigned n;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int n_devices = 1, cur_device;
+static struct obj *objs;
+static uint64_t next_serial = 1;
+static struct arm arms[32];
+static unsigned n_arms;
+static struct counter counters[64];
+static unsigned n_counters;
+static char *logbuf;
+static size_t log_len, log_cap;
+static int log_fd = -1;
+static cudaError_t last_error;
+static int kernel_token, library_token;
+
+static void
+log_line(const char *fmt, ...)
+{
+	char line[256];
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(line, sizeof(line) - 1, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof(line) - 2)
+		n = sizeof(line) - 2;
+	line[n++] = '\n';
+	line[n] = 0;
+	if (log_len + n + 1 > log_cap) {
+		size_t cap = log_cap ? 2 * log_cap : 65536;
+		char *b;
+
+		while (cap < log_len + n + 1)
+			cap *= 2;
+		b = realloc(logbuf, cap);
+		if (!b)
+			return;
+		logbuf = b;
+		log_cap = cap;
+	}
+	memcpy(logbuf + log_len, line, (size_t)n + 1);
+	log_len += n;
+	if (log_fd >= 0 && write(log_fd, line, n) < 0)
+		log_fd = -1;
+}
+
+static struct counter *
+counter_of(const char *fn)
+{
+	for (unsigned i = 0; i < n_counters; i++)
+		if (!strcmp(counters[i].fn, fn))
+			return &counters[i];
+	if (n_counters == sizeof(counters) / sizeof(counters[0]))
+		abort();
+	snprintf(counters[n_counters].fn, sizeof(counters[0].fn), "%s", fn);
+	counters[n_counters].n = 0;
+	return &counters[n_counters++];
+}
+
+/* Count the call, log it, and return the armed error for this call (or cudaSuccess). */
+static cudaError_t
+enter(const char *fn, const char *fmt, ...)
+{
+	struct counter *c = counter_of(fn);
+	cudaError_t err = cudaSuccess;
+	char args[160] = "";
+	va_list ap;
+
+	c->n++;
+	for (unsigned i = 0; i < n_arms; i++)
+		if (!strcmp(arms[i].fn, fn) && --arms[i].k == 0) {
+			err = (cudaError_t)arms[i].err;
+			arms[i] = arms[--n_arms];
+			break;
+		}
+	va_start(ap, fmt);
+	vsnprintf(args, sizeof(args), fmt, ap);
+	va_end(ap);
+	if (err)
+		log_line("%s %s -> %s (injected)", fn, args, cudaGetErrorName(err));
+	else
+		log_line("%s %s", fn, args);
+	return err;
+}
+
+#define ENTER(...)                                                                                 \
+	do {                                                                                       \
+		cudaError_t e_;                                                                    \
+		pthread_mutex_lock(&lock);                                                         \
+		e_ = enter(__func__, __VA_ARGS__);                                                 \
+		if (e_) {                                                                          \
+			last_error = e_;                                                           \
+			pthread_mutex_unlock(&lock);                                               \
+			return e_;                                                                 \
+		}                                                                                  \
+	} while (0)
+#define LEAVE(e)                                                                                   \
+	do {                                                                                       \
+		cudaError_t e2_ = (e);                                                             \
+		if (e2_) {                                                                         \
+			last_error = e2_;                                                          \
+			log_line("  -> %s", cudaGetErrorName(e2_));                                \
+		}                                                                                  \
+		pthread_mutex_unlock(&lock);                                                       \
+		return e2_;                                                                        \
+	} while (0)
+
+static void
+arm_from_env(const char *spec)
+{
+	char *copy = strdup(spec), *save = NULL;
+
+	for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		char fn[48];
+		unsigned k;
+		int err;
+
+		if (sscanf(t, "%47[^:]:%u:%d", fn, &k, &err) == 3 && k > 0 && n_arms < 32) {
+			snprintf(arms[n_arms].fn, sizeof(arms[0].fn), "%s", fn);
+			arms[n_arms].k = k;
+			arms[n_arms++].err = err;
+		}
+	}
+	free(copy);
+}
+
+__attribute__((constructor)) static void
+shim_init(void)
+{
+	const char *s = getenv("KVT_SHIM_DEVICES");
+
+	if (s)
+		n_devices = atoi(s);
+	s = getenv("KVT_SHIM_FAIL");
+	if (s)
+		arm_from_env(s);
+	s = getenv("KVT_SHIM_LOG");
+	if (s)
+		log_fd = open(s, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+}
+
+SHIM_EXPORT void
+kvt_shim_reset(int devices)
+{
+	pthread_mutex_lock(&lock);
+	n_devices = devices;
+	n_arms = 0;
+	n_counters = 0;
+	log_len = 0;
+	if (logbuf)
+		logbuf[0] = 0;
+	last_error = cudaSuccess;
+	pthread_mutex_unlock(&lock);
+}
+
+SHIM_EXPORT void
+kvt_shim_fail(const char *fn, unsigned k, int err)
+{
+	pthread_mutex_lock(&lock);
+	if (n_arms < 32 && k > 0) {
+		snprintf(arms[n_arms].fn, sizeof(arms[0].fn), "%s", fn);
+		arms[n_arms].k = k;
+		arms[n_arms++].err = err;
+	}
+	pthread_mutex_unlock(&lock);
+}
+
+SHIM_EXPORT unsigned
+kvt_shim_count(const char *fn)
+{
+	unsigned n = 0;
+
+	pthread_mutex_lock(&lock);
+	for (unsigned i = 0; i < n_counters; i++)
+		if (!strcmp(counters[i].fn, fn))
+			n = counters[i].n;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
+SHIM_EXPORT const char *
+kvt_shim_log(void)
+{
+	return logbuf ? logbuf : "";
+}
+
+static unsigned
+count_kind(enum obj_kind k)
+{
+	unsigned n = 0;
+
+	pthread_mutex_lock(&lock);
+	for (struct obj *o = objs; o; o = o->next)
+		n += o->kind == k;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
+SHIM_EXPORT unsigned
+kvt_shim_ipc_open(void)
+{
+	return count_kind(OBJ_IPCMAP);
+}
+
+SHIM_EXPORT unsigned
+kvt_shim_registered(void)
+{
+	return count_kind(OBJ_REGISTERED);
+}
+
+/* ---- objects ------------------------------------------------------------------------------ */
+
+static struct obj *
+obj_add(enum obj_kind kind, void *p, size_t len)
+{
+	struct obj *o = calloc(1, sizeof(*o));
+
+	if (!o)
+		return NULL;
+	o->kind = kind;
+	o->p = p;
+	o->len = len;
+	o->fd = -1;
+	o->next = objs;
+	objs = o;
+	return o;
+}
+
+static void
+obj_del(struct obj *o)
+{
+	for (struct obj **pp = &objs; *pp; pp = &(*pp)->next)
+		if (*pp == o) {
+			*pp = o->next;
+			break;
+		}
+	free(o);
+}
+
+/* The object of a kind set (bit per kind) containing [p, p+len). */
+static struct obj *
+obj_find(const void *p, size_t len, unsigned kinds)
+{
+	const uint8_t *b = p;
+
+	for (struct obj *o = objs; o; o = o->next)
+		if ((kinds & (1u << o->kind)) && b >= o->p && b + len <= o->p + o->len)
+			return o;
+	return NULL;
+}
+
+static struct obj *
+obj_at(const void *p, enum obj_kind kind)
+{
+	for (struct obj *o = objs; o; o = o->next)
+		if (o->kind == kind && o->p == p)
+			return o;
+	return NULL;
+}
+
+/* ---- errors ------------------------------------------------------------------------------- */
+
+SHIM_EXPORT const char *
+cudaGetErrorName(cudaError_t e)
+{
+	switch (e) {
+	case cudaSuccess:
+		return "cudaSuccess";
+	case cudaErrorInvalidValue:
+		return "cudaErrorInvalidValue";
+	case cudaErrorMemoryAllocation:
+		return "cudaErrorMemoryAllocation";
+	case cudaErrorInvalidDevice:
+		return "cudaErrorInvalidDevice";
+	case cudaErrorNoDevice:
+		return "cudaErrorNoDevice";
+	case cudaErrorInsufficientDriver:
+		return "cudaErrorInsufficientDriver";
+	case cudaErrorInvalidResourceHandle:
+		return "cudaErrorInvalidResourceHandle";
+	case cudaErrorInvalidDevicePointer:
+		return "cudaErrorInvalidDevicePointer";
+	case cudaErrorInvalidDeviceFunction:
+		return "cudaErrorInvalidDeviceFunction";
+	case cudaErrorHostMemoryAlreadyRegistered:
+		return "cudaErrorHostMemoryAlreadyRegistered";
+	case cudaErrorHostMemoryNotRegistered:
+		return "cudaErrorHostMemoryNotRegistered";
+	case cudaErrorNotSupported:
+		return "cudaErrorNotSupported";
+	case cudaErrorNotPermitted:
+		return "cudaErrorNotPermitted";
+	case cudaErrorLaunchFailure:
+		return "cudaErrorLaunchFailure";
+	case cudaErrorIllegalAddress:
+		return "cudaErrorIllegalAddress";
+	case cudaErrorMapBufferObjectFailed:
+		return "cudaErrorMapBufferObjectFailed";
+	case cudaErrorDevicesUnavailable:
+		return "cudaErrorDevicesUnavailable";
+	default:
+		return "cudaErrorUnknown";
+	}
+}
+
+SHIM_EXPORT const char *
+cudaGetErrorString(cudaError_t e)
+{
+	return e == cudaSuccess ? "no error" : "injected or emulated failure (kvt cuda shim)";
+}
+
+SHIM_EXPORT cudaError_t
+cudaGetLastError(void)
+{
+	cudaError_t e;
+
+	pthread_mutex_lock(&lock);
+	e = last_error;
+	last_error = cudaSuccess;
+	pthread_mutex_unlock(&lock);
+	return e;
+}
+
+/* ---- devices ------------------------------------------------------------------------------ */
+
+SHIM_EXPORT cudaError_t
+cudaGetDeviceCount(int *count)
+{
+	ENTER("");
+	if (n_devices <= 0)
+		LEAVE(cudaErrorNoDevice);
+	*count = n_devices;
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaSetDevice(int device)
+{
+	ENTER("%d", device);
+	if (device < 0 || device >= n_devices)
+		LEAVE(cudaErrorInvalidDevice);
+	cur_device = device;
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaGetDevice(int *device)
+{
+	ENTER("");
+	*device = cur_device;
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
+{
+	ENTER("%d", device);
+	if (device < 0 || device >= n_devices)
+		LEAVE(cudaErrorInvalidDevice);
+	memset(prop, 0, sizeof(*prop));
+	snprintf(prop->name, sizeof(prop->name), "kvt-shim GPU %d", device);
+	{
+		char u[32];
+
+		snprintf(u, sizeof(u), "KVTSHIMGPU%06u", (unsigned)device % 1000000);
+		memcpy(prop->uuid.bytes, u, 16);
+	}
+	prop->unifiedAddressing = 1;
+	prop->canMapHostMemory = 1;
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
+{
+	ENTER("%d %d", (int)attr, device);
+	if (device < 0 || device >= n_devices)
+		LEAVE(cudaErrorInvalidDevice);
+	*value = attr == cudaDevAttrUnifiedAddressing || attr == cudaDevAttrCanMapHostMemory ||
+			 attr == cudaDevAttrCanUseHostPointerForRegisteredMem
+		     ? 1
+		     : 0;
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaDeviceGetStreamPriorityRange(int *least, int *greatest)
+{
+	ENTER("");
+	*least = 0;
+	*greatest = -5;
+	LEAVE(cudaSuccess);
+}
+
+/* ---- streams and events ------------------------------------------------------------------- */
+
+SHIM_EXPORT cudaError_t
+cudaStreamCreateWithPriority(cudaStream_t *s, unsigned flags, int priority)
+{
+	ENTER("flags=%u priority=%d", flags, priority);
+	*s = malloc(1);
+	LEAVE(*s ? cudaSuccess : cudaErrorMemoryAllocation);
+}
+
+SHIM_EXPORT cudaError_t
+cudaStreamDestroy(cudaStream_t s)
+{
+	ENTER("");
+	free(s);
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaStreamSynchronize(cudaStream_t s)
+{
+	ENTER("");
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned flags)
+{
+	ENTER("");
+	LEAVE(ev ? cudaSuccess : cudaErrorInvalidResourceHandle);
+}
+
+SHIM_EXPORT cudaError_t
+cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned flags)
+{
+	struct ipc_ev *e;
+
+	ENTER("flags=%u", flags);
+	if ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming))
+		LEAVE(cudaErrorInvalidValue); /* as CUDA requires */
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		LEAVE(cudaErrorMemoryAllocation);
+	e->magic = MAGIC;
+	e->pid = getpid();
+	e->interprocess = !!(flags & cudaEventInterprocess);
+	*ev = (cudaEvent_t)e;
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaEventRecord(cudaEvent_t ev, cudaStream_t s)
+{
+	ENTER("");
+	LEAVE(ev ? cudaSuccess : cudaErrorInvalidResourceHandle);
+}
+
+SHIM_EXPORT cudaError_t
+cudaEventSynchronize(cudaEvent_t ev)
+{
+	ENTER("");
+	LEAVE(ev ? cudaSuccess : cudaErrorInvalidResourceHandle);
+}
+
+SHIM_EXPORT cudaError_t
+cudaEventDestroy(cudaEvent_t ev)
+{
+	ENTER("");
+	free(ev);
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t ev)
+{
+	struct ipc_ev *e = (struct ipc_ev *)ev;
+
+	ENTER("");
+	if (!e || !e->interprocess)
+		LEAVE(cudaErrorInvalidResourceHandle);
+	memset(h, 0, sizeof(*h));
+	memcpy(h->reserved, e, sizeof(*e));
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaIpcOpenEventHandle(cudaEvent_t *ev, cudaIpcEventHandle_t h)
+{
+	struct ipc_ev in, *e;
+
+	ENTER("");
+	memcpy(&in, h.reserved, sizeof(in));
+	if (in.magic != MAGIC || !in.interprocess)
+		LEAVE(cudaErrorInvalidResourceHandle);
+	e = malloc(sizeof(*e));
+	if (!e)
+		LEAVE(cudaErrorMemoryAllocation);
+	*e = in;
+	*ev = (cudaEvent_t)e;
+	LEAVE(cudaSuccess);
+}
+
+/* ---- host memory ---------------------------------------------------------------------------- */
+
+SHIM_EXPORT cudaError_t
+cudaHostRegister(void *p, size_t len, unsigned flags)
+{
+	ENTER("p=%p len=%zu flags=%u", p, len, flags);
+	if (!p || !len)
+		LEAVE(cudaErrorInvalidValue);
+	for (struct obj *o = objs; o; o = o->next)
+		if (o->kind == OBJ_REGISTERED && (uint8_t *)p < o->p + o->len &&
+		    o->p < (uint8_t *)p + len)
+			LEAVE(cudaErrorHostMemoryAlreadyRegistered);
+	LEAVE(obj_add(OBJ_REGISTERED, p, len) ? cudaSuccess : cudaErrorMemoryAllocation);
+}
+
+SHIM_EXPORT cudaError_t
+cudaHostUnregister(void *p)
+{
+	struct obj *o;
+
+	ENTER("p=%p", p);
+	o = obj_at(p, OBJ_REGISTERED);
+	if (!o)
+		LEAVE(cudaErrorHostMemoryNotRegistered);
+	obj_del(o);
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaHostAlloc(void **ret, size_t len, unsigned flags)
+{
+	void *p;
+
+	ENTER("len=%zu flags=%u", len, flags);
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		LEAVE(cudaErrorMemoryAllocation);
+	if (!obj_add(OBJ_HOSTALLOC, p, len)) {
+		munmap(p, len);
+		LEAVE(cudaErrorMemoryAllocation);
+	}
+	*ret = p;
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaFreeHost(void *p)
+{
+	struct obj *o;
+
+	ENTER("p=%p", p);
+	o = obj_at(p, OBJ_HOSTALLOC);
+	if (!o)
+		LEAVE(cudaErrorInvalidValue);
+	munmap(o->p, o->len);
+	obj_del(o);
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaHostGetDevicePointer(void **dptr, void *p, unsigned flags)
+{
+	ENTER("p=%p", p);
+	if (!obj_find(p, 1, 1u << OBJ_REGISTERED | 1u << OBJ_HOSTALLOC))
+		LEAVE(cudaErrorInvalidValue);
+	*dptr = p;
+	LEAVE(cudaSuccess);
+}
+
+/* ---- device memory and IPC ------------------------------------------------------------------ */
+
+SHIM_EXPORT cudaError_t
+cudaMalloc(void **ret, size_t len)
+{
+	struct obj *o;
+	void *p;
+	int fd;
+
+	ENTER("len=%zu", len);
+	fd = memfd_create("kvt-shim-devmem", 0); /* inherited on purpose: see the IPC handle */
+	if (fd < 0 || ftruncate(fd, (off_t)len) < 0) {
+		if (fd >= 0)
+			close(fd);
+		LEAVE(cudaErrorMemoryAllocation);
+	}
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		close(fd);
+		LEAVE(cudaErrorMemoryAllocation);
+	}
+	o = obj_add(OBJ_DEVMEM, p, len);
+	if (!o) {
+		munmap(p, len);
+		close(fd);
+		LEAVE(cudaErrorMemoryAllocation);
+	}
+	o->fd = fd;
+	o->pid = getpid();
+	o->serial = next_serial++;
+	*ret = p;
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaFree(void *p)
+{
+	struct obj *o;
+
+	ENTER("p=%p", p);
+	if (!p)
+		LEAVE(cudaSuccess);
+	o = obj_at(p, OBJ_DEVMEM);
+	if (!o)
+		LEAVE(cudaErrorInvalidDevicePointer);
+	munmap(o->p, o->len);
+	close(o->fd);
+	obj_del(o);
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p)
+{
+	struct obj *o;
+
+	ENTER("p=%p", p);
+	memset(a, 0, sizeof(*a));
+	o = obj_find(p, 1, 1u << OBJ_DEVMEM | 1u << OBJ_IPCMAP);
+	if (o) {
+		a->type = cudaMemoryTypeDevice;
+		a->device = 0;
+		a->devicePointer = (void *)p;
+	} else if (obj_find(p, 1, 1u << OBJ_REGISTERED | 1u << OBJ_HOSTALLOC)) {
+		a->type = cudaMemoryTypeHost;
+		a->hostPointer = a->devicePointer = (void *)p;
+	} else {
+		a->type = cudaMemoryTypeUnregistered;
+	}
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
+{
+	struct obj *o;
+	struct ipc_mem m;
+
+	ENTER("p=%p", p);
+	o = obj_find(p, 1, 1u << OBJ_DEVMEM);
+	if (!o)
+		LEAVE(cudaErrorInvalidDevicePointer);
+	m = (struct ipc_mem){MAGIC, o->pid, o->fd, o->len, o->serial};
+	memset(h, 0, sizeof(*h));
+	memcpy(h->reserved, &m, sizeof(m));
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaIpcOpenMemHandle(void **ret, cudaIpcMemHandle_t h, unsigned flags)
+{
+	struct ipc_mem m;
+	struct obj *o;
+	char path[64];
+	struct stat st;
+	void *p;
+	int fd;
+
+	memcpy(&m, h.reserved, sizeof(m));
+	ENTER("id=%d.%llu", (int)m.pid, (unsigned long long)m.serial);
+	if (m.magic != MAGIC)
+		LEAVE(cudaErrorInvalidResourceHandle);
+	if (m.pid == getpid())
+		LEAVE(
+		    cudaErrorDeviceUninitialized); /* CUDA refuses handles of the calling process */
+	for (o = objs; o; o = o->next)
+		if (o->kind == OBJ_IPCMAP && o->pid == m.pid && o->serial == m.serial)
+			LEAVE(cudaErrorAlreadyMapped); /* opened twice in one process */
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)m.pid, (int)m.fd);
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		LEAVE(cudaErrorInvalidResourceHandle);
+	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size != m.size) {
+		close(fd);
+		LEAVE(cudaErrorInvalidResourceHandle);
+	}
+	p = mmap(NULL, m.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (p == MAP_FAILED)
+		LEAVE(cudaErrorMapBufferObjectFailed);
+	o = obj_add(OBJ_IPCMAP, p, m.size);
+	if (!o) {
+		munmap(p, m.size);
+		LEAVE(cudaErrorMemoryAllocation);
+	}
+	o->pid = m.pid;
+	o->serial = m.serial;
+	*ret = p;
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaIpcCloseMemHandle(void *p)
+{
+	struct obj *o;
+
+	pthread_mutex_lock(&lock);
+	o = obj_at(p, OBJ_IPCMAP);
+	pthread_mutex_unlock(&lock);
+	ENTER("id=%d.%llu", o ? o->pid : -1, o ? (unsigned long long)o->serial : 0ull);
+	o = obj_at(p, OBJ_IPCMAP);
+	if (!o)
+		LEAVE(cudaErrorInvalidValue);
+	munmap(o->p, o->len);
+	obj_del(o);
+	LEAVE(cudaSuccess);
+}
+
+/* cuMemGetAddressRange as cudaGetDriverEntryPointByVersion hands it out. */
+static CUresult
+shim_get_range(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
+{
+	struct obj *o;
+
+	pthread_mutex_lock(&lock);
+	o = obj_find((void *)(uintptr_t)dptr, 1, 1u << OBJ_DEVMEM | 1u << OBJ_IPCMAP);
+	if (o) {
+		*base = (CUdeviceptr)(uintptr_t)o->p;
+		*size = o->len;
+	}
+	log_line("cuMemGetAddressRange %p%s", (void *)(uintptr_t)dptr, o ? "" : " -> not found");
+	pthread_mutex_unlock(&lock);
+	return o ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+SHIM_EXPORT cudaError_t
+cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned version,
+				 unsigned long long flags,
+				 enum cudaDriverEntryPointQueryResult *status)
+{
+	ENTER("%s", symbol);
+	if (strcmp(symbol, "cuMemGetAddressRange")) {
+		if (status)
+			*status = cudaDriverEntryPointSymbolNotFound;
+		*fn = NULL;
+		LEAVE(cudaSuccess);
+	}
+	*fn = (void *)shim_get_range;
+	if (status)
+		*status = cudaDriverEntryPointSuccess;
+	LEAVE(cudaSuccess);
+}
+
+/* ---- copies and the row kernel ------------------------------------------------------------ */
+
+/* Any emulated memory: device, IPC-mapped, pinned host. Unpinned host memory is fine only for
+ * cudaMemcpyAsync, as with CUDA. */
+static int
+mem_known(const void *p, size_t len)
+{
+	return obj_find(p, len, 0xf) != NULL;
+}
+
+SHIM_EXPORT cudaError_t
+cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s)
+{
+	ENTER("dst=%p src=%p n=%zu", dst, src, n);
+	if (!mem_known(dst, n) && !mem_known(src, n))
+		LEAVE(cudaErrorInvalidValue); /* host to host through a stream: not our use */
+	memmove(dst, src, n);
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaLibraryLoadData(cudaLibrary_t *lib, const void *code, enum cudaJitOption *jo, void **jov,
+		    unsigned njo, enum cudaLibraryOption *lo, void **lov, unsigned nlo)
+{
+	ENTER("");
+	if (!code)
+		LEAVE(cudaErrorInvalidValue);
+	*lib = (cudaLibrary_t)&library_token;
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaLibraryGetKernel(cudaKernel_t *k, cudaLibrary_t lib, const char *name)
+{
+	ENTER("%s", name);
+	if (lib != (cudaLibrary_t)&library_token)
+		LEAVE(cudaErrorInvalidResourceHandle);
+	if (strcmp(name, KVT_ROWS_KERNEL))
+		LEAVE(cudaErrorSymbolNotFound);
+	*k = (cudaKernel_t)&kernel_token;
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaLibraryUnload(cudaLibrary_t lib)
+{
+	ENTER("");
+	LEAVE(lib == (cudaLibrary_t)&library_token ? cudaSuccess : cudaErrorInvalidResourceHandle);
+}
+
+SHIM_EXPORT cudaError_t
+cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s)
+{
+	const struct kvt_row_desc *d;
+	unsigned n;
+
+	if (func != (const void *)&kernel_token) {
+		ENTER("func=%p", func);
+		LEAVE(cudaErrorInvalidDeviceFunction);
+	}
+	d = *(const struct kvt_row_desc **)args[0];
+	n = *(const unsigned *)args[1];
+	ENTER("kvt_rows_copy rows=%u grid=%u block=%u", n, grid.x, block.x);
+	/* The descriptors are read through UVA: they must be pinned host memory. */
+	if (!obj_find(d, n * sizeof(*d), 1u << OBJ_HOSTALLOC | 1u << OBJ_REGISTERED))
+		LEAVE(cudaErrorIllegalAddress);
+	for (unsigned i = 0; i < n; i++) {
+		void *dst = (void *)(uintptr_t)d[i].dst;
+		const void *src = (const void *)(uintptr_t)d[i].src;
+
+		/* A kernel can touch only device memory and pinned, mapped host memory. */
+		if (!mem_known(dst, d[i].len) || !mem_known(src, d[i].len))
+			LEAVE(cudaErrorIllegalAddress);
+		memmove(dst, src, d[i].len);
+	}
+	LEAVE(cudaSuccess);
+}

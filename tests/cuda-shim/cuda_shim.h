@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cuda_shim.h - control interface of libkvt_cudashim, a FAULT-INJECTING FAKE CUDA RUNTIME FOR
+ * TESTS ONLY. It is never installed and never used outside tests/cuda-shim/.
+ *
+ * The shim exports the subset of the CUDA runtime API that cuda/dev_cuda.c and
+ * client/kvtier_cuda.c call, with the real signatures (it is compiled against the toolkit's
+ * cuda_runtime_api.h). It emulates devices in host memory:
+ * - "device memory" (cudaMalloc) is a shared memfd mapping; its IPC handle names the owner's
+ *   pid and fd, and cudaIpcOpenMemHandle in another process maps /proc/<pid>/fd/<fd>, so two
+ *   processes really share the bytes;
+ * - every stream operation runs synchronously when called (events are always complete);
+ * - the one kernel it knows, kvt_rows_copy from cuda/rows.cu (found through
+ *   cudaLibraryGetKernel), is run on the host from its descriptors.
+ * It records every call in order and can fail the k-th call of a chosen function.
+ *
+ * Environment (read at load): KVT_SHIM_DEVICES=n (default 1; 0 = no device),
+ * KVT_SHIM_FAIL="fn:k:err[,fn:k:err...]" (fail the k-th call of fn, counted from load, with
+ * cudaError_t err), KVT_SHIM_LOG=path (also append every call, one line each, to that file:
+ * how a test reads the calls of another process such as kvtierd).
+ *
+ * Thread safety: all functions take one lock.
+ */
+#ifndef KVT_CUDA_SHIM_H
+#define KVT_CUDA_SHIM_H
+
+/* Forget the call log, counters and armed failures; @devices devices from now on. */
+void kvt_shim_reset(int devices);
+/* Fail the @k-th call (1 = the next one) of @fn from now with cudaError_t @err. */
+void kvt_shim_fail(const char *fn, unsigned k, int err);
+/* Calls of @fn since the last reset (failed ones included). */
+unsigned kvt_shim_count(const char *fn);
+/* The log since the last reset: one line per call, "fn args[ -> errname]", NUL-terminated.
+ * Valid until the next shim call. */
+const char *kvt_shim_log(void);
+/* Live emulated objects: IPC mappings open, host ranges registered, host allocations. */
+unsigned kvt_shim_ipc_open(void);
+unsigned kvt_shim_registered(void);
+
+#endif /* KVT_CUDA_SHIM_H */
