@@ -40,13 +40,13 @@ struct sim_cfg {
 
 /* The table: the eviction cliff next to the tiering potentiometer. */
 static const struct sim_cfg configs[] = {
-	{KVT_POLICY_TIERED, 0.1f, 0.0f, 0.0f},	  {KVT_POLICY_TIERED, 0.3f, 0.0f, 0.0f},
-	{KVT_POLICY_TIERED, 0.5f, 0.0f, 0.0f},	  {KVT_POLICY_TIERED, 0.7f, 0.0f, 0.0f},
-	{KVT_POLICY_TIERED, 0.1f, 0.03f, 0.0f},	  {KVT_POLICY_TIERED, 0.3f, 0.03f, 0.0f},
-	{KVT_POLICY_TIERED, 0.5f, 0.03f, 0.0f},	  {KVT_POLICY_TIERED, 0.7f, 0.03f, 0.0f},
-	{KVT_POLICY_TIERED, 0.5f, 0.10f, 0.0f},	  {KVT_POLICY_TIERED, 0.3f, 0.0f, 0.25f},
 	{KVT_POLICY_H2O, 0.5f, 0.0f, 0.0f},	  {KVT_POLICY_H2O, 0.25f, 0.0f, 0.0f},
-	{KVT_POLICY_STREAMING, 0.5f, 0.0f, 0.0f},
+	{KVT_POLICY_STREAMING, 0.5f, 0.0f, 0.0f}, {KVT_POLICY_TIERED, 0.1f, 0.0f, 0.0f},
+	{KVT_POLICY_TIERED, 0.3f, 0.0f, 0.0f},	  {KVT_POLICY_TIERED, 0.5f, 0.0f, 0.0f},
+	{KVT_POLICY_TIERED, 0.7f, 0.0f, 0.0f},	  {KVT_POLICY_TIERED, 0.1f, 0.03f, 0.0f},
+	{KVT_POLICY_TIERED, 0.3f, 0.03f, 0.0f},	  {KVT_POLICY_TIERED, 0.5f, 0.03f, 0.0f},
+	{KVT_POLICY_TIERED, 0.7f, 0.03f, 0.0f},	  {KVT_POLICY_TIERED, 0.5f, 0.10f, 0.0f},
+	{KVT_POLICY_TIERED, 0.3f, 0.0f, 0.25f},
 };
 #define NCFG (sizeof(configs) / sizeof(configs[0]))
 
