@@ -245,6 +245,14 @@ kvt_paris_schedule(uint32_t n, double *ret_rho_cand, double *ret_rho_col)
 }
 
 void
+kvt_paris_schedule_refine(uint32_t n, double *ret_rho_cand, double *ret_rho_col)
+{
+	kvt_paris_schedule(n, ret_rho_cand, ret_rho_col);
+	*ret_rho_cand = fmax(*ret_rho_cand, 0.30);
+	*ret_rho_col = fmax(*ret_rho_col, 0.70);
+}
+
+void
 kvt_paris_query_prep(const struct kvt_srht *srht, const float *q, struct kvt_paris_query *ret_q)
 {
 	unsigned int d = srht->dim;
@@ -252,6 +260,7 @@ kvt_paris_query_prep(const struct kvt_srht *srht, const float *q, struct kvt_par
 
 	for (unsigned int i = 0; i < d; i++)
 		nrm2 += q[i] * q[i];
+	memcpy(ret_q->x, q, d * sizeof(float));
 	ret_q->dim = d;
 	ret_q->norm = sqrtf(nrm2);
 	den = fmaxf(ret_q->norm, 1e-8f);
@@ -724,15 +733,34 @@ kvt_paris_scratch_fini(struct kvt_paris_scratch *s)
 	free(s->votes);
 	free(s->cand);
 	free(s->score);
+	free(s->ref_idx);
+	free(s->ref_score);
 	s->votes = NULL;
 	s->cand = NULL;
 	s->score = NULL;
-	s->votes_cap = s->cand_cap = 0;
+	s->ref_idx = NULL;
+	s->ref_score = NULL;
+	s->votes_cap = s->cand_cap = s->ref_cap = 0;
 }
 
 static int
-scratch_reserve(struct kvt_paris_scratch *s, size_t votes, size_t cand)
+scratch_reserve(struct kvt_paris_scratch *s, size_t votes, size_t cand, size_t ref)
 {
+	if (ref > s->ref_cap) {
+		uint32_t *c = malloc(ref * sizeof(*c));
+		float *f = malloc(ref * sizeof(*f));
+
+		if (!c || !f) {
+			free(c);
+			free(f);
+			return -ENOMEM;
+		}
+		free(s->ref_idx);
+		free(s->ref_score);
+		s->ref_idx = c;
+		s->ref_score = f;
+		s->ref_cap = ref;
+	}
 	if (votes > s->votes_cap) {
 		uint8_t *v = aligned_alloc(64, (votes + 63) & ~(size_t)63);
 
@@ -760,23 +788,65 @@ scratch_reserve(struct kvt_paris_scratch *s, size_t votes, size_t cand)
 	return 0;
 }
 
+/*
+ * <a, b> over @d floats (a multiple of 8) in f32: eight lane sums, then a fixed pairwise
+ * reduction, so the result does not depend on the SIMD level (the compiler may vectorise the
+ * lanes, it may not reorder them).
+ */
+static float
+dot_f32(const float *a, const float *b, unsigned int d)
+{
+	float l[8] = {0};
+
+	for (unsigned int i = 0; i < d; i += 8)
+		for (unsigned int j = 0; j < 8; j++)
+			l[j] += a[i + j] * b[i + j];
+	return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+/*
+ * The exact refine stage: the @nr best of the @nc estimated candidates in @scr (cand, score)
+ * are rescored from the full keys and the top k of those goes out. Returns 0 or -EIO.
+ */
+static int
+refine_exact(const struct kvt_paris_query *q, const struct kvt_paris_keys *keys, uint32_t nc,
+	     uint32_t nr, uint32_t k, struct kvt_paris_scratch *scr, uint32_t *ret_idx,
+	     float *ret_score)
+{
+	kvt_paris_topk_select(scr->cand, scr->score, nc, nr, scr->ref_idx, scr->ref_score);
+	for (uint32_t i = 0; i < nr; i++) {
+		const float *key = keys->get(keys->ctx, scr->ref_idx[i], scr->key_tmp);
+
+		if (!key)
+			return -EIO;
+		scr->ref_score[i] = dot_f32(key, q->x, q->dim);
+	}
+	kvt_paris_topk_select(scr->ref_idx, scr->ref_score, nr, k, ret_idx, ret_score);
+	return 0;
+}
+
 int
 kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
 		 const struct kvt_paris_search_opts *opts, struct kvt_paris_scratch *scr,
 		 uint32_t *ret_idx, float *ret_score)
 {
 	double rho_cand, rho_col, cd;
-	uint32_t n = ix->n, k = opts->k, c, nc;
+	uint32_t n = ix->n, k = opts->k, c, nc, nr = 0;
 	int r;
 
 	if (!k || q->dim != ix->dim)
+		return -EINVAL;
+	if (opts->refine && (opts->refine < k || !opts->keys || !opts->keys->get))
 		return -EINVAL;
 	if (opts->rho_cand < 0.0 || opts->rho_cand > 1.0 || opts->rho_col < 0.0 ||
 	    opts->rho_col > 1.0 || isnan(opts->rho_cand) || isnan(opts->rho_col))
 		return -EINVAL;
 	if (k > n)
 		return -ERANGE;
-	kvt_paris_schedule(n, &rho_cand, &rho_col);
+	if (opts->refine)
+		kvt_paris_schedule_refine(n, &rho_cand, &rho_col);
+	else
+		kvt_paris_schedule(n, &rho_cand, &rho_col);
 	if (opts->rho_cand > 0.0)
 		rho_cand = opts->rho_cand;
 	if (opts->rho_col > 0.0)
@@ -786,7 +856,10 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 	if (c < k)
 		c = k;
 
-	r = scratch_reserve(scr, c < n ? kvt_paris_votes_len(ix) : 0, c);
+	if (opts->refine)
+		nr = opts->refine < c ? opts->refine : c;
+
+	r = scratch_reserve(scr, c < n ? kvt_paris_votes_len(ix) : 0, c, nr);
 	if (r < 0)
 		return r;
 	if (c < n) {
@@ -797,6 +870,13 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 	}
 	nc = kvt_paris_select(scr->votes, n, c, scr->cand);
 	kvt_paris_rerank(ix, q, scr->cand, nc, scr->score);
+	if (nr) {
+		/* nc == c here: kvt_paris_select() returns min(c, n) and c <= n */
+		r = refine_exact(q, opts->keys, nc, nr, k, scr, ret_idx, ret_score);
+		if (r < 0)
+			return r;
+		return (int)k;
+	}
 	kvt_paris_topk_select(scr->cand, scr->score, nc, k, ret_idx, ret_score);
 	return (int)k;
 }

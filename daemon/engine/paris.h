@@ -17,6 +17,17 @@
  * centroid's rank, keeps the C keys with the most votes (counting pass over 0..96, ties to the
  * lower index), estimates <k, q> for them from the 4-bit codes (RSQ-IP) and returns the top k.
  *
+ * Exact refine (optional, off by default; NOT part of ParisKV): with opts.refine = R > 0 the R
+ * candidates with the best RSQ-IP estimates are rescored with the exact inner product of the
+ * full-precision key, read through a caller-supplied accessor (struct kvt_paris_keys), and the
+ * top k by exact score is returned, with exact scores. The paper keeps only the 4-bit codes for
+ * the retrieval zone (the full keys live on the GPU or nowhere); kvtier can afford this stage
+ * because the daemon holds every key row at full precision (or int8) in host DDR anyway. Its
+ * cost is R key reads of 4 * dim bytes and R dot products: about 4k of them at R = 4k, small
+ * next to the C = rho_cand * n rerank. It removes the estimator error at the cut (the 4-bit
+ * estimate of *all* keys tops out near 0.95 recall@100 on the benchmark sets); it cannot bring
+ * back true top-k keys the vote left out of the candidate set.
+ *
  * Storage: keys live in pages of page_keys keys obtained from a caller-supplied allocator (the
  * daemon will hand out pool pages). Inside a page the three arrays are separate (SoA): centroid
  * ids subspace-major [B][P] because the vote scan streams them block by block; codes [P][B][4]
@@ -131,15 +142,28 @@ int kvt_paris_key_codes(const struct kvt_paris_index *ix, uint32_t i, const uint
  */
 void kvt_paris_schedule(uint32_t n, double *ret_rho_cand, double *ret_rho_col);
 
+/*
+ * kvt_paris_schedule_refine - the ratios a search with the exact refine stage uses by default:
+ * the spec's pair raised to at least (0.30, 0.70). kvtier's choice, not the paper's. Why:
+ * refine removes the estimator error but cannot add keys the vote left out, and with the spec's
+ * (0.10, 0.20) 15-20 % of the true top-100 never reach the candidate set on the benchmark sets
+ * (refining all C keys gives the same recall as refining 4k). Measured recall@100 with refine
+ * 4k (docs/bench-retrieval.md): (0.20, 0.50) 0.946-0.948, (0.30, 0.70) 0.97-0.98 at 128K and
+ * 1M, for about 1.3-2x the time of the spec's pipeline.
+ */
+void kvt_paris_schedule_refine(uint32_t n, double *ret_rho_cand, double *ret_rho_col);
+
 /* struct kvt_paris_query - one prepared query (kvt_paris_query_prep()). */
 struct kvt_paris_query {
 	uint32_t dim;
 	float norm;		   /* |q| (the GQA mean when built by the seq layer) */
 	float y[KVT_SRHT_MAX_DIM]; /* SRHT(q / max(|q|, 1e-8)) */
+	float x[KVT_SRHT_MAX_DIM]; /* q itself, unrotated: the exact refine stage's <k, q> */
 };
 
 /*
- * kvt_paris_query_prep - normalise and rotate @q (dim floats) into @ret_q. The arithmetic is the
+ * kvt_paris_query_prep - normalise and rotate @q (dim floats) into @ret_q (and keep a copy of
+ * @q for the refine stage). The arithmetic is the
  * same at every SIMD level, so votes do not depend on it. Thread-safe.
  */
 void kvt_paris_query_prep(const struct kvt_srht *srht, const float *q,
@@ -192,6 +216,24 @@ void kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, 
 			   uint32_t *ret_idx, float *ret_score);
 
 /*
+ * struct kvt_paris_keys - read access to the full-precision keys behind an index, for the exact
+ * refine stage (see the top of this file; kvtier's addition, not ParisKV's).
+ * @get: returns the dim f32 values of the key at retrieval index @idx (< n): the key that was
+ *	appended as index @idx, at whatever precision the caller holds it (f16, bf16 and int8
+ *	rows converted to f32). It may return a pointer into the caller's own storage, or fill
+ *	@tmp (dim floats, part of the search's scratch, no alignment promised) and return @tmp. The
+ *	result is read before the next call, so it need only stay valid until then. Returning NULL
+ *	means the key cannot be read: the search fails with -EIO.
+ *	Called on the searching thread, at most opts.refine times per search, with distinct
+ *	indices in descending estimated-score order. It must not modify the index.
+ * @ctx: passed through.
+ */
+struct kvt_paris_keys {
+	const float *(*get)(void *ctx, uint32_t idx, float *tmp);
+	void *ctx;
+};
+
+/*
  * struct kvt_paris_scratch - per-thread working memory of a search. Zero it before first use;
  * kvt_paris_search() grows it with malloc as needed. Not shareable between concurrent searches.
  */
@@ -199,29 +241,44 @@ struct kvt_paris_scratch {
 	uint8_t *votes;
 	uint32_t *cand;
 	float *score;
+	uint32_t *ref_idx; /* refine stage: the R best estimates, then rescored */
+	float *ref_score;
 	size_t votes_cap; /* bytes */
 	size_t cand_cap;  /* entries */
+	size_t ref_cap;	  /* entries */
 	uint8_t tab[KVT_PARIS_MAX_BLK][256];
+	float key_tmp[KVT_SRHT_MAX_DIM]; /* struct kvt_paris_keys' @tmp */
 };
 
 /* kvt_paris_scratch_fini - free the scratch buffers; the struct may be reused after. NULL-safe. */
 void kvt_paris_scratch_fini(struct kvt_paris_scratch *s);
 
-/* struct kvt_paris_search_opts - knobs of one search. */
+/*
+ * struct kvt_paris_search_opts - knobs of one search. Zero-initialise, then set what is needed:
+ * refine = 0 (with keys unused) is the spec's pipeline, bit for bit.
+ */
 struct kvt_paris_search_opts {
 	uint32_t k;	 /* results wanted, 1 .. n */
 	double rho_cand; /* candidate ratio in (0, 1]; 0 = schedule */
 	double rho_col;	 /* collision budget ratio in (0, 1]; 0 = schedule */
+	uint32_t refine; /* 0: off; else >= k: rescore this many best estimates exactly */
+	const struct kvt_paris_keys *keys; /* the full keys; required when refine > 0 */
 };
 
 /*
  * kvt_paris_search - top-k retrieval-zone indices of one prepared query.
  * C = max(ceil(n * rho_cand), k) clamped to n. (The reference takes min(k, C) results when
- * C < k; we widen C instead so a caller always gets k rows.)
+ * C < k; we widen C instead so a caller always gets k rows.) A ratio left at 0 comes from
+ * kvt_paris_schedule(), or from kvt_paris_schedule_refine() when refine is on.
+ * With opts->refine = R > 0, the min(R, C) candidates with the best estimates (score desc,
+ * index asc) get the exact score <key, q> = sum_j key_j * q_j in f32 from @opts->keys, and the
+ * result is their top k by that score.
  * @ret_idx, @ret_score: k entries, score descending (ties: index ascending); scores estimate
- * <key, q> (not divided by sqrt(d)).
- * Returns k, or -EINVAL (k == 0, a ratio outside (0, 1], dim mismatch), -ERANGE (k > n, which
- * includes an empty index), -ENOMEM (scratch growth). Thread-safe per the file comment.
+ * <key, q> (not divided by sqrt(d)), or are that exact product with refine.
+ * Returns k, or -EINVAL (k == 0, a ratio outside (0, 1], dim mismatch, 0 < refine < k, refine
+ * without keys or keys->get), -ERANGE (k > n, which includes an empty index), -ENOMEM (scratch
+ * growth), -EIO (keys->get returned NULL). Thread-safe per the file comment, as long as
+ * keys->get is.
  */
 int kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
 		     const struct kvt_paris_search_opts *opts, struct kvt_paris_scratch *scr,
