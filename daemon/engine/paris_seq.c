@@ -161,6 +161,20 @@ union_merge(uint32_t *pos, float *score, uint32_t total)
 	return m;
 }
 
+/* Adapts the sequence's key accessor to one index: retrieval index -> absolute position. */
+struct head_keys {
+	const struct kvt_paris_seq_keys *keys;
+	uint32_t layer, head, sink;
+};
+
+static const float *
+head_key_get(void *ctx, uint32_t idx, float *tmp)
+{
+	const struct head_keys *hk = ctx;
+
+	return hk->keys->get(hk->keys->ctx, hk->layer, hk->head, hk->sink + idx, tmp);
+}
+
 int
 kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float *q, size_t q_len,
 		   const struct kvt_paris_topk_opts *opts, struct kvt_paris_scratch *scr,
@@ -168,8 +182,13 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 {
 	uint32_t hkv = seq->g.kv_heads, d = seq->g.head_dim, grp = seq->g.q_heads / hkv;
 	uint32_t stride = kvt_paris_seq_topk_stride(seq, opts), k = opts->k;
-	struct kvt_paris_search_opts so = {
-	    .k = k, .rho_cand = opts->rho_cand, .rho_col = opts->rho_col};
+	struct head_keys hk = {opts->keys, layer, 0, seq->zone.sink};
+	const struct kvt_paris_keys ik = {head_key_get, &hk};
+	struct kvt_paris_search_opts so = {.k = k,
+					   .rho_cand = opts->rho_cand,
+					   .rho_col = opts->rho_col,
+					   .refine = opts->refine,
+					   .keys = opts->refine ? &ik : NULL};
 	const struct kvt_paris_index *row;
 	struct kvt_paris_query pq;
 	int r;
@@ -177,6 +196,8 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 	if (layer >= seq->g.layers)
 		return -ERANGE;
 	if (!k || q_len != (size_t)seq->g.q_heads * d || (opts->flags & ~KVT_PARIS_F_ALL))
+		return -EINVAL;
+	if (opts->refine && (opts->refine < k || !opts->keys || !opts->keys->get))
 		return -EINVAL;
 	row = &seq->ix[(size_t)layer * hkv];
 	if (k > row[0].n)
@@ -187,6 +208,7 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 		uint32_t *op = ret_pos + (size_t)h * stride;
 		float *os = ret_score + (size_t)h * stride;
 
+		hk.head = h;
 		if (opts->flags & KVT_PARIS_F_UNION) {
 			for (uint32_t j = 0; j < grp; j++) {
 				kvt_paris_query_prep(&seq->srht, qh + (size_t)j * d, &pq);

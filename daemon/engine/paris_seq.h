@@ -44,12 +44,29 @@ struct kvt_paris_seq {
 #define KVT_PARIS_F_UNION (1u << 0) /* per query head top-k, merged per kv head (max score) */
 #define KVT_PARIS_F_ALL	  KVT_PARIS_F_UNION
 
-/* struct kvt_paris_topk_opts - one TOPK request. */
+/*
+ * struct kvt_paris_seq_keys - the full-precision keys of the sequence, for the exact refine
+ * stage (kvtier's addition to ParisKV, see paris.h: the daemon holds every key row in its pool).
+ * @get: returns the head_dim f32 values of the key of (@layer, kv head @head) at absolute
+ *	position @pos (S + retrieval index, a position that kvt_paris_seq_append() encoded), as
+ *	struct kvt_paris_keys' get: into caller storage or into @tmp (head_dim floats), valid
+ *	until the next call; NULL fails the TOPK with -EIO.
+ * @ctx: passed through.
+ */
+struct kvt_paris_seq_keys {
+	const float *(*get)(void *ctx, uint32_t layer, uint32_t head, uint32_t pos, float *tmp);
+	void *ctx;
+};
+
+/* struct kvt_paris_topk_opts - one TOPK request. Zero-initialise; refine 0 is the spec. */
 struct kvt_paris_topk_opts {
 	uint32_t k;	 /* per kv head (per query head with KVT_PARIS_F_UNION), 1 .. N */
 	uint32_t flags;	 /* KVT_PARIS_F_* */
-	double rho_cand; /* 0: schedule (section 3.6) */
+	double rho_cand; /* 0: schedule (section 3.6; the refine schedule with refine) */
 	double rho_col;	 /* 0: schedule */
+	uint32_t refine; /* 0: off; else >= k: exact rescoring of this many best estimates per
+			    search (per query head with KVT_PARIS_F_UNION) */
+	const struct kvt_paris_seq_keys *keys; /* required when refine > 0 */
 };
 
 /*
@@ -102,11 +119,13 @@ uint32_t kvt_paris_seq_topk_stride(const struct kvt_paris_seq *seq,
  *     h; by default their mean is the retrieval query (section 1).
  * @scr: per-thread scratch (zeroed before first use, freed with kvt_paris_scratch_fini()).
  * @ret_pos, @ret_score: [kv_heads][stride] with stride = kvt_paris_seq_topk_stride(); absolute
- *     positions (S + retrieval index) and estimated <k, q_h> in descending score order.
+ *     positions (S + retrieval index) and estimated <k, q_h> in descending score order (exact
+ *     <k, q_h> in f32 with refine; q_h is the GQA mean without KVT_PARIS_F_UNION).
  * @ret_count: [kv_heads] entries used: k, or with KVT_PARIS_F_UNION the size of the union
  *     (k .. stride).
  * Returns the number of kv heads, or -ERANGE (bad layer, k > N, N == 0), -EINVAL (k == 0,
- * @q_len wrong, unknown flags, ratio outside [0, 1]), -ENOMEM. Outputs are undefined on failure.
+ * @q_len wrong, unknown flags, ratio outside [0, 1], 0 < refine < k, refine without keys or
+ * keys->get), -ENOMEM, -EIO (keys->get returned NULL). Outputs are undefined on failure.
  */
 int kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float *q,
 		       size_t q_len, const struct kvt_paris_topk_opts *opts,
