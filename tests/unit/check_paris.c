@@ -599,6 +599,250 @@ START_TEST(test_recall_drift)
 }
 END_TEST
 
+/* ---- exact refine stage ---- */
+
+struct key_src {
+	const float *keys;
+	unsigned int d;
+	uint32_t n;
+	bool copy;	  /* return @tmp filled (daemon style) rather than a pointer into @keys */
+	uint32_t fail_at; /* return NULL for this index (UINT32_MAX: never) */
+	uint32_t calls;
+};
+
+static const float *
+src_get(void *ctx, uint32_t idx, float *tmp)
+{
+	struct key_src *ks = ctx;
+
+	ck_assert_uint_lt(idx, ks->n);
+	ks->calls++;
+	if (idx == ks->fail_at)
+		return NULL;
+	if (!ks->copy)
+		return ks->keys + (size_t)idx * ks->d;
+	memcpy(tmp, ks->keys + (size_t)idx * ks->d, ks->d * sizeof(float));
+	return tmp;
+}
+
+static double
+dot_d(const float *a, const float *b, unsigned int d)
+{
+	double acc = 0.0;
+
+	for (unsigned int j = 0; j < d; j++)
+		acc += (double)a[j] * b[j];
+	return acc;
+}
+
+/* The spec's pipeline spelled out with the public stages: what a search without refine is. */
+static void
+spec_pipeline(const struct kvt_paris_index *ix, const struct kvt_paris_query *pq, uint32_t k,
+	      uint32_t *ret_idx, float *ret_score)
+{
+	uint8_t(*tab)[256] = malloc(KVT_PARIS_MAX_BLK * 256);
+	uint8_t *votes = malloc(kvt_paris_votes_len(ix));
+	uint32_t *cand = malloc(ix->n * sizeof(*cand)), c, nc;
+	float *sc = malloc(ix->n * sizeof(*sc));
+	double rc, rl;
+
+	kvt_paris_schedule(ix->n, &rc, &rl);
+	c = (uint32_t)ceil(ix->n * rc);
+	c = c < k ? k : c > ix->n ? ix->n : c;
+	ck_assert_int_eq(kvt_paris_vote_tables(ix, pq, rl, tab), 0);
+	kvt_paris_votes(ix, (const uint8_t(*)[256])tab, votes);
+	nc = kvt_paris_select(votes, ix->n, c, cand);
+	kvt_paris_rerank(ix, pq, cand, nc, sc);
+	kvt_paris_topk_select(cand, sc, nc, k, ret_idx, ret_score);
+	free(tab);
+	free(votes);
+	free(cand);
+	free(sc);
+}
+
+/*
+ * Refine off is the spec's pipeline bit for bit, whatever keys says. Refine on the same ratios
+ * never loses a true top-k member the plain search found (the plain top-k lies inside the R
+ * best estimates, and exact rescoring keeps every true top-k member among them), so recall
+ * per query cannot drop; the default refine schedule must not drop the mean either. Returned
+ * scores are the exact products, best first.
+ */
+static void
+refine_run(enum dataset ds, unsigned int d, uint32_t n, uint32_t k, uint32_t nq, uint64_t seed)
+{
+	const struct kvt_srht *s = d == 64 ? &srht64 : &srht128;
+	float *keys = malloc((size_t)n * d * sizeof(float));
+	float *qs = malloc((size_t)nq * d * sizeof(float));
+	uint32_t *got = malloc(k * sizeof(*got)), *ref = malloc(k * sizeof(*ref));
+	uint32_t *want = malloc(k * sizeof(*want));
+	float *sc = malloc(k * sizeof(*sc)), *rsc = malloc(k * sizeof(*rsc));
+	struct key_src src = {.d = d, .n = n, .fail_at = UINT32_MAX};
+	const struct kvt_paris_keys acc = {src_get, &src};
+	struct kvt_paris_scratch scr = {0};
+	struct kvt_paris_index ix;
+	struct kvt_paris_query pq;
+	double r_plain = 0.0, r_same = 0.0, r_def = 0.0, rc, rl;
+
+	rng_state = seed;
+	make_data(ds, d, n, nq, keys, qs);
+	src.keys = keys;
+	build(&ix, s, keys, n, 0, 4096);
+	kvt_paris_schedule(n, &rc, &rl);
+	for (uint32_t qi = 0; qi < nq; qi++) {
+		const float *q = qs + (size_t)qi * d;
+		struct kvt_paris_search_opts plain = {.k = k, .keys = &acc};
+		struct kvt_paris_search_opts same = {
+		    .k = k, .rho_cand = rc, .rho_col = rl, .refine = 4 * k, .keys = &acc};
+		struct kvt_paris_search_opts def = {.k = k, .refine = 4 * k, .keys = &acc};
+		double o_plain, o_same;
+
+		kvt_paris_query_prep(s, q, &pq);
+		exact_topk(keys, n, d, q, k, want);
+
+		/* off: identical to the spelled-out pipeline, and the accessor is never called */
+		src.calls = 0;
+		ck_assert_int_eq(kvt_paris_search(&ix, &pq, &plain, &scr, got, sc), (int)k);
+		ck_assert_uint_eq(src.calls, 0);
+		spec_pipeline(&ix, &pq, k, ref, rsc);
+		ck_assert_mem_eq(got, ref, k * sizeof(*got));
+		ck_assert_mem_eq(sc, rsc, k * sizeof(*sc));
+		o_plain = overlap(got, want, k);
+		r_plain += o_plain;
+
+		/* on, same ratios: per-query recall never drops; at most 4k key reads */
+		src.copy = qi & 1;
+		src.calls = 0;
+		ck_assert_int_eq(kvt_paris_search(&ix, &pq, &same, &scr, ref, rsc), (int)k);
+		ck_assert_uint_le(src.calls, 4 * k);
+		ck_assert_uint_ge(src.calls, k);
+		o_same = overlap(ref, want, k);
+		ck_assert_msg(o_same >= o_plain, "query %u: refine %.3f < plain %.3f", qi, o_same,
+			      o_plain);
+		r_same += o_same;
+		for (uint32_t i = 0; i < k; i++) {
+			const float *key = keys + (size_t)ref[i] * d;
+			double e = dot_d(key, q, d), tol = 1e-5 * sqrt(dot_d(key, key, d) *
+								   dot_d(q, q, d)) + 1e-6;
+
+			ck_assert_msg(fabs(rsc[i] - e) <= tol, "score %g exact %g", rsc[i], e);
+			if (i)
+				ck_assert(rsc[i - 1] >= rsc[i]);
+		}
+
+		/* on, default (refine) schedule */
+		ck_assert_int_eq(kvt_paris_search(&ix, &pq, &def, &scr, ref, rsc), (int)k);
+		r_def += overlap(ref, want, k);
+	}
+	r_plain /= nq;
+	r_same /= nq;
+	r_def /= nq;
+	fprintf(stderr,
+		"refine ds%d d%u N%u k%u: recall plain %.3f, refine 4k same ratios %.3f, "
+		"refine 4k refine schedule %.3f\n",
+		(int)ds, d, n, k, r_plain, r_same, r_def);
+	ck_assert(r_same >= r_plain);
+	ck_assert(r_def >= r_plain);
+	kvt_paris_scratch_fini(&scr);
+	kvt_paris_index_fini(&ix);
+	free(keys);
+	free(qs);
+	free(got);
+	free(ref);
+	free(want);
+	free(sc);
+	free(rsc);
+}
+
+START_TEST(test_refine_recall)
+{
+	refine_run(DS_GAUSS, 128, 16384, 100, 8, 120);
+	refine_run(DS_GAUSS, 64, 8192, 64, 8, 121);
+	refine_run(DS_OUTLIER, 128, 16384, 100, 8, 122);
+	refine_run(DS_DRIFT, 128, 16384, 100, 8, 123);
+	refine_run(DS_OUTLIER, 128, 40000, 100, 6, 124); /* the n >= 30K schedule step */
+}
+END_TEST
+
+/* Refining every key of a full candidate set is an exact search: the exact top-k itself. */
+START_TEST(test_refine_all_is_exact)
+{
+	const uint32_t n = 3000, k = 50;
+	float *keys = malloc((size_t)n * 128 * sizeof(float)), q[128], sc[50];
+	uint32_t got[50], want[50];
+	struct key_src src = {.d = 128, .n = n, .fail_at = UINT32_MAX, .copy = true};
+	const struct kvt_paris_keys acc = {src_get, &src};
+	struct kvt_paris_search_opts so = {
+	    .k = k, .rho_cand = 1.0, .rho_col = 1.0, .refine = n, .keys = &acc};
+	struct kvt_paris_scratch scr = {0};
+	struct kvt_paris_index ix;
+	struct kvt_paris_query pq;
+
+	rng_state = 125;
+	make_data(DS_OUTLIER, 128, n, 1, keys, q);
+	src.keys = keys;
+	build(&ix, &srht128, keys, n, 0, 1000);
+	kvt_paris_query_prep(&srht128, q, &pq);
+	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, got, sc), (int)k);
+	ck_assert_uint_eq(src.calls, n);
+	exact_topk(keys, n, 128, q, k, want);
+	ck_assert_mem_eq(got, want, sizeof(got));
+	/* refine larger than C is clamped to C */
+	so.rho_cand = 0.05;
+	src.calls = 0;
+	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, got, sc), (int)k);
+	ck_assert_uint_eq(src.calls, 150);
+	kvt_paris_scratch_fini(&scr);
+	kvt_paris_index_fini(&ix);
+	free(keys);
+}
+END_TEST
+
+START_TEST(test_refine_bad_input)
+{
+	const uint32_t n = 500;
+	float *keys = malloc((size_t)n * 128 * sizeof(float)), q[128], sc[20];
+	uint32_t idx[20];
+	struct key_src src = {.d = 128, .n = n, .fail_at = UINT32_MAX};
+	const struct kvt_paris_keys acc = {src_get, &src}, noget = {NULL, &src};
+	struct kvt_paris_search_opts so = {.k = 20, .refine = 19, .keys = &acc};
+	struct kvt_paris_scratch scr = {0};
+	struct kvt_paris_index ix;
+	struct kvt_paris_query pq;
+
+	rng_state = 126;
+	make_data(DS_OUTLIER, 128, n, 1, keys, q);
+	src.keys = keys;
+	build(&ix, &srht128, keys, n, 0, n);
+	kvt_paris_query_prep(&srht128, q, &pq);
+	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, idx, sc), -EINVAL); /* < k */
+	so.refine = 80;
+	so.keys = NULL;
+	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, idx, sc), -EINVAL);
+	so.keys = &noget;
+	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, idx, sc), -EINVAL);
+	ck_assert_uint_eq(src.calls, 0);
+	so.keys = &acc;
+	so.refine = 20; /* == k is fine */
+	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, idx, sc), 20);
+	ck_assert_uint_eq(src.calls, 20);
+	/* an unreadable key fails the search */
+	src.fail_at = idx[3];
+	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, idx, sc), -EIO);
+	/* the refine schedule widens the default ratios, explicit ratios still win */
+	{
+		double c, l;
+
+		kvt_paris_schedule_refine(40000, &c, &l);
+		ck_assert(c == 0.30 && l == 0.70);
+		kvt_paris_schedule_refine(1000, &c, &l);
+		ck_assert(c == 0.50 && l == 0.70);
+	}
+	kvt_paris_scratch_fini(&scr);
+	kvt_paris_index_fini(&ix);
+	free(keys);
+}
+END_TEST
+
 /* ---- search API edges ---- */
 
 START_TEST(test_search_bad_input)
@@ -812,6 +1056,28 @@ END_TEST
 
 /* ---- the per-sequence TOPK op ---- */
 
+/* Token-major keys [t][hkv][d] of one layer-agnostic test sequence; checks what TOPK asks for. */
+struct seq_src {
+	const float *tok;
+	uint32_t hkv, d, layer, lo, hi, fail, calls;
+};
+
+static const float *
+seq_get(void *ctx, uint32_t layer, uint32_t head, uint32_t pos, float *tmp)
+{
+	struct seq_src *ss = ctx;
+
+	ck_assert_uint_eq(layer, ss->layer);
+	ck_assert_uint_lt(head, ss->hkv);
+	ck_assert_uint_ge(pos, ss->lo);
+	ck_assert_uint_lt(pos, ss->hi);
+	ss->calls++;
+	if (pos == ss->fail)
+		return NULL;
+	memcpy(tmp, ss->tok + ((size_t)pos * ss->hkv + head) * ss->d, ss->d * sizeof(float));
+	return tmp;
+}
+
 START_TEST(test_seq_topk)
 {
 	const struct kvt_paris_geom g = {.layers = 2, .q_heads = 4, .kv_heads = 2, .head_dim = 128};
@@ -905,6 +1171,57 @@ START_TEST(test_seq_topk)
 				ck_assert_uint_ne(pos[h * 2 * k + i], pos[h * 2 * k + j]);
 		}
 	}
+	/* exact refine through the sequence's key accessor */
+	{
+		struct seq_src ss = {.tok = tok, .hkv = 2, .d = 128, .layer = 0, .lo = 4,
+				     .hi = 4 + n, .fail = UINT32_MAX};
+		const struct kvt_paris_seq_keys sk = {seq_get, &ss}, nog = {NULL, &ss};
+
+		o.flags = 0;
+		o.refine = k - 1;
+		o.keys = &sk;
+		ck_assert_int_eq(kvt_paris_seq_topk(&seq, 0, q, 512, &o, &scr, pos, sc, cnt),
+				 -EINVAL);
+		o.refine = 4 * k;
+		o.keys = NULL;
+		ck_assert_int_eq(kvt_paris_seq_topk(&seq, 0, q, 512, &o, &scr, pos, sc, cnt),
+				 -EINVAL);
+		o.keys = &nog;
+		ck_assert_int_eq(kvt_paris_seq_topk(&seq, 0, q, 512, &o, &scr, pos, sc, cnt),
+				 -EINVAL);
+		ck_assert_uint_eq(ss.calls, 0);
+		o.keys = &sk;
+		ck_assert_int_eq(kvt_paris_seq_topk(&seq, 0, q, 512, &o, &scr, pos, sc, cnt), 2);
+		ck_assert_uint_gt(ss.calls, 0);
+		for (uint32_t h = 0; h < 2; h++) {
+			float mean[128];
+
+			ck_assert_uint_eq(cnt[h], k);
+			for (int i = 0; i < 128; i++)
+				mean[i] = (q[(2 * h) * 128 + i] + q[(2 * h + 1) * 128 + i]) / 2.0f;
+			for (uint32_t i = 0; i < k; i++) {
+				const float *key = tok + (size_t)pos[h * k + i] * 256 + h * 128;
+				double e = dot_d(key, mean, 128);
+
+				ck_assert_uint_ge(pos[h * k + i], 4);
+				ck_assert_uint_lt(pos[h * k + i], 4 + n);
+				ck_assert(fabs(sc[h * k + i] - e) <=
+					  1e-5 * sqrt(dot_d(key, key, 128) * dot_d(mean, mean, 128)));
+				if (i)
+					ck_assert(sc[h * k + i - 1] >= sc[h * k + i]);
+			}
+		}
+		/* union mode, layer 1 */
+		ss.layer = 1;
+		o.flags = KVT_PARIS_F_UNION;
+		ck_assert_int_eq(kvt_paris_seq_topk(&seq, 1, q, 512, &o, &scr, pos, sc, cnt), 2);
+		for (uint32_t h = 0; h < 2; h++)
+			for (uint32_t i = 1; i < cnt[h]; i++)
+				ck_assert(sc[h * 2 * k + i - 1] >= sc[h * 2 * k + i]);
+		/* an unreadable key */
+		ss.fail = pos[0];
+		ck_assert_int_eq(kvt_paris_seq_topk(&seq, 1, q, 512, &o, &scr, pos, sc, cnt), -EIO);
+	}
 	kvt_paris_scratch_fini(&scr);
 	kvt_paris_seq_fini(&seq);
 	kvt_paris_seq_fini(&seq);
@@ -928,6 +1245,9 @@ paris_suite(void)
 	tcase_add_test(tc, test_recall_gaussian);
 	tcase_add_test(tc, test_recall_outlier);
 	tcase_add_test(tc, test_recall_drift);
+	tcase_add_test(tc, test_refine_recall);
+	tcase_add_test(tc, test_refine_all_is_exact);
+	tcase_add_test(tc, test_refine_bad_input);
 	tcase_add_test(tc, test_search_bad_input);
 	tcase_add_test(tc, test_schedule_and_select);
 	tcase_add_test(tc, test_custom_alloc);
