@@ -6,6 +6,9 @@
  * Methods:
  *   kvtier       ParisKV, the reference ratio schedule (specs/pariskv.md 3.6)
  *   kvtier-wide  the same index searched with rho_cand 0.2, rho_col 0.5 (a tuned schedule)
+ *   kvtier-refine the exact refine stage (paris.h): the 4k best estimates rescored from the
+ *                raw f32 keys, with the default refine schedule (rho_cand 0.3, rho_col 0.7)
+ *   kvtier-refine-spec  refine 4k on the spec's ratios (0.1, 0.2): what refine alone buys
  *   exact        fp16 keys, full scan with a size-k heap (F16C when the CPU has it)
  *   faiss-flat   IndexFlatIP;  faiss-ivfpq  IndexIVFPQ trained on the first 10 % (the prefill)
  *   faiss-hnsw   IndexHNSWFlat
@@ -53,6 +56,7 @@ static int nrows;
  * distance code, so one-thread HNSW construction takes about 165 s at 32K keys and grows
  * faster than linearly; the default keeps the full run near half an hour. */
 static uint32_t hnsw_max = 32768;
+static bool no_faiss; /* --no-faiss: kvtier and exact only (FAISS IVFPQ at 1M builds for ~6 min) */
 
 static double
 now(void)
@@ -99,7 +103,7 @@ add_row(const char *data, uint32_t n, uint32_t k, const char *method, double rec
 {
 	if (nrows < (int)(sizeof(rows) / sizeof(rows[0])))
 		rows[nrows++] = (struct row){data, n, k, method, recall, us, build_s};
-	fprintf(stderr, "  %-8s n=%-8u k=%-4u %-12s recall %.3f  %10.1f us/query  build %.2f s\n",
+	fprintf(stderr, "  %-8s n=%-8u k=%-4u %-18s recall %.3f  %10.1f us/query  build %.2f s\n",
 		data, n, k, method, recall, us, build_s);
 }
 
@@ -238,6 +242,29 @@ exact_scan(const uint16_t *kh, uint32_t n, const float *q, uint32_t k, uint32_t 
 }
 #endif
 
+/* ---- kvtier variants ---- */
+
+/* Search settings measured on one index; rho 0 means the spec's schedule. */
+static const struct variant {
+	const char *name;
+	double rho_cand, rho_col;
+	uint32_t refine_x; /* refine = refine_x * k (0: off) */
+} var[] = {
+    {"kvtier", 0.0, 0.0, 0},
+    {"kvtier-wide", 0.2, 0.5, 0},
+    {"kvtier-refine", 0.0, 0.0, 4},	      /* refine schedule: (0.30, 0.70) */
+    {"kvtier-refine-spec", 0.10, 0.20, 4}, /* refine on the spec's ratios */
+};
+#define NVAR ((int)(sizeof(var) / sizeof(var[0])))
+
+/* The refine stage's key accessor: the benchmark holds the raw f32 keys [n][D]. */
+static const float *
+raw_key(void *ctx, uint32_t idx, float *tmp)
+{
+	(void)tmp;
+	return (const float *)ctx + (size_t)idx * D;
+}
+
 /* ---- one (data set, n) ---- */
 
 static int
@@ -268,7 +295,7 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 		struct kvt_srht srht;
 		struct kvt_paris_index ix;
 		struct kvt_paris_scratch scr = {0};
-		static const double wide[2] = {0.2, 0.5};
+		const struct kvt_paris_keys kacc = {raw_key, keys};
 
 		kvt_srht_init(&srht, D, KVT_SRHT_SEED);
 		kvt_paris_index_init(&ix, D, 0, NULL);
@@ -281,15 +308,17 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 			kvt_paris_index_fini(&ix);
 			goto out;
 		}
-		for (int v = 0; v < 2; v++) {
+		for (int v = 0; v < NVAR; v++) {
 			for (int ki = 0; ki < NK; ki++) {
-				struct kvt_paris_search_opts so = {.k = ks[ki]};
+				struct kvt_paris_search_opts so = {
+				    .k = ks[ki],
+				    .rho_cand = var[v].rho_cand,
+				    .rho_col = var[v].rho_col,
+				    .refine = var[v].refine_x * ks[ki],
+				    .keys = var[v].refine_x ? &kacc : NULL,
+				};
 				double rec = 0.0;
 
-				if (v) {
-					so.rho_cand = wide[0];
-					so.rho_col = wide[1];
-				}
 				for (uint32_t qi = 0; qi < nq; qi++) {
 					struct kvt_paris_query pq;
 
@@ -305,7 +334,7 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 				}
 				if (r < 0)
 					break;
-				add_row(name, n, ks[ki], v ? "kvtier-wide" : "kvtier", rec / nq,
+				add_row(name, n, ks[ki], var[v].name, rec / nq,
 					median(lat, nq) * 1e6, build);
 			}
 		}
@@ -345,7 +374,7 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 #endif
 
 #ifdef KVT_HAVE_FAISS
-	{
+	if (!no_faiss) {
 		static const char *const fname[3] = {"faiss-flat", "faiss-ivfpq", "faiss-hnsw"};
 
 		for (int kind = 0; kind < 3; kind++) {
@@ -419,10 +448,10 @@ print_json(void)
 static void
 print_table(void)
 {
-	printf("%-8s %8s %4s %-12s %7s %12s %9s\n", "data", "n", "k", "method", "recall",
+	printf("%-8s %8s %4s %-18s %7s %12s %9s\n", "data", "n", "k", "method", "recall",
 	       "us/query", "build_s");
 	for (int i = 0; i < nrows; i++)
-		printf("%-8s %8u %4u %-12s %7.3f %12.1f %9.2f\n", rows[i].data, rows[i].n,
+		printf("%-8s %8u %4u %-18s %7.3f %12.1f %9.2f\n", rows[i].data, rows[i].n,
 		       rows[i].k, rows[i].method, rows[i].recall, rows[i].us, rows[i].build_s);
 }
 
@@ -430,10 +459,13 @@ static void
 usage(FILE *f)
 {
 	fprintf(f, "usage: kvtier-bench-retrieval [--json] [--quick] [--queries N] [--hnsw-max N]\n"
+		   "                              [--size N] [--no-faiss]\n"
 		   "  --json        print {\"rows\":[...]} on stdout instead of a table\n"
 		   "  --quick       N = 32K and 128K only (the full run adds 1M)\n"
 		   "  --queries N   queries per case (default 32)\n"
-		   "  --hnsw-max N  skip faiss-hnsw above N keys (default 32768)\n");
+		   "  --hnsw-max N  skip faiss-hnsw above N keys (default 32768)\n"
+		   "  --size N      only this key count (any N >= 256)\n"
+		   "  --no-faiss    skip the FAISS methods\n");
 }
 
 int
@@ -442,15 +474,16 @@ main(int argc, char **argv)
 	static const struct option opts[] = {
 	    {"json", no_argument, NULL, 'j'},	       {"quick", no_argument, NULL, 'q'},
 	    {"queries", required_argument, NULL, 'n'}, {"hnsw-max", required_argument, NULL, 'm'},
+	    {"size", required_argument, NULL, 's'},    {"no-faiss", no_argument, NULL, 'F'},
 	    {"help", no_argument, NULL, 'h'},	       {0},
 	};
-	static const uint32_t sizes[3] = {32768, 131072, 1048576};
+	uint32_t sizes[3] = {32768, 131072, 1048576}, nsizes = 3;
 	bool json = false, quick = false;
 	uint32_t nq = 32;
 	double t0 = now();
 	int c, r;
 
-	while ((c = getopt_long(argc, argv, "jqn:m:h", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "jqn:m:s:Fh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'j':
 			json = true;
@@ -468,6 +501,17 @@ main(int argc, char **argv)
 		case 'm':
 			hnsw_max = (uint32_t)strtoul(optarg, NULL, 10);
 			break;
+		case 's':
+			sizes[0] = (uint32_t)strtoul(optarg, NULL, 10);
+			nsizes = 1;
+			if (sizes[0] < 256 || sizes[0] > (1u << 26)) {
+				usage(stderr);
+				return 2;
+			}
+			break;
+		case 'F':
+			no_faiss = true;
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -481,7 +525,9 @@ main(int argc, char **argv)
 #endif
 	fprintf(stderr, "kvtier-bench-retrieval: 1 thread, D = %d, simd %s\n", D,
 		kvt_simd_name(kvt_simd_level()));
-	for (int si = 0; si < (quick ? 2 : 3); si++) {
+	if (quick && nsizes == 3)
+		nsizes = 2;
+	for (uint32_t si = 0; si < nsizes; si++) {
 		for (int set = GEN_OUTLIER; set <= GEN_DRIFT; set++) {
 			r = run_case((enum gen_set)set, sizes[si], nq);
 			if (r < 0) {
