@@ -148,8 +148,8 @@ void kvt_paris_schedule(uint32_t n, double *ret_rho_cand, double *ret_rho_col);
  * refine removes the estimator error but cannot add keys the vote left out, and with the spec's
  * (0.10, 0.20) 15-20 % of the true top-100 never reach the candidate set on the benchmark sets
  * (refining all C keys gives the same recall as refining 4k). Measured recall@100 with refine
- * 4k (docs/bench-retrieval.md): (0.20, 0.50) 0.946-0.948, (0.30, 0.70) 0.97-0.98 at 128K and
- * 1M, for about 1.3-2x the time of the spec's pipeline.
+ * 4k (docs/bench-retrieval.md): (0.20, 0.50) 0.935-0.948, (0.30, 0.70) 0.97-0.98 at 128K and
+ * 1M, for 1.7-2.3x the time of the spec's pipeline.
  */
 void kvt_paris_schedule_refine(uint32_t n, double *ret_rho_cand, double *ret_rho_col);
 
