@@ -97,8 +97,9 @@ llm_eval_opts_default(struct llm_eval_opts *o, int quick)
 	o->tokens = quick ? 96 : 512;
 	o->delta = quick ? 16 : 32;
 	o->window = quick ? 32 : 64;
-	o->speed_tokens = quick ? 128 : 256;
-	o->speed_reps = quick ? 3 : 5;
+	/* Long enough that T1 holds rows (Δ 64 + window 128 + the prompt stay in T0). */
+	o->speed_tokens = quick ? 256 : 512;
+	o->speed_reps = 3;
 }
 
 static double
@@ -329,6 +330,7 @@ speed_run(struct eval *E, int kvtier, double *ret_tok_s, struct speed *sp)
 			sp->cnt.fetch_s += k.fetch_s;
 			sp->cnt.append_s += k.append_s;
 			sp->cnt.score_s += k.score_s;
+			sp->cnt.reap_s += k.reap_s;
 			sp->cnt.view_s += k.view_s;
 			sp->kvtier_tokens += prompt->n + E->o->speed_tokens;
 		}
@@ -461,13 +463,13 @@ print_report(const struct eval *E, const struct cfg_result *res, const struct sp
 		printf("],\"tok_s_kvtier\":%.3f,\"tok_s_local\":%.3f,\"speed\":{\"tokens\":%u,"
 		       "\"reps\":%u,\"threads\":%u,\"ratio\":%.4f,\"retiers\":%llu,"
 		       "\"rows_staged\":%llu,\"ms_per_token\":{\"retier\":%.4f,\"fetch\":%.4f,"
-		       "\"append\":%.4f,\"score_add\":%.4f,\"view\":%.4f}}}\n",
+		       "\"append\":%.4f,\"score_add\":%.4f,\"reap\":%.4f,\"view\":%.4f}}}\n",
 		       sp->tok_s_kvtier, sp->tok_s_local, o->speed_tokens, o->speed_reps, o->threads,
 		       sp->tok_s_local > 0 ? sp->tok_s_kvtier / sp->tok_s_local : 0,
 		       (unsigned long long)sp->cnt.retiers, (unsigned long long)sp->cnt.rows_staged,
 		       sp->cnt.retier_s * per_tok, sp->cnt.fetch_s * per_tok,
 		       sp->cnt.append_s * per_tok, sp->cnt.score_s * per_tok,
-		       sp->cnt.view_s * per_tok);
+		       sp->cnt.reap_s * per_tok, sp->cnt.view_s * per_tok);
 		return;
 	}
 	printf("kvtier-llm --eval: %u prompts x %u teacher-forced tokens, delta %u, window %u, "
@@ -497,9 +499,10 @@ print_report(const struct eval *E, const struct cfg_result *res, const struct sp
 	       sp->tok_s_local, sp->tok_s_kvtier,
 	       sp->tok_s_local > 0 ? sp->tok_s_kvtier / sp->tok_s_local : 0);
 	printf("kvtier time per token: retier %.3f ms, fetch %.3f ms, append %.3f ms, score_add "
-	       "%.3f ms, view %.3f ms\n",
+	       "%.3f ms, reap %.3f ms, view %.3f ms (%llu RETIERs, %llu rows staged)\n",
 	       sp->cnt.retier_s * per_tok, sp->cnt.fetch_s * per_tok, sp->cnt.append_s * per_tok,
-	       sp->cnt.score_s * per_tok, sp->cnt.view_s * per_tok);
+	       sp->cnt.score_s * per_tok, sp->cnt.reap_s * per_tok, sp->cnt.view_s * per_tok,
+	       (unsigned long long)sp->cnt.retiers, (unsigned long long)sp->cnt.rows_staged);
 }
 
 int
