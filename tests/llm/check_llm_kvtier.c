@@ -10,6 +10,9 @@
  *    the daemon's score total equals the number of steps (each step's weights sum to 1).
  *  - kvtierd killed mid-generation: the next step fails with -ECONNRESET, promptly (the test's
  *    timeout is the "no hang" check), later steps fail the same way, and destroy returns.
+ *  - The CLI: `kvtier-llm --kv kvtier --json` gives the local backend's tokens and tier counts;
+ *    no daemon exits 1 with a message; a tiny `--eval --json` has every row, with agreement 1
+ *    and the full-cache perplexity wherever nothing is evicted or quantized.
  */
 #define _GNU_SOURCE
 #include <check.h>
@@ -22,6 +25,8 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <json-c/json.h>
 
 #include "kv_kvtier.h"
 #include "llm_test.h"
@@ -279,9 +284,9 @@ START_TEST(test_daemon_killed)
 	kill(D.pid, SIGKILL);
 	ck_assert_int_eq(waitpid(D.pid, &st, 0), D.pid);
 	D.pid = 0;
-	/* The next step that talks to the daemon fails; at the latest the next RETIER, Δ = 8
-	 * steps on (a step whose APPEND already went out may still complete). */
-	for (uint32_t t = 0; t < 10 && r == 0; t++)
+	/* Steps queue their APPEND/SCORE_ADD; the next RETIER (at most Δ = 8 steps on) submits
+	 * the queue and finds the daemon gone. */
+	for (uint32_t t = 0; t < 9 && r == 0; t++)
 		r = llm_step(ck, argmax(lk), &lk);
 	ck_assert_int_eq(r, -ECONNRESET);
 	ck_assert_int_eq(llm_step(ck, 0, &lk), -ECONNRESET);
@@ -308,6 +313,140 @@ START_TEST(test_no_daemon)
 }
 END_TEST
 
+/* Runs kvtier-llm with @argv (NULL-terminated, without argv[0]); returns the exit status and
+ * stdout/stderr in @out/@err (NUL-terminated). */
+static int
+run_cli(const char *const *argv, char *out, size_t outlen, char *err, size_t errlen)
+{
+	char op[] = "/tmp/check_llm_kvtier.out.XXXXXX", ep[] = "/tmp/check_llm_kvtier.err.XXXXXX";
+	int fo = mkstemp(op), fe = mkstemp(ep), st;
+	const char *args[40] = {KVTIER_LLM_PATH};
+	ssize_t n;
+	pid_t pid;
+
+	ck_assert(fo >= 0 && fe >= 0);
+	for (int i = 0; argv[i] && i < 38; i++)
+		args[i + 1] = argv[i];
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		dup2(fo, 1);
+		dup2(fe, 2);
+		execv(KVTIER_LLM_PATH, (char *const *)args);
+		_exit(127);
+	}
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	n = pread(fo, out, outlen - 1, 0);
+	out[n > 0 ? n : 0] = '\0';
+	n = pread(fe, err, errlen - 1, 0);
+	err[n > 0 ? n : 0] = '\0';
+	close(fo);
+	close(fe);
+	unlink(op);
+	unlink(ep);
+	ck_assert(WIFEXITED(st));
+	return WEXITSTATUS(st);
+}
+
+static char out[1 << 16], err[1 << 16];
+
+static struct json_object *
+jget(struct json_object *o, const char *key)
+{
+	struct json_object *v = NULL;
+
+	ck_assert_msg(json_object_object_get_ex(o, key, &v), "no '%s' in the JSON", key);
+	return v;
+}
+
+START_TEST(test_cli_kvtier)
+{
+	const char *path = llm_test_model_or_skip("check_llm_kvtier");
+	struct json_object *a, *b, *t;
+	int64_t sum = 0;
+
+	ck_assert_int_eq(run_cli((const char *const[]){"--model", path, "--chat", "--prompt",
+						   "Tell me a long story about a cat.",
+						   "--max-tokens", "60", "--json", NULL},
+				 out, sizeof(out), err, sizeof(err)),
+			 0);
+	a = json_tokener_parse(out);
+	ck_assert_ptr_nonnull(a);
+	ck_assert_msg(run_cli((const char *const[]){"--model", path, "--chat", "--prompt",
+						  "Tell me a long story about a cat.", "--max-tokens",
+						  "60", "--json", "--kv", "kvtier", "--socket",
+						  D.sock, "--hbm", "0.2", "--evict", "0", "--delta",
+						  "8", "--window", "8", NULL},
+				out, sizeof(out), err, sizeof(err)) == 0,
+		      "stderr: %s", err);
+	b = json_tokener_parse(out);
+	ck_assert_ptr_nonnull(b);
+	ck_assert_str_eq(json_object_get_string(jget(b, "kv")), "kvtier");
+	ck_assert_str_eq(json_object_get_string(jget(b, "policy")), "tiered");
+	ck_assert_str_eq(json_object_get_string(jget(a, "text")),
+			 json_object_get_string(jget(b, "text")));
+	t = jget(b, "tiers");
+	ck_assert_int_eq(json_object_array_length(t), 4);
+	for (int i = 0; i < 4; i++)
+		sum += json_object_get_int64(json_object_array_get_idx(t, i));
+	ck_assert_int_eq(sum, json_object_get_int64(jget(b, "kv_positions")));
+	ck_assert_int_gt(json_object_get_int64(json_object_array_get_idx(t, 1)), 0);
+	ck_assert_int_eq(json_object_get_int64(json_object_array_get_idx(t, 3)), 0);
+	json_object_put(a);
+	json_object_put(b);
+
+	ck_assert_int_eq(run_cli((const char *const[]){"--model", path, "--prompt", "x", "--kv",
+						   "kvtier", "--socket", "/nonexistent/k.sock",
+						   NULL},
+				 out, sizeof(out), err, sizeof(err)),
+			 1);
+	ck_assert_msg(strstr(err, "cannot connect to kvtierd"), "stderr: %s", err);
+}
+END_TEST
+
+START_TEST(test_cli_eval)
+{
+	const char *path = llm_test_model_or_skip("check_llm_kvtier");
+	struct json_object *j, *rows;
+	double ppl_full;
+	size_t n;
+
+	ck_assert_msg(run_cli((const char *const[]){"--model", path, "--eval", "--eval-prompts",
+						  "1", "--eval-tokens", "24", "--speed-tokens", "8",
+						  "--speed-reps", "1", "--delta", "8", "--window", "8",
+						  "--socket", D.sock, "--json", NULL},
+				out, sizeof(out), err, sizeof(err)) == 0,
+		      "stderr: %s", err);
+	j = json_tokener_parse(out);
+	ck_assert_ptr_nonnull(j);
+	ppl_full = json_object_get_double(jget(j, "ppl_full"));
+	ck_assert(ppl_full >= 1.0);
+	ck_assert(json_object_get_double(jget(j, "tok_s_kvtier")) > 0);
+	ck_assert(json_object_get_double(jget(j, "tok_s_local")) > 0);
+	rows = jget(j, "rows");
+	n = json_object_array_length(rows);
+	ck_assert_uint_ge(n, 16);
+	for (size_t i = 0; i < n; i++) {
+		struct json_object *r = json_object_array_get_idx(rows, i);
+		const char *pol = json_object_get_string(jget(r, "policy"));
+		double agree = json_object_get_double(jget(r, "agreement"));
+		double ppl = json_object_get_double(jget(r, "ppl"));
+
+		ck_assert(json_object_get_double(jget(r, "hbm_frac")) >= 0);
+		ck_assert(agree >= 0 && agree <= 1);
+		ck_assert(ppl >= 1.0);
+		if ((!strcmp(pol, "full") || !strcmp(pol, "tiered")) &&
+		    json_object_get_double(jget(r, "evict_frac")) == 0 &&
+		    json_object_get_double(jget(r, "t2_frac")) == 0) {
+			/* Proposition 1: same logits, so the same perplexity to the last digit. */
+			ck_assert_msg(agree == 1.0, "row %zu: agreement %f", i, agree);
+			ck_assert_msg(ppl == ppl_full, "row %zu: ppl %f != %f", i, ppl, ppl_full);
+		}
+	}
+	json_object_put(j);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -324,6 +463,8 @@ main(void)
 	tcase_add_test(tc, test_evict);
 	tcase_add_test(tc, test_daemon_killed);
 	tcase_add_test(tc, test_no_daemon);
+	tcase_add_test(tc, test_cli_kvtier);
+	tcase_add_test(tc, test_cli_eval);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -12,8 +12,8 @@
  *   view(l)   T0 slots (read in place) merged with the staged rows, ordered by position.
  *   append(p) the token's rows go into the next free T0 slot, then APPEND (KVT_APPEND_F_T0).
  *   score()   SCORE_ADD, dense over [pos[0], p] with 0 at evicted positions.
- *   APPEND and SCORE_ADD are submitted together at the end of the step and reaped (results
- *   checked) at the start of the next, so the daemon works while the model computes.
+ *   APPEND and SCORE_ADD are queued per step and submitted together before each RETIER (the
+ *   daemon applies the same per-step ops in the same order; see kv_kvtier.c).
  * Attention over that view is the same arithmetic as over the local backend's view of the
  * same positions, so with nothing evicted or quantized (policy full, or tiered with evict 0
  * and t2 0, at any hbm_frac) the logits are bit-identical to the local backend's.
@@ -64,8 +64,8 @@ int kv_kvtier_create(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
 int kv_kvtier_stat(struct kv_backend *kv, struct kvt_seq_stat *ret_stat);
 
 /* Client-side counters, for profiling: RETIERs, FETCHes, rows staged in total, and seconds
- * spent in RETIER, FETCH, queueing APPEND, building and submitting SCORE_ADD, waiting for the
- * asynchronous APPEND/SCORE_ADD completions, and building views. */
+ * spent in RETIER, FETCH, queueing APPEND (with the row copy into the T0 slot), queueing
+ * SCORE_ADD, submitting the queue and waiting for its completions, and building views. */
 struct kv_kvtier_counters {
 	uint64_t retiers, fetches, rows_staged, appends, score_adds;
 	double retier_s, fetch_s, append_s, score_s, reap_s, view_s;

@@ -42,7 +42,8 @@ struct opts {
 	uint32_t hold_s;
 	int eval, quick;
 	struct llm_eval_opts eo;
-	int64_t eval_prompts, eval_tokens, jobs; /* -1: the --eval/--quick default */
+	/* -1: the --eval/--quick default */
+	int64_t eval_prompts, eval_tokens, jobs, speed_tokens, speed_reps;
 };
 
 static void
@@ -87,6 +88,8 @@ usage(FILE *out)
 	    "      --quick           fewer, shorter prompts (3 x 96 tokens instead of 10 x 512)\n"
 	    "      --eval-prompts N  --eval-tokens N   override the prompt count and length\n"
 	    "      --jobs N          processes running configurations side by side (1)\n"
+	    "      --speed-tokens N  --speed-reps N   decode steps per speed run (512, quick\n"
+	    "                        256) and runs per backend (3; the median is reported)\n"
 	    "      --json            one JSON object instead of the table\n"
 	    "\n"
 	    "Exit status: 0 ok, 1 runtime error (missing model, bad file, kvtierd lost), 2 bad\n"
@@ -124,6 +127,21 @@ parse_float(const char *s, float *ret_v)
 	return 0;
 }
 
+/* "--name" of the long option whose getopt value is @val (for messages: argv[optind - 1] is
+ * the value, not the option, when the value came as a separate word). */
+static const char *
+opt_name(const struct option *lo, int val)
+{
+	static char buf[64];
+
+	for (; lo->name; lo++)
+		if (lo->val == val) {
+			snprintf(buf, sizeof(buf), "--%s", lo->name);
+			return buf;
+		}
+	return "option";
+}
+
 static int
 parse_opts(int argc, char **argv, struct opts *o)
 {
@@ -146,6 +164,8 @@ parse_opts(int argc, char **argv, struct opts *o)
 		O_EVAL_PROMPTS,
 		O_EVAL_TOKENS,
 		O_JOBS,
+		O_SPEED_TOKENS,
+		O_SPEED_REPS,
 	};
 	static const struct option lo[] = {
 	    {"model", required_argument, NULL, 'm'},
@@ -175,6 +195,8 @@ parse_opts(int argc, char **argv, struct opts *o)
 	    {"eval-prompts", required_argument, NULL, O_EVAL_PROMPTS},
 	    {"eval-tokens", required_argument, NULL, O_EVAL_TOKENS},
 	    {"jobs", required_argument, NULL, O_JOBS},
+	    {"speed-tokens", required_argument, NULL, O_SPEED_TOKENS},
+	    {"speed-reps", required_argument, NULL, O_SPEED_REPS},
 	    {0},
 	};
 	int64_t delta = -1, window = -1;
@@ -183,7 +205,7 @@ parse_opts(int argc, char **argv, struct opts *o)
 	int c;
 
 	kv_kvtier_opts_default(&o->ko);
-	o->eval_prompts = o->eval_tokens = o->jobs = -1;
+	o->eval_prompts = o->eval_tokens = o->jobs = o->speed_tokens = o->speed_reps = -1;
 	o->max_tokens = 128;
 	o->top_p = 0.9f;
 	o->threads = 1;
@@ -284,7 +306,7 @@ parse_opts(int argc, char **argv, struct opts *o)
 		case O_T2:
 			if (parse_float(optarg, &f) < 0 || f < 0.0f || f > 1.0f) {
 				fprintf(stderr, "kvtier-llm: %s wants a number in [0, 1], got '%s'\n",
-					argv[optind - 1], optarg);
+					opt_name(lo, c), optarg);
 				return -EINVAL;
 			}
 			*(c == O_HBM ? &o->ko.hbm_frac
@@ -296,7 +318,7 @@ parse_opts(int argc, char **argv, struct opts *o)
 		case O_SINKS:
 			if (parse_u64(optarg, 1u << 20, &v) < 0 || (c == O_DELTA && !v)) {
 				fprintf(stderr, "kvtier-llm: %s wants %s..1048576, got '%s'\n",
-					argv[optind - 1], c == O_DELTA ? "1" : "0", optarg);
+					opt_name(lo, c), c == O_DELTA ? "1" : "0", optarg);
 				return -EINVAL;
 			}
 			if (c == O_DELTA)
@@ -325,17 +347,22 @@ parse_opts(int argc, char **argv, struct opts *o)
 		case O_EVAL_PROMPTS:
 		case O_EVAL_TOKENS:
 		case O_JOBS:
-			if (parse_u64(optarg, c == O_EVAL_PROMPTS ? llm_eval_n_prompts
-					      : c == O_EVAL_TOKENS ? 4096 : 64, &v) < 0 || !v) {
+		case O_SPEED_TOKENS:
+		case O_SPEED_REPS: {
+			uint32_t max = c == O_EVAL_PROMPTS ? llm_eval_n_prompts
+				       : c == O_JOBS || c == O_SPEED_REPS ? 64 : 4096;
+
+			if (parse_u64(optarg, max, &v) < 0 || !v) {
 				fprintf(stderr, "kvtier-llm: %s wants 1..%u, got '%s'\n",
-					argv[optind - 1],
-					c == O_EVAL_PROMPTS ? llm_eval_n_prompts
-					: c == O_EVAL_TOKENS ? 4096 : 64, optarg);
+					opt_name(lo, c), max, optarg);
 				return -EINVAL;
 			}
 			*(c == O_EVAL_PROMPTS ? &o->eval_prompts
-			  : c == O_EVAL_TOKENS ? &o->eval_tokens : &o->jobs) = (int64_t)v;
+			  : c == O_EVAL_TOKENS ? &o->eval_tokens
+			  : c == O_JOBS ? &o->jobs
+			  : c == O_SPEED_TOKENS ? &o->speed_tokens : &o->speed_reps) = (int64_t)v;
 			break;
+		}
 		case ':':
 			fprintf(stderr, "kvtier-llm: option '%s' needs a value\n",
 				argv[optind - 1]);
@@ -366,15 +393,20 @@ parse_opts(int argc, char **argv, struct opts *o)
 			o->eo.tokens = (uint32_t)o->eval_tokens;
 		if (o->jobs > 0)
 			o->eo.jobs = (uint32_t)o->jobs;
+		if (o->speed_tokens > 0)
+			o->eo.speed_tokens = (uint32_t)o->speed_tokens;
+		if (o->speed_reps > 0)
+			o->eo.speed_reps = (uint32_t)o->speed_reps;
 		if (delta > 0)
 			o->eo.delta = (uint32_t)delta;
 		if (window >= 0)
 			o->eo.window = (uint32_t)window;
 		return 0;
 	}
-	if (o->quick || o->eval_prompts > 0 || o->eval_tokens > 0 || o->jobs > 0) {
-		fprintf(stderr, "kvtier-llm: --quick, --eval-prompts, --eval-tokens and --jobs go "
-				"with --eval\n");
+	if (o->quick || o->eval_prompts > 0 || o->eval_tokens > 0 || o->jobs > 0 ||
+	    o->speed_tokens > 0 || o->speed_reps > 0) {
+		fprintf(stderr, "kvtier-llm: --quick, --eval-prompts, --eval-tokens, --jobs, "
+				"--speed-tokens and --speed-reps go with --eval\n");
 		return -EINVAL;
 	}
 	if (!o->prompt) {
@@ -654,6 +686,20 @@ main(int argc, char **argv)
 				(unsigned long long)ss.tier_count[1],
 				(unsigned long long)ss.tier_count[2],
 				(unsigned long long)ss.tier_count[3]);
+			if (o.verbose) {
+				struct kv_kvtier_counters k;
+				double per = kv->n ? 1e3 / kv->n : 0;
+
+				kv_kvtier_counters(kv, &k);
+				fprintf(stderr,
+					"kvtier-llm: per token: retier %.3f ms, fetch %.3f ms, append "
+					"%.3f ms, score_add %.3f ms, reap %.3f ms, view %.3f ms; %llu "
+					"RETIERs, %llu rows staged\n",
+					k.retier_s * per, k.fetch_s * per, k.append_s * per,
+					k.score_s * per, k.reap_s * per, k.view_s * per,
+					(unsigned long long)k.retiers,
+					(unsigned long long)k.rows_staged);
+			}
 		}
 	}
 	status = 0;
