@@ -656,14 +656,13 @@ main(int argc, char **argv)
 			   o.json ? NULL : print_token, &stream, &out, &st);
 	if (ret < 0)
 		goto err_errno;
-	if (o.hold_s)
-		sleep(o.hold_s);
 	if (o.json) {
 		ret = print_json(&o, path, m, tok, &prompt, &out, &st, kv);
 		if (ret < 0)
 			goto err_errno;
 	} else {
 		putchar('\n');
+		fflush(stdout);
 		fprintf(
 		    stderr,
 		    "kvtier-llm: prompt %u tokens in %.3f s (%.1f tok/s), generated %u tokens in "
@@ -702,6 +701,10 @@ main(int argc, char **argv)
 			}
 		}
 	}
+	/* The sequence stays open (and its tiers visible to kvtierctl seqs) while we hold. */
+	fflush(stdout);
+	if (o.hold_s)
+		sleep(o.hold_s);
 	status = 0;
 	goto out;
 
