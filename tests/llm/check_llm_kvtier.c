@@ -74,8 +74,8 @@ daemon_start(struct kvtd *p)
 			kvt_disconnect(c);
 			return;
 		}
-		ck_assert_msg(waitpid(p->pid, NULL, WNOHANG) == 0, "kvtierd exited at start (log %s)",
-			      p->log);
+		ck_assert_msg(waitpid(p->pid, NULL, WNOHANG) == 0,
+			      "kvtierd exited at start (log %s)", p->log);
 		usleep(10000);
 	}
 	ck_abort_msg("kvtierd did not accept a client within 10 s");
@@ -366,18 +366,34 @@ START_TEST(test_cli_kvtier)
 	int64_t sum = 0;
 
 	ck_assert_int_eq(run_cli((const char *const[]){"--model", path, "--chat", "--prompt",
-						   "Tell me a long story about a cat.",
-						   "--max-tokens", "60", "--json", NULL},
+						       "Tell me a long story about a cat.",
+						       "--max-tokens", "60", "--json", NULL},
 				 out, sizeof(out), err, sizeof(err)),
 			 0);
 	a = json_tokener_parse(out);
 	ck_assert_ptr_nonnull(a);
-	ck_assert_msg(run_cli((const char *const[]){"--model", path, "--chat", "--prompt",
-						  "Tell me a long story about a cat.", "--max-tokens",
-						  "60", "--json", "--kv", "kvtier", "--socket",
-						  D.sock, "--hbm", "0.2", "--evict", "0", "--delta",
-						  "8", "--window", "8", NULL},
-				out, sizeof(out), err, sizeof(err)) == 0,
+	ck_assert_msg(run_cli((const char *const[]){"--model",
+						    path,
+						    "--chat",
+						    "--prompt",
+						    "Tell me a long story about a cat.",
+						    "--max-tokens",
+						    "60",
+						    "--json",
+						    "--kv",
+						    "kvtier",
+						    "--socket",
+						    D.sock,
+						    "--hbm",
+						    "0.2",
+						    "--evict",
+						    "0",
+						    "--delta",
+						    "8",
+						    "--window",
+						    "8",
+						    NULL},
+			      out, sizeof(out), err, sizeof(err)) == 0,
 		      "stderr: %s", err);
 	b = json_tokener_parse(out);
 	ck_assert_ptr_nonnull(b);
@@ -395,11 +411,11 @@ START_TEST(test_cli_kvtier)
 	json_object_put(a);
 	json_object_put(b);
 
-	ck_assert_int_eq(run_cli((const char *const[]){"--model", path, "--prompt", "x", "--kv",
-						   "kvtier", "--socket", "/nonexistent/k.sock",
-						   NULL},
-				 out, sizeof(out), err, sizeof(err)),
-			 1);
+	ck_assert_int_eq(
+	    run_cli((const char *const[]){"--model", path, "--prompt", "x", "--kv", "kvtier",
+					  "--socket", "/nonexistent/k.sock", NULL},
+		    out, sizeof(out), err, sizeof(err)),
+	    1);
 	ck_assert_msg(strstr(err, "cannot connect to kvtierd"), "stderr: %s", err);
 }
 END_TEST
@@ -411,12 +427,13 @@ START_TEST(test_cli_eval)
 	double ppl_full;
 	size_t n;
 
-	ck_assert_msg(run_cli((const char *const[]){"--model", path, "--eval", "--eval-prompts",
-						  "1", "--eval-tokens", "24", "--speed-tokens", "8",
-						  "--speed-reps", "1", "--delta", "8", "--window", "8",
-						  "--socket", D.sock, "--json", NULL},
-				out, sizeof(out), err, sizeof(err)) == 0,
-		      "stderr: %s", err);
+	ck_assert_msg(
+	    run_cli((const char *const[]){"--model", path, "--eval", "--eval-prompts", "1",
+					  "--eval-tokens", "24", "--speed-tokens", "8",
+					  "--speed-reps", "1", "--delta", "8", "--window", "8",
+					  "--socket", D.sock, "--json", NULL},
+		    out, sizeof(out), err, sizeof(err)) == 0,
+	    "stderr: %s", err);
 	j = json_tokener_parse(out);
 	ck_assert_ptr_nonnull(j);
 	ppl_full = json_object_get_double(jget(j, "ppl_full"));

@@ -45,22 +45,14 @@ struct eval_cfg {
  * check_llm_kvtier runs it; each row costs prompts x tokens model steps.)
  */
 static const struct eval_cfg cfgs[] = {
-    {KVT_POLICY_TIERED, 0.3f, 0.00f, 0, 0},
-    {KVT_POLICY_TIERED, 0.5f, 0.00f, 0, 0},
-    {KVT_POLICY_TIERED, 0.7f, 0.00f, 0, 0},
-    {KVT_POLICY_TIERED, 0.3f, 0.03f, 0, 0},
-    {KVT_POLICY_TIERED, 0.5f, 0.03f, 0, 0},
-    {KVT_POLICY_TIERED, 0.7f, 0.03f, 0, 0},
-    {KVT_POLICY_TIERED, 0.3f, 0.10f, 0, 0},
-    {KVT_POLICY_TIERED, 0.5f, 0.10f, 0, 0},
-    {KVT_POLICY_TIERED, 0.7f, 0.10f, 0, 0},
-    {KVT_POLICY_TIERED, 0.3f, 0.25f, 0, 0},
-    {KVT_POLICY_TIERED, 0.5f, 0.25f, 0, 0},
-    {KVT_POLICY_TIERED, 0.7f, 0.25f, 0, 0},
-    {KVT_POLICY_TIERED, 0.5f, 0.00f, 0.25f, 0},
-    {KVT_POLICY_H2O, 0.5f, 0, 0, 0},
-    {KVT_POLICY_H2O, 0.25f, 0, 0, 0},
-    {KVT_POLICY_STREAMING, 0, 0, 0, 0.5f},
+    {KVT_POLICY_TIERED, 0.3f, 0.00f, 0, 0},	{KVT_POLICY_TIERED, 0.5f, 0.00f, 0, 0},
+    {KVT_POLICY_TIERED, 0.7f, 0.00f, 0, 0},	{KVT_POLICY_TIERED, 0.3f, 0.03f, 0, 0},
+    {KVT_POLICY_TIERED, 0.5f, 0.03f, 0, 0},	{KVT_POLICY_TIERED, 0.7f, 0.03f, 0, 0},
+    {KVT_POLICY_TIERED, 0.3f, 0.10f, 0, 0},	{KVT_POLICY_TIERED, 0.5f, 0.10f, 0, 0},
+    {KVT_POLICY_TIERED, 0.7f, 0.10f, 0, 0},	{KVT_POLICY_TIERED, 0.3f, 0.25f, 0, 0},
+    {KVT_POLICY_TIERED, 0.5f, 0.25f, 0, 0},	{KVT_POLICY_TIERED, 0.7f, 0.25f, 0, 0},
+    {KVT_POLICY_TIERED, 0.5f, 0.00f, 0.25f, 0}, {KVT_POLICY_H2O, 0.5f, 0, 0, 0},
+    {KVT_POLICY_H2O, 0.25f, 0, 0, 0},		{KVT_POLICY_STREAMING, 0, 0, 0, 0.5f},
 };
 #define NCFG (sizeof(cfgs) / sizeof(cfgs[0]))
 
@@ -225,8 +217,9 @@ run_cfg(struct eval *E, uint32_t ci, struct cfg_result *res)
 			fprintf(stderr,
 				"kvtier-llm: eval: %s hbm %.2f evict %.2f t2 %.2f (window %u, "
 				"delta %u, prompt %u, max %u): %s\n",
-				kv_kvtier_policy_name(cfgs[ci].policy), cfgs[ci].hbm, cfgs[ci].evict,
-				cfgs[ci].t2, ko.window, ko.delta, ko.prompt_len, ko.max_tokens, err);
+				kv_kvtier_policy_name(cfgs[ci].policy), cfgs[ci].hbm,
+				cfgs[ci].evict, cfgs[ci].t2, ko.window, ko.delta, ko.prompt_len,
+				ko.max_tokens, err);
 			res->err = ret;
 			return;
 		}
@@ -359,7 +352,8 @@ run_speed(struct eval *E, struct speed *sp)
 		if (ret == 0)
 			ret = speed_run(E, 1, &kvt[r], sp);
 		if (ret == 0 && E->o->verbose)
-			fprintf(stderr, "kvtier-llm: eval: speed run %u: local %.1f, kvtier %.1f tok/s\n",
+			fprintf(stderr,
+				"kvtier-llm: eval: speed run %u: local %.1f, kvtier %.1f tok/s\n",
 				r, loc[r], kvt[r]);
 	}
 	if (ret == 0) {
@@ -383,8 +377,8 @@ run_cfgs(struct eval *E, struct cfg_result *res)
 		for (uint32_t i = 0; i < NCFG; i++) {
 			run_cfg(E, i, &res[i]);
 			if (E->o->verbose)
-				fprintf(stderr, "kvtier-llm: eval: config %u/%zu done (%.0f s)\n", i + 1,
-					NCFG, res[i].seconds);
+				fprintf(stderr, "kvtier-llm: eval: config %u/%zu done (%.0f s)\n",
+					i + 1, NCFG, res[i].seconds);
 			if (res[i].err)
 				return res[i].err;
 		}
@@ -423,8 +417,8 @@ run_cfgs(struct eval *E, struct cfg_result *res)
 		res[r.cfg] = r;
 		got++;
 		if (E->o->verbose)
-			fprintf(stderr, "kvtier-llm: eval: config %u done (%u/%zu, %.0f s)\n", r.cfg,
-				got, NCFG, r.seconds);
+			fprintf(stderr, "kvtier-llm: eval: config %u done (%u/%zu, %.0f s)\n",
+				r.cfg, got, NCFG, r.seconds);
 		if (r.err && !ret)
 			ret = r.err;
 	}
@@ -470,8 +464,8 @@ print_report(const struct eval *E, const struct cfg_result *res, const struct sp
 		       "\"reps\":%u,\"threads\":%u,\"ratio\":%.4f,\"retiers\":%llu,"
 		       "\"rows_staged\":%llu,\"ms_per_token\":{\"retier\":%.4f,\"fetch\":%.4f,"
 		       "\"append\":%.4f,\"score_add\":%.4f,\"reap\":%.4f,\"view\":%.4f}}}\n",
-		       sp->tok_s_kvtier, sp->tok_s_local, o->speed_tokens, o->speed_reps, o->threads,
-		       sp->tok_s_local > 0 ? sp->tok_s_kvtier / sp->tok_s_local : 0,
+		       sp->tok_s_kvtier, sp->tok_s_local, o->speed_tokens, o->speed_reps,
+		       o->threads, sp->tok_s_local > 0 ? sp->tok_s_kvtier / sp->tok_s_local : 0,
 		       (unsigned long long)sp->cnt.retiers, (unsigned long long)sp->cnt.rows_staged,
 		       sp->cnt.retier_s * per_tok, sp->cnt.fetch_s * per_tok,
 		       sp->cnt.append_s * per_tok, sp->cnt.score_s * per_tok,
@@ -489,16 +483,17 @@ print_report(const struct eval *E, const struct cfg_result *res, const struct sp
 		const struct cfg_result *r = &res[i];
 
 		printf("%-10s %5.2f %6.2f %5.2f %7.3f  %9.4f %8.4f   %7llu %7llu %7llu %7llu\n",
-		       kv_kvtier_policy_name(cfgs[i].policy), cfgs[i].hbm, cfgs[i].evict, cfgs[i].t2,
-		       row_budget(r), (double)r->agree / (double)r->count,
+		       kv_kvtier_policy_name(cfgs[i].policy), cfgs[i].hbm, cfgs[i].evict,
+		       cfgs[i].t2, row_budget(r), (double)r->agree / (double)r->count,
 		       exp(r->nll / (double)r->count), (unsigned long long)r->tiers[0],
 		       (unsigned long long)r->tiers[1], (unsigned long long)r->tiers[2],
 		       (unsigned long long)r->tiers[3]);
 	}
-	printf("\nagreement: the configuration's greedy token equals the full-cache token, teacher-\n"
-	       "forced on the full-cache continuation; ppl: perplexity of that continuation; kept:\n"
-	       "fraction of positions not evicted at the end; T0..T3: tier counts at the end,\n"
-	       "summed over prompts.\n\n");
+	printf(
+	    "\nagreement: the configuration's greedy token equals the full-cache token, teacher-\n"
+	    "forced on the full-cache continuation; ppl: perplexity of that continuation; kept:\n"
+	    "fraction of positions not evicted at the end; T0..T3: tier counts at the end,\n"
+	    "summed over prompts.\n\n");
 	printf("decode speed (%u tokens, median of %u, %u thread%s): local %.2f tok/s, kvtier "
 	       "(tiered, hbm 0.5, evict 0.03, delta 64) %.2f tok/s, ratio %.3f\n",
 	       o->speed_tokens, o->speed_reps, o->threads, o->threads == 1 ? "" : "s",

@@ -19,17 +19,17 @@
 #include "tokenizer.h"
 
 struct llm_eval_opts {
-	const char *socket;   /* kvtierd */
-	uint32_t threads;     /* model threads per process */
-	uint32_t jobs;	      /* processes running configurations side by side (>= 1) */
-	uint32_t prompts;     /* first N of the built-in prompts */
-	uint32_t tokens;      /* generated (teacher-forced) tokens per prompt */
-	uint32_t delta;	      /* Δ of every configuration */
-	uint32_t window;      /* recent window of every configuration */
+	const char *socket;    /* kvtierd */
+	uint32_t threads;      /* model threads per process */
+	uint32_t jobs;	       /* processes running configurations side by side (>= 1) */
+	uint32_t prompts;      /* first N of the built-in prompts */
+	uint32_t tokens;       /* generated (teacher-forced) tokens per prompt */
+	uint32_t delta;	       /* Δ of every configuration */
+	uint32_t window;       /* recent window of every configuration */
 	uint32_t speed_tokens; /* tokens per speed run */
-	uint32_t speed_reps;  /* speed runs per backend */
+	uint32_t speed_reps;   /* speed runs per backend */
 	int json;
-	int verbose;	      /* progress on stderr */
+	int verbose; /* progress on stderr */
 };
 
 /* Defaults: full (10 prompts x 512 tokens) or quick (3 x 96). */

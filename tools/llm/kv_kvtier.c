@@ -32,14 +32,14 @@
 
 #include "kv_kvtier.h"
 
-#define WHERE_NONE (-1)
-#define WHERE_STAGE(row) (-2 - (int32_t)(row))
+#define WHERE_NONE	  (-1)
+#define WHERE_STAGE(row)  (-2 - (int32_t)(row))
 #define WHERE_IS_STAGE(w) ((w) <= -2)
-#define WHERE_ROW(w) ((uint32_t)(-2 - (w)))
+#define WHERE_ROW(w)	  ((uint32_t)(-2 - (w)))
 
 /* user_data of the queued ops (the blocking wrappers count up from 1). */
-#define UD_APPEND (1ull << 63)		 /* | position */
-#define UD_SCORE ((1ull << 63) | (1ull << 62))
+#define UD_APPEND (1ull << 63) /* | position */
+#define UD_SCORE  ((1ull << 63) | (1ull << 62))
 
 struct kv_kvtier {
 	struct kv_backend kv; /* first: the ops get a kv_backend pointer */
@@ -55,11 +55,11 @@ struct kv_kvtier {
 	uint32_t *free_slots, n_free, next_free;
 	uint32_t *staged; /* positions of the staging rows, from the last FETCH */
 	uint32_t n_staged;
-	uint8_t *rbuf;	  /* RETIER output */
+	uint8_t *rbuf; /* RETIER output */
 	size_t rbuf_len;
-	float *arena;	  /* the session's arena */
+	float *arena; /* the session's arena */
 	uint64_t arena_size;
-	uint32_t inflight; /* queued or submitted ops, not reaped */
+	uint32_t inflight;   /* queued or submitted ops, not reaped */
 	uint64_t arena_used; /* bytes of the arena their payloads use */
 	/* the current step's view: entries by position, rebuilt at layer 0 */
 	uint32_t vn;
@@ -379,8 +379,10 @@ kvtier_append(struct kv_backend *kv, uint32_t pos, const float *rows)
 		return fail(kk, -EPROTO); /* begin() re-tiers before the slots run out */
 	slot = kk->free_slots[kk->next_free];
 	for (uint32_t l = 0; l < kv->layers; l++) {
-		memcpy(t0_row(kk, slot, l, 0), rows + kv_row_off(kv, l, 0), kk->row * sizeof(float));
-		memcpy(t0_row(kk, slot, l, 1), rows + kv_row_off(kv, l, 1), kk->row * sizeof(float));
+		memcpy(t0_row(kk, slot, l, 0), rows + kv_row_off(kv, l, 0),
+		       kk->row * sizeof(float));
+		memcpy(t0_row(kk, slot, l, 1), rows + kv_row_off(kv, l, 1),
+		       kk->row * sizeof(float));
 	}
 	e = queue_op(kk, sizeof(slot), &off);
 	if (!e)

@@ -35,12 +35,12 @@ struct kv_kvtier_opts {
 	const char *name;   /* session label for kvtierctl; NULL: the program name */
 	uint8_t policy;	    /* KVT_POLICY_* */
 	float hbm_frac, evict_frac, t2_frac;
-	uint32_t delta;	      /* re-tier period (>= 1) */
+	uint32_t delta; /* re-tier period (>= 1) */
 	uint32_t sinks;
 	uint32_t window;
-	uint32_t prompt_len;  /* protected prompt; also: RETIER when position prompt_len starts */
-	uint32_t max_tokens;  /* positions the sequence will hold at most (prompt + generated) */
-	uint32_t spin_us;     /* libkvtier spin before sleeping on a completion */
+	uint32_t prompt_len; /* protected prompt; also: RETIER when position prompt_len starts */
+	uint32_t max_tokens; /* positions the sequence will hold at most (prompt + generated) */
+	uint32_t spin_us;    /* libkvtier spin before sleeping on a completion */
 };
 
 /* Defaults of specs/tiering.md: tiered, Δ 64, 4 sinks, window 128, hbm 0.5, evict 0.03. */

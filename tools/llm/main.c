@@ -36,9 +36,9 @@ struct opts {
 	int chat;
 	int json;
 	int verbose;
-	int kvtier;		   /* --kv kvtier */
+	int kvtier;		  /* --kv kvtier */
 	struct kv_kvtier_opts ko; /* --socket, --policy, --hbm, ... */
-	int kvtier_opt;		   /* a kvtier-only option was given */
+	int kvtier_opt;		  /* a kvtier-only option was given */
 	uint32_t hold_s;
 	int eval, quick;
 	struct llm_eval_opts eo;
@@ -279,7 +279,8 @@ parse_opts(int argc, char **argv, struct opts *o)
 			exit(0);
 		case O_KV:
 			if (strcmp(optarg, "local") && strcmp(optarg, "kvtier")) {
-				fprintf(stderr, "kvtier-llm: --kv wants local or kvtier, got '%s'\n",
+				fprintf(stderr,
+					"kvtier-llm: --kv wants local or kvtier, got '%s'\n",
 					optarg);
 				return -EINVAL;
 			}
@@ -292,10 +293,11 @@ parse_opts(int argc, char **argv, struct opts *o)
 		case O_POLICY:
 			c = kv_kvtier_policy(optarg);
 			if (c < 0) {
-				fprintf(stderr,
-					"kvtier-llm: --policy wants tiered, h2o, streaming or full, "
-					"got '%s'\n",
-					optarg);
+				fprintf(
+				    stderr,
+				    "kvtier-llm: --policy wants tiered, h2o, streaming or full, "
+				    "got '%s'\n",
+				    optarg);
 				return -EINVAL;
 			}
 			o->ko.policy = (uint8_t)c;
@@ -305,12 +307,14 @@ parse_opts(int argc, char **argv, struct opts *o)
 		case O_EVICT:
 		case O_T2:
 			if (parse_float(optarg, &f) < 0 || f < 0.0f || f > 1.0f) {
-				fprintf(stderr, "kvtier-llm: %s wants a number in [0, 1], got '%s'\n",
+				fprintf(stderr,
+					"kvtier-llm: %s wants a number in [0, 1], got '%s'\n",
 					opt_name(lo, c), optarg);
 				return -EINVAL;
 			}
-			*(c == O_HBM ? &o->ko.hbm_frac
-				     : c == O_EVICT ? &o->ko.evict_frac : &o->ko.t2_frac) = f;
+			*(c == O_HBM	 ? &o->ko.hbm_frac
+			  : c == O_EVICT ? &o->ko.evict_frac
+					 : &o->ko.t2_frac) = f;
 			o->kvtier_opt = 1;
 			break;
 		case O_DELTA:
@@ -331,7 +335,8 @@ parse_opts(int argc, char **argv, struct opts *o)
 			break;
 		case O_HOLD:
 			if (parse_u64(optarg, 86400, &v) < 0) {
-				fprintf(stderr, "kvtier-llm: --hold-seconds wants 0..86400, got '%s'\n",
+				fprintf(stderr,
+					"kvtier-llm: --hold-seconds wants 0..86400, got '%s'\n",
 					optarg);
 				return -EINVAL;
 			}
@@ -349,18 +354,20 @@ parse_opts(int argc, char **argv, struct opts *o)
 		case O_JOBS:
 		case O_SPEED_TOKENS:
 		case O_SPEED_REPS: {
-			uint32_t max = c == O_EVAL_PROMPTS ? llm_eval_n_prompts
-				       : c == O_JOBS || c == O_SPEED_REPS ? 64 : 4096;
+			uint32_t max = c == O_EVAL_PROMPTS		  ? llm_eval_n_prompts
+				       : c == O_JOBS || c == O_SPEED_REPS ? 64
+									  : 4096;
 
 			if (parse_u64(optarg, max, &v) < 0 || !v) {
 				fprintf(stderr, "kvtier-llm: %s wants 1..%u, got '%s'\n",
 					opt_name(lo, c), max, optarg);
 				return -EINVAL;
 			}
-			*(c == O_EVAL_PROMPTS ? &o->eval_prompts
-			  : c == O_EVAL_TOKENS ? &o->eval_tokens
-			  : c == O_JOBS ? &o->jobs
-			  : c == O_SPEED_TOKENS ? &o->speed_tokens : &o->speed_reps) = (int64_t)v;
+			*(c == O_EVAL_PROMPTS	? &o->eval_prompts
+			  : c == O_EVAL_TOKENS	? &o->eval_tokens
+			  : c == O_JOBS		? &o->jobs
+			  : c == O_SPEED_TOKENS ? &o->speed_tokens
+						: &o->speed_reps) = (int64_t)v;
 			break;
 		}
 		case ':':
@@ -690,14 +697,15 @@ main(int argc, char **argv)
 				double per = kv->n ? 1e3 / kv->n : 0;
 
 				kv_kvtier_counters(kv, &k);
-				fprintf(stderr,
-					"kvtier-llm: per token: retier %.3f ms, fetch %.3f ms, append "
-					"%.3f ms, score_add %.3f ms, reap %.3f ms, view %.3f ms; %llu "
-					"RETIERs, %llu rows staged\n",
-					k.retier_s * per, k.fetch_s * per, k.append_s * per,
-					k.score_s * per, k.reap_s * per, k.view_s * per,
-					(unsigned long long)k.retiers,
-					(unsigned long long)k.rows_staged);
+				fprintf(
+				    stderr,
+				    "kvtier-llm: per token: retier %.3f ms, fetch %.3f ms, append "
+				    "%.3f ms, score_add %.3f ms, reap %.3f ms, view %.3f ms; %llu "
+				    "RETIERs, %llu rows staged\n",
+				    k.retier_s * per, k.fetch_s * per, k.append_s * per,
+				    k.score_s * per, k.reap_s * per, k.view_s * per,
+				    (unsigned long long)k.retiers,
+				    (unsigned long long)k.rows_staged);
 			}
 		}
 	}
@@ -712,7 +720,8 @@ err_errno:
 	if (o.kvtier && ret == -ECONNRESET)
 		fprintf(stderr, "\nkvtier-llm: lost kvtierd: %s\n", kvt_strerror(ret));
 	else
-		fprintf(stderr, "\nkvtier-llm: %s\n", o.kvtier ? kvt_strerror(ret) : strerror(-ret));
+		fprintf(stderr, "\nkvtier-llm: %s\n",
+			o.kvtier ? kvt_strerror(ret) : strerror(-ret));
 out:
 	llm_sampler_fini(&smp);
 	llm_ids_free(&prompt);
