@@ -19,6 +19,30 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def draw(ax, rows, key):
+    """One line per tiered hbm fraction, a marker for int8, lines for h2o and streaming."""
+    hbms = sorted({r["hbm_frac"] for r in rows if r["policy"] == "tiered" and r["t2_frac"] == 0})
+    markers = ["o", "s", "^", "D"]
+    for i, h in enumerate(hbms):
+        pts = sorted((r["budget"], r[key]) for r in rows
+                     if r["policy"] == "tiered" and r["t2_frac"] == 0 and r["hbm_frac"] == h)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers[i % len(markers)],
+                label=f"tiered, hbm {h:.0%}", alpha=0.8)
+    for r in rows:
+        if r["policy"] == "tiered" and r["t2_frac"] > 0:
+            ax.plot([r["budget"]], [r[key]], marker="*", markersize=13, linestyle="",
+                    label=f"tiered + int8 T2 on {r['t2_frac']:.0%}, hbm {r['hbm_frac']:.0%}")
+    for pol, mk in (("h2o", "v"), ("streaming", "x")):
+        pts = sorted((r["budget"], r[key]) for r in rows if r["policy"] == pol)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=mk, linestyle="--",
+                    label=pol)
+    for r in rows:
+        if r["policy"] == "full":
+            ax.plot([r["budget"]], [r[key]], marker="P", markersize=10, linestyle="",
+                    color="black", label="full")
+
+
 def main(argv):
     if len(argv) != 3:
         sys.stderr.write(__doc__)
@@ -26,37 +50,23 @@ def main(argv):
     with open(argv[1]) as f:
         d = json.load(f)
     rows = d["rows"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=120)
-
-    hbms = sorted({r["hbm_frac"] for r in rows if r["policy"] == "tiered" and r["t2_frac"] == 0})
-    markers = ["o", "s", "^", "D"]
-    for i, h in enumerate(hbms):
-        pts = sorted((r["budget"], r["agreement"]) for r in rows
-                     if r["policy"] == "tiered" and r["t2_frac"] == 0 and r["hbm_frac"] == h)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers[i % len(markers)],
-                label=f"tiered, hbm {h:.0%}", alpha=0.8)
-    for r in rows:
-        if r["policy"] == "tiered" and r["t2_frac"] > 0:
-            ax.plot([r["budget"]], [r["agreement"]], marker="*", markersize=13, linestyle="",
-                    label=f"tiered + int8 T2 on {r['t2_frac']:.0%}, hbm {r['hbm_frac']:.0%}")
-    for pol, mk in (("h2o", "v"), ("streaming", "x")):
-        pts = sorted((r["budget"], r["agreement"]) for r in rows if r["policy"] == pol)
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=mk, linestyle="--",
-                    label=pol)
-    for r in rows:
-        if r["policy"] == "full":
-            ax.plot([r["budget"]], [r["agreement"]], marker="P", markersize=10, linestyle="",
-                    color="black", label="full")
-
-    ax.set_xlabel("budget: fraction of tokens kept (not evicted)")
-    ax.set_ylabel("token agreement with the full cache")
-    ax.set_title(f"SmolLM2-135M, {d['prompts']} prompts x {d['tokens']} teacher-forced tokens "
-                 f"(Δ {d['delta']}, window {d['window']})", fontsize=10)
-    ax.set_xlim(0, 1.05)
-    ax.set_ylim(0, 1.05)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), dpi=120)
+    for ax, key, label in ((axes[0], "agreement", "token agreement with the full cache"),
+                           (axes[1], "ppl", "perplexity of the full-cache continuation")):
+        draw(ax, rows, key)
+        ax.set_xlabel("budget: fraction of tokens kept (not evicted)")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    if "ppl_full" in d:
+        axes[1].axhline(d["ppl_full"], color="black", linewidth=0.8, linestyle=":",
+                        label="full cache (local)")
+    lo = min(r["agreement"] for r in rows)
+    axes[0].set_ylim(max(0.0, lo - 0.05), 1.01)
+    axes[0].legend(fontsize=8, loc="lower right")
+    axes[1].legend(fontsize=8, loc="upper right")
+    fig.suptitle(f"SmolLM2-135M-Instruct through kvtierd: {d['prompts']} prompts x {d['tokens']} "
+                 f"teacher-forced tokens (Δ {d['delta']}, window {d['window']}, prompt "
+                 f"protected)", fontsize=10)
     fig.tight_layout()
     fig.savefig(argv[2])
     return 0
