@@ -77,7 +77,7 @@ START_TEST(test_help)
 END_TEST
 
 static const struct {
-	const char *argv[8];
+	const char *argv[12];
 	const char *msg;
 } bad[] = {
     {{NULL}, "--prompt is required"},
@@ -89,6 +89,16 @@ static const struct {
     {{"--prompt", "x", "--system", "s", NULL}, "--system only"},
     {{"--prompt", "x", "extra", NULL}, "unexpected argument 'extra'"},
     {{"--prompt", NULL}, "needs a value"},
+    {{"--prompt", "x", "--kv", "gpu", NULL}, "--kv wants local or kvtier"},
+    {{"--prompt", "x", "--kv", "kvtier", "--policy", "lru", NULL}, "--policy wants"},
+    {{"--prompt", "x", "--kv", "kvtier", "--hbm", "1.5", NULL}, "--hbm wants a number"},
+    {{"--prompt", "x", "--kv", "kvtier", "--delta", "0", NULL}, "--delta wants 1.."},
+    {{"--prompt", "x", "--kv", "kvtier", "--hbm", "0.6", "--evict", "0.5", NULL},
+     "must not exceed 1"},
+    {{"--prompt", "x", "--policy", "h2o", NULL}, "need --kv kvtier"},
+    {{"--prompt", "x", "--quick", NULL}, "go with --eval"},
+    {{"--eval", "--prompt", "x", NULL}, "--eval takes no --prompt"},
+    {{"--eval", "--jobs", "0", NULL}, "--jobs wants 1.."},
 };
 
 START_TEST(test_bad_usage)

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kvtier-llm - run a Llama-architecture GGUF model on the CPU, with its KV cache behind the
- * kv_backend seam (kv.h) that kvtier will serve. See docs/llm.md.
+ * kvtier-llm - run a Llama-architecture GGUF model on the CPU, with its KV cache in the process
+ * (--kv local) or managed by kvtierd (--kv kvtier, kv_kvtier.h). --eval measures what each
+ * tiering policy costs the model (eval.h). See docs/llm.md.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -9,11 +10,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <json-c/json.h>
 
+#include "eval.h"
 #include "generate.h"
 #include "kv.h"
+#include "kv_kvtier.h"
 #include "model.h"
 #include "simd.h"
 #include "tokenizer.h"
@@ -32,6 +36,14 @@ struct opts {
 	int chat;
 	int json;
 	int verbose;
+	int kvtier;		  /* --kv kvtier */
+	struct kv_kvtier_opts ko; /* --socket, --policy, --hbm, ... */
+	int kvtier_opt;		  /* a kvtier-only option was given */
+	uint32_t hold_s;
+	int eval, quick;
+	struct llm_eval_opts eo;
+	/* -1: the --eval/--quick default */
+	int64_t eval_prompts, eval_tokens, jobs, speed_tokens, speed_reps;
 };
 
 static void
@@ -57,8 +69,32 @@ usage(FILE *out)
 	    "  -v, --verbose         print model and prompt details to stderr\n"
 	    "  -h, --help            this text\n"
 	    "\n"
-	    "Exit status: 0 ok, 1 runtime error (missing model, bad file), 2 bad usage.\n",
-	    LLM_MODEL_FILE);
+	    "KV cache:\n"
+	    "      --kv local|kvtier  in this process (default), or managed by kvtierd\n"
+	    "      --socket PATH     kvtierd socket (default $KVTIER_SOCKET, else %s)\n"
+	    "      --policy P        tiered (default), h2o, streaming or full\n"
+	    "      --hbm F           fraction of tokens kept in T0, the device tier (0.5)\n"
+	    "      --evict F         fraction of tokens evicted (0.03)\n"
+	    "      --t2 F            fraction of tokens stored int8 (0)\n"
+	    "      --delta N         re-tier every N tokens (64)\n"
+	    "      --window N        recent tokens always in T0 (128)\n"
+	    "      --sinks N         first tokens always in T0 (4)\n"
+	    "      --hold-seconds N  keep the sequence open N seconds after generating, so\n"
+	    "                        'kvtierctl seqs' can show its tiers (0)\n"
+	    "\n"
+	    "Evaluation (needs kvtierd; no --prompt):\n"
+	    "      --eval            token agreement and perplexity per tiering policy and budget\n"
+	    "                        against the full cache, then decode speed kvtier vs local\n"
+	    "      --quick           fewer, shorter prompts (3 x 96 tokens instead of 10 x 512)\n"
+	    "      --eval-prompts N  --eval-tokens N   override the prompt count and length\n"
+	    "      --jobs N          processes running configurations side by side (1)\n"
+	    "      --speed-tokens N  --speed-reps N   decode steps per speed run (512, quick\n"
+	    "                        256) and runs per backend (3; the median is reported)\n"
+	    "      --json            one JSON object instead of the table\n"
+	    "\n"
+	    "Exit status: 0 ok, 1 runtime error (missing model, bad file, kvtierd lost), 2 bad\n"
+	    "usage.\n",
+	    LLM_MODEL_FILE, KVT_DEFAULT_SOCKET);
 }
 
 static int
@@ -91,10 +127,46 @@ parse_float(const char *s, float *ret_v)
 	return 0;
 }
 
+/* "--name" of the long option whose getopt value is @val (for messages: argv[optind - 1] is
+ * the value, not the option, when the value came as a separate word). */
+static const char *
+opt_name(const struct option *lo, int val)
+{
+	static char buf[64];
+
+	for (; lo->name; lo++)
+		if (lo->val == val) {
+			snprintf(buf, sizeof(buf), "--%s", lo->name);
+			return buf;
+		}
+	return "option";
+}
+
 static int
 parse_opts(int argc, char **argv, struct opts *o)
 {
-	enum { O_TOP_P = 256, O_SYSTEM, O_JSON };
+	enum {
+		O_TOP_P = 256,
+		O_SYSTEM,
+		O_JSON,
+		O_KV,
+		O_SOCKET,
+		O_POLICY,
+		O_HBM,
+		O_EVICT,
+		O_T2,
+		O_DELTA,
+		O_WINDOW,
+		O_SINKS,
+		O_HOLD,
+		O_EVAL,
+		O_QUICK,
+		O_EVAL_PROMPTS,
+		O_EVAL_TOKENS,
+		O_JOBS,
+		O_SPEED_TOKENS,
+		O_SPEED_REPS,
+	};
 	static const struct option lo[] = {
 	    {"model", required_argument, NULL, 'm'},
 	    {"prompt", required_argument, NULL, 'p'},
@@ -108,11 +180,32 @@ parse_opts(int argc, char **argv, struct opts *o)
 	    {"json", no_argument, NULL, O_JSON},
 	    {"verbose", no_argument, NULL, 'v'},
 	    {"help", no_argument, NULL, 'h'},
+	    {"kv", required_argument, NULL, O_KV},
+	    {"socket", required_argument, NULL, O_SOCKET},
+	    {"policy", required_argument, NULL, O_POLICY},
+	    {"hbm", required_argument, NULL, O_HBM},
+	    {"evict", required_argument, NULL, O_EVICT},
+	    {"t2", required_argument, NULL, O_T2},
+	    {"delta", required_argument, NULL, O_DELTA},
+	    {"window", required_argument, NULL, O_WINDOW},
+	    {"sinks", required_argument, NULL, O_SINKS},
+	    {"hold-seconds", required_argument, NULL, O_HOLD},
+	    {"eval", no_argument, NULL, O_EVAL},
+	    {"quick", no_argument, NULL, O_QUICK},
+	    {"eval-prompts", required_argument, NULL, O_EVAL_PROMPTS},
+	    {"eval-tokens", required_argument, NULL, O_EVAL_TOKENS},
+	    {"jobs", required_argument, NULL, O_JOBS},
+	    {"speed-tokens", required_argument, NULL, O_SPEED_TOKENS},
+	    {"speed-reps", required_argument, NULL, O_SPEED_REPS},
 	    {0},
 	};
+	int64_t delta = -1, window = -1;
 	uint64_t v;
+	float f;
 	int c;
 
+	kv_kvtier_opts_default(&o->ko);
+	o->eval_prompts = o->eval_tokens = o->jobs = o->speed_tokens = o->speed_reps = -1;
 	o->max_tokens = 128;
 	o->top_p = 0.9f;
 	o->threads = 1;
@@ -184,6 +277,99 @@ parse_opts(int argc, char **argv, struct opts *o)
 		case 'h':
 			usage(stdout);
 			exit(0);
+		case O_KV:
+			if (strcmp(optarg, "local") && strcmp(optarg, "kvtier")) {
+				fprintf(stderr,
+					"kvtier-llm: --kv wants local or kvtier, got '%s'\n",
+					optarg);
+				return -EINVAL;
+			}
+			o->kvtier = !strcmp(optarg, "kvtier");
+			break;
+		case O_SOCKET:
+			o->ko.socket = optarg;
+			o->kvtier_opt = 1;
+			break;
+		case O_POLICY:
+			c = kv_kvtier_policy(optarg);
+			if (c < 0) {
+				fprintf(
+				    stderr,
+				    "kvtier-llm: --policy wants tiered, h2o, streaming or full, "
+				    "got '%s'\n",
+				    optarg);
+				return -EINVAL;
+			}
+			o->ko.policy = (uint8_t)c;
+			o->kvtier_opt = 1;
+			break;
+		case O_HBM:
+		case O_EVICT:
+		case O_T2:
+			if (parse_float(optarg, &f) < 0 || f < 0.0f || f > 1.0f) {
+				fprintf(stderr,
+					"kvtier-llm: %s wants a number in [0, 1], got '%s'\n",
+					opt_name(lo, c), optarg);
+				return -EINVAL;
+			}
+			*(c == O_HBM	 ? &o->ko.hbm_frac
+			  : c == O_EVICT ? &o->ko.evict_frac
+					 : &o->ko.t2_frac) = f;
+			o->kvtier_opt = 1;
+			break;
+		case O_DELTA:
+		case O_WINDOW:
+		case O_SINKS:
+			if (parse_u64(optarg, 1u << 20, &v) < 0 || (c == O_DELTA && !v)) {
+				fprintf(stderr, "kvtier-llm: %s wants %s..1048576, got '%s'\n",
+					opt_name(lo, c), c == O_DELTA ? "1" : "0", optarg);
+				return -EINVAL;
+			}
+			if (c == O_DELTA)
+				delta = (int64_t)v;
+			else if (c == O_WINDOW)
+				window = (int64_t)v;
+			else
+				o->ko.sinks = (uint32_t)v;
+			o->kvtier_opt = 1;
+			break;
+		case O_HOLD:
+			if (parse_u64(optarg, 86400, &v) < 0) {
+				fprintf(stderr,
+					"kvtier-llm: --hold-seconds wants 0..86400, got '%s'\n",
+					optarg);
+				return -EINVAL;
+			}
+			o->hold_s = (uint32_t)v;
+			o->kvtier_opt = 1;
+			break;
+		case O_EVAL:
+			o->eval = 1;
+			break;
+		case O_QUICK:
+			o->quick = 1;
+			break;
+		case O_EVAL_PROMPTS:
+		case O_EVAL_TOKENS:
+		case O_JOBS:
+		case O_SPEED_TOKENS:
+		case O_SPEED_REPS: {
+			uint32_t max = c == O_EVAL_PROMPTS		  ? llm_eval_n_prompts
+				       : c == O_JOBS || c == O_SPEED_REPS ? 64
+									  : 4096;
+
+			if (parse_u64(optarg, max, &v) < 0 || !v) {
+				fprintf(stderr, "kvtier-llm: %s wants 1..%u, got '%s'\n",
+					opt_name(lo, c), max, optarg);
+				return -EINVAL;
+			}
+			*(c == O_EVAL_PROMPTS	? &o->eval_prompts
+			  : c == O_EVAL_TOKENS	? &o->eval_tokens
+			  : c == O_JOBS		? &o->jobs
+			  : c == O_SPEED_TOKENS ? &o->speed_tokens
+						: &o->speed_reps) = (int64_t)v;
+			break;
+		}
 		case ':':
 			fprintf(stderr, "kvtier-llm: option '%s' needs a value\n",
 				argv[optind - 1]);
@@ -197,8 +383,55 @@ parse_opts(int argc, char **argv, struct opts *o)
 		fprintf(stderr, "kvtier-llm: unexpected argument '%s'\n", argv[optind]);
 		return -EINVAL;
 	}
+	if (o->eval) {
+		if (o->prompt || o->kvtier) {
+			fprintf(stderr, "kvtier-llm: --eval takes no --prompt and no --kv (it runs "
+					"both backends)\n");
+			return -EINVAL;
+		}
+		llm_eval_opts_default(&o->eo, o->quick);
+		o->eo.socket = o->ko.socket;
+		o->eo.threads = o->threads;
+		o->eo.json = o->json;
+		o->eo.verbose = o->verbose;
+		if (o->eval_prompts > 0)
+			o->eo.prompts = (uint32_t)o->eval_prompts;
+		if (o->eval_tokens > 0)
+			o->eo.tokens = (uint32_t)o->eval_tokens;
+		if (o->jobs > 0)
+			o->eo.jobs = (uint32_t)o->jobs;
+		if (o->speed_tokens > 0)
+			o->eo.speed_tokens = (uint32_t)o->speed_tokens;
+		if (o->speed_reps > 0)
+			o->eo.speed_reps = (uint32_t)o->speed_reps;
+		if (delta > 0)
+			o->eo.delta = (uint32_t)delta;
+		if (window >= 0)
+			o->eo.window = (uint32_t)window;
+		return 0;
+	}
+	if (o->quick || o->eval_prompts > 0 || o->eval_tokens > 0 || o->jobs > 0 ||
+	    o->speed_tokens > 0 || o->speed_reps > 0) {
+		fprintf(stderr, "kvtier-llm: --quick, --eval-prompts, --eval-tokens, --jobs, "
+				"--speed-tokens and --speed-reps go with --eval\n");
+		return -EINVAL;
+	}
 	if (!o->prompt) {
 		fprintf(stderr, "kvtier-llm: --prompt is required\n");
+		return -EINVAL;
+	}
+	if (o->kvtier_opt && !o->kvtier) {
+		fprintf(stderr, "kvtier-llm: --socket, --policy, --hbm, --evict, --t2, --delta, "
+				"--window, --sinks and --hold-seconds need --kv kvtier\n");
+		return -EINVAL;
+	}
+	if (delta > 0)
+		o->ko.delta = (uint32_t)delta;
+	if (window >= 0)
+		o->ko.window = (uint32_t)window;
+	if (o->ko.policy == KVT_POLICY_TIERED &&
+	    o->ko.hbm_frac + o->ko.evict_frac + o->ko.t2_frac > 1.0f) {
+		fprintf(stderr, "kvtier-llm: --hbm + --evict + --t2 must not exceed 1\n");
 		return -EINVAL;
 	}
 	if (o->system && !o->chat) {
@@ -244,11 +477,11 @@ json_float(float f)
 static int
 print_json(const struct opts *o, const char *path, const struct llm_model *m,
 	   const struct llm_tok *tok, const struct llm_ids *prompt, const struct llm_ids *out,
-	   const struct llm_gen_stats *st, const struct kv_backend *kv)
+	   const struct llm_gen_stats *st, struct kv_backend *kv)
 {
 	struct json_object *j = json_object_new_object(), *ids = json_object_new_array();
 	char *text = llm_tok_decode(tok, out->v, out->n, false);
-	const float *score = kv_local_scores(kv);
+	const float *score = o->kvtier ? NULL : kv_local_scores(kv);
 	uint32_t top = 0;
 
 	if (!j || !ids || !text) {
@@ -260,7 +493,7 @@ print_json(const struct opts *o, const char *path, const struct llm_model *m,
 	for (size_t i = 0; i < out->n; i++)
 		json_object_array_add(ids, json_object_new_int64(out->v[i]));
 	/* The position with the largest cumulative attention: usually the first (sink) token. */
-	for (uint32_t i = 1; i < kv->n; i++)
+	for (uint32_t i = 1; score && i < kv->n; i++)
 		if (score[i] > score[top])
 			top = i;
 	json_object_object_add(j, "model", json_object_new_string(path));
@@ -285,8 +518,34 @@ print_json(const struct opts *o, const char *path, const struct llm_model *m,
 	json_object_object_add(j, "kv_positions", json_object_new_int64(kv->n));
 	json_object_object_add(j, "kv_bytes_per_token",
 			       json_object_new_int64((int64_t)kv->token_floats * 4));
-	json_object_object_add(j, "top_score_position", json_object_new_int64(top));
-	json_object_object_add(j, "top_score", json_object_new_double(kv->n ? score[top] : 0.0));
+	json_object_object_add(j, "kv", json_object_new_string(o->kvtier ? "kvtier" : "local"));
+	if (score) {
+		json_object_object_add(j, "top_score_position", json_object_new_int64(top));
+		json_object_object_add(j, "top_score",
+				       json_object_new_double(kv->n ? score[top] : 0.0));
+	} else {
+		struct json_object *t = json_object_new_array();
+		struct kvt_seq_stat ss;
+		int ret = kv_kvtier_stat(kv, &ss);
+
+		if (ret < 0) {
+			json_object_put(t);
+			json_object_put(j);
+			free(text);
+			return ret;
+		}
+		json_object_object_add(j, "policy",
+				       json_object_new_string(kv_kvtier_policy_name(o->ko.policy)));
+		json_object_object_add(j, "hbm_frac", json_float(o->ko.hbm_frac));
+		json_object_object_add(j, "evict_frac", json_float(o->ko.evict_frac));
+		json_object_object_add(j, "t2_frac", json_float(o->ko.t2_frac));
+		json_object_object_add(j, "delta", json_object_new_int(o->ko.delta));
+		for (int i = 0; i < 4; i++)
+			json_object_array_add(t, json_object_new_int64((int64_t)ss.tier_count[i]));
+		json_object_object_add(j, "tiers", t);
+		json_object_object_add(j, "session", json_object_new_int(kv_kvtier_session(kv)));
+		json_object_object_add(j, "seq", json_object_new_int(kv_kvtier_seq(kv)));
+	}
 	(void)m;
 	puts(json_object_to_json_string_ext(j, JSON_C_TO_STRING_PRETTY |
 						   JSON_C_TO_STRING_NOSLASHESCAPE));
@@ -342,6 +601,15 @@ main(int argc, char **argv)
 		fprintf(stderr, "kvtier-llm: %s: tokenizer: %s\n", path, err);
 		goto out;
 	}
+	if (o.eval) {
+		ret = llm_eval_run(m, tok, &o.eo);
+		if (ret < 0) {
+			fprintf(stderr, "kvtier-llm: eval: %s\n", kvt_strerror(ret));
+			goto out;
+		}
+		status = 0;
+		goto out;
+	}
 	ret = o.chat ? llm_chat_prompt(tok, o.system, o.prompt, &prompt)
 		     : llm_plain_prompt(tok, m->gguf, o.prompt, &prompt);
 	if (ret < 0) {
@@ -360,10 +628,21 @@ main(int argc, char **argv)
 			prompt.n, o.max_tokens, m->cfg.n_ctx_train);
 		goto out;
 	}
-	ret = kv_local_create(m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim, m->cfg.n_ctx_train,
-			      &kv);
-	if (ret < 0)
-		goto err_errno;
+	if (o.kvtier) {
+		o.ko.prompt_len = (uint32_t)prompt.n;
+		o.ko.max_tokens = (uint32_t)prompt.n + o.max_tokens;
+		ret = kv_kvtier_create(m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim, &o.ko,
+				       &kv, err, sizeof(err));
+		if (ret < 0) {
+			fprintf(stderr, "kvtier-llm: kvtierd: %s\n", err);
+			goto out;
+		}
+	} else {
+		ret = kv_local_create(m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim,
+				      m->cfg.n_ctx_train, &kv);
+		if (ret < 0)
+			goto err_errno;
+	}
 	ret = llm_ctx_create(m, kv, o.threads, &ctx);
 	if (ret < 0)
 		goto err_errno;
@@ -390,6 +669,7 @@ main(int argc, char **argv)
 			goto err_errno;
 	} else {
 		putchar('\n');
+		fflush(stdout);
 		fprintf(
 		    stderr,
 		    "kvtier-llm: prompt %u tokens in %.3f s (%.1f tok/s), generated %u tokens in "
@@ -397,12 +677,51 @@ main(int argc, char **argv)
 		    st.prompt_tokens, st.prefill_s, rate(st.prompt_tokens, st.prefill_s),
 		    st.gen_tokens, st.decode_s, rate(st.gen_tokens, st.decode_s), o.threads,
 		    o.threads == 1 ? "" : "s", kvt_simd_name(kvt_simd_level()));
+		if (o.kvtier) {
+			struct kvt_seq_stat ss;
+
+			ret = kv_kvtier_stat(kv, &ss);
+			if (ret < 0)
+				goto err_errno;
+			fprintf(stderr,
+				"kvtier-llm: kvtier session %u seq %u, policy %s: %llu tokens, T0 "
+				"%llu, T1 %llu, T2 %llu, T3 (evicted) %llu\n",
+				kv_kvtier_session(kv), kv_kvtier_seq(kv),
+				kv_kvtier_policy_name(o.ko.policy), (unsigned long long)ss.n_tokens,
+				(unsigned long long)ss.tier_count[0],
+				(unsigned long long)ss.tier_count[1],
+				(unsigned long long)ss.tier_count[2],
+				(unsigned long long)ss.tier_count[3]);
+			if (o.verbose) {
+				struct kv_kvtier_counters k;
+				double per = kv->n ? 1e3 / kv->n : 0;
+
+				kv_kvtier_counters(kv, &k);
+				fprintf(
+				    stderr,
+				    "kvtier-llm: per token: retier %.3f ms, fetch %.3f ms, append "
+				    "%.3f ms, score_add %.3f ms, reap %.3f ms, view %.3f ms; %llu "
+				    "RETIERs, %llu rows staged\n",
+				    k.retier_s * per, k.fetch_s * per, k.append_s * per,
+				    k.score_s * per, k.reap_s * per, k.view_s * per,
+				    (unsigned long long)k.retiers,
+				    (unsigned long long)k.rows_staged);
+			}
+		}
 	}
+	/* The sequence stays open (and its tiers visible to kvtierctl seqs) while we hold. */
+	fflush(stdout);
+	if (o.hold_s)
+		sleep(o.hold_s);
 	status = 0;
 	goto out;
 
 err_errno:
-	fprintf(stderr, "kvtier-llm: %s\n", strerror(-ret));
+	if (o.kvtier && ret == -ECONNRESET)
+		fprintf(stderr, "\nkvtier-llm: lost kvtierd: %s\n", kvt_strerror(ret));
+	else
+		fprintf(stderr, "\nkvtier-llm: %s\n",
+			o.kvtier ? kvt_strerror(ret) : strerror(-ret));
 out:
 	llm_sampler_fini(&smp);
 	llm_ids_free(&prompt);
