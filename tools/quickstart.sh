@@ -97,10 +97,41 @@ done
 export KVTIER_SOCKET=$sock
 
 ctl="$build/tools/kvtierctl/kvtierctl"
-log "main job: kvtier-sim, two client processes sharing one daemon"
-# kvtierctl runs while both clients still hold their sessions and sequences.
-"$build/tools/sim/kvtier-sim" --clients 2 \
-	--then "echo; echo '==> kvtierctl status'; $ctl status; echo; $ctl clients; echo; $ctl seqs"
+llm="$build/tools/llm/kvtier-llm"
+if [ -n "$model" ] && [ -x "$llm" ]; then
+	log "main job: two kvtier-llm processes (SmolLM2-135M, tiered KV caches) sharing one kvtierd"
+	prompts=("Explain how rain forms, step by step." "Write a short story about a lighthouse keeper.")
+	for i in 0 1; do
+		# Each keeps its sequence open 3 s after generating, for kvtierctl to show it.
+		"$llm" --kv kvtier --chat --prompt "${prompts[$i]}" --max-tokens 384 --window 64 \
+			--hbm 0.5 --evict 0.03 --hold-seconds 3 >"$rundir/llm$i.out" 2>&1 &
+		lpids[i]=$!
+	done
+	until grep -q "kvtier session" "$rundir/llm0.out" && grep -q "kvtier session" "$rundir/llm1.out"; do
+		for i in 0 1; do
+			if ! kill -0 "${lpids[$i]}" 2>/dev/null && ! grep -q "kvtier session" "$rundir/llm$i.out"; then
+				cat "$rundir/llm$i.out" >&2
+				die "kvtier-llm $i failed"
+			fi
+		done
+		sleep 0.2
+	done
+	for i in 0 1; do
+		printf '\n\033[1m--- kvtier-llm %d: %s\033[0m\n' "$i" "${prompts[$i]}"
+		cat "$rundir/llm$i.out"
+	done
+	echo
+	log "kvtierctl status (both sequences still open)"
+	"$ctl" status
+	echo
+	"$ctl" seqs
+	wait "${lpids[@]}"
+else
+	log "main job: kvtier-sim, two client processes sharing one daemon (no model: synthetic trace)"
+	# kvtierctl runs while both clients still hold their sessions and sequences.
+	"$build/tools/sim/kvtier-sim" --clients 2 \
+		--then "echo; echo '==> kvtierctl status'; $ctl status; echo; $ctl clients; echo; $ctl seqs"
+fi
 
 log "stopping kvtierd"
 kill -TERM "$dpid"
