@@ -44,16 +44,26 @@ struct eval_cfg {
  * not a row: the tiered rows at evict 0 already show the full cache's tokens, and
  * check_llm_kvtier runs it; each row costs prompts x tokens model steps.)
  */
+/* clang-format off */
 static const struct eval_cfg cfgs[] = {
-    {KVT_POLICY_TIERED, 0.3f, 0.00f, 0, 0},	{KVT_POLICY_TIERED, 0.5f, 0.00f, 0, 0},
-    {KVT_POLICY_TIERED, 0.7f, 0.00f, 0, 0},	{KVT_POLICY_TIERED, 0.3f, 0.03f, 0, 0},
-    {KVT_POLICY_TIERED, 0.5f, 0.03f, 0, 0},	{KVT_POLICY_TIERED, 0.7f, 0.03f, 0, 0},
-    {KVT_POLICY_TIERED, 0.3f, 0.10f, 0, 0},	{KVT_POLICY_TIERED, 0.5f, 0.10f, 0, 0},
-    {KVT_POLICY_TIERED, 0.7f, 0.10f, 0, 0},	{KVT_POLICY_TIERED, 0.3f, 0.25f, 0, 0},
-    {KVT_POLICY_TIERED, 0.5f, 0.25f, 0, 0},	{KVT_POLICY_TIERED, 0.7f, 0.25f, 0, 0},
-    {KVT_POLICY_TIERED, 0.5f, 0.00f, 0.25f, 0}, {KVT_POLICY_H2O, 0.5f, 0, 0, 0},
-    {KVT_POLICY_H2O, 0.25f, 0, 0, 0},		{KVT_POLICY_STREAMING, 0, 0, 0, 0.5f},
+    {KVT_POLICY_TIERED, 0.3f, 0.00f, 0, 0},
+    {KVT_POLICY_TIERED, 0.5f, 0.00f, 0, 0},
+    {KVT_POLICY_TIERED, 0.7f, 0.00f, 0, 0},
+    {KVT_POLICY_TIERED, 0.3f, 0.03f, 0, 0},
+    {KVT_POLICY_TIERED, 0.5f, 0.03f, 0, 0},
+    {KVT_POLICY_TIERED, 0.7f, 0.03f, 0, 0},
+    {KVT_POLICY_TIERED, 0.3f, 0.10f, 0, 0},
+    {KVT_POLICY_TIERED, 0.5f, 0.10f, 0, 0},
+    {KVT_POLICY_TIERED, 0.7f, 0.10f, 0, 0},
+    {KVT_POLICY_TIERED, 0.3f, 0.25f, 0, 0},
+    {KVT_POLICY_TIERED, 0.5f, 0.25f, 0, 0},
+    {KVT_POLICY_TIERED, 0.7f, 0.25f, 0, 0},
+    {KVT_POLICY_TIERED, 0.5f, 0.00f, 0.25f, 0},
+    {KVT_POLICY_H2O, 0.5f, 0, 0, 0},
+    {KVT_POLICY_H2O, 0.25f, 0, 0, 0},
+    {KVT_POLICY_STREAMING, 0, 0, 0, 0.5f},
 };
+/* clang-format on */
 #define NCFG (sizeof(cfgs) / sizeof(cfgs[0]))
 
 /* One configuration's totals over all prompts; sent from worker processes through a pipe. */
