@@ -20,27 +20,10 @@
 #include "paris_zone.h"
 #include "simd.h"
 #include "srht.h"
+#include "test_req.h"
 
 /* ---- deterministic data ---- */
 
-static uint64_t rng_state;
-
-static double
-urand(void)
-{
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	z ^= z >> 31;
-	return ((z >> 11) + 0.5) * 0x1.0p-53;
-}
-
-static float
-grand(void)
-{
-	return (float)(sqrt(-2.0 * log(urand())) * cos(6.283185307179586 * urand()));
-}
 
 /* A Gaussian family: per-channel mean and scale. */
 struct profile {
@@ -55,12 +38,12 @@ make_profile(struct profile *p, unsigned int d, int outliers, float mean_mag)
 {
 	for (unsigned int i = 0; i < d; i++) {
 		p->mean[i] = 0.0f;
-		p->scale[i] = outliers ? expf(0.6f * grand()) : 1.0f;
+		p->scale[i] = outliers ? expf(0.6f * test_grand()) : 1.0f;
 	}
 	for (int o = 0; o < outliers; o++) {
-		unsigned int c = (unsigned int)(urand() * d);
+		unsigned int c = (unsigned int)(test_urand() * d);
 
-		p->mean[c] = (urand() < 0.5 ? -1.0f : 1.0f) * mean_mag * (1.0f + (float)urand());
+		p->mean[c] = (test_urand() < 0.5 ? -1.0f : 1.0f) * mean_mag * (1.0f + (float)test_urand());
 		p->scale[c] *= 3.0f;
 	}
 }
@@ -69,7 +52,7 @@ static void
 draw(const struct profile *p, unsigned int d, float *out)
 {
 	for (unsigned int i = 0; i < d; i++)
-		out[i] = p->mean[i] + p->scale[i] * grand();
+		out[i] = p->mean[i] + p->scale[i] * test_grand();
 }
 
 enum dataset { DS_GAUSS, DS_OUTLIER, DS_DRIFT };
@@ -82,7 +65,7 @@ make_topics(float (*t)[128], int nt, unsigned int d)
 		float nrm = 0.0f;
 
 		for (unsigned int j = 0; j < d; j++) {
-			t[i][j] = grand();
+			t[i][j] = test_grand();
 			nrm += t[i][j] * t[i][j];
 		}
 		for (unsigned int j = 0; j < d; j++)
@@ -116,9 +99,9 @@ make_data(enum dataset ds, unsigned int d, uint32_t n, uint32_t nq, float *keys,
 		float *k = keys + (size_t)i * d;
 
 		draw(late ? &kb : &ka, d, k);
-		if (ds != DS_GAUSS && urand() < 0.10) {
-			const float *t = (late ? tb : ta)[(int)(urand() * 16)];
-			float a = 24.0f * (0.25f + 0.75f * (float)urand());
+		if (ds != DS_GAUSS && test_urand() < 0.10) {
+			const float *t = (late ? tb : ta)[(int)(test_urand() * 16)];
+			float a = 24.0f * (0.25f + 0.75f * (float)test_urand());
 
 			for (unsigned int j = 0; j < d; j++)
 				k[j] += a * t[j];
@@ -129,7 +112,7 @@ make_data(enum dataset ds, unsigned int d, uint32_t n, uint32_t nq, float *keys,
 
 		draw(&qa, d, q);
 		if (ds != DS_GAUSS) {
-			const float *t = (ds == DS_DRIFT ? tb : ta)[(int)(urand() * 16)];
+			const float *t = (ds == DS_DRIFT ? tb : ta)[(int)(test_urand() * 16)];
 
 			for (unsigned int j = 0; j < d; j++)
 				q[j] = 0.3f * q[j] + 6.0f * t[j];
@@ -207,7 +190,7 @@ START_TEST(test_encoding_layout)
 {
 	static const unsigned int dims[] = {64, 128};
 
-	rng_state = 101;
+	test_rng_state = 101;
 	for (int di = 0; di < 2; di++) {
 		const struct kvt_srht *s = dims[di] == 64 ? &srht64 : &srht128;
 		unsigned int d = dims[di], nb = d / 8;
@@ -217,7 +200,7 @@ START_TEST(test_encoding_layout)
 			uint8_t cid[16], code[64];
 
 			for (unsigned int i = 0; i < d; i++) {
-				key[i] = grand() * (rep % 3 ? 1.0f : 40.0f);
+				key[i] = test_grand() * (rep % 3 ? 1.0f : 40.0f);
 				nrm2 += key[i] * key[i];
 			}
 			kvt_paris_encode_key(s, key, cid, code, w);
@@ -268,9 +251,9 @@ START_TEST(test_index_pages_hist)
 	uint32_t n = 1000;
 	float *keys = malloc((size_t)n * 128 * sizeof(float));
 
-	rng_state = 102;
+	test_rng_state = 102;
 	for (size_t i = 0; i < (size_t)n * 128; i++)
-		keys[i] = grand();
+		keys[i] = test_grand();
 	build(&ix, &srht128, keys, n, 64, 37); /* many small pages, ragged chunks */
 	ck_assert_uint_eq(ix.n, n);
 	ck_assert_uint_eq(ix.npages, (n + 63) / 64);
@@ -325,20 +308,20 @@ START_TEST(test_estimator_bias_variance)
 	uint32_t *cand = malloc(reps * sizeof(*cand));
 	float *est = malloc(reps * sizeof(*est));
 
-	rng_state = 103;
+	test_rng_state = 103;
 	for (int i = 0; i < reps; i++) {
 		float *k = keys + (size_t)i * 128, nk = 0.0f, nq = 0.0f;
 		/* half independent pairs, half correlated to cover large inner products */
-		float c = i % 2 ? 0.0f : (float)urand() * 1.5f;
+		float c = i % 2 ? 0.0f : (float)test_urand() * 1.5f;
 
 		for (int j = 0; j < 128; j++) {
-			k[j] = grand();
+			k[j] = test_grand();
 			nk += k[j] * k[j];
 		}
 		for (int j = 0; j < 128; j++)
 			k[j] /= sqrtf(nk);
 		for (int j = 0; j < 128; j++) {
-			qs[i][j] = c * k[j] + grand() / sqrtf(128.0f);
+			qs[i][j] = c * k[j] + test_grand() / sqrtf(128.0f);
 			nq += qs[i][j] * qs[i][j];
 		}
 		for (int j = 0; j < 128; j++)
@@ -403,7 +386,7 @@ START_TEST(test_simd_matches_scalar)
 		free(sb);
 		return; /* only the scalar path exists on this CPU */
 	}
-	rng_state = 104;
+	test_rng_state = 104;
 	make_data(DS_OUTLIER, 128, n, 8, keys, &qs[0][0]);
 	build(&ix, &srht128, keys, n, 4096, 5000);
 	vl = kvt_paris_votes_len(&ix);
@@ -468,7 +451,7 @@ START_TEST(test_vote_tables)
 	float *keys = malloc((size_t)n * 128 * sizeof(float)), q[128];
 	uint8_t tab[16][256];
 
-	rng_state = 105;
+	test_rng_state = 105;
 	make_data(DS_GAUSS, 128, n, 1, keys, q);
 	build(&ix, &srht128, keys, n, 0, n);
 	kvt_paris_query_prep(&srht128, q, &pq);
@@ -561,13 +544,13 @@ START_TEST(test_recall_gaussian)
 {
 	double mn, r;
 
-	rng_state = 106;
+	test_rng_state = 106;
 	r = recall_run(DS_GAUSS, 128, 16384, 100, 12, 0, &mn, NULL);
 	fprintf(stderr, "recall gaussian d128 N16K k100: mean %.3f min %.3f\n", r, mn);
 	/* light-tailed worst case: about 40 keys lie within one estimator sd of the k-th score,
 	 * so swaps at the cut are expected (measured 0.85) */
 	ck_assert(r >= 0.78);
-	rng_state = 107;
+	test_rng_state = 107;
 	r = recall_run(DS_GAUSS, 64, 8192, 64, 12, 0, &mn, NULL);
 	fprintf(stderr, "recall gaussian d64 N8K k64: mean %.3f min %.3f\n", r, mn);
 	ck_assert(r >= 0.78);
@@ -578,7 +561,7 @@ START_TEST(test_recall_outlier)
 {
 	double mn, r;
 
-	rng_state = 108;
+	test_rng_state = 108;
 	r = recall_run(DS_OUTLIER, 128, 16384, 100, 12, 0, &mn, NULL);
 	fprintf(stderr, "recall outlier d128 N16K k100: mean %.3f min %.3f\n", r, mn);
 	ck_assert(r >= 0.90);
@@ -589,7 +572,7 @@ START_TEST(test_recall_drift)
 {
 	double mn, r, rpost;
 
-	rng_state = 109;
+	test_rng_state = 109;
 	r = recall_run(DS_DRIFT, 128, 16384, 100, 12, 16384 / 8, &mn, &rpost);
 	fprintf(stderr, "recall drift d128 N16K k100: mean %.3f min %.3f\n", r, mn);
 	ck_assert(r >= 0.90);
@@ -683,7 +666,7 @@ refine_run(enum dataset ds, unsigned int d, uint32_t n, uint32_t k, uint32_t nq,
 	struct kvt_paris_query pq;
 	double r_plain = 0.0, r_same = 0.0, r_def = 0.0, rc, rl;
 
-	rng_state = seed;
+	test_rng_state = seed;
 	make_data(ds, d, n, nq, keys, qs);
 	src.keys = keys;
 	build(&ix, s, keys, n, 0, 4096);
@@ -777,7 +760,7 @@ START_TEST(test_refine_all_is_exact)
 	struct kvt_paris_index ix;
 	struct kvt_paris_query pq;
 
-	rng_state = 125;
+	test_rng_state = 125;
 	make_data(DS_OUTLIER, 128, n, 1, keys, q);
 	src.keys = keys;
 	build(&ix, &srht128, keys, n, 0, 1000);
@@ -809,7 +792,7 @@ START_TEST(test_refine_bad_input)
 	struct kvt_paris_index ix;
 	struct kvt_paris_query pq;
 
-	rng_state = 126;
+	test_rng_state = 126;
 	make_data(DS_OUTLIER, 128, n, 1, keys, q);
 	src.keys = keys;
 	build(&ix, &srht128, keys, n, 0, n);
@@ -855,7 +838,7 @@ START_TEST(test_search_bad_input)
 	float *keys = malloc((size_t)n * 128 * sizeof(float)), q[128], sc[300];
 	uint32_t idx[300];
 
-	rng_state = 110;
+	test_rng_state = 110;
 	make_data(DS_GAUSS, 128, n, 1, keys, q);
 	ck_assert_int_eq(kvt_paris_index_init(&ix, 96, 0, NULL), -EINVAL);
 	ck_assert_int_eq(kvt_paris_index_init(&ix, 128, 100, NULL), -EINVAL);
@@ -1092,7 +1075,7 @@ START_TEST(test_seq_topk)
 	float sc[2 * 2 * 50];
 	const struct kvt_paris_index *ix;
 
-	rng_state = 111;
+	test_rng_state = 111;
 	make_data(DS_OUTLIER, 128, L * 2, 4, tok, q);
 	ck_assert_int_eq(kvt_paris_seq_init(&seq, &g, &z, &srht64, 0, NULL), -EINVAL);
 	{

@@ -9,25 +9,8 @@
 
 #include "simd.h"
 #include "srht.h"
+#include "test_req.h"
 
-static uint64_t rng_state;
-
-static double
-urand(void)
-{
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	z ^= z >> 31;
-	return ((z >> 11) + 0.5) * 0x1.0p-53;
-}
-
-static float
-grand(void)
-{
-	return (float)(sqrt(-2.0 * log(urand())) * cos(6.283185307179586 * urand()));
-}
 
 START_TEST(test_init_dims)
 {
@@ -71,7 +54,7 @@ START_TEST(test_matches_definition)
 {
 	static const unsigned int dims[] = {64, 128};
 
-	rng_state = 11;
+	test_rng_state = 11;
 	for (int di = 0; di < 2; di++) {
 		unsigned int d = dims[di];
 		struct kvt_srht s;
@@ -79,7 +62,7 @@ START_TEST(test_matches_definition)
 
 		kvt_srht_init(&s, d, KVT_SRHT_SEED);
 		for (unsigned int i = 0; i < d; i++)
-			x[i] = grand();
+			x[i] = test_grand();
 		kvt_srht_apply(&s, x, y);
 		for (unsigned int i = 0; i < d; i++) {
 			double ref = 0.0;
@@ -128,13 +111,13 @@ START_TEST(test_round_trip)
 	struct kvt_srht s;
 	float x[128], y[128], z[128];
 
-	rng_state = 12;
+	test_rng_state = 12;
 	kvt_srht_init(&s, 128, KVT_SRHT_SEED);
 	for (int rep = 0; rep < 100; rep++) {
 		double nx = 0.0, ny = 0.0;
 
 		for (int i = 0; i < 128; i++)
-			x[i] = 10.0f * grand();
+			x[i] = 10.0f * test_grand();
 		kvt_srht_apply(&s, x, y);
 		kvt_srht_inverse(&s, y, z);
 		for (int i = 0; i < 128; i++) {
@@ -153,7 +136,7 @@ END_TEST
 
 START_TEST(test_simd_bit_identical)
 {
-	rng_state = 13;
+	test_rng_state = 13;
 	if (kvt_simd_level() < KVT_SIMD_AVX2)
 		return; /* nothing to compare on this CPU */
 	for (int rep = 0; rep < 200; rep++) {
@@ -161,7 +144,7 @@ START_TEST(test_simd_bit_identical)
 		float a[128], b[128];
 
 		for (unsigned int i = 0; i < d; i++)
-			a[i] = b[i] = grand() * (rep % 7 == 0 ? 1e6f : 1.0f);
+			a[i] = b[i] = test_grand() * (rep % 7 == 0 ? 1e6f : 1.0f);
 		kvt_fwht_scalar(a, d);
 		kvt_fwht_avx2(b, d);
 		ck_assert_mem_eq(a, b, d * sizeof(float));

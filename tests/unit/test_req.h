@@ -10,6 +10,7 @@
 #define KVT_TEST_REQ_H
 
 #include <check.h>
+#include <math.h>
 #include <stdint.h>
 
 #define REQ(c)                                                                                     \
@@ -34,5 +35,31 @@
 #define REQ_LE(a, b) REQ_CMP(a, <=, b)
 #define REQ_GT(a, b) REQ_CMP(a, >, b)
 #define REQ_GE(a, b) REQ_CMP(a, >=, b)
+
+/* Deterministic data: splitmix64, a uniform double in (0, 1), a standard normal (Box-Muller).
+ * Each test file has its own state; a test that wants a fixed stream sets test_rng_state. */
+static uint64_t test_rng_state;
+
+static inline uint64_t
+test_rand64(void)
+{
+	uint64_t z = (test_rng_state += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static inline double
+test_urand(void)
+{
+	return ((test_rand64() >> 11) + 0.5) * 0x1.0p-53;
+}
+
+static inline float
+test_grand(void)
+{
+	return (float)(sqrt(-2.0 * log(test_urand())) * cos(6.283185307179586 * test_urand()));
+}
 
 #endif
