@@ -23,7 +23,7 @@
 #include "kvtier.h"
 #include "kvtier_int.h"
 
-#define KVT_EXPORT __attribute__((visibility("default")))
+#define KVT_EXPORT	   __attribute__((visibility("default")))
 #define CONNECT_TIMEOUT_MS 10000
 
 struct kvt_buf {
@@ -45,11 +45,11 @@ struct kvt_client {
 	uint8_t *arena;
 	uint64_t arena_size;
 	uint32_t sq_entries, cq_entries;
-	uint32_t sq_tail;  /* private: SQEs handed out by kvt_get_sqe() */
-	uint32_t sq_pub;   /* published to the daemon */
-	uint32_t cq_head;  /* private consumer index */
+	uint32_t sq_tail;      /* private: SQEs handed out by kvt_get_sqe() */
+	uint32_t sq_pub;       /* published to the daemon */
+	uint32_t cq_head;      /* private consumer index */
 	uint32_t sq_head_seen; /* last SQ head read from the daemon */
-	unsigned inflight; /* handed out and not reaped */
+	unsigned inflight;     /* handed out and not reaped */
 	uint32_t session_id;
 	uint32_t spin_us;
 	uint64_t next_ud; /* user_data of blocking wrappers: high bit set */
@@ -90,8 +90,8 @@ ctl_recv(int sock, void *buf, size_t len, int *fds, int max_fds, int timeout_ms)
 {
 	char cbuf[CMSG_SPACE(4 * sizeof(int))];
 	struct iovec iov = {buf, len};
-	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-			   .msg_controllen = sizeof(cbuf)};
+	struct msghdr m = {
+	    .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
 	struct pollfd pfd = {.fd = sock, .events = POLLIN};
 	int nfds = 0, r;
 	ssize_t n;
@@ -179,9 +179,10 @@ region_map(struct kvt_client *c)
 	    (h->cq_entries & (h->cq_entries - 1)))
 		return -EPROTO;
 	if (h->sq_ring_off > sz - sizeof(struct kvt_ring_hdr) ||
-	    h->cq_ring_off > sz - sizeof(struct kvt_ring_hdr) ||
-	    h->sq_entries_off > sz || (uint64_t)h->sq_entries * sizeof(struct kvt_sqe) > sz - h->sq_entries_off ||
-	    h->cq_entries_off > sz || (uint64_t)h->cq_entries * sizeof(struct kvt_cqe) > sz - h->cq_entries_off ||
+	    h->cq_ring_off > sz - sizeof(struct kvt_ring_hdr) || h->sq_entries_off > sz ||
+	    (uint64_t)h->sq_entries * sizeof(struct kvt_sqe) > sz - h->sq_entries_off ||
+	    h->cq_entries_off > sz ||
+	    (uint64_t)h->cq_entries * sizeof(struct kvt_cqe) > sz - h->cq_entries_off ||
 	    h->arena_off > sz || h->arena_size > sz - h->arena_off)
 		return -EPROTO;
 	c->sq = (void *)(c->region + h->sq_ring_off);
@@ -757,8 +758,8 @@ kvt_seq_close(struct kvt_client *c, uint32_t seq)
 }
 
 KVT_EXPORT int64_t
-kvt_append(struct kvt_client *c, uint32_t seq, const void *rows, uint64_t len,
-	   uint32_t ntok, uint64_t *ret_first)
+kvt_append(struct kvt_client *c, uint32_t seq, const void *rows, uint64_t len, uint32_t ntok,
+	   uint64_t *ret_first)
 {
 	struct kvt_cqe cqe;
 	struct kvt_sqe *e;
@@ -798,8 +799,7 @@ kvt_append_t0(struct kvt_client *c, uint32_t seq, const uint32_t *slots, uint32_
 }
 
 KVT_EXPORT int
-kvt_score_add(struct kvt_client *c, uint32_t seq, uint64_t first, const float *values,
-	      uint32_t n)
+kvt_score_add(struct kvt_client *c, uint32_t seq, uint64_t first, const float *values, uint32_t n)
 {
 	uint64_t len = (uint64_t)n * sizeof(float);
 	struct kvt_sqe *e;

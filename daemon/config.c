@@ -59,10 +59,26 @@ kvtd_parse_size(const char *s, uint64_t *ret)
 	if (errno || end == s)
 		return -EINVAL;
 	switch (*end) {
-	case 'k': case 'K': shift = 10; end++; break;
-	case 'm': case 'M': shift = 20; end++; break;
-	case 'g': case 'G': shift = 30; end++; break;
-	case 't': case 'T': shift = 40; end++; break;
+	case 'k':
+	case 'K':
+		shift = 10;
+		end++;
+		break;
+	case 'm':
+	case 'M':
+		shift = 20;
+		end++;
+		break;
+	case 'g':
+	case 'G':
+		shift = 30;
+		end++;
+		break;
+	case 't':
+	case 'T':
+		shift = 40;
+		end++;
+		break;
 	}
 	if (*end == 'i' || *end == 'B')
 		end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
@@ -172,7 +188,8 @@ config_set(struct kvtd_config *cfg, const char *section, const char *key, const 
 			return -EINVAL;
 		cfg->pool_size = sz;
 	} else if (KEY("pool", "chunk_size")) {
-		if (kvtd_parse_size(val, &sz) < 0 || sz < 4096 || (sz & (sz - 1)) || sz > (1ull << 30))
+		if (kvtd_parse_size(val, &sz) < 0 || sz < 4096 || (sz & (sz - 1)) ||
+		    sz > (1ull << 30))
 			return -EINVAL;
 		cfg->chunk_size = sz;
 	} else if (KEY("pool", "hugetlb")) {
@@ -231,8 +248,7 @@ ini_on_value(void *user, const char *section, const char *name, const char *valu
 
 	if (r < 0 && !ctx->failed) {
 		snprintf(ctx->err, ctx->errlen, "%s [%s] %s = '%s'",
-			 r == -ENOENT ? "unknown key" : "bad value for", section, name,
-			 value);
+			 r == -ENOENT ? "unknown key" : "bad value for", section, name, value);
 		ctx->failed = 1;
 	}
 	return r < 0 ? 0 : 1;
@@ -269,21 +285,21 @@ config_load_file(struct kvtd_config *cfg, char *err, size_t errlen)
 }
 
 static const struct option long_opts[] = {
-	{"config", required_argument, NULL, 'c'},
-	{"socket", required_argument, NULL, 's'},
-	{"socket-group", required_argument, NULL, 'g'},
-	{"pool-size", required_argument, NULL, 'p'},
-	{"pollers", required_argument, NULL, 'P'},
-	{"spin-us", required_argument, NULL, 'S'},
-	{"hello-timeout-ms", required_argument, NULL, 'T'},
-	{"backend", required_argument, NULL, 'b'},
-	{"log-level", required_argument, NULL, 'l'},
-	{"numa-node", required_argument, NULL, 'n'},
-	{"hugetlb", required_argument, NULL, 'H'},
-	{"lock", required_argument, NULL, 'L'},
-	{"help", no_argument, NULL, 'h'},
-	{"version", no_argument, NULL, 'V'},
-	{0},
+    {"config", required_argument, NULL, 'c'},
+    {"socket", required_argument, NULL, 's'},
+    {"socket-group", required_argument, NULL, 'g'},
+    {"pool-size", required_argument, NULL, 'p'},
+    {"pollers", required_argument, NULL, 'P'},
+    {"spin-us", required_argument, NULL, 'S'},
+    {"hello-timeout-ms", required_argument, NULL, 'T'},
+    {"backend", required_argument, NULL, 'b'},
+    {"log-level", required_argument, NULL, 'l'},
+    {"numa-node", required_argument, NULL, 'n'},
+    {"hugetlb", required_argument, NULL, 'H'},
+    {"lock", required_argument, NULL, 'L'},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
+    {0},
 };
 
 /* Flag name -> the key config_set() knows it by. */
@@ -291,17 +307,28 @@ static const char *
 flag_key(int c)
 {
 	switch (c) {
-	case 's': return "socket";
-	case 'g': return "socket_group";
-	case 'p': return "size";
-	case 'P': return "pollers";
-	case 'S': return "spin_us";
-	case 'T': return "hello_timeout_ms";
-	case 'b': return "backend";
-	case 'l': return "log_level";
-	case 'n': return "numa_node";
-	case 'H': return "hugetlb";
-	case 'L': return "lock";
+	case 's':
+		return "socket";
+	case 'g':
+		return "socket_group";
+	case 'p':
+		return "size";
+	case 'P':
+		return "pollers";
+	case 'S':
+		return "spin_us";
+	case 'T':
+		return "hello_timeout_ms";
+	case 'b':
+		return "backend";
+	case 'l':
+		return "log_level";
+	case 'n':
+		return "numa_node";
+	case 'H':
+		return "hugetlb";
+	case 'L':
+		return "lock";
 	}
 	return NULL;
 }

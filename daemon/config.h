@@ -12,7 +12,7 @@
 
 #define KVTD_DEFAULT_CONFIG "/etc/kvtier/kvtierd.conf"
 #define KVTD_DEFAULT_SOCKET "/run/kvtier/kvtierd.sock"
-#define KVTD_MAX_IDS 32
+#define KVTD_MAX_IDS	    32
 
 struct kvtd_config {
 	char config_path[256];

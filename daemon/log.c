@@ -24,8 +24,10 @@ kvtd_log_level(void)
 int
 kvtd_log_parse_level(const char *name)
 {
-	static const char *const names[] = {[KVTD_LOG_ERR] = "err", [KVTD_LOG_WARNING] = "warning",
-					    [KVTD_LOG_NOTICE] = "notice", [KVTD_LOG_INFO] = "info",
+	static const char *const names[] = {[KVTD_LOG_ERR] = "err",
+					    [KVTD_LOG_WARNING] = "warning",
+					    [KVTD_LOG_NOTICE] = "notice",
+					    [KVTD_LOG_INFO] = "info",
 					    [KVTD_LOG_DEBUG] = "debug"};
 
 	for (int i = KVTD_LOG_ERR; i <= KVTD_LOG_DEBUG; i++)

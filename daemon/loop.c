@@ -60,8 +60,8 @@ arm_poll(struct kvtd *d, int fd, uint64_t user_data)
 	return 0;
 }
 
-static void
-send_error(int fd, uint64_t id, int err, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void send_error(int fd, uint64_t id, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 static void
 send_error(int fd, uint64_t id, int err, const char *fmt, ...)
@@ -222,7 +222,9 @@ handle_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hello *h,
 		int fds[3] = {s->memfd, s->sq_efd, s->cq_efd};
 		char cbuf[CMSG_SPACE(sizeof(fds))];
 		struct iovec iov = {&w, sizeof(w)};
-		struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+		struct msghdr m = {.msg_iov = &iov,
+				   .msg_iovlen = 1,
+				   .msg_control = cbuf,
 				   .msg_controllen = sizeof(cbuf)};
 		struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
 
@@ -297,9 +299,9 @@ handle_buf_register(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_bu
 	if (r < 0) {
 		send_error(c->fd, m->hdr.id, r,
 			   r == -EINVAL && m->kind == KVT_BUF_HOST_MEMFD
-				   ? "buffer refused: a host buffer must be a memfd sealed "
-					  "against shrinking, at least as large as claimed"
-					: "buffer import failed: %s",
+			       ? "buffer refused: a host buffer must be a memfd sealed "
+				 "against shrinking, at least as large as claimed"
+			       : "buffer import failed: %s",
 			   strerror(-r));
 		return 0;
 	}
@@ -336,8 +338,7 @@ handle_buf_unregister(struct kvtd_conn *c, const struct kvt_ctl_buf_unregister *
 	kvtd_poller_unlock(c->s->poller);
 	if (r < 0)
 		send_error(c->fd, m->hdr.id, r,
-			   r == -EBUSY ? "buffer %u is in use by an open sequence"
-				       : "no buffer %u",
+			   r == -EBUSY ? "buffer %u is in use by an open sequence" : "no buffer %u",
 			   m->buf_id);
 	else
 		send(c->fd, &ok, sizeof(ok), MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -346,7 +347,8 @@ handle_buf_unregister(struct kvtd_conn *c, const struct kvt_ctl_buf_unregister *
 static void
 handle_event_get(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_event_get *m, size_t len)
 {
-	struct kvt_ctl_event ev = {.hdr = {.type = KVT_CTL_EVENT, .len = sizeof(ev), .id = m->hdr.id}};
+	struct kvt_ctl_event ev = {
+	    .hdr = {.type = KVT_CTL_EVENT, .len = sizeof(ev), .id = m->hdr.id}};
 	struct kvtd_session *s = c->s;
 	int r = 0;
 
@@ -400,15 +402,16 @@ handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, 
 		if (c->state == CONN_NEW)
 			c->state = CONN_ADMIN;
 		reply_json(c, h->id,
-			   h->type == KVT_CTL_STATUS    ? kvtd_stats_status(d)
+			   h->type == KVT_CTL_STATUS	? kvtd_stats_status(d)
 			   : h->type == KVT_CTL_CLIENTS ? kvtd_stats_clients(d)
 							: kvtd_stats_seqs(d));
 		return 0;
 	case KVT_CTL_BUF_REGISTER:
 	case KVT_CTL_BUF_UNREGISTER:
 		if (c->state != CONN_SESSION) {
-			send_error(c->fd, h->id, -ENOTCONN, "buffer registration needs a session "
-							     "(send HELLO first)");
+			send_error(c->fd, h->id, -ENOTCONN,
+				   "buffer registration needs a session "
+				   "(send HELLO first)");
 			return c->state == CONN_NEW ? -ENOTCONN : 0;
 		}
 		if (h->type == KVT_CTL_BUF_REGISTER)
@@ -437,7 +440,9 @@ conn_ready(struct kvtd *d, struct kvtd_conn *c, int revents)
 	for (;;) {
 		char cbuf[CMSG_SPACE(4 * sizeof(int))];
 		struct iovec iov = {buf, sizeof(buf)};
-		struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+		struct msghdr m = {.msg_iov = &iov,
+				   .msg_iovlen = 1,
+				   .msg_control = cbuf,
 				   .msg_controllen = sizeof(cbuf)};
 		int fds[4], nfds = 0, r;
 		ssize_t n = recvmsg(c->fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);

@@ -123,7 +123,8 @@ op_fetch(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q)
 
 	if (e->buf_id || e->arg0 > UINT32_MAX || e->arg1 > UINT32_MAX || (e->arena_len & 3))
 		return -EINVAL;
-	if ((e->op_flags & KVT_FETCH_F_LIST) ? e->arena_len != (uint64_t)e->count * 4 : e->count != 0)
+	if ((e->op_flags & KVT_FETCH_F_LIST) ? e->arena_len != (uint64_t)e->count * 4
+					     : e->count != 0)
 		return -EINVAL;
 	list = arena_range(s, e->arena_off, e->arena_len, 4);
 	if (!list)
@@ -221,7 +222,8 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 	}
 	switch (e->opcode) {
 	case KVT_OP_SEQ_CLOSE:
-		r = (e->op_flags || !unused_zero(e, 0, 0, 0, 0)) ? -EINVAL : kvtd_seq_close(s, e->seq);
+		r = (e->op_flags || !unused_zero(e, 0, 0, 0, 0)) ? -EINVAL
+								 : kvtd_seq_close(s, e->seq);
 		break;
 	case KVT_OP_APPEND:
 		r = op_append(s, e, q, c);

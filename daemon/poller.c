@@ -77,8 +77,9 @@ poller_main(void *arg)
 		/* Spinning: read the clock only every 32 idle turns; it costs more than a turn. */
 		if (idle_turns++ == 0)
 			last_work = kvtd_now_ns();
-		if ((idle_turns & 31) || kvtd_now_ns() - last_work <
-		    (uint64_t)atomic_load_explicit(&p->spin_us, memory_order_relaxed) * 1000) {
+		if ((idle_turns & 31) ||
+		    kvtd_now_ns() - last_work <
+			(uint64_t)atomic_load_explicit(&p->spin_us, memory_order_relaxed) * 1000) {
 			cpu_relax();
 			continue;
 		}
@@ -97,7 +98,8 @@ poller_main(void *arg)
 			for (int i = 0; i < n; i++) {
 				eventfd_t v;
 
-				eventfd_read(ev[i].data.fd, &v); /* non-blocking: resets the count */
+				eventfd_read(ev[i].data.fd,
+					     &v); /* non-blocking: resets the count */
 			}
 			pthread_mutex_lock(&p->lock);
 			p->asleep = 0;

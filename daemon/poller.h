@@ -25,7 +25,7 @@ struct kvtd_poller {
 	int wake_efd; /* kicks the poller out of its sleep (new session, stop) */
 	_Atomic int stop;
 	_Atomic unsigned spin_us;
-	int asleep; /* in epoll_wait; written with the lock held */
+	int asleep;		  /* in epoll_wait; written with the lock held */
 	_Atomic unsigned waiters; /* threads queued for the lock (kvtd_poller_lock()) */
 	_Atomic uint64_t sleeps;
 };

@@ -122,8 +122,8 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 	pthread_mutex_init(&pool->lock, NULL);
 
 	if (cfg->hugetlb) {
-		pool->base = mmap(NULL, pool->size, PROT_READ | PROT_WRITE, flags | MAP_HUGETLB, -1,
-				  0);
+		pool->base =
+		    mmap(NULL, pool->size, PROT_READ | PROT_WRITE, flags | MAP_HUGETLB, -1, 0);
 		if (pool->base == MAP_FAILED) {
 			r = -errno;
 			log_err("pool: hugetlb mapping of %llu MiB failed: %s (reserve pages in "
@@ -140,7 +140,8 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 				(unsigned long long)(pool->size >> 20), strerror(-r));
 			goto err_lock;
 		}
-		pool->backing = madvise(pool->base, pool->size, MADV_HUGEPAGE) == 0 ? "thp" : "anon";
+		pool->backing =
+		    madvise(pool->base, pool->size, MADV_HUGEPAGE) == 0 ? "thp" : "anon";
 	}
 
 	/* Bind before the first touch so pages come from the node that serves the GPU. With no
@@ -158,9 +159,10 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 	if (cfg->lock) {
 		if (mlock(pool->base, pool->size) < 0) {
 			r = -errno;
-			log_err("pool: mlock of %llu MiB failed: %s (raise LimitMEMLOCK / ulimit -l, "
-				"grant CAP_IPC_LOCK, or set [pool] lock = no)",
-				(unsigned long long)(pool->size >> 20), strerror(-r));
+			log_err(
+			    "pool: mlock of %llu MiB failed: %s (raise LimitMEMLOCK / ulimit -l, "
+			    "grant CAP_IPC_LOCK, or set [pool] lock = no)",
+			    (unsigned long long)(pool->size >> 20), strerror(-r));
 			goto err_unmap;
 		}
 		pool->locked = 1;

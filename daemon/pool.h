@@ -34,7 +34,7 @@ struct kvtd_pool_chunk;
 struct kvtd_pool_class {
 	uint32_t slot_size; /* 0: unused class */
 	uint32_t slots_per_chunk;
-	uint32_t refs;			/* sequences using this class */
+	uint32_t refs;			 /* sequences using this class */
 	struct kvtd_pool_chunk *partial; /* chunks with a free slot */
 	uint64_t chunks;
 };

@@ -204,7 +204,8 @@ retrieval_init(struct kvtd_session *s, struct kvtd_seq *q)
 	int r;
 
 	/* A page must fit in one pool chunk. */
-	while (page_keys > 64 && kvt_paris_page_bytes(p->head_dim, page_keys) > s->d->pool.chunk_size)
+	while (page_keys > 64 &&
+	       kvt_paris_page_bytes(p->head_dim, page_keys) > s->d->pool.chunk_size)
 		page_keys /= 2;
 	r = kvtd_pool_class_get(&s->d->pool, kvt_paris_page_bytes(p->head_dim, page_keys));
 	if (r < 0)
@@ -245,11 +246,10 @@ key_f32(const struct kvtd_seq *q, uint32_t pos, uint32_t l, uint32_t h0, uint32_
 	if (q->ts.tier[pos] & KVT_TIER_F_INT8) {
 		uint32_t r = 2 * l;
 
-		kvt_dequant_rows(KVT_DTYPE_F32, nh, D,
-				 (const int8_t *)slot + (uint64_t)r * n + (uint64_t)h0 * D,
-				 (const float *)(slot + (uint64_t)2 * q->p.layers * n) +
-					 (uint64_t)r * H + h0,
-				 1, out, m * sizeof(float));
+		kvt_dequant_rows(
+		    KVT_DTYPE_F32, nh, D, (const int8_t *)slot + (uint64_t)r * n + (uint64_t)h0 * D,
+		    (const float *)(slot + (uint64_t)2 * q->p.layers * n) + (uint64_t)r * H + h0, 1,
+		    out, m * sizeof(float));
 		return;
 	}
 	row = slot + (uint64_t)2 * l * q->row_bytes;
@@ -302,7 +302,8 @@ retrieval_flush(struct kvtd_seq *q)
 			uint32_t k = count < 256 ? count : 256;
 
 			for (uint32_t i = 0; i < k; i++)
-				key_f32(q, pos + i, l, 0, q->p.kv_heads, q->keybuf + (uint64_t)i * n);
+				key_f32(q, pos + i, l, 0, q->p.kv_heads,
+					q->keybuf + (uint64_t)i * n);
 			r = kvt_paris_seq_append(q->paris, l, pos, k, q->keybuf, n);
 			if (r < 0)
 				return r;
@@ -347,16 +348,16 @@ kvtd_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p)
 	q->token_bytes = (uint64_t)p->layers * 2 * q->row_bytes;
 	q->q_bytes = (uint64_t)p->layers * 2 * p->kv_heads * (p->head_dim + sizeof(float));
 	if (p->t0_buf_id) {
-		q->t0_buf = region_get(s, p->t0_buf_id, p->t0_base_off, p, p->t0_layer_stride,
-				       p->t0_kv_stride, p->t0_slots, p->t0_slot_stride,
-				       q->row_bytes, &r);
+		q->t0_buf =
+		    region_get(s, p->t0_buf_id, p->t0_base_off, p, p->t0_layer_stride,
+			       p->t0_kv_stride, p->t0_slots, p->t0_slot_stride, q->row_bytes, &r);
 		if (!q->t0_buf)
 			goto err_free;
 	}
 	if (p->stage_buf_id) {
 		q->stage_buf = region_get(s, p->stage_buf_id, p->stage_base_off, p,
-					  p->stage_layer_stride, p->stage_kv_stride,
-					  p->stage_slots, p->stage_slot_stride, q->row_bytes, &r);
+					  p->stage_layer_stride, p->stage_kv_stride, p->stage_slots,
+					  p->stage_slot_stride, q->row_bytes, &r);
 		if (!q->stage_buf)
 			goto err_free;
 	}
@@ -485,8 +486,7 @@ seq_reserve(struct kvtd_session *s, struct kvtd_seq *q, uint32_t ntok)
 
 	if (r < 0)
 		return r;
-	return kvtd_pool_alloc(&s->d->pool, q->cls, ntok, &s->acct, uid_acct(s),
-			       q->slot + q->ts.n);
+	return kvtd_pool_alloc(&s->d->pool, q->cls, ntok, &s->acct, uid_acct(s), q->slot + q->ts.n);
 }
 
 static void
@@ -497,8 +497,7 @@ seq_unreserve(struct kvtd_session *s, struct kvtd_seq *q, uint32_t ntok)
 }
 
 int64_t
-kvtd_seq_append_rows(struct kvtd_session *s, struct kvtd_seq *q, const uint8_t *rows,
-		     uint32_t ntok)
+kvtd_seq_append_rows(struct kvtd_session *s, struct kvtd_seq *q, const uint8_t *rows, uint32_t ntok)
 {
 	int r = seq_reserve(s, q, ntok);
 
@@ -532,8 +531,7 @@ stage_off(const struct kvt_seq_params *p, uint32_t row, uint32_t l, uint32_t kv)
 }
 
 int64_t
-kvtd_seq_append_t0(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *slots,
-		   uint32_t ntok)
+kvtd_seq_append_t0(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *slots, uint32_t ntok)
 {
 	const struct kvt_seq_params *p = &q->p;
 	struct kvt_dev_copy rows[COPY_BATCH];
@@ -642,7 +640,8 @@ pos_row(const struct kvtd_seq *q, uint32_t pos, uint32_t l, uint32_t kv, void *t
 	if (!(q->ts.tier[pos] & KVT_TIER_F_INT8))
 		return slot + r * q->row_bytes;
 	kvt_dequant_rows(q->p.dtype, H, D, (const int8_t *)slot + (uint64_t)r * H * D,
-			 (const float *)(slot + (uint64_t)2 * q->p.layers * H * D) + (uint64_t)r * H,
+			 (const float *)(slot + (uint64_t)2 * q->p.layers * H * D) +
+			     (uint64_t)r * H,
 			 1, tmp, q->row_bytes);
 	return tmp;
 }
@@ -869,7 +868,8 @@ kvtd_seq_fetch(struct kvtd_session *s, struct kvtd_seq *q, unsigned flags, uint3
 	for (uint32_t l = layer0; l < layer0 + nlayers && r == 0; l++)
 		for (uint32_t kv = 0; kv < 2 && r == 0; kv++)
 			for (uint32_t i = 0; i < m && r == 0; i++)
-				r = batch_add(b, q, pos[i], l, kv, stage_off(p, stage_row + i, l, kv));
+				r = batch_add(b, q, pos[i], l, kv,
+					      stage_off(p, stage_row + i, l, kv));
 	if (r == 0)
 		r = batch_flush(b);
 	q->bytes_out += b->bytes;
@@ -893,7 +893,8 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 	const struct kvt_paris_seq_keys keys = {topk_key, q};
 	struct kvt_paris_topk_opts opts = {
 	    .k = k, .refine = k > UINT32_MAX / 4 ? UINT32_MAX : 4 * k, .keys = &keys};
-	uint32_t H = p->kv_heads, qh = p->q_heads ? p->q_heads : H, stride, counts[KVT_MAX_KV_HEADS];
+	uint32_t H = p->kv_heads, qh = p->q_heads ? p->q_heads : H, stride,
+		 counts[KVT_MAX_KV_HEADS];
 	uint64_t need;
 	float *qbuf;
 	int r;
@@ -913,8 +914,7 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 	need = (uint64_t)H * 4 + (uint64_t)H * stride * 8;
 	if (need > out_len)
 		return -ENOSPC;
-	if ((flags & KVT_TOPK_F_FETCH) &&
-	    (!q->stage_buf || (uint64_t)H * stride > p->stage_slots))
+	if ((flags & KVT_TOPK_F_FETCH) && (!q->stage_buf || (uint64_t)H * stride > p->stage_slots))
 		return q->stage_buf ? -ENOSPC : -EINVAL;
 	if ((uint64_t)H * stride > q->topk_cap) {
 		free(q->topk_pos);

@@ -38,8 +38,8 @@ struct kvtd_seq {
 	struct kvt_paris_seq *paris;
 	struct kvt_paris_scratch scr;
 	struct kvtd_session *owner; /* for the index page allocator */
-	int cls_pg;		   /* pool class of index pages */
-	float *keybuf;		   /* f32 keys being encoded, U tokens */
+	int cls_pg;		    /* pool class of index pages */
+	float *keybuf;		    /* f32 keys being encoded, U tokens */
 	uint32_t *topk_pos;
 	float *topk_score;
 	uint32_t topk_cap;

@@ -40,8 +40,8 @@ region_init(struct kvtd_session *s, uint32_t sq_entries, uint32_t cq_entries, ui
 	h->region_size = s->region_size;
 	h->sq_ring_off = align_up(sizeof(*h), 64);
 	h->sq_entries_off = h->sq_ring_off + sizeof(struct kvt_ring_hdr);
-	h->cq_ring_off = align_up(h->sq_entries_off + (uint64_t)sq_entries * sizeof(struct kvt_sqe),
-				  64);
+	h->cq_ring_off =
+	    align_up(h->sq_entries_off + (uint64_t)sq_entries * sizeof(struct kvt_sqe), 64);
 	h->cq_entries_off = h->cq_ring_off + sizeof(struct kvt_ring_hdr);
 	h->arena_off = arena_off;
 	h->arena_size = arena_size;
@@ -64,8 +64,8 @@ region_init(struct kvtd_session *s, uint32_t sq_entries, uint32_t cq_entries, ui
 }
 
 int
-kvtd_session_create(struct kvtd *d, uint32_t sq_entries, uint32_t cq_entries,
-		    uint64_t arena_size, struct kvtd_session **ret_s)
+kvtd_session_create(struct kvtd *d, uint32_t sq_entries, uint32_t cq_entries, uint64_t arena_size,
+		    struct kvtd_session **ret_s)
 {
 	struct kvtd_session *s;
 	uint64_t arena_off;
@@ -88,12 +88,12 @@ kvtd_session_create(struct kvtd *d, uint32_t sq_entries, uint32_t cq_entries,
 		goto err_free;
 	}
 
-	arena_off = align_up(align_up(sizeof(struct kvt_region_hdr), 64) +
-				     sizeof(struct kvt_ring_hdr) +
-				     (uint64_t)sq_entries * sizeof(struct kvt_sqe),
-			     64);
+	arena_off =
+	    align_up(align_up(sizeof(struct kvt_region_hdr), 64) + sizeof(struct kvt_ring_hdr) +
+			 (uint64_t)sq_entries * sizeof(struct kvt_sqe),
+		     64);
 	arena_off = align_up(arena_off + sizeof(struct kvt_ring_hdr) +
-				     (uint64_t)cq_entries * sizeof(struct kvt_cqe),
+				 (uint64_t)cq_entries * sizeof(struct kvt_cqe),
 			     4096);
 	s->region_size = align_up(arena_off + arena_size, 4096);
 

@@ -43,12 +43,12 @@ struct kvtd_session {
 	uint8_t *arena;
 	uint64_t arena_size;
 	uint32_t sq_entries, cq_entries;
-	uint32_t sq_head; /* private: never read back from shared memory */
-	uint32_t cq_tail; /* private */
+	uint32_t sq_head;      /* private: never read back from shared memory */
+	uint32_t cq_tail;      /* private */
 	uint32_t cq_head_seen; /* last CQ head read from the client, validated */
-	int sq_efd;	  /* client -> daemon doorbell */
-	int cq_efd;	  /* daemon -> client doorbell */
-	int broken;	  /* ring corruption seen: the session is being dropped */
+	int sq_efd;	       /* client -> daemon doorbell */
+	int cq_efd;	       /* daemon -> client doorbell */
+	int broken;	       /* ring corruption seen: the session is being dropped */
 
 	/* poller lock */
 	struct kvt_dev_buf **bufs; /* index = buf_id - 1 */

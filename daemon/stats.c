@@ -18,7 +18,7 @@ static const char *const dtype_names[] = {"f16", "bf16", "f32"};
 static const char *const policy_names[] = {"tiered", "h2o", "streaming", "full"};
 
 #define ADD(o, k, v) json_object_object_add((o), (k), (v))
-#define U64(v) json_object_new_uint64((uint64_t)(v))
+#define U64(v)	     json_object_new_uint64((uint64_t)(v))
 
 static struct json_object *
 tiers_array(const uint64_t t[4])
@@ -58,7 +58,7 @@ sum_session(struct kvtd_session *s, void *arg)
 	t->seqs += s->n_seqs;
 	for (unsigned i = 0; i < s->max_seqs; i++)
 		if (s->seqs[i])
-				for (int k = 0; k < 4; k++)
+			for (int k = 0; k < 4; k++)
 				t->tiers[k] += s->seqs[i]->ts.count[k];
 }
 

@@ -24,7 +24,7 @@
 
 /* Region feature bits (kvt_region_hdr.features). */
 #define KVT_FEAT_NEED_WAKEUP (1ull << 0) /* doorbells are written only on NEED_WAKEUP */
-#define KVT_FEAT_ALL KVT_FEAT_NEED_WAKEUP
+#define KVT_FEAT_ALL	     KVT_FEAT_NEED_WAKEUP
 
 /* Ring flags (kvt_ring_hdr.flags), set and cleared by the consumer only. */
 #define KVT_RING_NEED_WAKEUP (1u << 0)
@@ -36,13 +36,13 @@
  * its own cache line because a different side writes it.
  */
 struct kvt_ring_hdr {
-	uint32_t prod_tail;	  /* written by the producer only */
-	uint32_t pad0[15];	  /* own cache line */
-	uint32_t cons_head;	  /* written by the consumer only */
-	uint32_t pad1[15];	  /* own cache line */
-	uint32_t flags;		  /* KVT_RING_*, written by the consumer only */
-	uint32_t entries;	  /* power of two, fixed at creation */
-	uint32_t reserved[14];	  /* zero */
+	uint32_t prod_tail;    /* written by the producer only */
+	uint32_t pad0[15];     /* own cache line */
+	uint32_t cons_head;    /* written by the consumer only */
+	uint32_t pad1[15];     /* own cache line */
+	uint32_t flags;	       /* KVT_RING_*, written by the consumer only */
+	uint32_t entries;      /* power of two, fixed at creation */
+	uint32_t reserved[14]; /* zero */
 };
 _Static_assert(sizeof(struct kvt_ring_hdr) == 192, "kvt_ring_hdr ABI");
 _Static_assert(offsetof(struct kvt_ring_hdr, prod_tail) == 0, "kvt_ring_hdr prod_tail");
@@ -113,13 +113,13 @@ struct kvt_sqe {
 	uint64_t user_data; /* returned untouched in the CQE */
 	uint64_t arena_off; /* payload in the arena */
 	uint32_t arena_len;
-	uint32_t count;	    /* tokens / positions / rows, per opcode */
-	uint64_t arg0;	    /* per opcode */
-	uint64_t arg1;	    /* per opcode */
-	uint32_t arg2;	    /* per opcode */
-	uint32_t buf_id;    /* registered device buffer, per opcode */
-	uint32_t stamp;	    /* ring index + 1, stored last (release) by the producer */
-	uint32_t reserved;  /* zero */
+	uint32_t count;	   /* tokens / positions / rows, per opcode */
+	uint64_t arg0;	   /* per opcode */
+	uint64_t arg1;	   /* per opcode */
+	uint32_t arg2;	   /* per opcode */
+	uint32_t buf_id;   /* registered device buffer, per opcode */
+	uint32_t stamp;	   /* ring index + 1, stored last (release) by the producer */
+	uint32_t reserved; /* zero */
 };
 _Static_assert(sizeof(struct kvt_sqe) == 64, "kvt_sqe ABI");
 
@@ -147,7 +147,7 @@ enum {
 };
 enum { KVT_SCORE_SUM = 0, KVT_SCORE_MEAN = 1, KVT_SCORE__COUNT };
 
-#define KVT_MAX_LAYERS 256
+#define KVT_MAX_LAYERS	 256
 #define KVT_MAX_KV_HEADS 64
 #define KVT_MAX_HEAD_DIM 256
 
@@ -157,27 +157,27 @@ enum { KVT_SCORE_SUM = 0, KVT_SCORE_MEAN = 1, KVT_SCORE__COUNT };
  * -ENOENT (t0_buf_id not registered), -ERANGE (T0 layout outside the buffer).
  */
 struct kvt_seq_params {
-	uint32_t size;	   /* sizeof(struct kvt_seq_params) as the client knows it */
-	uint16_t layers;   /* 1..KVT_MAX_LAYERS */
-	uint16_t kv_heads; /* 1..KVT_MAX_KV_HEADS */
-	uint16_t head_dim; /* 1..KVT_MAX_HEAD_DIM */
-	uint8_t dtype;	   /* KVT_DTYPE_* */
-	uint8_t policy;	   /* KVT_POLICY_* */
-	uint8_t score_mode; /* KVT_SCORE_* */
+	uint32_t size;		/* sizeof(struct kvt_seq_params) as the client knows it */
+	uint16_t layers;	/* 1..KVT_MAX_LAYERS */
+	uint16_t kv_heads;	/* 1..KVT_MAX_KV_HEADS */
+	uint16_t head_dim;	/* 1..KVT_MAX_HEAD_DIM */
+	uint8_t dtype;		/* KVT_DTYPE_* */
+	uint8_t policy;		/* KVT_POLICY_* */
+	uint8_t score_mode;	/* KVT_SCORE_* */
 	uint8_t protect_prompt; /* 0 or 1 */
-	uint16_t q_heads;  /* query heads for TOPK (GQA), a multiple of kv_heads; 0 = kv_heads */
-	uint32_t delta;	    /* re-tier period, tokens, >= 1 */
+	uint16_t q_heads; /* query heads for TOPK (GQA), a multiple of kv_heads; 0 = kv_heads */
+	uint32_t delta;	  /* re-tier period, tokens, >= 1 */
 	uint32_t sinks;
 	uint32_t window;
 	uint32_t prompt_len;
-	float hbm_frac;	    /* [0, 1] */
-	float evict_frac;   /* [0, 1] */
-	float t2_frac;	    /* [0, 1] */
+	float hbm_frac;	     /* [0, 1] */
+	float evict_frac;    /* [0, 1] */
+	float t2_frac;	     /* [0, 1] */
 	uint32_t max_tokens; /* capacity hint, 0 = unlimited (quota still applies) */
 	/* T0 region: 0 = none (the client keeps no device copy, pool only) */
 	uint32_t t0_buf_id;
 	uint32_t t0_slots;
-	uint64_t t0_base_off; /* byte offset of (slot 0, layer 0, K) in the buffer */
+	uint64_t t0_base_off;	  /* byte offset of (slot 0, layer 0, K) in the buffer */
 	uint64_t t0_slot_stride;  /* bytes between slots */
 	uint64_t t0_layer_stride; /* bytes between layers */
 	uint64_t t0_kv_stride;	  /* bytes between K and V */
@@ -191,7 +191,7 @@ struct kvt_seq_params {
 	/* Retrieval (TOPK, specs/pariskv.md): sink S = sinks, dense window W = window, update
 	 * buffer U. Keys leaving the dense window are encoded every U tokens. 0: no TOPK. */
 	uint32_t ret_update;
-	uint32_t ret_flags; /* zero */
+	uint32_t ret_flags;   /* zero */
 	uint64_t reserved[3]; /* zero */
 };
 _Static_assert(sizeof(struct kvt_seq_params) == 160, "kvt_seq_params ABI");
@@ -247,8 +247,8 @@ _Static_assert(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI");
  * nothing staged), -EINVAL (no staging region, layers out of range, a position >= n),
  * -ENOENT (a listed position was evicted).
  */
-#define KVT_FETCH_F_T1 (1u << 0)
-#define KVT_FETCH_F_T2 (1u << 1)
+#define KVT_FETCH_F_T1	 (1u << 0)
+#define KVT_FETCH_F_T2	 (1u << 1)
 #define KVT_FETCH_F_LIST (1u << 2)
 
 /*
@@ -279,11 +279,11 @@ struct kvt_seq_stat {
 	uint32_t size;
 	uint32_t seq;
 	uint64_t n_tokens;
-	uint64_t tier_count[4];	 /* T0, T1, T2, T3 */
-	uint64_t pool_bytes;	 /* pool bytes charged to this sequence */
-	uint64_t bytes_in;	 /* bytes appended into the pool */
-	uint64_t bytes_out;	 /* bytes copied from the pool to device buffers */
-	double score_total;	 /* sum of all SCORE_ADD values */
+	uint64_t tier_count[4]; /* T0, T1, T2, T3 */
+	uint64_t pool_bytes;	/* pool bytes charged to this sequence */
+	uint64_t bytes_in;	/* bytes appended into the pool */
+	uint64_t bytes_out;	/* bytes copied from the pool to device buffers */
+	double score_total;	/* sum of all SCORE_ADD values */
 	uint64_t reserved[4];
 };
 _Static_assert(sizeof(struct kvt_seq_stat) == 112, "kvt_seq_stat ABI");

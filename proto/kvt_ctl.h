@@ -23,19 +23,19 @@
 #define KVT_CTL_MAX_MSG 262144 /* largest message either side sends or accepts */
 
 enum {
-	KVT_CTL_HELLO = 1,	   /* client -> daemon, struct kvt_ctl_hello */
-	KVT_CTL_WELCOME = 2,	   /* daemon -> client, struct kvt_ctl_welcome + 3 fds */
-	KVT_CTL_ERROR = 3,	   /* daemon -> client, struct kvt_ctl_error */
-	KVT_CTL_BUF_REGISTER = 4,  /* client -> daemon, struct kvt_ctl_buf_register (+ 1 fd) */
+	KVT_CTL_HELLO = 1,	    /* client -> daemon, struct kvt_ctl_hello */
+	KVT_CTL_WELCOME = 2,	    /* daemon -> client, struct kvt_ctl_welcome + 3 fds */
+	KVT_CTL_ERROR = 3,	    /* daemon -> client, struct kvt_ctl_error */
+	KVT_CTL_BUF_REGISTER = 4,   /* client -> daemon, struct kvt_ctl_buf_register (+ 1 fd) */
 	KVT_CTL_BUF_REGISTERED = 5, /* daemon -> client, struct kvt_ctl_buf_registered */
 	KVT_CTL_BUF_UNREGISTER = 6, /* client -> daemon, struct kvt_ctl_buf_unregister */
-	KVT_CTL_OK = 7,		   /* daemon -> client, header only */
-	KVT_CTL_EVENT_GET = 8,	   /* client -> daemon, struct kvt_ctl_event_get */
-	KVT_CTL_EVENT = 9,	   /* daemon -> client, struct kvt_ctl_event */
-	KVT_CTL_STATUS = 16,	   /* admin request, header only */
-	KVT_CTL_CLIENTS = 17,	   /* admin request, header only */
-	KVT_CTL_SEQS = 18,	   /* admin request, header only */
-	KVT_CTL_JSON = 19,	   /* admin reply: NUL-terminated JSON text follows the header */
+	KVT_CTL_OK = 7,		    /* daemon -> client, header only */
+	KVT_CTL_EVENT_GET = 8,	    /* client -> daemon, struct kvt_ctl_event_get */
+	KVT_CTL_EVENT = 9,	    /* daemon -> client, struct kvt_ctl_event */
+	KVT_CTL_STATUS = 16,	    /* admin request, header only */
+	KVT_CTL_CLIENTS = 17,	    /* admin request, header only */
+	KVT_CTL_SEQS = 18,	    /* admin request, header only */
+	KVT_CTL_JSON = 19,	    /* admin reply: NUL-terminated JSON text follows the header */
 };
 
 struct kvt_ctl_hdr {
@@ -91,7 +91,7 @@ enum { KVT_BUF_HOST_MEMFD = 1, KVT_BUF_CUDA_IPC = 2 };
  */
 struct kvt_ctl_buf_register {
 	struct kvt_ctl_hdr hdr;
-	uint32_t kind; /* KVT_BUF_* */
+	uint32_t kind;	/* KVT_BUF_* */
 	uint32_t flags; /* zero */
 	uint64_t size;	/* bytes */
 	uint8_t ipc_handle[64];

@@ -31,7 +31,8 @@ esac
 
 # ---- dependencies ------------------------------------------------------------------------------
 pkgs=(build-essential cmake pkg-config git liburing-dev libnuma-dev check libsystemd-dev
-	libinih-dev libjson-c-dev libicu-dev libfaiss-dev systemd valgrind python3 python3-pip)
+	libinih-dev libjson-c-dev libicu-dev libfaiss-dev systemd valgrind clang-format python3
+	python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -188,8 +188,8 @@ int kvt_retier(struct kvt_client *c, uint32_t seq, void *out, uint64_t out_len);
  * positions in @pos, in that order. Returns the rows staged per (layer, K|V), -ENOSPC (staging
  * region or @pos too small: nothing staged), -EINVAL, -ENOENT (a listed position was evicted).
  */
-int kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer0,
-	      uint32_t nlayers, uint32_t stage_row, uint32_t *pos, uint32_t count);
+int kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer0, uint32_t nlayers,
+	      uint32_t stage_row, uint32_t *pos, uint32_t count);
 
 /*
  * kvt_topk() - ParisKV top-k over the keys that left the dense window (the sequence was opened

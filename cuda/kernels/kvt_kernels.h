@@ -80,9 +80,9 @@ enum kvt_k_row {
  *       16-byte aligned rows. I8 formats: @elems int8 elements per row (multiple of 8), 2 output
  *       bytes per element, @h_scale (UVA, f32 per source row) required.
  */
-int kvt_k_gather(const void *h_src, size_t src_stride, const float *h_scale,
-		 const uint32_t *d_idx, uint32_t nrows, void *d_dst, size_t dst_stride,
-		 uint32_t elems, enum kvt_k_row fmt, void *stream);
+int kvt_k_gather(const void *h_src, size_t src_stride, const float *h_scale, const uint32_t *d_idx,
+		 uint32_t nrows, void *d_dst, size_t dst_stride, uint32_t elems, enum kvt_k_row fmt,
+		 void *stream);
 
 #ifdef __cplusplus
 }

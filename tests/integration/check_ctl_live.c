@@ -38,8 +38,13 @@ START_TEST(t_status_clients_seqs)
 {
 	static char out[65536];
 	struct kvt_opts o = {.size = sizeof(o), .name = "ctl-live"};
-	struct kvt_seq_params p = {.size = sizeof(p), .layers = 2, .kv_heads = 1, .head_dim = 16,
-				   .dtype = KVT_DTYPE_F32, .delta = 8, .hbm_frac = 0.5f};
+	struct kvt_seq_params p = {.size = sizeof(p),
+				   .layers = 2,
+				   .kv_heads = 1,
+				   .head_dim = 16,
+				   .dtype = KVT_DTYPE_F32,
+				   .delta = 8,
+				   .hbm_frac = 0.5f};
 	struct json_object *j, *a;
 	struct kvt_client *c;
 	float rows[2 * 2 * 16 * 10] = {0};

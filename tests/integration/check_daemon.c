@@ -281,19 +281,19 @@ START_TEST(t_bad_sqes)
 		uint64_t reserved;
 		int want;
 	} cases[] = {
-		{200, 0, 0, 0, 0, 0, 0, 0, -EINVAL},	      /* unknown opcode */
-		{KVT_OP__COUNT, 0, 0, 0, 0, 0, 0, 0, -EINVAL}, /* first unassigned */
-		{KVT_OP_NOP, 0x80, 0, 0, 0, 0, 0, 0, -EINVAL}, /* reserved flag bit */
-		{KVT_OP_NOP, 0, 0, 0, 0, 0, 0, 1, -EINVAL},    /* reserved field */
-		{KVT_OP_NOP, 0, 1, 0, 0, 0, 0, 0, -EINVAL},    /* op flag on NOP */
-		{KVT_OP_SEQ_STAT, 0, 0, 100000, 0, 200, 0, 0, -EINVAL}, /* seq id out of range */
-		{KVT_OP_SEQ_STAT, 0, 0, 0, 0, 200, 0, 0, -EINVAL},	/* seq 0 */
-		{KVT_OP_SEQ_STAT, 0, 0, 5, 0, 200, 0, 0, -ENOENT},	/* in range, not open */
-		/* arena offset + length that overflows u64 */
-		{KVT_OP_SCORE_ADD, 0, 0, 1, UINT64_MAX - 3, 8, 2, 0, -EINVAL},
-		{KVT_OP_SEQ_OPEN, 0, 0, 0, UINT64_MAX - 100, 160, 0, 0, -EINVAL},
-		{KVT_OP_APPEND, 0, 0x8, 1, 0, 4, 1, 0, -EINVAL}, /* unknown APPEND flag */
-		{KVT_OP_APPEND, 0, 0, 1, 0, 0, 0, 0, -EINVAL},	 /* zero tokens */
+	    {200, 0, 0, 0, 0, 0, 0, 0, -EINVAL},		    /* unknown opcode */
+	    {KVT_OP__COUNT, 0, 0, 0, 0, 0, 0, 0, -EINVAL},	    /* first unassigned */
+	    {KVT_OP_NOP, 0x80, 0, 0, 0, 0, 0, 0, -EINVAL},	    /* reserved flag bit */
+	    {KVT_OP_NOP, 0, 0, 0, 0, 0, 0, 1, -EINVAL},		    /* reserved field */
+	    {KVT_OP_NOP, 0, 1, 0, 0, 0, 0, 0, -EINVAL},		    /* op flag on NOP */
+	    {KVT_OP_SEQ_STAT, 0, 0, 100000, 0, 200, 0, 0, -EINVAL}, /* seq id out of range */
+	    {KVT_OP_SEQ_STAT, 0, 0, 0, 0, 200, 0, 0, -EINVAL},	    /* seq 0 */
+	    {KVT_OP_SEQ_STAT, 0, 0, 5, 0, 200, 0, 0, -ENOENT},	    /* in range, not open */
+	    /* arena offset + length that overflows u64 */
+	    {KVT_OP_SCORE_ADD, 0, 0, 1, UINT64_MAX - 3, 8, 2, 0, -EINVAL},
+	    {KVT_OP_SEQ_OPEN, 0, 0, 0, UINT64_MAX - 100, 160, 0, 0, -EINVAL},
+	    {KVT_OP_APPEND, 0, 0x8, 1, 0, 4, 1, 0, -EINVAL}, /* unknown APPEND flag */
+	    {KVT_OP_APPEND, 0, 0, 1, 0, 0, 0, 0, -EINVAL},   /* zero tokens */
 	};
 
 	params_default(&p);
@@ -438,8 +438,8 @@ raw_connect(const char *sock, uint16_t abi_major, struct kvt_region_hdr **ret_re
 	} rep;
 	char cbuf[CMSG_SPACE(3 * sizeof(int))];
 	struct iovec iov = {&rep, sizeof(rep)};
-	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-			   .msg_controllen = sizeof(cbuf)};
+	struct msghdr m = {
+	    .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0), fds[3];
 
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
@@ -514,8 +514,8 @@ START_TEST(t_unsealed_buffer)
 	struct kvt_ctl_error e;
 	char cbuf[CMSG_SPACE(sizeof(int))] = {0};
 	struct iovec iov = {&m, sizeof(m)};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-			    .msg_controllen = sizeof(cbuf)};
+	struct msghdr mh = {
+	    .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
 	struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
 	int sock, fd = memfd_create("unsealed", MFD_ALLOW_SEALING);
 

@@ -17,8 +17,8 @@
 #include "kvtier.h"
 
 enum { L = 2, H = 2, D = 32, SLOTS = 256, DELTA = 16, STEPS = 600 };
-#define ROW (H * D)	      /* floats per (token, layer, K|V) */
-#define TOK (L * 2 * ROW)     /* floats per token */
+#define ROW (H * D)	  /* floats per (token, layer, K|V) */
+#define TOK (L * 2 * ROW) /* floats per token */
 
 static struct kvtd_proc Dm;
 

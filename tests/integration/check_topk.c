@@ -111,8 +111,8 @@ START_TEST(t_recall_and_fetch)
 				q[h * D + d] = f.ref[(uint64_t)target * TOK + 2 * layer * ROW +
 						     (h / (QH / H)) * D + d] +
 					       0.3f * gauss(&rng);
-		stride = kvt_topk(f.c, f.seq, layer, K, KVT_TOPK_F_FETCH, q, QH * D, out,
-				  sizeof(out));
+		stride =
+		    kvt_topk(f.c, f.seq, layer, K, KVT_TOPK_F_FETCH, q, QH * D, out, sizeof(out));
 		ck_assert_int_eq(stride, K);
 		for (uint32_t h = 0; h < H; h++) {
 			static float ip[N_TOK];
@@ -124,8 +124,8 @@ START_TEST(t_recall_and_fetch)
 			for (int d = 0; d < D; d++)
 				qbar[d] = (q[(2 * h) * D + d] + q[(2 * h + 1) * D + d]) / 2;
 			for (uint32_t i = 0; i < nret; i++) {
-				const float *k = f.ref + (uint64_t)(S + i) * TOK + 2 * layer * ROW +
-						 h * D;
+				const float *k =
+				    f.ref + (uint64_t)(S + i) * TOK + 2 * layer * ROW + h * D;
 
 				ip[i] = 0;
 				for (int d = 0; d < D; d++)
@@ -137,17 +137,17 @@ START_TEST(t_recall_and_fetch)
 				ck_assert_uint_ge(p, S);
 				ck_assert_uint_lt(p, S + nret);
 				/* staged row = the appended row of that position */
-				ck_assert(!memcmp((float *)kvt_buf_ptr(f.stage) +
-							  ((uint64_t)(layer * 2) * H * K + h * K + j) *
-								  ROW,
-						  f.ref + (uint64_t)p * TOK + 2 * layer * ROW,
-						  ROW * 4));
+				ck_assert(
+				    !memcmp((float *)kvt_buf_ptr(f.stage) +
+						((uint64_t)(layer * 2) * H * K + h * K + j) * ROW,
+					    f.ref + (uint64_t)p * TOK + 2 * layer * ROW, ROW * 4));
 			}
 			/* kvtierd refines 4K candidates exactly: the scores are <k, qbar> */
 			for (uint32_t j = 0; j < K; j++) {
 				float e = ip[pos[h * K + j] - S];
 
-				ck_assert_msg(fabsf(score[h * K + j] - e) <= 1e-3f * (1.0f + fabsf(e)),
+				ck_assert_msg(fabsf(score[h * K + j] - e) <=
+						  1e-3f * (1.0f + fabsf(e)),
 					      "score %g exact %g", score[h * K + j], e);
 			}
 			/* recall@K: how many returned keys are in the exact top K */
@@ -182,8 +182,8 @@ START_TEST(t_bad_topk)
 	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0x80, q, QH * D, out, sizeof(out)), -EINVAL);
 	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0, q, QH * D, small, sizeof(small)), -ENOSPC);
 	/* staging holds H*K rows: the union of per-query-head lists needs twice that */
-	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH, q,
-				  QH * D, out, sizeof(out)),
+	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH, q, QH * D,
+				  out, sizeof(out)),
 			 -ENOSPC);
 	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0, q, QH * D, out, sizeof(out)), K);
 	close_seq(&f);

@@ -74,13 +74,19 @@ END_TEST
 START_TEST(t_bad_values)
 {
 	static const char *const bad[] = {
-		"[daemon]\npollers = 0\n",	   "[daemon]\npollers = abc\n",
-		"[daemon]\nbackend = tpu\n",	   "[pool]\nsize = 1x\n",
-		"[pool]\nsize = 1M\n",		   "[pool]\nchunk_size = 3M\n",
-		"[limits]\nmax_sq_entries = 1000\n", "[daemon]\nno_such_key = 1\n",
-		"[nosection]\npollers = 1\n",	   "[daemon]\nsocket_mode = 999\n",
-		"[pool]\nhugetlb = maybe\n",	   "this is not ini\n",
-		"[pool]\nsize = 99999999999999999999G\n",
+	    "[daemon]\npollers = 0\n",
+	    "[daemon]\npollers = abc\n",
+	    "[daemon]\nbackend = tpu\n",
+	    "[pool]\nsize = 1x\n",
+	    "[pool]\nsize = 1M\n",
+	    "[pool]\nchunk_size = 3M\n",
+	    "[limits]\nmax_sq_entries = 1000\n",
+	    "[daemon]\nno_such_key = 1\n",
+	    "[nosection]\npollers = 1\n",
+	    "[daemon]\nsocket_mode = 999\n",
+	    "[pool]\nhugetlb = maybe\n",
+	    "this is not ini\n",
+	    "[pool]\nsize = 99999999999999999999G\n",
 	};
 
 	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -99,8 +105,8 @@ END_TEST
 START_TEST(t_bad_flags)
 {
 	static const char *const bad[][3] = {
-		{"--pollers", "-1", NULL}, {"--backend", "gpu", NULL}, {"--bogus", NULL, NULL},
-		{"--pool-size", "", NULL}, {"stray", NULL, NULL},
+	    {"--pollers", "-1", NULL}, {"--backend", "gpu", NULL}, {"--bogus", NULL, NULL},
+	    {"--pool-size", "", NULL}, {"stray", NULL, NULL},
 	};
 
 	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -158,8 +164,8 @@ START_TEST(t_shipped_example)
 		if (line[0] == '[') {
 			strcat(text, line);
 		} else if (sscanf(line, "#%63[a-z_] = %255s", key, val) == 2) {
-			snprintf(text + strlen(text), sizeof(text) - strlen(text), "%s = %s\n",
-				 key, val);
+			snprintf(text + strlen(text), sizeof(text) - strlen(text), "%s = %s\n", key,
+				 val);
 			keys++;
 		}
 	}

@@ -60,8 +60,13 @@ run(const struct kvt_sqe *e, struct kvt_cqe *ret)
 static uint32_t
 open_seq(void)
 {
-	struct kvt_seq_params p = {.size = sizeof(p), .layers = 2, .kv_heads = 1, .head_dim = 32,
-				   .dtype = KVT_DTYPE_F32, .delta = 16, .hbm_frac = 0.5f};
+	struct kvt_seq_params p = {.size = sizeof(p),
+				   .layers = 2,
+				   .kv_heads = 1,
+				   .head_dim = 32,
+				   .dtype = KVT_DTYPE_F32,
+				   .delta = 16,
+				   .hbm_frac = 0.5f};
 	struct kvt_sqe e = {.opcode = KVT_OP_SEQ_OPEN, .arena_len = sizeof(p), .user_data = 9};
 	int r;
 
@@ -120,8 +125,8 @@ START_TEST(t_arena_bounds)
 	e.arena_off = S->arena_size - tok; /* exactly at the end: fine */
 	ck_assert_int_eq(run(&e, NULL), 1);
 	/* scores must be 4-byte aligned */
-	e = (struct kvt_sqe){.opcode = KVT_OP_SCORE_ADD, .seq = seq, .count = 1, .arena_off = 2,
-			     .arena_len = 4};
+	e = (struct kvt_sqe){
+	    .opcode = KVT_OP_SCORE_ADD, .seq = seq, .count = 1, .arena_off = 2, .arena_len = 4};
 	ck_assert_int_eq(run(&e, NULL), -EINVAL);
 	e.arena_off = 4;
 	memset(S->arena + 4, 0, 4);

@@ -24,7 +24,6 @@
 
 /* ---- deterministic data ---- */
 
-
 /* A Gaussian family: per-channel mean and scale. */
 struct profile {
 	float mean[128];
@@ -43,7 +42,8 @@ make_profile(struct profile *p, unsigned int d, int outliers, float mean_mag)
 	for (int o = 0; o < outliers; o++) {
 		unsigned int c = (unsigned int)(test_urand() * d);
 
-		p->mean[c] = (test_urand() < 0.5 ? -1.0f : 1.0f) * mean_mag * (1.0f + (float)test_urand());
+		p->mean[c] =
+		    (test_urand() < 0.5 ? -1.0f : 1.0f) * mean_mag * (1.0f + (float)test_urand());
 		p->scale[c] *= 3.0f;
 	}
 }
@@ -704,8 +704,8 @@ refine_run(enum dataset ds, unsigned int d, uint32_t n, uint32_t k, uint32_t nq,
 		r_same += o_same;
 		for (uint32_t i = 0; i < k; i++) {
 			const float *key = keys + (size_t)ref[i] * d;
-			double e = dot_d(key, q, d), tol = 1e-5 * sqrt(dot_d(key, key, d) *
-								   dot_d(q, q, d)) + 1e-6;
+			double e = dot_d(key, q, d),
+			       tol = 1e-5 * sqrt(dot_d(key, key, d) * dot_d(q, q, d)) + 1e-6;
 
 			ck_assert_msg(fabs(rsc[i] - e) <= tol, "score %g exact %g", rsc[i], e);
 			if (i)
@@ -1156,8 +1156,13 @@ START_TEST(test_seq_topk)
 	}
 	/* exact refine through the sequence's key accessor */
 	{
-		struct seq_src ss = {.tok = tok, .hkv = 2, .d = 128, .layer = 0, .lo = 4,
-				     .hi = 4 + n, .fail = UINT32_MAX};
+		struct seq_src ss = {.tok = tok,
+				     .hkv = 2,
+				     .d = 128,
+				     .layer = 0,
+				     .lo = 4,
+				     .hi = 4 + n,
+				     .fail = UINT32_MAX};
 		const struct kvt_paris_seq_keys sk = {seq_get, &ss}, nog = {NULL, &ss};
 
 		o.flags = 0;
@@ -1189,7 +1194,8 @@ START_TEST(test_seq_topk)
 				ck_assert_uint_ge(pos[h * k + i], 4);
 				ck_assert_uint_lt(pos[h * k + i], 4 + n);
 				ck_assert(fabs(sc[h * k + i] - e) <=
-					  1e-5 * sqrt(dot_d(key, key, 128) * dot_d(mean, mean, 128)));
+					  1e-5 *
+					      sqrt(dot_d(key, key, 128) * dot_d(mean, mean, 128)));
 				if (i)
 					ck_assert(sc[h * k + i - 1] >= sc[h * k + i]);
 			}

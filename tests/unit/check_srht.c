@@ -11,7 +11,6 @@
 #include "srht.h"
 #include "test_req.h"
 
-
 START_TEST(test_init_dims)
 {
 	struct kvt_srht s;

@@ -252,7 +252,7 @@ static const struct variant {
 } var[] = {
     {"kvtier", 0.0, 0.0, 0},
     {"kvtier-wide", 0.2, 0.5, 0},
-    {"kvtier-refine", 0.0, 0.0, 4},	      /* refine schedule: (0.30, 0.70) */
+    {"kvtier-refine", 0.0, 0.0, 4},	   /* refine schedule: (0.30, 0.70) */
     {"kvtier-refine-spec", 0.10, 0.20, 4}, /* refine on the spec's ratios */
 };
 #define NVAR ((int)(sizeof(var) / sizeof(var[0])))

@@ -92,7 +92,6 @@ int bench_uring_batch32(const struct bench_opts *o, struct bench_result *ret);
 
 /* bench_proc_cpu_ticks() is in tools/bench/daemon.h. */
 
-
 /*
  * bench_proc_cpu() - CPU use of @pid over the next @interval_s seconds (this call sleeps), as
  * percent of one CPU: 100 = one core busy all the time. Resolution is one clock tick (usually
@@ -108,6 +107,5 @@ int bench_kvtier_sleep(const struct bench_opts *o, struct bench_result *ret);
 int bench_kvtier_batch32(const struct bench_opts *o, struct bench_result *ret);
 /* CPU of an idle kvtierd with one connected client (or of --cpu-pid when given). */
 int bench_kvtier_idle(const struct bench_opts *o, struct bench_result *ret);
-
 
 #endif /* KVT_BENCH_H */

@@ -58,14 +58,16 @@ enum mode { MODE_SPIN, MODE_SLEEP, MODE_BATCH };
 static int
 run_mode(const struct bench_opts *o, enum mode m, struct bench_result *ret)
 {
-	struct kvt_opts opts = {.size = sizeof(opts), .name = "kvtier-bench",
-				.spin_us = m == MODE_SLEEP ? 0 : 1000000, .sq_entries = 64};
+	struct kvt_opts opts = {.size = sizeof(opts),
+				.name = "kvtier-bench",
+				.spin_us = m == MODE_SLEEP ? 0 : 1000000,
+				.sq_entries = 64};
 	struct bench_daemon d;
 	struct kvt_client *c;
 	int r;
 
 	r = bench_daemon_start(&d, (const char *const[]){"--pool-size", "16M", "--spin-us",
-							  m == MODE_SLEEP ? "0" : "1000000", NULL});
+							 m == MODE_SLEEP ? "0" : "1000000", NULL});
 	if (r < 0)
 		return r;
 	r = kvt_connect(d.sock, &opts, &c);

@@ -526,8 +526,7 @@ main(int argc, char **argv)
 		       g.gather_gbps, g.random_gbps, g.read_gbps);
 		printf(",\"gather_vs_read\":%.2f,\"gather_random_vs_read\":%.2f", g.gather_ratio,
 		       g.random_ratio);
-		printf(",\"copy_64m_gbps\":%.2f,\"copy_vs_read\":%.2f", g.copy_gbps,
-		       g.copy_ratio);
+		printf(",\"copy_64m_gbps\":%.2f,\"copy_vs_read\":%.2f", g.copy_gbps, g.copy_ratio);
 		if (do_step && !step_err)
 			printf(",\"step_us_32k\":%.1f,\"step_nofetch_us_32k\":%.1f,"
 			       "\"fetch_us_32k\":%.1f,\"retier_daemon_us_32k\":%.1f,"
@@ -575,14 +574,13 @@ main(int argc, char **argv)
 		return 1;
 	}
 	printf("\ndecode step through kvtierd (host backend), 32 layers x 8 kv heads x 128, f16,\n"
-	       "%u tokens (T0 %llu, T1 %llu), daemon CPU per step, %u steps\n", st.n,
-	       (unsigned long long)st.t0, (unsigned long long)st.t1, st.steps);
+	       "%u tokens (T0 %llu, T1 %llu), daemon CPU per step, %u steps\n",
+	       st.n, (unsigned long long)st.t0, (unsigned long long)st.t1, st.steps);
 	printf("  APPEND + SCORE_ADD (n floats) + RETIER every 64         %10.0f us\n",
 	       st.step_nofetch_us);
 	printf("  FETCH of every T1 row, one op per layer (memcpy here)   %10.0f us\n",
 	       st.fetch_us);
-	printf("  step_us_32k (sum)                                       %10.0f us\n",
-	       st.step_us);
+	printf("  step_us_32k (sum)                                       %10.0f us\n", st.step_us);
 	printf("  one RETIER of the whole sequence                        %10.0f us\n",
 	       st.retier_us);
 	return 0;

@@ -53,7 +53,8 @@ main(int argc, char **argv)
 		return 1;
 	}
 	if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-		printf("usage: kvtier-bench <benchmark> [options]   (kvtier-bench <benchmark> --help)\n"
+		printf("usage: kvtier-bench <benchmark> [options]   (kvtier-bench <benchmark> "
+		       "--help)\n"
 		       "benchmarks:\n");
 		list_subcommands(dir);
 		return argc < 2 ? 2 : 0;

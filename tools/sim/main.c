@@ -40,13 +40,13 @@ struct sim_cfg {
 
 /* The table: the eviction cliff next to the tiering potentiometer. */
 static const struct sim_cfg configs[] = {
-	{KVT_POLICY_H2O, 0.5f, 0.0f, 0.0f},	  {KVT_POLICY_H2O, 0.25f, 0.0f, 0.0f},
-	{KVT_POLICY_STREAMING, 0.5f, 0.0f, 0.0f}, {KVT_POLICY_TIERED, 0.1f, 0.0f, 0.0f},
-	{KVT_POLICY_TIERED, 0.3f, 0.0f, 0.0f},	  {KVT_POLICY_TIERED, 0.5f, 0.0f, 0.0f},
-	{KVT_POLICY_TIERED, 0.7f, 0.0f, 0.0f},	  {KVT_POLICY_TIERED, 0.1f, 0.03f, 0.0f},
-	{KVT_POLICY_TIERED, 0.3f, 0.03f, 0.0f},	  {KVT_POLICY_TIERED, 0.5f, 0.03f, 0.0f},
-	{KVT_POLICY_TIERED, 0.7f, 0.03f, 0.0f},	  {KVT_POLICY_TIERED, 0.5f, 0.10f, 0.0f},
-	{KVT_POLICY_TIERED, 0.3f, 0.0f, 0.25f},
+    {KVT_POLICY_H2O, 0.5f, 0.0f, 0.0f},	      {KVT_POLICY_H2O, 0.25f, 0.0f, 0.0f},
+    {KVT_POLICY_STREAMING, 0.5f, 0.0f, 0.0f}, {KVT_POLICY_TIERED, 0.1f, 0.0f, 0.0f},
+    {KVT_POLICY_TIERED, 0.3f, 0.0f, 0.0f},    {KVT_POLICY_TIERED, 0.5f, 0.0f, 0.0f},
+    {KVT_POLICY_TIERED, 0.7f, 0.0f, 0.0f},    {KVT_POLICY_TIERED, 0.1f, 0.03f, 0.0f},
+    {KVT_POLICY_TIERED, 0.3f, 0.03f, 0.0f},   {KVT_POLICY_TIERED, 0.5f, 0.03f, 0.0f},
+    {KVT_POLICY_TIERED, 0.7f, 0.03f, 0.0f},   {KVT_POLICY_TIERED, 0.5f, 0.10f, 0.0f},
+    {KVT_POLICY_TIERED, 0.3f, 0.0f, 0.25f},
 };
 #define NCFG (sizeof(configs) / sizeof(configs[0]))
 
@@ -64,25 +64,26 @@ struct sim_result {
 static void
 usage(FILE *f)
 {
-	fprintf(f,
-		"usage: kvtier-sim [options]\n"
-		"Runs one synthetic decode per tiering configuration against kvtierd, spread over\n"
-		"client processes, and prints per policy and budget the attention-output relative\n"
-		"error and the attention mass lost to evicted tokens.\n\n"
-		"The trace is synthetic, not a model: keys come in runs of one \"topic\" (a random\n"
-		"direction per layer and head, plus noise); each step's query points at the current\n"
-		"topic or, with probability 0.7, at a topic chosen uniformly from all those seen so\n"
-		"far, so attention returns to old tokens unpredictably. Rows are f32.\n\n"
-		"  --clients N      client processes sharing the daemon (default 2)\n"
-		"  --steps N        decode steps per run (default 2048)\n"
-		"  --layers N --kv-heads N --head-dim N   geometry (default 4, 2, 64)\n"
-		"  --delta N        re-tier period (default 64)\n"
-		"  --seed N         trace seed (every run replays the same trace)\n"
-		"  --socket PATH    kvtierd socket (default $KVTIER_SOCKET or %s)\n"
-		"  --then CMD       run CMD (sh -c) once every client holds its last sequence open\n"
-		"  --json           {\"rows\":[{policy,hbm_frac,evict_frac,t2_frac,rel_err,\n"
-		"                   mass_lost}...]} instead of the table\n",
-		KVT_DEFAULT_SOCKET);
+	fprintf(
+	    f,
+	    "usage: kvtier-sim [options]\n"
+	    "Runs one synthetic decode per tiering configuration against kvtierd, spread over\n"
+	    "client processes, and prints per policy and budget the attention-output relative\n"
+	    "error and the attention mass lost to evicted tokens.\n\n"
+	    "The trace is synthetic, not a model: keys come in runs of one \"topic\" (a random\n"
+	    "direction per layer and head, plus noise); each step's query points at the current\n"
+	    "topic or, with probability 0.7, at a topic chosen uniformly from all those seen so\n"
+	    "far, so attention returns to old tokens unpredictably. Rows are f32.\n\n"
+	    "  --clients N      client processes sharing the daemon (default 2)\n"
+	    "  --steps N        decode steps per run (default 2048)\n"
+	    "  --layers N --kv-heads N --head-dim N   geometry (default 4, 2, 64)\n"
+	    "  --delta N        re-tier period (default 64)\n"
+	    "  --seed N         trace seed (every run replays the same trace)\n"
+	    "  --socket PATH    kvtierd socket (default $KVTIER_SOCKET or %s)\n"
+	    "  --then CMD       run CMD (sh -c) once every client holds its last sequence open\n"
+	    "  --json           {\"rows\":[{policy,hbm_frac,evict_frac,t2_frac,rel_err,\n"
+	    "                   mass_lost}...]} instead of the table\n",
+	    KVT_DEFAULT_SOCKET);
 }
 
 static double
@@ -102,12 +103,12 @@ struct run {
 	uint32_t seq, t0_slots, n;
 	int32_t *slot_pos;
 	uint32_t *free_slots, n_free, next_free;
-	uint8_t *live;	      /* position not evicted */
-	uint32_t *staged;     /* positions of staging rows after the last FETCH */
+	uint8_t *live;	  /* position not evicted */
+	uint32_t *staged; /* positions of staging rows after the last FETCH */
 	uint32_t n_staged;
 	const float **krow, **vrow; /* per position, current layer: where its rows are */
-	float *cache;	      /* reference [steps][L][2][H][D] */
-	uint64_t tok;	      /* floats per token */
+	float *cache;		    /* reference [steps][L][2][H][D] */
+	uint64_t tok;		    /* floats per token */
 	uint8_t *rbuf;
 	size_t rbuf_len;
 };
@@ -146,8 +147,8 @@ do_retier(struct run *R)
 	R->n_free = res->n_free;
 	R->next_free = 0;
 	/* Where every live position's rows are now: T0 slot or staging row. */
-	r = kvt_fetch(R->c, R->seq, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, R->o->layers, 0,
-		      R->staged, R->o->steps);
+	r = kvt_fetch(R->c, R->seq, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, R->o->layers, 0, R->staged,
+		      R->o->steps);
 	if (r < 0)
 		return r;
 	R->n_staged = (uint32_t)r;
@@ -204,7 +205,8 @@ attend(struct run *R, const float *q, uint32_t l, uint32_t h, float *w, double *
 		if (!measure)
 			continue;
 		{
-			const float *vf = R->cache + i * R->tok + ((uint64_t)(2 * l + 1) * H + h) * D;
+			const float *vf =
+			    R->cache + i * R->tok + ((uint64_t)(2 * l + 1) * H + h) * D;
 
 			for (uint32_t j = 0; j < D; j++)
 				ref[j] += lfull[i] / sf * vf[j];
@@ -288,9 +290,8 @@ run_config(const struct sim_opts *o, const struct sim_cfg *cf, struct kvt_client
 	w = malloc(sizeof(float) * o->steps);
 	logit = malloc(sizeof(float) * o->steps);
 	lfull = malloc(sizeof(float) * o->steps);
-	if (!R.rbuf || !R.slot_pos || !R.free_slots || !R.live || !R.staged || !R.krow ||
-	    !R.vrow || !R.cache || !q || !w || !logit || !lfull ||
-	    sim_trace_init(&tr, L, H, D, o->seed) < 0)
+	if (!R.rbuf || !R.slot_pos || !R.free_slots || !R.live || !R.staged || !R.krow || !R.vrow ||
+	    !R.cache || !q || !w || !logit || !lfull || sim_trace_init(&tr, L, H, D, o->seed) < 0)
 		return -ENOMEM;
 	for (uint32_t s = 0; s < R.t0_slots; s++)
 		R.slot_pos[s] = -1;
@@ -446,12 +447,13 @@ print_results(const struct sim_opts *o, struct sim_result *res)
 			       configs[i].t2, kvt_strerror(res[i].err));
 			continue;
 		}
-		printf("%-10s %5.2f %6.2f %5.2f  %10.3g %10.3g   %6llu %6llu %6llu %6llu  %7.1f MiB\n",
-		       policy_names[configs[i].policy], configs[i].hbm, configs[i].evict,
-		       configs[i].t2, res[i].rel_err, res[i].mass_lost,
-		       (unsigned long long)res[i].tiers[0], (unsigned long long)res[i].tiers[1],
-		       (unsigned long long)res[i].tiers[2], (unsigned long long)res[i].tiers[3],
-		       res[i].bytes_out / 1048576.0);
+		printf(
+		    "%-10s %5.2f %6.2f %5.2f  %10.3g %10.3g   %6llu %6llu %6llu %6llu  %7.1f MiB\n",
+		    policy_names[configs[i].policy], configs[i].hbm, configs[i].evict,
+		    configs[i].t2, res[i].rel_err, res[i].mass_lost,
+		    (unsigned long long)res[i].tiers[0], (unsigned long long)res[i].tiers[1],
+		    (unsigned long long)res[i].tiers[2], (unsigned long long)res[i].tiers[3],
+		    res[i].bytes_out / 1048576.0);
 	}
 	printf("\nrel_err: |attention output from T0 slots + fetched rows - full-cache output| /\n"
 	       "|full-cache output|, right after each re-tier; mass_lost: softmax mass on evicted\n"
@@ -463,15 +465,20 @@ int
 main(int argc, char **argv)
 {
 	static const struct option lo[] = {
-		{"clients", required_argument, NULL, 'c'}, {"steps", required_argument, NULL, 's'},
-		{"layers", required_argument, NULL, 'L'},  {"kv-heads", required_argument, NULL, 'H'},
-		{"head-dim", required_argument, NULL, 'D'}, {"seed", required_argument, NULL, 'S'},
-		{"delta", required_argument, NULL, 'd'},   {"socket", required_argument, NULL, 'k'},
-		{"then", required_argument, NULL, 't'},	   {"json", no_argument, NULL, 'j'},
-		{"help", no_argument, NULL, 'h'},	   {0},
+	    {"clients", required_argument, NULL, 'c'},	{"steps", required_argument, NULL, 's'},
+	    {"layers", required_argument, NULL, 'L'},	{"kv-heads", required_argument, NULL, 'H'},
+	    {"head-dim", required_argument, NULL, 'D'}, {"seed", required_argument, NULL, 'S'},
+	    {"delta", required_argument, NULL, 'd'},	{"socket", required_argument, NULL, 'k'},
+	    {"then", required_argument, NULL, 't'},	{"json", no_argument, NULL, 'j'},
+	    {"help", no_argument, NULL, 'h'},		{0},
 	};
-	struct sim_opts o = {.clients = 2, .steps = 2048, .layers = 4, .kv_heads = 2,
-			     .head_dim = 64, .delta = 64, .seed = 1};
+	struct sim_opts o = {.clients = 2,
+			     .steps = 2048,
+			     .layers = 4,
+			     .kv_heads = 2,
+			     .head_dim = 64,
+			     .delta = 64,
+			     .seed = 1};
 	struct sim_result res[NCFG];
 	int rp[2], done[2], go[2], c, failed = 0;
 	unsigned seed, got = 0;
@@ -481,18 +488,43 @@ main(int argc, char **argv)
 		int r = 0;
 
 		switch (c) {
-		case 'c': r = parse_u(optarg, 1, 64, &o.clients); break;
-		case 's': r = parse_u(optarg, 256, 1u << 16, &o.steps); break;
-		case 'L': r = parse_u(optarg, 1, KVT_MAX_LAYERS, &o.layers); break;
-		case 'H': r = parse_u(optarg, 1, KVT_MAX_KV_HEADS, &o.kv_heads); break;
-		case 'D': r = parse_u(optarg, 1, KVT_MAX_HEAD_DIM, &o.head_dim); break;
-		case 'd': r = parse_u(optarg, 1, 1024, &o.delta); break;
-		case 'S': r = parse_u(optarg, 0, ~0u, &seed); o.seed = seed; break;
-		case 'k': o.socket = optarg; break;
-		case 't': o.then = optarg; break;
-		case 'j': o.json = 1; break;
-		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
+		case 'c':
+			r = parse_u(optarg, 1, 64, &o.clients);
+			break;
+		case 's':
+			r = parse_u(optarg, 256, 1u << 16, &o.steps);
+			break;
+		case 'L':
+			r = parse_u(optarg, 1, KVT_MAX_LAYERS, &o.layers);
+			break;
+		case 'H':
+			r = parse_u(optarg, 1, KVT_MAX_KV_HEADS, &o.kv_heads);
+			break;
+		case 'D':
+			r = parse_u(optarg, 1, KVT_MAX_HEAD_DIM, &o.head_dim);
+			break;
+		case 'd':
+			r = parse_u(optarg, 1, 1024, &o.delta);
+			break;
+		case 'S':
+			r = parse_u(optarg, 0, ~0u, &seed);
+			o.seed = seed;
+			break;
+		case 'k':
+			o.socket = optarg;
+			break;
+		case 't':
+			o.then = optarg;
+			break;
+		case 'j':
+			o.json = 1;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
 		}
 		if (r < 0) {
 			fprintf(stderr, "kvtier-sim: bad value '%s' for %s\n", optarg,

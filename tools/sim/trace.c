@@ -82,7 +82,8 @@ sim_trace_token(struct sim_trace *tr, float *rows)
 	}
 	for (uint32_t l = 0; l < tr->layers; l++)
 		for (uint32_t h = 0; h < H; h++) {
-			const float *d = tr->dirs + (((uint64_t)tr->cur_topic * tr->layers + l) * H + h) * hd;
+			const float *d =
+			    tr->dirs + (((uint64_t)tr->cur_topic * tr->layers + l) * H + h) * hd;
 			float *k = rows + ((uint64_t)(2 * l) * H + h) * hd;
 			float *v = rows + ((uint64_t)(2 * l + 1) * H + h) * hd;
 
@@ -106,7 +107,8 @@ sim_trace_query(struct sim_trace *tr, float *q)
 		topic = (uint32_t)(rng_next(&tr->rng) % (tr->max_topic + 1));
 	for (uint32_t l = 0; l < tr->layers; l++)
 		for (uint32_t h = 0; h < H; h++) {
-			const float *d = tr->dirs + (((uint64_t)topic * tr->layers + l) * H + h) * hd;
+			const float *d =
+			    tr->dirs + (((uint64_t)topic * tr->layers + l) * H + h) * hd;
 			float *o = q + ((uint64_t)l * H + h) * hd;
 
 			for (uint32_t j = 0; j < hd; j++)

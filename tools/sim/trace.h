@@ -20,10 +20,10 @@ struct sim_trace {
 	uint32_t topics, run_len;
 	float strength, noise, p_revisit;
 	uint64_t rng;
-	float *dirs;	     /* [topics][layers][kv_heads][head_dim] */
-	uint32_t cur_topic;  /* topic of the current run */
-	uint32_t max_topic;  /* topics seen so far: 0..max_topic */
-	uint64_t t;	     /* tokens generated */
+	float *dirs;	    /* [topics][layers][kv_heads][head_dim] */
+	uint32_t cur_topic; /* topic of the current run */
+	uint32_t max_topic; /* topics seen so far: 0..max_topic */
+	uint64_t t;	    /* tokens generated */
 };
 
 int sim_trace_init(struct sim_trace *tr, uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
