@@ -91,6 +91,41 @@ START_TEST(t_status_clients_seqs)
 }
 END_TEST
 
+/* kvtierd itself: bad flags and config stop it with exit 2 and a message, before anything. */
+START_TEST(t_daemon_cli)
+{
+	static const struct {
+		const char *args, *want;
+		int status;
+	} cases[] = {
+	    {"--pool-size 1x", "bad value '1x' for --pool-size", 2},
+	    {"--bogus", "unknown or incomplete option", 2},
+	    {"--config /nonexistent.conf", "cannot open config /nonexistent.conf", 2},
+	    {"--backend tpu", "bad value 'tpu' for --backend", 2},
+	    {"--version", "kvtierd ", 0},
+	    {"--help", "usage: kvtierd", 0},
+	};
+
+	for (unsigned i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char cmd[512], out[4096];
+		size_t n = 0;
+		FILE *p;
+		int st;
+
+		snprintf(cmd, sizeof(cmd), "%s %s 2>&1", getenv("KVTIERD"), cases[i].args);
+		p = popen(cmd, "r");
+		ck_assert_ptr_nonnull(p);
+		while (n + 1 < sizeof(out) && fgets(out + n, (int)(sizeof(out) - n), p))
+			n += strlen(out + n);
+		out[n] = '\0';
+		st = pclose(p);
+		ck_assert_msg(WEXITSTATUS(st) == cases[i].status, "%s: exit %d", cases[i].args,
+			      WEXITSTATUS(st));
+		ck_assert_msg(strstr(out, cases[i].want), "%s: said '%s'", cases[i].args, out);
+	}
+}
+END_TEST
+
 static void
 up(void)
 {
@@ -113,6 +148,7 @@ main(void)
 
 	tcase_add_checked_fixture(tc, up, down);
 	tcase_add_test(tc, t_status_clients_seqs);
+	tcase_add_test(tc, t_daemon_cli);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
