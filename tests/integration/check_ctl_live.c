@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -126,6 +128,46 @@ START_TEST(t_daemon_cli)
 }
 END_TEST
 
+/* systemd's notification protocol: READY=1 once serving, WATCHDOG=1 from the loop, STOPPING=1. */
+START_TEST(t_sd_notify)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct timeval tv = {5, 0};
+	struct kvtd_proc d;
+	char buf[512], seen[4096] = "";
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	const char *extra[] = {"--hello-timeout-ms", "200", NULL}; /* 50 ms ticks */
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "/tmp/kvt-notify-%d.sock", (int)getpid());
+	unlink(sa.sun_path);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	setenv("NOTIFY_SOCKET", sa.sun_path, 1);
+	daemon_start(&d, extra);
+	unsetenv("NOTIFY_SOCKET");
+	while (!strstr(seen, "WATCHDOG=1")) {
+		ssize_t n = recv(fd, buf, sizeof(buf) - 1, 0);
+
+		ck_assert_int_gt(n, 0);
+		buf[n] = '\0';
+		strncat(seen, buf, sizeof(seen) - strlen(seen) - 2);
+		strcat(seen, "\n");
+	}
+	ck_assert_ptr_nonnull(strstr(seen, "READY=1"));
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	for (;;) {
+		ssize_t n = recv(fd, buf, sizeof(buf) - 1, 0);
+
+		ck_assert_int_gt(n, 0);
+		buf[n] = '\0';
+		if (strstr(buf, "STOPPING=1"))
+			break;
+	}
+	close(fd);
+	unlink(sa.sun_path);
+}
+END_TEST
+
 static void
 up(void)
 {
@@ -149,6 +191,9 @@ main(void)
 	tcase_add_checked_fixture(tc, up, down);
 	tcase_add_test(tc, t_status_clients_seqs);
 	tcase_add_test(tc, t_daemon_cli);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("notify");
+	tcase_add_test(tc, t_sd_notify);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
