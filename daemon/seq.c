@@ -910,6 +910,10 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 	*ret_n = (uint64_t)r;
 	if (k > (uint32_t)r)
 		return -ERANGE;
+	/* With KVT_TOPK_F_UNION the stride is k * q_heads / kv_heads: keep it (and every size
+	 * derived from it) far from u32 overflow; no arena could hold such an answer anyway. */
+	if ((flags & KVT_TOPK_F_UNION) && (uint64_t)k * (qh / H) > (1u << 24))
+		return -ENOSPC;
 	stride = kvt_paris_seq_topk_stride(q->paris, &opts);
 	need = (uint64_t)H * 4 + (uint64_t)H * stride * 8;
 	if (need > out_len)
