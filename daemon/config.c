@@ -218,7 +218,8 @@ config_set(struct kvtd_config *cfg, const char *section, const char *key, const 
 			return -EINVAL;
 		cfg->max_sq_entries = u;
 	} else if (KEY("limits", "max_arena_size")) {
-		if (kvtd_parse_size(val, &sz) < 0 || sz < 4096 || sz > (1ull << 34))
+		/* At most 1 GiB: op results are sized in int (the CQE's res). */
+		if (kvtd_parse_size(val, &sz) < 0 || sz < 4096 || sz > (1ull << 30))
 			return -EINVAL;
 		cfg->max_arena_size = sz;
 	} else if (KEY("limits", "pool_bytes_per_session")) {
