@@ -717,6 +717,24 @@ sync_sqe(struct kvt_client *c, uint8_t opcode, uint32_t seq, int uses_arena, int
 	return e;
 }
 
+/* A blocking op whose payload is @len bytes of @data at the start of the arena. */
+static struct kvt_sqe *
+payload_sqe(struct kvt_client *c, uint8_t opcode, uint32_t seq, const void *data, uint64_t len,
+	    int *ret_err)
+{
+	struct kvt_sqe *e;
+
+	*ret_err = -E2BIG;
+	if (len > c->arena_size || len > UINT32_MAX)
+		return NULL;
+	e = sync_sqe(c, opcode, seq, 1, ret_err);
+	if (!e)
+		return NULL;
+	memcpy(c->arena, data, len);
+	e->arena_len = (uint32_t)len;
+	return e;
+}
+
 KVT_EXPORT int
 kvt_nop(struct kvt_client *c)
 {
@@ -732,14 +750,9 @@ kvt_seq_open(struct kvt_client *c, const struct kvt_seq_params *p, uint32_t *ret
 	int r;
 	struct kvt_sqe *e;
 
-	if (sizeof(*p) > c->arena_size)
-		return -E2BIG;
-	e = sync_sqe(c, KVT_OP_SEQ_OPEN, 0, 1, &r);
+	e = payload_sqe(c, KVT_OP_SEQ_OPEN, 0, p, sizeof(*p), &r);
 	if (!e)
 		return r;
-	memcpy(c->arena, p, sizeof(*p));
-	e->arena_off = 0;
-	e->arena_len = sizeof(*p);
 	r = run_one(c, e, NULL);
 	if (r > 0) {
 		*ret_seq = (uint32_t)r;
@@ -765,13 +778,9 @@ kvt_append(struct kvt_client *c, uint32_t seq, const void *rows, uint64_t len, u
 	struct kvt_sqe *e;
 	int r;
 
-	if (len > c->arena_size || len > UINT32_MAX)
-		return -E2BIG;
-	e = sync_sqe(c, KVT_OP_APPEND, seq, 1, &r);
+	e = payload_sqe(c, KVT_OP_APPEND, seq, rows, len, &r);
 	if (!e)
 		return r;
-	memcpy(c->arena, rows, len);
-	e->arena_len = (uint32_t)len;
 	e->count = ntok;
 	r = run_one(c, e, &cqe);
 	if (r >= 0 && ret_first)
@@ -782,18 +791,13 @@ kvt_append(struct kvt_client *c, uint32_t seq, const void *rows, uint64_t len, u
 KVT_EXPORT int64_t
 kvt_append_t0(struct kvt_client *c, uint32_t seq, const uint32_t *slots, uint32_t ntok)
 {
-	uint64_t len = (uint64_t)ntok * sizeof(uint32_t);
 	struct kvt_sqe *e;
 	int r;
 
-	if (len > c->arena_size)
-		return -E2BIG;
-	e = sync_sqe(c, KVT_OP_APPEND, seq, 1, &r);
+	e = payload_sqe(c, KVT_OP_APPEND, seq, slots, (uint64_t)ntok * sizeof(uint32_t), &r);
 	if (!e)
 		return r;
-	memcpy(c->arena, slots, len);
 	e->op_flags = KVT_APPEND_F_T0;
-	e->arena_len = (uint32_t)len;
 	e->count = ntok;
 	return run_one(c, e, NULL);
 }
@@ -801,17 +805,12 @@ kvt_append_t0(struct kvt_client *c, uint32_t seq, const uint32_t *slots, uint32_
 KVT_EXPORT int
 kvt_score_add(struct kvt_client *c, uint32_t seq, uint64_t first, const float *values, uint32_t n)
 {
-	uint64_t len = (uint64_t)n * sizeof(float);
 	struct kvt_sqe *e;
 	int r;
 
-	if (len > c->arena_size)
-		return -E2BIG;
-	e = sync_sqe(c, KVT_OP_SCORE_ADD, seq, 1, &r);
+	e = payload_sqe(c, KVT_OP_SCORE_ADD, seq, values, (uint64_t)n * sizeof(float), &r);
 	if (!e)
 		return r;
-	memcpy(c->arena, values, len);
-	e->arena_len = (uint32_t)len;
 	e->count = n;
 	e->arg0 = first;
 	return run_one(c, e, NULL);

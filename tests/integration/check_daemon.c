@@ -114,6 +114,9 @@ START_TEST(t_basic)
 		sc[i] = 0.1f * i;
 	ck_assert_int_eq(kvt_score_add(c, seq, 3, sc, 10), 0);
 	ck_assert_int_eq(kvt_score_add(c, seq, 4, sc, 10), -EINVAL); /* passes n */
+	/* A payload larger than the arena (16 MiB) fails in the library, nothing is sent. */
+	ck_assert_int_eq(kvt_score_add(c, seq, 0, sc, 5u << 20), -E2BIG);
+	ck_assert_int_eq(kvt_append(c, seq, sc, 1ull << 32, 1, NULL), -E2BIG);
 	ck_assert_int_eq(kvt_seq_stat(c, seq, &st), 0);
 	ck_assert_uint_eq(st.n_tokens, 13);
 	ck_assert_uint_eq(st.tier_count[1], 13);
