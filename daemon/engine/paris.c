@@ -42,8 +42,12 @@ kvt_paris_page_bytes(unsigned int dim, unsigned int page_keys)
 	return (size_t)9 * (dim / KVT_PARIS_M) * page_keys;
 }
 
-/* Page layout: cid [B][P] | codes [P][4B] | weights [P][B] f32. Every part starts 64-aligned
- * because P is a multiple of 64. */
+/*
+ * Page layout: cid [B][P] | P records of codes [4B] + weights [B] f32. The vote pass streams the
+ * ids block by block; the rerank reads one record per candidate, so a key's codes and weights
+ * share adjacent cache lines and one 4 KiB page. Every part starts 64-aligned because P is a
+ * multiple of 64, and records (8B bytes) are 64-aligned for B = 16 and 32-aligned for B = 8.
+ */
 static inline uint8_t *
 page_cid(const struct kvt_paris_index *ix, uint32_t p)
 {
@@ -51,15 +55,15 @@ page_cid(const struct kvt_paris_index *ix, uint32_t p)
 }
 
 static inline uint8_t *
-page_code(const struct kvt_paris_index *ix, uint32_t p)
+key_code(const struct kvt_paris_index *ix, uint32_t p, uint32_t off)
 {
-	return (uint8_t *)ix->pages[p] + (size_t)ix->nblk * ix->page_keys;
+	return (uint8_t *)ix->pages[p] + (size_t)ix->nblk * (ix->page_keys + (size_t)8 * off);
 }
 
 static inline float *
-page_w(const struct kvt_paris_index *ix, uint32_t p)
+key_w(const struct kvt_paris_index *ix, uint32_t p, uint32_t off)
 {
-	return (float *)((uint8_t *)ix->pages[p] + (size_t)5 * ix->nblk * ix->page_keys);
+	return (float *)(key_code(ix, p, off) + (size_t)4 * ix->nblk);
 }
 
 int
@@ -200,9 +204,8 @@ kvt_paris_index_append(struct kvt_paris_index *ix, const struct kvt_srht *srht, 
 		uint8_t cid[KVT_PARIS_MAX_BLK];
 		uint8_t *cb = page_cid(ix, p);
 
-		kvt_paris_encode_key(srht, keys + (size_t)i * stride, cid,
-				     page_code(ix, p) + (size_t)off * 4 * nb,
-				     page_w(ix, p) + (size_t)off * nb);
+		kvt_paris_encode_key(srht, keys + (size_t)i * stride, cid, key_code(ix, p, off),
+				     key_w(ix, p, off));
 		for (uint32_t b = 0; b < nb; b++) {
 			cb[(size_t)b * P + off] = cid[b];
 			ix->hist[b][cid[b]]++;
@@ -221,8 +224,8 @@ kvt_paris_key_codes(const struct kvt_paris_index *ix, uint32_t i, const uint8_t 
 	if (i >= ix->n)
 		return -ERANGE;
 	*ret_cid = page_cid(ix, p) + off;
-	*ret_code = page_code(ix, p) + (size_t)off * 4 * ix->nblk;
-	*ret_w = page_w(ix, p) + (size_t)off * ix->nblk;
+	*ret_code = key_code(ix, p, off);
+	*ret_w = key_w(ix, p, off);
 	return 0;
 }
 
@@ -270,51 +273,58 @@ kvt_paris_query_prep(const struct kvt_srht *srht, const float *q, struct kvt_par
 }
 
 /*
- * Stable LSD radix sort of the 256 flip masks by their cost. Costs are sums of |y| and so never
- * negative: their IEEE bit patterns order like the values. The input is in mask order and every
- * pass is stable, so equal costs stay in ascending mask order (deterministic ties).
+ * The 256 flip masks of a block ranked by cost, cost(x) = sum of |y_j| over the bits j of x,
+ * ascending, ties to the lower mask. Built as sorted subset sums: the list for bits 0..j-1,
+ * merged with itself plus |y_j| (each entry with bit j set), for j = 0..7: 255 merge steps
+ * instead of a sort. On equal costs the first list goes first, and its masks are the lower
+ * ones (they lack bit j). Sums are formed adding the dims in increasing j; where rounding makes
+ * two sums of the second list equal, they keep the order of the sums they came from. Returns
+ * the costs in rank order in @ret_cost as well.
  */
 static void
-rank_masks(const float *cost, uint8_t *ret_order)
+rank_masks(const float *ay, uint8_t *ret_order, float *ret_cost)
 {
-	uint32_t key[256], k2[256];
+	float c2[256];
 	uint8_t o2[256];
-	uint32_t *ks = key, *kd = k2;
+	float *cs = ret_cost, *cd = c2;
 	uint8_t *os = ret_order, *od = o2;
+	uint32_t len = 1;
 
-	for (unsigned int x = 0; x < 256; x++) {
-		memcpy(&key[x], &cost[x], sizeof(uint32_t));
-		ret_order[x] = (uint8_t)x;
-	}
-	for (unsigned int shift = 0; shift < 32; shift += 8) {
-		uint32_t cnt[256] = {0}, sum = 0;
+	cs[0] = 0.0f;
+	os[0] = 0;
+	for (unsigned int j = 0; j < KVT_PARIS_M; j++, len *= 2) {
+		const float a = ay[j];
+		const uint8_t bit = (uint8_t)(1u << j);
+		uint32_t i = 0, k = 0, o = 0;
 
-		for (unsigned int i = 0; i < 256; i++)
-			cnt[(ks[i] >> shift) & 0xff]++;
-		if (cnt[(ks[0] >> shift) & 0xff] == 256)
-			continue; /* all equal in this byte: the pass would be the identity */
-		for (unsigned int v = 0; v < 256; v++) {
-			uint32_t c = cnt[v];
+		while (i < len && k < len) {
+			float ck = cs[k] + a;
 
-			cnt[v] = sum;
-			sum += c;
+			if (!(ck < cs[i])) {
+				cd[o] = cs[i];
+				od[o++] = os[i++];
+			} else {
+				cd[o] = ck;
+				od[o++] = os[k++] | bit;
+			}
 		}
-		for (unsigned int i = 0; i < 256; i++) {
-			uint32_t at = cnt[(ks[i] >> shift) & 0xff]++;
-
-			kd[at] = ks[i];
-			od[at] = os[i];
+		for (; i < len; i++, o++) {
+			cd[o] = cs[i];
+			od[o] = os[i];
 		}
-		uint32_t *kt = ks;
+		for (; k < len; k++, o++) {
+			cd[o] = cs[k] + a;
+			od[o] = os[k] | bit;
+		}
+		float *ct = cs;
 		uint8_t *ot = os;
 
-		ks = kd;
-		kd = kt;
+		cs = cd;
+		cd = ct;
 		os = od;
 		od = ot;
 	}
-	if (os != ret_order)
-		memcpy(ret_order, os, 256);
+	/* eight merges: the result is back in the caller's arrays */
 }
 
 int
@@ -334,24 +344,21 @@ kvt_paris_vote_tables(const struct kvt_paris_index *ix, const struct kvt_paris_q
 		uint8_t order[256];
 		uint32_t top = 0;
 		uint64_t prefix = 0;
+		int passed = 0; /* tiers whose budget the prefix has reached */
 
 		for (unsigned int j = 0; j < KVT_PARIS_M; j++) {
 			top |= (uint32_t)(yb[j] >= 0.0f) << j;
 			ay[j] = fabsf(yb[j]);
 		}
-		/* cost[x] = sum of |y_j| over the dims flipped by mask x; x = 0 is the top centroid
-		 */
-		cost[0] = 0.0f;
-		for (unsigned int x = 1; x < 256; x++)
-			cost[x] = cost[x & (x - 1)] + ay[__builtin_ctz(x)];
-		rank_masks(cost, order);
+		/* mask x flips the dims of x away from the top centroid (the sign pattern) */
+		rank_masks(ay, order, cost);
 		for (unsigned int p = 0; p < 256; p++) {
 			uint32_t c = order[p] ^ top;
-			uint8_t w = 0;
 
-			for (int t = 0; t < KVT_PARIS_TIERS; t++)
-				w += (double)prefix < budget[t];
-			ret_tab[b][c] = w;
+			/* budgets ascend, so the tiers the prefix has passed only grow */
+			while (passed < KVT_PARIS_TIERS && !((double)prefix < budget[passed]))
+				passed++;
+			ret_tab[b][c] = (uint8_t)(KVT_PARIS_TIERS - passed);
 			prefix += ix->hist[b][c];
 		}
 	}
@@ -364,15 +371,37 @@ kvt_paris_votes_len(const struct kvt_paris_index *ix)
 	return ((size_t)ix->n + 63) & ~(size_t)63;
 }
 
+/* Counts votes[0..n) into @hist (KVT_PARIS_MAX_VOTE + 1 entries, added to). Four sub-histograms
+ * break the store-to-load dependency on equal consecutive votes. */
 static void
-votes_scalar(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t *ret_votes)
+hist_add(const uint8_t *votes, uint32_t n, uint32_t *hist)
+{
+	uint32_t h[4][KVT_PARIS_MAX_VOTE + 1] = {{0}};
+	uint32_t i = 0;
+
+	for (; i + 4 <= n; i += 4) {
+		h[0][votes[i]]++;
+		h[1][votes[i + 1]]++;
+		h[2][votes[i + 2]]++;
+		h[3][votes[i + 3]]++;
+	}
+	for (; i < n; i++)
+		h[0][votes[i]]++;
+	for (int v = 0; v <= KVT_PARIS_MAX_VOTE; v++)
+		hist[v] += h[0][v] + h[1][v] + h[2][v] + h[3][v];
+}
+
+static void
+votes_scalar(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t *ret_votes,
+	     uint32_t *ret_hist)
 {
 	uint32_t P = ix->page_keys, nb = ix->nblk;
 
 	for (uint32_t p = 0; (uint64_t)p << ix->page_shift < ix->n; p++) {
-		uint32_t base = p << ix->page_shift, cnt = ix->n - base;
+		uint32_t base = p << ix->page_shift, cnt = ix->n - base, valid;
 		const uint8_t *cid = page_cid(ix, p);
 
+		valid = cnt > P ? P : cnt;
 		cnt = cnt > P ? P : (cnt + 63) & ~63u;
 		for (uint32_t i = 0; i < cnt; i++) {
 			uint32_t v = 0;
@@ -381,6 +410,8 @@ votes_scalar(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_
 				v += tab[b][cid[(size_t)b * P + i]];
 			ret_votes[base + i] = (uint8_t)v;
 		}
+		if (ret_hist)
+			hist_add(ret_votes + base, valid, ret_hist);
 	}
 }
 
@@ -388,19 +419,36 @@ votes_scalar(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_
 /*
  * A 256-entry byte table cannot be looked up with vpshufb, but omega is only 3 bits: store it as
  * three 256-bit bitsets per block (bit p of omega_b(c) at bit c of plane p). For 32 ids, byte
- * c >> 3 of a plane comes from two 16-byte vpshufb lookups blended on bit 4 of c >> 3, and bit
- * c & 7 is tested against a vpshufb-made mask. All integer, so the result equals the scalar sum.
+ * h = c >> 3 of a plane comes from two 16-byte vpshufb lookups: the low half indexed by h + 0x70
+ * and the high half by h - 0x10, so the half that does not hold byte h sees bit 7 set and gives
+ * 0, and an OR joins them. Bit c & 7 is then tested against a vpshufb-made mask, and each plane
+ * counts its hits in its own accumulator (0 - hits), weighted at the end. All integer, so the
+ * result equals the scalar sum. @NB is a constant at each call, so the block loop unrolls and
+ * the 6 * NB half-tables stay in registers or one load away.
  */
-__attribute__((target("avx2,fma"))) static void
-votes_avx2(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t *ret_votes)
+#define KVT_VOTE_PREFETCH 384 /* bytes ahead in each block's id stream */
+
+/* 0xff where bit (id & 7) of byte (id >> 3) of the plane is set; @bm = 1 << (id & 7) */
+__attribute__((target("avx2"), always_inline)) static inline __m256i
+plane_hit(__m256i lo, __m256i hi, __m256i il, __m256i ih, __m256i bm)
 {
-	uint32_t P = ix->page_keys, nb = ix->nblk;
+	__m256i by = _mm256_or_si256(_mm256_shuffle_epi8(lo, il), _mm256_shuffle_epi8(hi, ih));
+
+	return _mm256_cmpeq_epi8(_mm256_and_si256(by, bm), bm);
+}
+
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+votes_avx2_nb(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t *ret_votes,
+	      uint32_t *ret_hist, const uint32_t NB)
+{
+	uint32_t P = ix->page_keys;
 	__m256i plo[KVT_PARIS_MAX_BLK][3], phi[KVT_PARIS_MAX_BLK][3];
 	const __m256i bits = _mm256_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 0, 0, 0, 0, 0, 0, 0, 0,
 					      1, 2, 4, 8, 16, 32, 64, -128, 0, 0, 0, 0, 0, 0, 0, 0);
 	const __m256i m7 = _mm256_set1_epi8(7), m31 = _mm256_set1_epi8(31);
+	const __m256i o70 = _mm256_set1_epi8(0x70), o10 = _mm256_set1_epi8(0x10);
 
-	for (uint32_t b = 0; b < nb; b++) {
+	for (uint32_t b = 0; b < NB; b++) {
 		for (int pl = 0; pl < 3; pl++) {
 			uint8_t set[32] = {0};
 
@@ -414,74 +462,85 @@ votes_avx2(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t 
 		}
 	}
 	for (uint32_t p = 0; (uint64_t)p << ix->page_shift < ix->n; p++) {
-		uint32_t base = p << ix->page_shift, cnt = ix->n - base;
+		uint32_t base = p << ix->page_shift, cnt = ix->n - base, valid;
 		const uint8_t *cid = page_cid(ix, p);
 
+		valid = cnt > P ? P : cnt;
 		cnt = cnt > P ? P : (cnt + 63) & ~63u;
 		for (uint32_t i = 0; i < cnt; i += 32) {
-			__m256i acc = _mm256_setzero_si256();
+			__m256i a1 = _mm256_setzero_si256(), a2 = a1, a4 = a1;
 
-			for (uint32_t b = 0; b < nb; b++) {
-				__m256i id =
-				    _mm256_loadu_si256((const __m256i *)(cid + (size_t)b * P + i));
+#pragma GCC unroll 16
+			for (uint32_t b = 0; b < NB; b++) {
+				const uint8_t *src = cid + (size_t)b * P + i;
+				__m256i id = _mm256_loadu_si256((const __m256i *)src);
 				__m256i bm = _mm256_shuffle_epi8(bits, _mm256_and_si256(id, m7));
-				__m256i hi = _mm256_and_si256(_mm256_srli_epi16(id, 3), m31);
-				__m256i sel = _mm256_slli_epi16(hi, 3); /* bit 4 of hi -> bit 7 */
+				__m256i h = _mm256_and_si256(_mm256_srli_epi16(id, 3), m31);
+				__m256i il = _mm256_add_epi8(h, o70), ih = _mm256_sub_epi8(h, o10);
 
-				for (int pl = 0; pl < 3; pl++) {
-					__m256i lo = _mm256_shuffle_epi8(plo[b][pl], hi);
-					__m256i up = _mm256_shuffle_epi8(phi[b][pl], hi);
-					__m256i by = _mm256_blendv_epi8(lo, up, sel);
-					__m256i hit =
-					    _mm256_cmpeq_epi8(_mm256_and_si256(by, bm), bm);
-
-					acc = _mm256_add_epi8(
-					    acc, _mm256_and_si256(
-						     hit, _mm256_set1_epi8((char)(1 << pl))));
-				}
+				/* 16 short streams, one per block, each in its own 4 KiB page:
+				 * too many for the hardware prefetcher to follow */
+				if (!(i & 63) && i + KVT_VOTE_PREFETCH < cnt)
+					_mm_prefetch((const char *)src + KVT_VOTE_PREFETCH,
+						     _MM_HINT_T0);
+				a1 = _mm256_sub_epi8(a1,
+						     plane_hit(plo[b][0], phi[b][0], il, ih, bm));
+				a2 = _mm256_sub_epi8(a2,
+						     plane_hit(plo[b][1], phi[b][1], il, ih, bm));
+				a4 = _mm256_sub_epi8(a4,
+						     plane_hit(plo[b][2], phi[b][2], il, ih, bm));
 			}
-			_mm256_storeu_si256((__m256i *)(ret_votes + base + i), acc);
+			a2 = _mm256_add_epi8(a2, a2);
+			a4 = _mm256_add_epi8(a4, a4);
+			a4 = _mm256_add_epi8(a4, a4);
+			_mm256_storeu_si256((__m256i *)(ret_votes + base + i),
+					    _mm256_add_epi8(_mm256_add_epi8(a1, a2), a4));
 		}
+		/* counted while the page's votes are in L1; scalar work beside a vector-bound loop
+		 */
+		if (ret_hist)
+			hist_add(ret_votes + base, valid, ret_hist);
 	}
+}
+
+__attribute__((target("avx2,fma"))) static void
+votes_avx2(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t *ret_votes,
+	   uint32_t *ret_hist)
+{
+	if (ix->nblk == 16)
+		votes_avx2_nb(ix, tab, ret_votes, ret_hist, 16);
+	else
+		votes_avx2_nb(ix, tab, ret_votes, ret_hist, 8);
 }
 #endif
 
 void
-kvt_paris_votes(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t *ret_votes)
+kvt_paris_votes(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t *ret_votes,
+		uint32_t *ret_hist)
 {
+	if (ret_hist)
+		memset(ret_hist, 0, (KVT_PARIS_MAX_VOTE + 1) * sizeof(*ret_hist));
 #if defined(__x86_64__)
 	if (kvt_simd_level() >= KVT_SIMD_AVX2) {
-		votes_avx2(ix, tab, ret_votes);
+		votes_avx2(ix, tab, ret_votes, ret_hist);
 		return;
 	}
 #endif
-	votes_scalar(ix, tab, ret_votes);
+	votes_scalar(ix, tab, ret_votes, ret_hist);
 }
 
-/* Finds the cut vote tau and how many keys voting exactly tau are taken (the lowest-index ones). */
+/* The cut vote tau and how many keys voting exactly tau are taken (the lowest-index ones). */
 static void
-select_cut(const uint8_t *votes, uint32_t n, uint32_t c, uint32_t *ret_tau, uint32_t *ret_eq)
+select_cut(const uint32_t *hist, uint32_t c, uint32_t *ret_tau, uint32_t *ret_eq)
 {
-	uint32_t h[4][KVT_PARIS_MAX_VOTE + 1] = {{0}}, cum = 0, tau = 0;
-	uint32_t i = 0;
+	uint32_t cum = 0, tau = 0;
 
-	/* four sub-histograms break the store-to-load dependency on equal consecutive votes */
-	for (; i + 4 <= n; i += 4) {
-		h[0][votes[i]]++;
-		h[1][votes[i + 1]]++;
-		h[2][votes[i + 2]]++;
-		h[3][votes[i + 3]]++;
-	}
-	for (; i < n; i++)
-		h[0][votes[i]]++;
 	for (int v = KVT_PARIS_MAX_VOTE; v >= 0; v--) {
-		uint32_t hv = h[0][v] + h[1][v] + h[2][v] + h[3][v];
-
-		if (cum + hv >= c) {
+		if (cum + hist[v] >= c) {
 			tau = (uint32_t)v;
 			break;
 		}
-		cum += hv;
+		cum += hist[v];
 	}
 	*ret_tau = tau;
 	*ret_eq = c - cum;
@@ -503,13 +562,37 @@ select_emit_scalar(const uint8_t *votes, uint32_t from, uint32_t n, uint32_t tau
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) static uint32_t
-select_emit_avx2(const uint8_t *votes, uint32_t n, uint32_t tau, uint32_t eq, uint32_t *out)
+/* byte j of emit_lut[m]: the position of the j-th set bit of m (left-packing 8 lanes) */
+static uint64_t emit_lut[256];
+
+__attribute__((constructor)) static void
+emit_lut_init(void)
+{
+	for (unsigned int m = 0; m < 256; m++) {
+		uint64_t v = 0;
+		unsigned int j = 0;
+
+		for (unsigned int b = 0; b < 8; b++)
+			if (m >> b & 1)
+				v |= (uint64_t)b << (8 * j++);
+		emit_lut[m] = v;
+	}
+}
+
+/*
+ * The selected positions of 32 votes go out 8 at a time without a branch per position: the
+ * lookup table left-packs the 8 lane numbers of a mask byte, and all 8 are stored (the ones past
+ * the popcount are overwritten next). That writes up to 7 entries past the last one kept, so it
+ * runs while 32 more fit in @out; the scalar loop finishes.
+ */
+__attribute__((target("avx2,fma,popcnt,bmi"))) static uint32_t
+select_emit_avx2(const uint8_t *votes, uint32_t n, uint32_t c, uint32_t tau, uint32_t eq,
+		 uint32_t *out)
 {
 	const __m256i t = _mm256_set1_epi8((char)tau);
 	uint32_t o = 0, i = 0;
 
-	for (; i + 32 <= n; i += 32) {
+	for (; i + 32 <= n && o + 32 <= c; i += 32) {
 		__m256i v = _mm256_loadu_si256((const __m256i *)(votes + i));
 		/* votes are <= 96, so the signed byte compare is exact */
 		uint32_t mgt = (uint32_t)_mm256_movemask_epi8(_mm256_cmpgt_epi8(v, t));
@@ -532,9 +615,15 @@ select_emit_avx2(const uint8_t *votes, uint32_t n, uint32_t tau, uint32_t eq, ui
 			eq -= pc;
 		}
 		m = mgt | meq;
-		while (m) {
-			out[o++] = i + (uint32_t)__builtin_ctz(m);
-			m &= m - 1;
+		for (uint32_t g = 0; g < 32 && m >> g; g += 8) {
+			uint32_t mb = (m >> g) & 0xff;
+			__m256i lane =
+			    _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)emit_lut[mb]));
+
+			_mm256_storeu_si256(
+			    (__m256i *)(out + o),
+			    _mm256_add_epi32(lane, _mm256_set1_epi32((int)(i + g))));
+			o += (uint32_t)__builtin_popcount(mb);
 		}
 	}
 	return select_emit_scalar(votes, i, n, tau, &eq, out, o);
@@ -542,8 +631,10 @@ select_emit_avx2(const uint8_t *votes, uint32_t n, uint32_t tau, uint32_t eq, ui
 #endif
 
 uint32_t
-kvt_paris_select(const uint8_t *votes, uint32_t n, uint32_t c, uint32_t *ret_cand)
+kvt_paris_select(const uint8_t *votes, uint32_t n, uint32_t c, const uint32_t *hist,
+		 uint32_t *ret_cand)
 {
+	uint32_t own[KVT_PARIS_MAX_VOTE + 1] = {0};
 	uint32_t tau, eq;
 
 	if (c >= n) {
@@ -553,10 +644,14 @@ kvt_paris_select(const uint8_t *votes, uint32_t n, uint32_t c, uint32_t *ret_can
 	}
 	if (!c)
 		return 0;
-	select_cut(votes, n, c, &tau, &eq);
+	if (!hist) {
+		hist_add(votes, n, own);
+		hist = own;
+	}
+	select_cut(hist, c, &tau, &eq);
 #if defined(__x86_64__)
 	if (kvt_simd_level() >= KVT_SIMD_AVX2)
-		return select_emit_avx2(votes, n, tau, eq, ret_cand);
+		return select_emit_avx2(votes, n, c, tau, eq, ret_cand);
 #endif
 	return select_emit_scalar(votes, 0, n, tau, &eq, ret_cand, 0);
 }
@@ -569,8 +664,8 @@ rerank_scalar(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
 
 	for (uint32_t k = 0; k < nc; k++) {
 		uint32_t i = cand[k], p = i >> ix->page_shift, off = i & (ix->page_keys - 1);
-		const uint8_t *code = page_code(ix, p) + (size_t)off * 4 * nb;
-		const float *w = page_w(ix, p) + (size_t)off * nb;
+		const uint8_t *code = key_code(ix, p, off);
+		const float *w = key_w(ix, p, off);
 		float s = 0.0f;
 
 		for (uint32_t b = 0; b < nb; b++) {
@@ -592,54 +687,112 @@ rerank_scalar(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
 }
 
 #if defined(__x86_64__)
-/* One block of 8 dims per AVX2 register: the nibbles index the 8 levels directly (vpermps uses
- * the low 3 bits), and the sign bit of the nibble, inverted, becomes the float sign. */
+#define KVT_RERANK_PREFETCH 16 /* candidates ahead: ~2 cache lines each, scattered */
+
+/*
+ * Two blocks per AVX2 register: vpmovzxbd widens their 8 code bytes to 8 lanes, byte m of a block
+ * holding dim 2m in its low nibble and dim 2m + 1 in its high one. So the low nibbles meet the
+ * even dims of the (pre-split) query and the high nibbles the odd ones; vpermps picks the level
+ * with the nibble's low 3 bits and the inverted sign bit, moved to bit 31, gives the float sign.
+ * Returns the 8 lane sums of w_b * <v_b, y_b> for one key record.
+ */
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256
+rerank_rec(const uint8_t *code, const __m256 *qe, const __m256 *qo, const __m256i *wsel,
+	   const uint32_t NB)
+{
+	const __m256i m8 = _mm256_set1_epi32(8);
+	const __m256 lev = _mm256_loadu_ps(kvt_paris_level);
+	const float *w = (const float *)(code + 4 * NB);
+	__m256 acc = _mm256_setzero_ps();
+
+#pragma GCC unroll 8
+	for (uint32_t pr = 0; pr < NB / 2; pr++) {
+		__m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(code + 8 * pr)));
+		__m256i xo = _mm256_srli_epi32(x, 4);
+		__m256 se = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_andnot_si256(x, m8), 28));
+		__m256 so = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_andnot_si256(xo, m8), 28));
+		__m256 ve = _mm256_xor_ps(_mm256_permutevar8x32_ps(lev, x), se);
+		__m256 vo = _mm256_xor_ps(_mm256_permutevar8x32_ps(lev, xo), so);
+		__m256 wv =
+		    _mm256_permutevar8x32_ps(_mm256_loadu_ps(w + 8 * (pr / 4)), wsel[pr % 4]);
+
+		acc = _mm256_fmadd_ps(_mm256_fmadd_ps(ve, qe[pr], _mm256_mul_ps(vo, qo[pr])), wv,
+				      acc);
+	}
+	return acc;
+}
+
+/* Candidates go four at a time: four independent FMA chains, and one transposing reduction
+ * (three vhaddps and an add) for the four sums instead of four horizontal sums. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+rerank_avx2_nb(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+	       const uint32_t *cand, uint32_t nc, float *ret_score, const uint32_t NB)
+{
+	__m256 qe[KVT_PARIS_MAX_BLK / 2], qo[KVT_PARIS_MAX_BLK / 2];
+	const __m128 norm = _mm_set1_ps(q->norm);
+	__m256i wsel[4];
+	uint32_t k = 0;
+
+	for (uint32_t pr = 0; pr < NB / 2; pr++) {
+		float e[8], o[8];
+
+		for (unsigned int l = 0; l < 8; l++) {
+			const float *y = q->y + KVT_PARIS_M * (2 * pr + l / 4) + 2 * (l % 4);
+
+			e[l] = y[0];
+			o[l] = y[1];
+		}
+		qe[pr] = _mm256_loadu_ps(e);
+		qo[pr] = _mm256_loadu_ps(o);
+	}
+	for (int pr = 0; pr < 4; pr++)
+		wsel[pr] = _mm256_setr_epi32(2 * pr, 2 * pr, 2 * pr, 2 * pr, 2 * pr + 1, 2 * pr + 1,
+					     2 * pr + 1, 2 * pr + 1);
+	for (; k < nc; k += 4) {
+		const uint8_t *rec[4];
+		__m256 a[4];
+		__m128 r;
+
+		for (uint32_t j = 0; j < 4; j++) {
+			uint32_t i = cand[k + j < nc ? k + j : k]; /* the tail repeats a record */
+
+			rec[j] = key_code(ix, i >> ix->page_shift, i & (ix->page_keys - 1));
+			if (k + KVT_RERANK_PREFETCH + j < nc) {
+				uint32_t f = cand[k + KVT_RERANK_PREFETCH + j];
+				const char *rf = (const char *)key_code(ix, f >> ix->page_shift,
+									f & (ix->page_keys - 1));
+
+				/* a record is 8 * NB bytes at a multiple of that: one or two lines
+				 */
+				_mm_prefetch(rf, _MM_HINT_T0);
+				if (NB == 16)
+					_mm_prefetch(rf + 64, _MM_HINT_T0);
+			}
+		}
+		for (uint32_t j = 0; j < 4; j++)
+			a[j] = rerank_rec(rec[j], qe, qo, wsel, NB);
+		a[0] = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+		r = _mm_mul_ps(
+		    norm, _mm_add_ps(_mm256_castps256_ps128(a[0]), _mm256_extractf128_ps(a[0], 1)));
+		if (k + 4 <= nc) {
+			_mm_storeu_ps(ret_score + k, r);
+		} else {
+			float t[4];
+
+			_mm_storeu_ps(t, r);
+			memcpy(ret_score + k, t, (nc - k) * sizeof(float));
+		}
+	}
+}
+
 __attribute__((target("avx2,fma"))) static void
 rerank_avx2(const struct kvt_paris_index *ix, const struct kvt_paris_query *q, const uint32_t *cand,
 	    uint32_t nc, float *ret_score)
 {
-	uint32_t nb = ix->nblk;
-	const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-	const __m256i m15 = _mm256_set1_epi32(15), m8 = _mm256_set1_epi32(8);
-	const __m256 lev = _mm256_loadu_ps(kvt_paris_level);
-	__m256 qy[KVT_PARIS_MAX_BLK];
-
-	for (uint32_t b = 0; b < nb; b++)
-		qy[b] = _mm256_loadu_ps(q->y + KVT_PARIS_M * b);
-	for (uint32_t k = 0; k < nc; k++) {
-		uint32_t i = cand[k], p = i >> ix->page_shift, off = i & (ix->page_keys - 1);
-		const uint8_t *code = page_code(ix, p) + (size_t)off * 4 * nb;
-		const float *w = page_w(ix, p) + (size_t)off * nb;
-		__m256 acc = _mm256_setzero_ps();
-		__m128 h;
-
-		if (k + 4 < nc) {
-			uint32_t j = cand[k + 4], pj = j >> ix->page_shift;
-			uint32_t oj = j & (ix->page_keys - 1);
-
-			_mm_prefetch((const char *)(page_code(ix, pj) + (size_t)oj * 4 * nb),
-				     _MM_HINT_T0);
-			_mm_prefetch((const char *)(page_w(ix, pj) + (size_t)oj * nb), _MM_HINT_T0);
-		}
-		for (uint32_t b = 0; b < nb; b++) {
-			uint32_t word;
-			__m256i nib;
-			__m256 mag, sgn;
-
-			memcpy(&word, code + 4 * b, 4); /* little-endian host */
-			nib = _mm256_and_si256(
-			    _mm256_srlv_epi32(_mm256_set1_epi32((int)word), shifts), m15);
-			mag = _mm256_permutevar8x32_ps(lev, nib);
-			sgn = _mm256_castsi256_ps(
-			    _mm256_slli_epi32(_mm256_andnot_si256(nib, m8), 28));
-			acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_xor_ps(mag, sgn), qy[b]),
-					      _mm256_set1_ps(w[b]), acc);
-		}
-		h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-		h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-		h = _mm_add_ss(h, _mm_movehdup_ps(h));
-		ret_score[k] = q->norm * _mm_cvtss_f32(h);
-	}
+	if (ix->nblk == 16)
+		rerank_avx2_nb(ix, q, cand, nc, ret_score, 16);
+	else
+		rerank_avx2_nb(ix, q, cand, nc, ret_score, 8);
 }
 #endif
 
@@ -687,15 +840,73 @@ heap_down(uint32_t *hi, float *hs, uint32_t n, uint32_t at)
 	}
 }
 
-void
-kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, uint32_t k,
-		      uint32_t *ret_idx, float *ret_score)
+/*
+ * A floor for the k-th best of @n scores, from a strided sample of up to 1024: the r-th best
+ * sample, r about twice the sample's expected share of the top k plus a margin, so that
+ * usually at least k scores clear it and about 2k + 16 n / 1024 do. -INFINITY when the sample
+ * says nothing useful (small n, or not enough numbers in the sample); the caller checks that k
+ * scores cleared it.
+ */
+static float
+score_floor(const float *score, uint32_t n, uint32_t k)
+{
+	uint32_t stride, m, r;
+	float h[128];
+
+	if (n < 4096 || (uint64_t)k * 16 > n)
+		return -INFINITY;
+	stride = n / 1024;
+	m = n / stride;
+	r = (uint32_t)((uint64_t)2 * k * m / n) + 16;
+	if (r > 128)
+		return -INFINITY;
+	h[0] = -INFINITY;
+	/* min-heap of the r best samples; h[0] is the worst of them */
+	for (uint32_t i = 0, used = 0; i < m; i++) {
+		float v = score[(size_t)i * stride];
+		uint32_t at;
+
+		if (!(v == v))
+			continue; /* NaN: no order */
+		if (used < r) {
+			at = used++;
+			while (at && h[(at - 1) / 2] > v) {
+				h[at] = h[(at - 1) / 2];
+				at = (at - 1) / 2;
+			}
+			h[at] = v;
+			continue;
+		}
+		if (!(v > h[0]))
+			continue;
+		at = 0;
+		for (;;) {
+			uint32_t l = 2 * at + 1, w = l;
+
+			if (l >= r)
+				break;
+			if (l + 1 < r && h[l + 1] < h[l])
+				w = l + 1;
+			if (!(h[w] < v))
+				break;
+			h[at] = h[w];
+			at = w;
+		}
+		h[at] = v;
+	}
+	return h[0];
+}
+
+/* The heap pass; with @filter, scores not >= @floor (NaN included) are skipped. */
+static uint32_t
+topk_heap(const uint32_t *idx, const float *score, uint32_t n, uint32_t k, bool filter, float floor,
+	  uint32_t *ret_idx, float *ret_score)
 {
 	uint32_t m = 0;
 
-	if (!k)
-		return;
 	for (uint32_t i = 0; i < n; i++) {
+		if (filter && !(score[i] >= floor))
+			continue;
 		if (m < k) {
 			ret_idx[m] = idx[i];
 			ret_score[m] = score[i];
@@ -709,6 +920,29 @@ kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, uint3
 			heap_down(ret_idx, ret_score, k, 0);
 		}
 	}
+	return m;
+}
+
+void
+kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, uint32_t k,
+		      uint32_t *ret_idx, float *ret_score)
+{
+	float floor;
+	uint32_t m = 0;
+
+	if (!k)
+		return;
+	/*
+	 * Scores below a sampled floor are skipped before the heap sees them; that changes nothing
+	 * when k of them clear the floor (all of the top k do then), and otherwise the heap runs
+	 * again over everything. Without it, candidates in index order whose scores rise with the
+	 * index (newer keys) replace the heap's root again and again.
+	 */
+	floor = score_floor(score, n, k);
+	if (floor > -INFINITY)
+		m = topk_heap(idx, score, n, k, true, floor, ret_idx, ret_score);
+	if (m < k)
+		m = topk_heap(idx, score, n, k, false, 0.0f, ret_idx, ret_score);
 	if (m < k)
 		for (uint32_t j = m / 2; j-- > 0;)
 			heap_down(ret_idx, ret_score, m, j);
@@ -866,9 +1100,9 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 		r = kvt_paris_vote_tables(ix, q, rho_col, scr->tab);
 		if (r < 0)
 			return r;
-		kvt_paris_votes(ix, (const uint8_t(*)[256])scr->tab, scr->votes);
+		kvt_paris_votes(ix, (const uint8_t(*)[256])scr->tab, scr->votes, scr->hist);
 	}
-	nc = kvt_paris_select(scr->votes, n, c, scr->cand);
+	nc = kvt_paris_select(scr->votes, n, c, c < n ? scr->hist : NULL, scr->cand);
 	kvt_paris_rerank(ix, q, scr->cand, nc, scr->score);
 	if (nr) {
 		/* nc == c here: kvt_paris_select() returns min(c, n) and c <= n */

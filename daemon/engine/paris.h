@@ -29,10 +29,10 @@
  * back true top-k keys the vote left out of the candidate set.
  *
  * Storage: keys live in pages of page_keys keys obtained from a caller-supplied allocator (the
- * daemon will hand out pool pages). Inside a page the three arrays are separate (SoA): centroid
- * ids subspace-major [B][P] because the vote scan streams them block by block; codes [P][B][4]
- * and weights [P][B] key-major because the rerank touches a scattered candidate set and then
- * reads one cache line of codes and one of weights per key (D = 128) instead of 2B lines.
+ * daemon will hand out pool pages). Inside a page, centroid ids are subspace-major [B][P]
+ * because the vote scan streams them block by block; then come P key records of codes [B][4]
+ * followed by weights [B] f32, because the rerank touches a scattered candidate set: one record
+ * is two adjacent cache lines in one 4 KiB page (D = 128) instead of lines in two distant places.
  *
  * Thread safety: an index has one writer. Searches only read it, so any number of threads may
  * search one index concurrently, each with its own struct kvt_paris_scratch, as long as no
@@ -185,9 +185,11 @@ int kvt_paris_vote_tables(const struct kvt_paris_index *ix, const struct kvt_par
  * kvt_paris_votes - cnt_i = sum_b tab[b][cid_i,b] for every key, dispatched on
  * kvt_simd_level(); every level gives the same bytes.
  * @ret_votes: at least kvt_paris_votes_len(ix) bytes; entries >= n are scratch.
+ * @ret_hist: NULL, or KVT_PARIS_MAX_VOTE + 1 counts of each vote over the n keys (for
+ *	kvt_paris_select(); counted in the same pass, while the votes are in cache).
  */
 void kvt_paris_votes(const struct kvt_paris_index *ix, const uint8_t (*tab)[256],
-		     uint8_t *ret_votes);
+		     uint8_t *ret_votes, uint32_t *ret_hist);
 
 /* kvt_paris_votes_len - bytes a vote array needs: n rounded up to a multiple of 64. */
 size_t kvt_paris_votes_len(const struct kvt_paris_index *ix);
@@ -196,9 +198,11 @@ size_t kvt_paris_votes_len(const struct kvt_paris_index *ix);
  * kvt_paris_select - the @c keys with the most votes, in ascending index order. Ties at the cut
  * go to the lower indices, so the set is fully determined; every SIMD level gives the same list.
  * @votes: @n entries in 0..KVT_PARIS_MAX_VOTE (the array may be longer, see kvt_paris_votes_len).
+ * @hist: the votes' histogram from kvt_paris_votes(), or NULL to count it here.
  * @ret_cand: @c entries. Returns min(c, n). Thread-safe.
  */
-uint32_t kvt_paris_select(const uint8_t *votes, uint32_t n, uint32_t c, uint32_t *ret_cand);
+uint32_t kvt_paris_select(const uint8_t *votes, uint32_t n, uint32_t c, const uint32_t *hist,
+			  uint32_t *ret_cand);
 
 /*
  * kvt_paris_rerank - RSQ-IP estimates s_i = |q| sum_b w_b sum_j y_j (2 sigma_j - 1) a[t_j] for
@@ -247,7 +251,8 @@ struct kvt_paris_scratch {
 	size_t cand_cap;  /* entries */
 	size_t ref_cap;	  /* entries */
 	uint8_t tab[KVT_PARIS_MAX_BLK][256];
-	float key_tmp[KVT_SRHT_MAX_DIM]; /* struct kvt_paris_keys' @tmp */
+	uint32_t hist[KVT_PARIS_MAX_VOTE + 1]; /* of the votes */
+	float key_tmp[KVT_SRHT_MAX_DIM];       /* struct kvt_paris_keys' @tmp */
 };
 
 /* kvt_paris_scratch_fini - free the scratch buffers; the struct may be reused after. NULL-safe. */

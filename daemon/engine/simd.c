@@ -17,7 +17,9 @@ simd_detect(void)
 	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
 	    __builtin_cpu_supports("avx512vl"))
 		return KVT_SIMD_AVX512;
-	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+	/* every AVX2 CPU has POPCNT and BMI1 too; the AVX2 kernels may use them */
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+	    __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("bmi"))
 		return KVT_SIMD_AVX2;
 #endif
 	return KVT_SIMD_SCALAR;

@@ -59,7 +59,7 @@ one_case(uint32_t n, uint32_t nblk, uint32_t c)
 			s += tab[b][cid[b * stride + i]];
 		votes[i] = (uint8_t)s;
 	}
-	m = kvt_paris_select(votes, n, c, cand);
+	m = kvt_paris_select(votes, n, c, NULL, cand);
 	CK(cudaMalloc((void **)&d_cid, nblk * stride));
 	CK(cudaMalloc((void **)&d_tab, nblk * 256));
 	CK(cudaMalloc((void **)&d_votes, n));

@@ -399,15 +399,26 @@ START_TEST(test_simd_matches_scalar)
 
 		kvt_paris_query_prep(&srht128, qs[qi], &pq);
 		ck_assert_int_eq(kvt_paris_vote_tables(&ix, &pq, rho[qi % 4], tab), 0);
+		uint32_t ha[KVT_PARIS_MAX_VOTE + 1], hb[KVT_PARIS_MAX_VOTE + 1];
+		uint32_t hc[KVT_PARIS_MAX_VOTE + 1] = {0};
+
 		kvt_simd_cap(KVT_SIMD_SCALAR);
-		kvt_paris_votes(&ix, (const uint8_t(*)[256])tab, va);
-		na = kvt_paris_select(va, n, c, ca);
+		kvt_paris_votes(&ix, (const uint8_t(*)[256])tab, va, ha);
+		na = kvt_paris_select(va, n, c, ha, ca);
 		kvt_paris_rerank(&ix, &pq, ca, na, sa);
 		kvt_simd_cap(KVT_SIMD_AVX512);
-		kvt_paris_votes(&ix, (const uint8_t(*)[256])tab, vb);
-		nb = kvt_paris_select(vb, n, c, cb);
+		kvt_paris_votes(&ix, (const uint8_t(*)[256])tab, vb, hb);
+		nb = kvt_paris_select(vb, n, c, hb, cb);
 		kvt_paris_rerank(&ix, &pq, cb, nb, sb);
 		ck_assert_mem_eq(va, vb, n);
+		/* the fused histogram counts exactly the n votes, at both levels */
+		for (uint32_t i = 0; i < n; i++)
+			hc[va[i]]++;
+		ck_assert_mem_eq(ha, hc, sizeof(hc));
+		ck_assert_mem_eq(hb, hc, sizeof(hc));
+		/* and selecting without it (counted in select) gives the same list */
+		ck_assert_uint_eq(kvt_paris_select(vb, n, c, NULL, cb), na);
+		ck_assert_mem_eq(ca, cb, na * sizeof(*ca));
 		ck_assert_uint_eq(na, c);
 		ck_assert_uint_eq(na, nb);
 		ck_assert_mem_eq(ca, cb, na * sizeof(*ca));
@@ -472,6 +483,36 @@ START_TEST(test_vote_tables)
 		/* every voted band holds at least its budget share, except that the last
 		 * centroid of a band may straddle; the unvoted rest is what is beyond budget */
 		ck_assert_uint_ge(n - mass[0], (uint32_t)budget);
+		/* section 3 literally: rank centroids by score_b(c) = sum_j s_cj y_j (double),
+		 * walk the exclusive prefix of key counts, vote #{t : prefix < T_t} */
+		{
+			static const double r[6] = {0.05, 0.15, 0.30, 0.50, 0.75, 1.00};
+			double sc[256];
+			int rank[256];
+			uint64_t prefix = 0;
+
+			for (int c = 0; c < 256; c++) {
+				sc[c] = 0.0;
+				for (int j = 0; j < 8; j++)
+					sc[c] += ((c >> j) & 1 ? 1.0 : -1.0) * pq.y[8 * b + j];
+				rank[c] = c;
+			}
+			for (int i = 1; i < 256; i++) /* insertion sort, descending score */
+				for (int j = i; j > 0 && sc[rank[j]] > sc[rank[j - 1]]; j--) {
+					int t = rank[j];
+
+					rank[j] = rank[j - 1];
+					rank[j - 1] = t;
+				}
+			for (int p = 0; p < 256; p++) {
+				int c = rank[p], w = 0;
+
+				for (int t = 0; t < 6; t++)
+					w += (double)prefix < ceil(((double)n * 0.3) * r[t]);
+				ck_assert_int_eq(tab[b][c], w);
+				prefix += ix.hist[b][c];
+			}
+		}
 	}
 	kvt_paris_index_fini(&ix);
 	free(keys);
@@ -633,8 +674,8 @@ spec_pipeline(const struct kvt_paris_index *ix, const struct kvt_paris_query *pq
 	c = (uint32_t)ceil(ix->n * rc);
 	c = c < k ? k : c > ix->n ? ix->n : c;
 	ck_assert_int_eq(kvt_paris_vote_tables(ix, pq, rl, tab), 0);
-	kvt_paris_votes(ix, (const uint8_t(*)[256])tab, votes);
-	nc = kvt_paris_select(votes, ix->n, c, cand);
+	kvt_paris_votes(ix, (const uint8_t(*)[256])tab, votes, NULL);
+	nc = kvt_paris_select(votes, ix->n, c, NULL, cand);
 	kvt_paris_rerank(ix, pq, cand, nc, sc);
 	kvt_paris_topk_select(cand, sc, nc, k, ret_idx, ret_score);
 	free(tab);
@@ -910,9 +951,7 @@ START_TEST(test_schedule_and_select)
 	/* ties at the cut go to the lower indices */
 	for (int i = 0; i < 100; i++)
 		v[i] = (uint8_t)(i % 5 == 0 ? 90 : 7);
-	ck_assert_uint_eq(kvt_paris_select(v, 100, 23, out), 23);
-	for (int i = 0; i < 20; i++)
-		ck_assert_uint_eq(out[i < 1 ? 0 : 0], 0);
+	ck_assert_uint_eq(kvt_paris_select(v, 100, 23, NULL, out), 23);
 	{
 		uint32_t j = 0, eq = 0;
 
@@ -923,8 +962,79 @@ START_TEST(test_schedule_and_select)
 				ck_assert_uint_eq(out[j++], (uint32_t)i);
 			}
 	}
-	ck_assert_uint_eq(kvt_paris_select(v, 100, 200, out), 100);
+	ck_assert_uint_eq(kvt_paris_select(v, 100, 200, NULL, out), 100);
 	ck_assert_uint_eq(out[99], 99);
+}
+END_TEST
+
+/* ---- final top-k selection ---- */
+
+struct pair {
+	float s;
+	uint32_t i;
+};
+
+static int
+pair_cmp(const void *a, const void *b)
+{
+	const struct pair *x = a, *y = b;
+
+	if (x->s != y->s)
+		return x->s > y->s ? -1 : 1;
+	return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* kvt_paris_topk_select() against a full sort by (score desc, index asc). */
+static void
+topk_check(const float *sc, uint32_t n, uint32_t k)
+{
+	uint32_t *idx = malloc(n * sizeof(*idx)), *got = malloc(k * sizeof(*got));
+	float *gs = malloc(k * sizeof(*gs));
+	struct pair *ref = malloc(n * sizeof(*ref));
+
+	for (uint32_t i = 0; i < n; i++) {
+		idx[i] = 3 * i + 1; /* not the position: selection must carry the index along */
+		ref[i] = (struct pair){sc[i], idx[i]};
+	}
+	qsort(ref, n, sizeof(*ref), pair_cmp);
+	kvt_paris_topk_select(idx, sc, n, k, got, gs);
+	for (uint32_t j = 0; j < k; j++) {
+		ck_assert_uint_eq(got[j], ref[j].i);
+		ck_assert(gs[j] == ref[j].s);
+	}
+	free(idx);
+	free(got);
+	free(gs);
+	free(ref);
+}
+
+START_TEST(test_topk_select)
+{
+	const uint32_t n = 65536;
+	float *sc = malloc(n * sizeof(*sc));
+
+	test_rng_state = 131;
+	for (uint32_t i = 0; i < n; i++)
+		sc[i] = test_grand();
+	topk_check(sc, n, 100);
+	topk_check(sc, n, 4096);   /* k * 16 = n: still sampled */
+	topk_check(sc, n, 5000);   /* too large a share: no floor */
+	topk_check(sc, 3000, 100); /* too few scores: no floor */
+	/* scores rising with the index, as newer keys do: the case the floor exists for */
+	for (uint32_t i = 0; i < n; i++)
+		sc[i] = (float)i * 1e-3f + test_grand();
+	topk_check(sc, n, 400);
+	/* heavy ties: the index decides, floor or not */
+	for (uint32_t i = 0; i < n; i++)
+		sc[i] = (float)(i % 7);
+	topk_check(sc, n, 300);
+	topk_check(sc, n, 1);
+	/* a sample that lies: only 40 sampled positions (stride 64) are high, so fewer than k clear
+	 * the floor and the selection must fall back to the full pass */
+	for (uint32_t i = 0; i < n; i++)
+		sc[i] = i % 64 == 0 && i / 64 < 40 ? 100.0f : 50.0f - (float)(i % 1000) * 1e-3f;
+	topk_check(sc, n, 100);
+	free(sc);
 }
 END_TEST
 
@@ -1239,6 +1349,7 @@ paris_suite(void)
 	tcase_add_test(tc, test_refine_bad_input);
 	tcase_add_test(tc, test_search_bad_input);
 	tcase_add_test(tc, test_schedule_and_select);
+	tcase_add_test(tc, test_topk_select);
 	tcase_add_test(tc, test_custom_alloc);
 	tcase_add_test(tc, test_zones);
 	tcase_add_test(tc, test_seq_topk);
