@@ -4,8 +4,13 @@
  * (engine/tier.h) decides; this file owns the pool slots and moves the rows.
  *
  * Pool slot of a position: a T1 slot (token_bytes, the rows as appended) or, once quantized, a
- * T2 slot (q_bytes: 2L*H*D int8 codes, then 2L*H f32 scales, one per (layer, K|V, head)). The
- * hierarchy is inclusive: a T0 position keeps its pool slot, so demotion never copies.
+ * T2 slot (q_bytes) of int8 codes [2L][H*D] (row r = 2 * layer + K|V) and then
+ *   - by default: f32 scales [2L][H], one per (layer, K|V, head);
+ *   - with KVT_T2_F_KEY_CHANNEL: f32 value scales [L][H], then a pointer to the key-scale block
+ *     the position was quantized in: a pool slot holding a reference count and f32 scales
+ *     [L][H*D], one per (layer, channel), shared by up to KVT_T2_KEY_BLOCK positions and freed
+ *     with the last of them.
+ * The hierarchy is inclusive: a T0 position keeps its pool slot, so demotion never copies.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -21,6 +26,74 @@
 #include "session.h"
 
 #define COPY_BATCH 256 /* rows per device copy call */
+
+_Static_assert(KVT_T2_KEY_BLOCK == KVT_QUANT_KEY_BLOCK, "per-channel key block");
+
+/* A block of per-channel key scales (KVT_T2_F_KEY_CHANNEL). */
+struct kblk {
+	uint32_t refs; /* T2 slots pointing here */
+	uint32_t pad;
+	float scale[]; /* [L][H*D] */
+};
+
+static bool
+key_channel(const struct kvtd_seq *q)
+{
+	return q->p.t2_flags & KVT_T2_F_KEY_CHANNEL;
+}
+
+static uint64_t
+kblk_bytes(const struct kvt_seq_params *p)
+{
+	return sizeof(struct kblk) + (uint64_t)p->layers * p->kv_heads * p->head_dim * 4;
+}
+
+static struct kblk *
+t2_kblk(const struct kvtd_seq *q, const uint8_t *slot)
+{
+	struct kblk *b;
+
+	memcpy(&b, slot + q->q_bytes - sizeof(b), sizeof(b));
+	return b;
+}
+
+/*
+ * Codes and scales of row r (2 * layer + K|V) of a T2 slot. *ret_channel is true when the
+ * scales are per channel (H * D of them, a key under KVT_T2_F_KEY_CHANNEL), else per head (H).
+ */
+static const int8_t *
+t2_row(const struct kvtd_seq *q, const uint8_t *slot, uint32_t r, const float **ret_scales,
+       bool *ret_channel)
+{
+	uint64_t H = q->p.kv_heads, n = H * q->p.head_dim, codes = 2 * (uint64_t)q->p.layers * n;
+
+	*ret_channel = key_channel(q) && !(r & 1);
+	if (!key_channel(q))
+		*ret_scales = (const float *)(slot + codes) + r * H;
+	else if (r & 1)
+		*ret_scales = (const float *)(slot + codes) + (r / 2) * H;
+	else
+		*ret_scales = t2_kblk(q, slot)->scale + (r / 2) * n;
+	return (const int8_t *)slot + r * n;
+}
+
+/* Dequantizes heads h0 .. h0 + nh - 1 of T2 row r into @dst (@dtype). */
+static void
+t2_dequant(const struct kvtd_seq *q, const uint8_t *slot, uint32_t r, uint32_t h0, uint32_t nh,
+	   int dtype, void *dst)
+{
+	uint32_t D = q->p.head_dim;
+	const float *sc;
+	bool ch;
+	const int8_t *codes = t2_row(q, slot, r, &sc, &ch) + (uint64_t)h0 * D;
+
+	if (ch)
+		kvt_dequant_block_ch(dtype, nh * D, codes, sc + (uint64_t)h0 * D, 1, dst,
+				     (uint64_t)nh * D * kvt_dtype_size(dtype));
+	else
+		kvt_dequant_rows(dtype, nh, D, codes, sc + h0, 1, dst,
+				 (uint64_t)nh * D * kvt_dtype_size(dtype));
+}
 
 static struct kvtd_acct *
 uid_acct(struct kvtd_session *s)
@@ -58,8 +131,10 @@ params_check(const struct kvt_seq_params *p, const char **why)
 	*why = NULL;
 	if (p->size < sizeof(*p))
 		*why = "size smaller than struct kvt_seq_params";
-	else if (res[0] || res[1] || res[2] || p->ret_flags)
+	else if (res[0] || res[1] || p->reserved0 || p->ret_flags)
 		*why = "reserved field not zero";
+	else if (p->t2_flags & ~KVT_T2_F_KEY_CHANNEL)
+		*why = "unknown t2_flags";
 	else if (!p->layers || p->layers > KVT_MAX_LAYERS)
 		*why = "layers out of range";
 	else if (!p->kv_heads || p->kv_heads > KVT_MAX_KV_HEADS)
@@ -230,12 +305,12 @@ retrieval_init(struct kvtd_session *s, struct kvtd_seq *q)
 
 /*
  * The key of (pos, layer), kv heads h0 .. h0 + nh - 1, as f32 ([nh][head_dim]), whatever the
- * pool holds (full precision or int8, whose scales are per (row, head)).
+ * pool holds (full precision, or int8 dequantized).
  */
 static void
 key_f32(const struct kvtd_seq *q, uint32_t pos, uint32_t l, uint32_t h0, uint32_t nh, float *out)
 {
-	uint32_t H = q->p.kv_heads, D = q->p.head_dim, n = H * D, m = nh * D;
+	uint32_t D = q->p.head_dim, m = nh * D;
 	const uint8_t *slot = q->slot[pos];
 	const void *row;
 
@@ -244,12 +319,7 @@ key_f32(const struct kvtd_seq *q, uint32_t pos, uint32_t l, uint32_t h0, uint32_
 		return;
 	}
 	if (q->ts.tier[pos] & KVT_TIER_F_INT8) {
-		uint32_t r = 2 * l;
-
-		kvt_dequant_rows(
-		    KVT_DTYPE_F32, nh, D, (const int8_t *)slot + (uint64_t)r * n + (uint64_t)h0 * D,
-		    (const float *)(slot + (uint64_t)2 * q->p.layers * n) + (uint64_t)r * H + h0, 1,
-		    out, m * sizeof(float));
+		t2_dequant(q, slot, 2 * l, h0, nh, KVT_DTYPE_F32, out);
 		return;
 	}
 	row = slot + (uint64_t)2 * l * q->row_bytes;
@@ -342,11 +412,15 @@ kvtd_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p)
 		return -ENOMEM;
 	q->p = pp;
 	q->p.size = sizeof(pp);
-	q->cls = q->cls_q = q->cls_pg = -1;
+	q->cls = q->cls_q = q->cls_pg = q->cls_kb = -1;
 	kvt_tier_cfg_init(&pp, &q->cfg, &why);
 	q->row_bytes = (uint64_t)p->kv_heads * p->head_dim * kvt_dtype_size(p->dtype);
 	q->token_bytes = (uint64_t)p->layers * 2 * q->row_bytes;
-	q->q_bytes = (uint64_t)p->layers * 2 * p->kv_heads * (p->head_dim + sizeof(float));
+	if (key_channel(q)) /* codes, value scales, key-scale block pointer */
+		q->q_bytes = (uint64_t)p->layers * p->kv_heads * (2 * p->head_dim + sizeof(float)) +
+			     sizeof(struct kblk *);
+	else
+		q->q_bytes = (uint64_t)p->layers * 2 * p->kv_heads * (p->head_dim + sizeof(float));
 	if (p->t0_buf_id) {
 		q->t0_buf =
 		    region_get(s, p->t0_buf_id, p->t0_base_off, p, p->t0_layer_stride,
@@ -369,6 +443,12 @@ kvtd_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p)
 	if (r < 0)
 		goto err_free;
 	q->cls_q = r;
+	if (key_channel(q)) {
+		r = kvtd_pool_class_get(&d->pool, kblk_bytes(p));
+		if (r < 0)
+			goto err_free;
+		q->cls_kb = r;
+	}
 	r = seq_ensure_cap(q, 1);
 	if (r < 0)
 		goto err_free;
@@ -387,6 +467,19 @@ err_free:
 	return r;
 }
 
+/* Drops a T2 slot's reference to its key-scale block, freeing the block with the last one. */
+static void
+kblk_put(struct kvtd_session *s, struct kvtd_seq *q, const uint8_t *slot)
+{
+	struct kblk *b = t2_kblk(q, slot);
+	void *v = b;
+
+	if (--b->refs)
+		return;
+	kvtd_pool_free(&s->d->pool, q->cls_kb, 1, &s->acct, uid_acct(s), &v);
+	q->n_kblk--;
+}
+
 /* Return the pool slots of @n positions (T1 or T2 each, by their tier flag). */
 static void
 free_positions(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *pos, uint32_t n)
@@ -399,10 +492,13 @@ free_positions(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *pos, 
 
 		if (!p)
 			continue;
-		if (q->ts.tier[pos[i]] & KVT_TIER_F_INT8)
+		if (q->ts.tier[pos[i]] & KVT_TIER_F_INT8) {
+			if (key_channel(q))
+				kblk_put(s, q, p);
 			b2[n2++] = p;
-		else
+		} else {
 			b1[n1++] = p;
+		}
 		q->slot[pos[i]] = NULL;
 		if (n1 == COPY_BATCH || n2 == COPY_BATCH || i + 1 == n) {
 			kvtd_pool_free(&s->d->pool, q->cls, n1, &s->acct, uid_acct(s), b1);
@@ -440,6 +536,8 @@ kvtd_seq_destroy(struct kvtd_session *s, struct kvtd_seq *q)
 		kvtd_pool_class_put(&s->d->pool, q->cls);
 	if (q->cls_q >= 0)
 		kvtd_pool_class_put(&s->d->pool, q->cls_q);
+	if (q->cls_kb >= 0)
+		kvtd_pool_class_put(&s->d->pool, q->cls_kb);
 	kvt_dev_buf_put(q->t0_buf);
 	kvt_dev_buf_put(q->stage_buf);
 	free(q->slot);
@@ -454,7 +552,8 @@ kvtd_seq_pool_bytes(struct kvtd_session *s, const struct kvtd_seq *q)
 	uint64_t live = q->ts.n - q->ts.count[KVT_T3];
 
 	return (live - q->ts.n_int8) * kvtd_pool_slot_size(&s->d->pool, q->cls) +
-	       (uint64_t)q->ts.n_int8 * kvtd_pool_slot_size(&s->d->pool, q->cls_q);
+	       (uint64_t)q->ts.n_int8 * kvtd_pool_slot_size(&s->d->pool, q->cls_q) +
+	       (q->n_kblk ? q->n_kblk * kvtd_pool_slot_size(&s->d->pool, q->cls_kb) : 0);
 }
 
 struct kvtd_seq *
@@ -635,14 +734,11 @@ static const void *
 pos_row(const struct kvtd_seq *q, uint32_t pos, uint32_t l, uint32_t kv, void *tmp)
 {
 	const uint8_t *slot = q->slot[pos];
-	uint32_t r = 2 * l + kv, H = q->p.kv_heads, D = q->p.head_dim;
+	uint32_t r = 2 * l + kv;
 
 	if (!(q->ts.tier[pos] & KVT_TIER_F_INT8))
 		return slot + r * q->row_bytes;
-	kvt_dequant_rows(q->p.dtype, H, D, (const int8_t *)slot + (uint64_t)r * H * D,
-			 (const float *)(slot + (uint64_t)2 * q->p.layers * H * D) +
-			     (uint64_t)r * H,
-			 1, tmp, q->row_bytes);
+	t2_dequant(q, slot, r, 0, q->p.kv_heads, q->p.dtype, tmp);
 	return tmp;
 }
 
@@ -684,20 +780,126 @@ batch_add(struct row_batch *b, const struct kvtd_seq *q, uint32_t pos, uint32_t 
 	return ++b->n == COPY_BATCH ? batch_flush(b) : 0;
 }
 
-/* T1 -> T2: quantize each position's rows into the int8 slot @qs[i] (already allocated) and
- * give back its full-precision slot. */
-static void
-quantize_positions(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *pos, uint32_t n,
-		   void **qs)
-{
-	uint32_t H = q->p.kv_heads, D = q->p.head_dim, rows = 2u * q->p.layers;
+/*
+ * Room for quantizing @n positions, taken before anything moves: their T2 slots and, with
+ * per-channel keys, ceil(n / KVT_T2_KEY_BLOCK) key-scale blocks (@kb) and the row scratch (@tmp:
+ * a block of key rows, then their codes). All or nothing.
+ */
+struct quant_room {
+	void **qs, **kb;
+	uint8_t *tmp;
+	uint32_t n, nkb;
+};
 
+static int
+quant_room_get(struct kvtd_session *s, struct kvtd_seq *q, uint32_t n, struct quant_room *qr)
+{
+	uint64_t HD = (uint64_t)q->p.kv_heads * q->p.head_dim;
+	int r;
+
+	memset(qr, 0, sizeof(*qr));
+	if (!n)
+		return 0;
+	qr->n = n;
+	qr->nkb = key_channel(q) ? (n + KVT_T2_KEY_BLOCK - 1) / KVT_T2_KEY_BLOCK : 0;
+	qr->qs = malloc(((size_t)n + qr->nkb) * sizeof(void *));
+	if (qr->nkb)
+		qr->tmp = malloc(KVT_T2_KEY_BLOCK * (q->row_bytes + HD));
+	if (!qr->qs || (qr->nkb && !qr->tmp)) {
+		r = -ENOMEM;
+		goto err;
+	}
+	qr->kb = qr->qs + n;
+	r = kvtd_pool_alloc(&s->d->pool, q->cls_q, n, &s->acct, uid_acct(s), qr->qs);
+	if (r < 0)
+		goto err;
+	if (qr->nkb) {
+		r = kvtd_pool_alloc(&s->d->pool, q->cls_kb, qr->nkb, &s->acct, uid_acct(s), qr->kb);
+		if (r < 0) {
+			kvtd_pool_free(&s->d->pool, q->cls_q, n, &s->acct, uid_acct(s), qr->qs);
+			goto err;
+		}
+	}
+	return 0;
+err:
+	free(qr->qs);
+	free(qr->tmp);
+	memset(qr, 0, sizeof(*qr));
+	return r;
+}
+
+/* Gives back what quant_room_get() took and quantize_positions() did not use. */
+static void
+quant_room_put(struct kvtd_session *s, struct kvtd_seq *q, struct quant_room *qr, bool used)
+{
+	if (!used && qr->n) {
+		kvtd_pool_free(&s->d->pool, q->cls_q, qr->n, &s->acct, uid_acct(s), qr->qs);
+		if (qr->nkb)
+			kvtd_pool_free(&s->d->pool, q->cls_kb, qr->nkb, &s->acct, uid_acct(s),
+				       qr->kb);
+	}
+	free(qr->qs);
+	free(qr->tmp);
+}
+
+/* Keys of positions pos[0..m) into the key-scale block @b and their T2 slots (channel mode). */
+static void
+quantize_key_block(struct kvtd_seq *q, const uint32_t *pos, void *const *qs, uint32_t m,
+		   struct kblk *b, uint8_t *tmp)
+{
+	uint64_t HD = (uint64_t)q->p.kv_heads * q->p.head_dim;
+	int8_t *codes = (int8_t *)(tmp + KVT_T2_KEY_BLOCK * q->row_bytes);
+
+	b->refs = m;
+	for (uint32_t l = 0; l < q->p.layers; l++) {
+		for (uint32_t i = 0; i < m; i++)
+			memcpy(tmp + i * q->row_bytes,
+			       (const uint8_t *)q->slot[pos[i]] + 2 * l * q->row_bytes,
+			       q->row_bytes);
+		kvt_quant_block_ch(q->p.dtype, (uint32_t)HD, tmp, q->row_bytes, m, codes,
+				   b->scale + l * HD);
+		for (uint32_t i = 0; i < m; i++)
+			memcpy((int8_t *)qs[i] + 2 * l * HD, codes + i * HD, HD);
+	}
+}
+
+/* T1 -> T2: quantize each position's rows into its int8 slot (from @qr) and give back its
+ * full-precision slot. */
+static void
+quantize_positions(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *pos,
+		   struct quant_room *qr)
+{
+	uint32_t H = q->p.kv_heads, D = q->p.head_dim, L = q->p.layers, n = qr->n;
+	uint64_t HD = (uint64_t)H * D;
+	void **qs = qr->qs;
+
+	if (!key_channel(q)) {
+		for (uint32_t i = 0; i < n; i++)
+			kvt_quant_rows(q->p.dtype, H, D, q->slot[pos[i]], q->row_bytes, 2u * L,
+				       qs[i], (float *)((int8_t *)qs[i] + 2 * L * HD));
+	} else {
+		for (uint32_t i = 0; i < n; i += KVT_T2_KEY_BLOCK) {
+			uint32_t m = n - i < KVT_T2_KEY_BLOCK ? n - i : KVT_T2_KEY_BLOCK;
+			struct kblk *b = qr->kb[i / KVT_T2_KEY_BLOCK];
+
+			quantize_key_block(q, pos + i, qs + i, m, b, qr->tmp);
+			for (uint32_t j = i; j < i + m; j++) {
+				const uint8_t *old = q->slot[pos[j]];
+				int8_t *c = qs[j];
+				float *vs = (float *)(c + 2 * L * HD);
+
+				for (uint32_t l = 0; l < L; l++)
+					kvt_quant_rows(
+					    q->p.dtype, H, D, old + (2 * l + 1) * q->row_bytes,
+					    q->row_bytes, 1, c + (2 * l + 1) * HD, vs + l * H);
+				memcpy(c + q->q_bytes - sizeof(b), &b, sizeof(b));
+			}
+		}
+		q->n_kblk += qr->nkb;
+	}
 	for (uint32_t i = 0; i < n; i++) {
-		int8_t *codes = qs[i];
 		void *old = q->slot[pos[i]];
 
-		kvt_quant_rows(q->p.dtype, H, D, old, q->row_bytes, rows, codes,
-			       (float *)(codes + (uint64_t)rows * H * D));
 		q->slot[pos[i]] = qs[i];
 		qs[i] = old;
 	}
@@ -713,7 +915,7 @@ kvtd_seq_retier(struct kvtd_session *s, struct kvtd_seq *q, void *out, uint64_t 
 	struct kvt_retier_result res;
 	struct kvt_tier_plan plan;
 	struct row_batch *b = NULL;
-	void **qs = NULL;
+	struct quant_room qr;
 	uint64_t need;
 	uint8_t *o = out;
 	int r;
@@ -729,16 +931,9 @@ kvtd_seq_retier(struct kvtd_session *s, struct kvtd_seq *q, void *out, uint64_t 
 		return -ENOSPC;
 	/* Pool room for the int8 rows first, all or nothing: the only step that may fail for
 	 * want of memory, taken before anything is moved. */
-	if (plan.n_quant) {
-		qs = malloc(plan.n_quant * sizeof(*qs));
-		if (!qs)
-			return -ENOMEM;
-		r = kvtd_pool_alloc(&s->d->pool, q->cls_q, plan.n_quant, &s->acct, uid_acct(s), qs);
-		if (r < 0) {
-			free(qs);
-			return r;
-		}
-	}
+	r = quant_room_get(s, q, plan.n_quant, &qr);
+	if (r < 0)
+		return r;
 	if (plan.n_promote) {
 		b = malloc(sizeof(*b));
 		if (b)
@@ -771,8 +966,8 @@ kvtd_seq_retier(struct kvtd_session *s, struct kvtd_seq *q, void *out, uint64_t 
 			goto err_qs;
 		}
 	}
-	quantize_positions(s, q, plan.quant_pos, plan.n_quant, qs);
-	free(qs);
+	quantize_positions(s, q, plan.quant_pos, &qr);
+	quant_room_put(s, q, &qr, true);
 	free_positions(s, q, plan.evict_pos, plan.n_evict);
 	r = kvt_tier_commit(&q->ts, &plan);
 	if (r < 0)
@@ -803,9 +998,7 @@ kvtd_seq_retier(struct kvtd_session *s, struct kvtd_seq *q, void *out, uint64_t 
 	return (int)need;
 
 err_qs:
-	if (qs)
-		kvtd_pool_free(&s->d->pool, q->cls_q, plan.n_quant, &s->acct, uid_acct(s), qs);
-	free(qs);
+	quant_room_put(s, q, &qr, false);
 	return r;
 }
 

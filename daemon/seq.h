@@ -28,9 +28,12 @@ struct kvtd_seq {
 	size_t ws_size;
 	uint64_t row_bytes;   /* H * D * elem: one (token, layer, K|V) */
 	uint64_t token_bytes; /* L * 2 * row_bytes: one T1 pool slot */
-	uint64_t q_bytes;     /* one T2 pool slot: L*2*H*D int8 codes, then L*2*H f32 scales */
+	uint64_t q_bytes;     /* one T2 pool slot (layouts in seq.c) */
 	int cls, cls_q;	      /* pool classes of T1 and T2 slots */
-	void **slot;	      /* [ts.cap] pool slot per position (T1 or T2 by KVT_TIER_F_INT8) */
+	/* KVT_T2_F_KEY_CHANNEL: blocks of per-channel key scales shared by T2 slots */
+	int cls_kb;	 /* pool class of a key-scale block */
+	uint64_t n_kblk; /* key-scale blocks alive */
+	void **slot;	 /* [ts.cap] pool slot per position (T1 or T2 by KVT_TIER_F_INT8) */
 	struct kvt_dev_buf *t0_buf, *stage_buf;
 	uint64_t bytes_in, bytes_out;
 	double score_total;

@@ -157,6 +157,9 @@ add_seqs(struct kvtd_session *s, void *arg)
 		ADD(c, "head_dim", U64(q->p.head_dim));
 		ADD(c, "dtype", json_object_new_string(dtype_names[q->p.dtype]));
 		ADD(c, "policy", json_object_new_string(policy_names[q->p.policy]));
+		ADD(c, "t2_keys",
+		    json_object_new_string(q->p.t2_flags & KVT_T2_F_KEY_CHANNEL ? "channel"
+										: "head"));
 		{
 			uint64_t t[4] = {q->ts.count[0], q->ts.count[1], q->ts.count[2],
 					 q->ts.count[3]};

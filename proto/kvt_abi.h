@@ -192,9 +192,21 @@ struct kvt_seq_params {
 	 * buffer U. Keys leaving the dense window are encoded every U tokens. 0: no TOPK. */
 	uint32_t ret_update;
 	uint32_t ret_flags;   /* zero */
-	uint64_t reserved[3]; /* zero */
+	uint32_t t2_flags;    /* KVT_T2_F_* */
+	uint32_t reserved0;   /* zero */
+	uint64_t reserved[2]; /* zero */
 };
 _Static_assert(sizeof(struct kvt_seq_params) == 160, "kvt_seq_params ABI");
+
+/*
+ * T2 (int8) encodings, kvt_seq_params.t2_flags. By default every (token, layer, K|V, head) has
+ * its own f32 scale. KVT_T2_F_KEY_CHANNEL gives keys one scale per channel (element of the row)
+ * shared by a block of up to KVT_T2_KEY_BLOCK positions that one RETIER quantizes, in position
+ * order (KIVI-style: keys have outlier channels, which a per-head scale spreads over the whole
+ * head). Values keep per-head scales.
+ */
+#define KVT_T2_F_KEY_CHANNEL (1u << 0)
+#define KVT_T2_KEY_BLOCK     32
 
 /*
  * APPEND: @count tokens are appended at positions n..n+count-1.

@@ -362,7 +362,7 @@ START_TEST(t_bad_params)
 	p.layers = 0;
 	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), -EINVAL);
 	params_default(&p);
-	p.reserved[2] = 1;
+	p.reserved[1] = 1;
 	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), -EINVAL);
 	params_default(&p);
 	p.t0_buf_id = 3; /* never registered */

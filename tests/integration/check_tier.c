@@ -31,7 +31,8 @@ struct client {
 	float *ref; /* [STEPS][TOK] */
 	uint64_t rng;
 	uint32_t n;
-	int int8; /* t2_frac > 0 */
+	int int8;      /* t2_frac > 0 */
+	float outlier; /* > 0: channel 5 of every key head is this many times larger */
 };
 
 static float
@@ -92,13 +93,16 @@ apply_retier(struct client *k)
 						ck_assert(!memcmp(got, want, ROW * sizeof(float)));
 						continue;
 					}
+					/* half a step of the largest scale there can be */
 					for (int j = 0; j < ROW; j++)
-						ck_assert(fabsf(got[j] - want[j]) <= 1.0f / 127);
+						ck_assert(fabsf(got[j] - want[j]) <=
+							  fmaxf(1.0f, k->outlier) / 127);
 				}
 }
 
 static void
-client_open(struct client *k, float hbm, float evict, float t2, uint64_t seed)
+client_open_t2(struct client *k, float hbm, float evict, float t2, uint32_t t2_flags, float outlier,
+	       uint64_t seed)
 {
 	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
 	struct kvt_seq_params p = {.size = sizeof(p)};
@@ -106,6 +110,7 @@ client_open(struct client *k, float hbm, float evict, float t2, uint64_t seed)
 	memset(k, 0, sizeof(*k));
 	k->rng = seed;
 	k->int8 = t2 > 0;
+	k->outlier = outlier;
 	ck_assert_int_eq(kvt_connect(Dm.sock, &o, &k->c), 0);
 	ck_assert_int_eq(kvt_buf_alloc(k->c, (size_t)L * 2 * SLOTS * ROW * 4, &k->t0), 0);
 	ck_assert_int_eq(kvt_buf_alloc(k->c, (size_t)L * 2 * STEPS * ROW * 4, &k->stage), 0);
@@ -120,6 +125,7 @@ client_open(struct client *k, float hbm, float evict, float t2, uint64_t seed)
 	p.hbm_frac = hbm;
 	p.evict_frac = evict;
 	p.t2_frac = t2;
+	p.t2_flags = t2_flags;
 	p.t0_buf_id = kvt_buf_id(k->t0);
 	p.t0_slots = SLOTS;
 	p.t0_slot_stride = ROW * 4;
@@ -135,6 +141,12 @@ client_open(struct client *k, float hbm, float evict, float t2, uint64_t seed)
 		k->slot_pos[i] = -1;
 	k->ref = malloc(sizeof(float) * TOK * STEPS);
 	apply_retier(k); /* n = 0: hands out the first free slots */
+}
+
+static void
+client_open(struct client *k, float hbm, float evict, float t2, uint64_t seed)
+{
+	client_open_t2(k, hbm, evict, t2, 0, 0.0f, seed);
 }
 
 static void
@@ -156,6 +168,10 @@ step(struct client *k)
 	slot = k->free_slots[k->next_free++];
 	for (int i = 0; i < TOK; i++)
 		ref[i] = frand(&k->rng);
+	if (k->outlier > 0)
+		for (uint32_t l = 0; l < L; l++)
+			for (uint32_t h = 0; h < H; h++)
+				ref[l * 2 * ROW + h * D + 5] *= k->outlier;
 	for (uint32_t l = 0; l < L; l++)
 		for (uint32_t kv = 0; kv < 2; kv++)
 			memcpy(t0_row(k, slot, l, kv), ref + (l * 2 + kv) * ROW, ROW * 4);
@@ -308,6 +324,84 @@ START_TEST(t_evict_and_int8)
 }
 END_TEST
 
+/* Relative L2 error of the keys FETCH stages from T2 (dequantized), both layers. */
+static double
+t2_key_error(struct client *k, uint32_t *ret_rows)
+{
+	static uint32_t staged[STEPS];
+	int r = kvt_fetch(k->c, k->seq, KVT_FETCH_F_T2, 0, L, 0, staged, STEPS);
+	double err = 0, norm = 0;
+
+	ck_assert_msg(r > 0, "FETCH T2: %s", kvt_strerror(r));
+	for (int i = 0; i < r; i++)
+		for (uint32_t l = 0; l < L; l++) {
+			const float *got = stage_row(k, i, l, 0);
+			const float *want = k->ref + (size_t)staged[i] * TOK + l * 2 * ROW;
+
+			for (int j = 0; j < ROW; j++) {
+				err += (double)(got[j] - want[j]) * (got[j] - want[j]);
+				norm += (double)want[j] * want[j];
+			}
+		}
+	*ret_rows = (uint32_t)r;
+	return sqrt(err / norm);
+}
+
+/*
+ * KVT_T2_F_KEY_CHANNEL on keys with an outlier channel: per-head scales spread the outlier's
+ * range over every channel of the head, per-channel scales do not. Same data, same budgets, two
+ * sequences side by side; key-scale blocks are charged to the pool and given back.
+ */
+START_TEST(t_t2_key_channel)
+{
+	struct client kh, kc;
+	struct kvt_seq_params bad = {
+	    .size = sizeof(bad), .layers = 1, .kv_heads = 1, .head_dim = 8, .delta = 1};
+	struct kvt_seq_stat sh, sc;
+	int64_t used0 = pool_used(Dm.sock);
+	uint32_t nh, nc, id;
+	double eh, ec;
+
+	client_open_t2(&kh, 0.3f, 0.1f, 0.3f, 0, 30.0f, 99);
+	client_open_t2(&kc, 0.3f, 0.1f, 0.3f, KVT_T2_F_KEY_CHANNEL, 30.0f, 99);
+	for (int t = 0; t < STEPS - 100; t++) {
+		step(&kh);
+		step(&kc);
+	}
+	apply_retier(&kh);
+	apply_retier(&kc);
+	ck_assert_int_eq(kvt_seq_stat(kh.c, kh.seq, &sh), 0);
+	ck_assert_int_eq(kvt_seq_stat(kc.c, kc.seq, &sc), 0);
+	ck_assert(!memcmp(sh.tier_count, sc.tier_count, sizeof(sh.tier_count)));
+	ck_assert_uint_gt(sc.tier_count[2], KVT_T2_KEY_BLOCK);
+	/* the channel sequence's T2 slots are smaller, plus its blocks of key scales */
+	ck_assert_uint_ne(sc.pool_bytes, sh.pool_bytes);
+	eh = t2_key_error(&kh, &nh);
+	ec = t2_key_error(&kc, &nc);
+	ck_assert_uint_eq(nh, nc);
+	fprintf(stderr,
+		"t2 key relative L2 error, outlier channel x30: per head %.3g, "
+		"per channel %.3g (%u rows)\n",
+		eh, ec, nh);
+	ck_assert(ec > 0);
+	ck_assert(ec < 0.5 * eh);
+	client_close(&kh);
+	client_close(&kc);
+	ck_assert_int_eq(pool_used(Dm.sock), used0); /* blocks freed with their last slot */
+	/* unknown T2 flags and the reserved word next to them are refused */
+	bad.t2_flags = 2;
+	ck_assert_int_eq(kvt_connect(Dm.sock, NULL, &kh.c), 0);
+	ck_assert_int_eq(kvt_seq_open(kh.c, &bad, &id), -EINVAL);
+	bad.t2_flags = KVT_T2_F_KEY_CHANNEL;
+	bad.reserved0 = 1;
+	ck_assert_int_eq(kvt_seq_open(kh.c, &bad, &id), -EINVAL);
+	bad.reserved0 = 0;
+	ck_assert_int_eq(kvt_seq_open(kh.c, &bad, &id), 0);
+	ck_assert_int_eq(kvt_seq_close(kh.c, id), 0);
+	kvt_disconnect(kh.c);
+}
+END_TEST
+
 START_TEST(t_bad_input)
 {
 	struct client k;
@@ -368,6 +462,7 @@ main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_loop_test(tc, t_prop1_bit_exact, 0, 5);
 	tcase_add_test(tc, t_evict_and_int8);
+	tcase_add_test(tc, t_t2_key_channel);
 	tcase_add_test(tc, t_bad_input);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

@@ -30,8 +30,11 @@ def draw(ax, rows, key):
                 label=f"tiered, hbm {h:.0%}", alpha=0.8)
     for r in rows:
         if r["policy"] == "tiered" and r["t2_frac"] > 0:
-            ax.plot([r["budget"]], [r[key]], marker="*", markersize=13, linestyle="",
-                    label=f"tiered + int8 T2 on {r['t2_frac']:.0%}, hbm {r['hbm_frac']:.0%}")
+            keys = r.get("t2_keys", "head")
+            ax.plot([r["budget"]], [r[key]], marker="*" if keys == "head" else "h",
+                    markersize=13, linestyle="",
+                    label=f"tiered + int8 T2 on {r['t2_frac']:.0%} (keys per {keys}), "
+                          f"hbm {r['hbm_frac']:.0%}")
     for pol, mk in (("h2o", "v"), ("streaming", "x")):
         pts = sorted((r["budget"], r[key]) for r in rows if r["policy"] == pol)
         if pts:

@@ -36,8 +36,15 @@ const uint32_t llm_eval_n_prompts = sizeof(llm_eval_prompts) / sizeof(llm_eval_p
 struct eval_cfg {
 	uint8_t policy;
 	float hbm, evict, t2;
-	float budget; /* streaming: kept fraction at the end (sets the window) */
+	float budget;	   /* streaming: kept fraction at the end (sets the window) */
+	uint32_t t2_flags; /* KVT_T2_F_* */
 };
+
+static const char *
+t2_keys_name(const struct eval_cfg *cf)
+{
+	return cf->t2_flags & KVT_T2_F_KEY_CHANNEL ? "channel" : "head";
+}
 
 /*
  * The table: tiering at every (hbm, evict), int8, then the eviction baselines. (Policy full is
@@ -46,22 +53,23 @@ struct eval_cfg {
  */
 /* clang-format off */
 static const struct eval_cfg cfgs[] = {
-    {KVT_POLICY_TIERED, 0.3f, 0.00f, 0, 0},
-    {KVT_POLICY_TIERED, 0.5f, 0.00f, 0, 0},
-    {KVT_POLICY_TIERED, 0.7f, 0.00f, 0, 0},
-    {KVT_POLICY_TIERED, 0.3f, 0.03f, 0, 0},
-    {KVT_POLICY_TIERED, 0.5f, 0.03f, 0, 0},
-    {KVT_POLICY_TIERED, 0.7f, 0.03f, 0, 0},
-    {KVT_POLICY_TIERED, 0.3f, 0.10f, 0, 0},
-    {KVT_POLICY_TIERED, 0.5f, 0.10f, 0, 0},
-    {KVT_POLICY_TIERED, 0.7f, 0.10f, 0, 0},
-    {KVT_POLICY_TIERED, 0.3f, 0.25f, 0, 0},
-    {KVT_POLICY_TIERED, 0.5f, 0.25f, 0, 0},
-    {KVT_POLICY_TIERED, 0.7f, 0.25f, 0, 0},
-    {KVT_POLICY_TIERED, 0.5f, 0.00f, 0.25f, 0},
-    {KVT_POLICY_H2O, 0.5f, 0, 0, 0},
-    {KVT_POLICY_H2O, 0.25f, 0, 0, 0},
-    {KVT_POLICY_STREAMING, 0, 0, 0, 0.5f},
+    {KVT_POLICY_TIERED, 0.3f, 0.00f, 0, 0, 0},
+    {KVT_POLICY_TIERED, 0.5f, 0.00f, 0, 0, 0},
+    {KVT_POLICY_TIERED, 0.7f, 0.00f, 0, 0, 0},
+    {KVT_POLICY_TIERED, 0.3f, 0.03f, 0, 0, 0},
+    {KVT_POLICY_TIERED, 0.5f, 0.03f, 0, 0, 0},
+    {KVT_POLICY_TIERED, 0.7f, 0.03f, 0, 0, 0},
+    {KVT_POLICY_TIERED, 0.3f, 0.10f, 0, 0, 0},
+    {KVT_POLICY_TIERED, 0.5f, 0.10f, 0, 0, 0},
+    {KVT_POLICY_TIERED, 0.7f, 0.10f, 0, 0, 0},
+    {KVT_POLICY_TIERED, 0.3f, 0.25f, 0, 0, 0},
+    {KVT_POLICY_TIERED, 0.5f, 0.25f, 0, 0, 0},
+    {KVT_POLICY_TIERED, 0.7f, 0.25f, 0, 0, 0},
+    {KVT_POLICY_TIERED, 0.5f, 0.00f, 0.25f, 0, 0},
+    {KVT_POLICY_TIERED, 0.5f, 0.00f, 0.25f, 0, KVT_T2_F_KEY_CHANNEL},
+    {KVT_POLICY_H2O, 0.5f, 0, 0, 0, 0},
+    {KVT_POLICY_H2O, 0.25f, 0, 0, 0, 0},
+    {KVT_POLICY_STREAMING, 0, 0, 0, 0.5f, 0},
 };
 /* clang-format on */
 #define NCFG (sizeof(cfgs) / sizeof(cfgs[0]))
@@ -153,6 +161,7 @@ kvtier_opts_for(const struct eval *E, const struct eval_cfg *cf, uint32_t prompt
 	ko->hbm_frac = cf->hbm;
 	ko->evict_frac = cf->evict;
 	ko->t2_frac = cf->t2;
+	ko->t2_flags = cf->t2_flags;
 	ko->delta = E->o->delta;
 	ko->window = E->o->window;
 	ko->prompt_len = prompt_len;
@@ -461,10 +470,11 @@ print_report(const struct eval *E, const struct cfg_result *res, const struct sp
 			const struct cfg_result *r = &res[i];
 
 			printf("%s{\"policy\":\"%s\",\"hbm_frac\":%.2f,\"evict_frac\":%.2f,"
-			       "\"t2_frac\":%.2f,\"budget\":%.4f,\"agreement\":%.6f,\"ppl\":%.6f,"
+			       "\"t2_frac\":%.2f,\"t2_keys\":\"%s\",\"budget\":%.4f,"
+			       "\"agreement\":%.6f,\"ppl\":%.6f,"
 			       "\"tokens\":%llu,\"tiers\":[%llu,%llu,%llu,%llu]}",
 			       i ? "," : "", kv_kvtier_policy_name(cfgs[i].policy), cfgs[i].hbm,
-			       cfgs[i].evict, cfgs[i].t2, row_budget(r),
+			       cfgs[i].evict, cfgs[i].t2, t2_keys_name(&cfgs[i]), row_budget(r),
 			       (double)r->agree / (double)r->count, exp(r->nll / (double)r->count),
 			       (unsigned long long)r->count, (unsigned long long)r->tiers[0],
 			       (unsigned long long)r->tiers[1], (unsigned long long)r->tiers[2],
@@ -485,19 +495,19 @@ print_report(const struct eval *E, const struct cfg_result *res, const struct sp
 	printf("kvtier-llm --eval: %u prompts x %u teacher-forced tokens, delta %u, window %u, "
 	       "4 sinks, prompt protected\n\n",
 	       o->prompts, o->tokens, o->delta, o->window);
-	printf("%-10s %5s %6s %5s %7s  %9s %8s   %7s %7s %7s %7s\n", "policy", "hbm", "evict", "t2",
-	       "kept", "agreement", "ppl", "T0", "T1", "T2", "T3");
-	printf("%-10s %5s %6s %5s %7s  %9.4f %8.4f   (local backend)\n", "local", "-", "-", "-",
-	       "1.000", 1.0, ppl_full);
+	printf("%-10s %5s %6s %5s %7s %7s  %9s %8s   %7s %7s %7s %7s\n", "policy", "hbm", "evict",
+	       "t2", "t2 keys", "kept", "agreement", "ppl", "T0", "T1", "T2", "T3");
+	printf("%-10s %5s %6s %5s %7s %7s  %9.4f %8.4f   (local backend)\n", "local", "-", "-", "-",
+	       "-", "1.000", 1.0, ppl_full);
 	for (uint32_t i = 0; i < NCFG; i++) {
 		const struct cfg_result *r = &res[i];
 
-		printf("%-10s %5.2f %6.2f %5.2f %7.3f  %9.4f %8.4f   %7llu %7llu %7llu %7llu\n",
+		printf("%-10s %5.2f %6.2f %5.2f %7s %7.3f  %9.4f %8.4f   %7llu %7llu %7llu %7llu\n",
 		       kv_kvtier_policy_name(cfgs[i].policy), cfgs[i].hbm, cfgs[i].evict,
-		       cfgs[i].t2, row_budget(r), (double)r->agree / (double)r->count,
-		       exp(r->nll / (double)r->count), (unsigned long long)r->tiers[0],
-		       (unsigned long long)r->tiers[1], (unsigned long long)r->tiers[2],
-		       (unsigned long long)r->tiers[3]);
+		       cfgs[i].t2, cfgs[i].t2 > 0 ? t2_keys_name(&cfgs[i]) : "-", row_budget(r),
+		       (double)r->agree / (double)r->count, exp(r->nll / (double)r->count),
+		       (unsigned long long)r->tiers[0], (unsigned long long)r->tiers[1],
+		       (unsigned long long)r->tiers[2], (unsigned long long)r->tiers[3]);
 	}
 	printf(
 	    "\nagreement: the configuration's greedy token equals the full-cache token, teacher-\n"

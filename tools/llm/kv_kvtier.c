@@ -585,6 +585,7 @@ kv_kvtier_create(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
 	p.hbm_frac = o->hbm_frac;
 	p.evict_frac = o->evict_frac;
 	p.t2_frac = o->t2_frac;
+	p.t2_flags = o->t2_flags;
 	p.max_tokens = o->max_tokens;
 	p.t0_buf_id = kvt_buf_id(kk->t0);
 	p.t0_slots = kk->t0_slots;

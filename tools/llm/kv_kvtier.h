@@ -35,7 +35,8 @@ struct kv_kvtier_opts {
 	const char *name;   /* session label for kvtierctl; NULL: the program name */
 	uint8_t policy;	    /* KVT_POLICY_* */
 	float hbm_frac, evict_frac, t2_frac;
-	uint32_t delta; /* re-tier period (>= 1) */
+	uint32_t t2_flags; /* KVT_T2_F_* (KVT_T2_F_KEY_CHANNEL: per-channel int8 keys) */
+	uint32_t delta;	   /* re-tier period (>= 1) */
 	uint32_t sinks;
 	uint32_t window;
 	uint32_t prompt_len; /* protected prompt; also: RETIER when position prompt_len starts */

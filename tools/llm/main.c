@@ -76,6 +76,8 @@ usage(FILE *out)
 	    "      --hbm F           fraction of tokens kept in T0, the device tier (0.5)\n"
 	    "      --evict F         fraction of tokens evicted (0.03)\n"
 	    "      --t2 F            fraction of tokens stored int8 (0)\n"
+	    "      --t2-keys MODE    int8 key scales: head (one per token and head, default)\n"
+	    "                        or channel (one per channel per block of 32 tokens)\n"
 	    "      --delta N         re-tier every N tokens (64)\n"
 	    "      --window N        recent tokens always in T0 (128)\n"
 	    "      --sinks N         first tokens always in T0 (4)\n"
@@ -155,6 +157,7 @@ parse_opts(int argc, char **argv, struct opts *o)
 		O_HBM,
 		O_EVICT,
 		O_T2,
+		O_T2_KEYS,
 		O_DELTA,
 		O_WINDOW,
 		O_SINKS,
@@ -186,6 +189,7 @@ parse_opts(int argc, char **argv, struct opts *o)
 	    {"hbm", required_argument, NULL, O_HBM},
 	    {"evict", required_argument, NULL, O_EVICT},
 	    {"t2", required_argument, NULL, O_T2},
+	    {"t2-keys", required_argument, NULL, O_T2_KEYS},
 	    {"delta", required_argument, NULL, O_DELTA},
 	    {"window", required_argument, NULL, O_WINDOW},
 	    {"sinks", required_argument, NULL, O_SINKS},
@@ -317,6 +321,16 @@ parse_opts(int argc, char **argv, struct opts *o)
 					 : &o->ko.t2_frac) = f;
 			o->kvtier_opt = 1;
 			break;
+		case O_T2_KEYS:
+			if (strcmp(optarg, "head") && strcmp(optarg, "channel")) {
+				fprintf(stderr,
+					"kvtier-llm: --t2-keys wants head or channel, got '%s'\n",
+					optarg);
+				return -EINVAL;
+			}
+			o->ko.t2_flags = strcmp(optarg, "channel") ? 0 : KVT_T2_F_KEY_CHANNEL;
+			o->kvtier_opt = 1;
+			break;
 		case O_DELTA:
 		case O_WINDOW:
 		case O_SINKS:
@@ -421,8 +435,8 @@ parse_opts(int argc, char **argv, struct opts *o)
 		return -EINVAL;
 	}
 	if (o->kvtier_opt && !o->kvtier) {
-		fprintf(stderr, "kvtier-llm: --socket, --policy, --hbm, --evict, --t2, --delta, "
-				"--window, --sinks and --hold-seconds need --kv kvtier\n");
+		fprintf(stderr, "kvtier-llm: --socket, --policy, --hbm, --evict, --t2, --t2-keys, "
+				"--delta, --window, --sinks and --hold-seconds need --kv kvtier\n");
 		return -EINVAL;
 	}
 	if (delta > 0)
@@ -539,6 +553,10 @@ print_json(const struct opts *o, const char *path, const struct llm_model *m,
 		json_object_object_add(j, "hbm_frac", json_float(o->ko.hbm_frac));
 		json_object_object_add(j, "evict_frac", json_float(o->ko.evict_frac));
 		json_object_object_add(j, "t2_frac", json_float(o->ko.t2_frac));
+		json_object_object_add(j, "t2_keys",
+				       json_object_new_string(o->ko.t2_flags & KVT_T2_F_KEY_CHANNEL
+								  ? "channel"
+								  : "head"));
 		json_object_object_add(j, "delta", json_object_new_int(o->ko.delta));
 		for (int i = 0; i < 4; i++)
 			json_object_array_add(t, json_object_new_int64((int64_t)ss.tier_count[i]));
