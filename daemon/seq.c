@@ -1129,6 +1129,11 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 	if (!qbuf)
 		return -ENOMEM;
 	memcpy(qbuf, query, q_len * sizeof(float));
+	for (uint64_t i = 0; i < q_len; i++)
+		if (!isfinite(qbuf[i])) {
+			free(qbuf);
+			return -EINVAL;
+		}
 	r = kvt_paris_seq_topk(q->paris, layer, qbuf, q_len, &opts, &q->scr, q->topk_pos,
 			       q->topk_score, counts);
 	free(qbuf);

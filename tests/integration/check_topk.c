@@ -181,6 +181,12 @@ START_TEST(t_bad_topk)
 	ck_assert_int_eq(kvt_topk(f.c, f.seq, L, K, 0, q, QH * D, out, sizeof(out)), -EINVAL);
 	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0x80, q, QH * D, out, sizeof(out)), -EINVAL);
 	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0, q, QH * D, small, sizeof(small)), -ENOSPC);
+	/* a query that is not a vector of numbers */
+	q[7] = NAN;
+	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0, q, QH * D, out, sizeof(out)), -EINVAL);
+	q[7] = INFINITY;
+	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0, q, QH * D, out, sizeof(out)), -EINVAL);
+	q[7] = 0.0f;
 	/* staging holds H*K rows: the union of per-query-head lists needs twice that */
 	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH, q, QH * D,
 				  out, sizeof(out)),
