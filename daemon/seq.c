@@ -350,6 +350,27 @@ topk_key(void *ctx, uint32_t layer, uint32_t head, uint32_t pos, float *tmp)
 	return tmp;
 }
 
+/* The cache lines topk_key() will read for (layer, head, pos): its row in the pool slot. */
+static void
+topk_key_prefetch(void *ctx, uint32_t layer, uint32_t head, uint32_t pos)
+{
+	const struct kvtd_seq *q = ctx;
+	const uint8_t *slot, *row;
+	uint64_t len;
+
+	if (pos >= q->ts.n || !(slot = q->slot[pos]))
+		return;
+	if (q->ts.tier[pos] & KVT_TIER_F_INT8) {
+		len = q->p.head_dim;
+		row = slot + (2ull * layer * q->p.kv_heads + head) * len;
+	} else {
+		len = (uint64_t)q->p.head_dim * kvt_dtype_size(q->p.dtype);
+		row = slot + 2ull * layer * q->row_bytes + head * len;
+	}
+	for (uint64_t off = 0; off < len; off += 64)
+		__builtin_prefetch(row + off);
+}
+
 /* After an append: encode the keys that left the dense window (every U tokens). */
 static int
 retrieval_flush(struct kvtd_seq *q)
@@ -1083,7 +1104,7 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 	const struct kvt_seq_params *p = &q->p;
 	/* Exact refine of the 4k best estimates from the pool's keys (paris_seq.h): recall@100
 	 * 0.97-0.98 instead of 0.81-0.84 on the benchmark sets (docs/bench-retrieval.md). */
-	const struct kvt_paris_seq_keys keys = {topk_key, q};
+	const struct kvt_paris_seq_keys keys = {topk_key, q, topk_key_prefetch};
 	struct kvt_paris_topk_opts opts = {
 	    .k = k, .refine = k > UINT32_MAX / 4 ? UINT32_MAX : 4 * k, .keys = &keys};
 	uint32_t H = p->kv_heads, qh = p->q_heads ? p->q_heads : H, stride,

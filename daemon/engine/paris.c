@@ -1038,6 +1038,8 @@ dot_f32(const float *a, const float *b, unsigned int d)
 	return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 
+#define KVT_REFINE_PREFETCH 8 /* keys announced ahead of the exact rescoring */
+
 /*
  * The exact refine stage: the @nr best of the @nc estimated candidates in @scr (cand, score)
  * are rescored from the full keys and the top k of those goes out. Returns 0 or -EIO.
@@ -1048,8 +1050,15 @@ refine_exact(const struct kvt_paris_query *q, const struct kvt_paris_keys *keys,
 	     float *ret_score)
 {
 	kvt_paris_topk_select(scr->cand, scr->score, nc, nr, scr->ref_idx, scr->ref_score);
+	if (keys->prefetch)
+		for (uint32_t i = 0; i < nr && i < KVT_REFINE_PREFETCH; i++)
+			keys->prefetch(keys->ctx, scr->ref_idx[i]);
 	for (uint32_t i = 0; i < nr; i++) {
-		const float *key = keys->get(keys->ctx, scr->ref_idx[i], scr->key_tmp);
+		const float *key;
+
+		if (keys->prefetch && i + KVT_REFINE_PREFETCH < nr)
+			keys->prefetch(keys->ctx, scr->ref_idx[i + KVT_REFINE_PREFETCH]);
+		key = keys->get(keys->ctx, scr->ref_idx[i], scr->key_tmp);
 
 		if (!key)
 			return -EIO;

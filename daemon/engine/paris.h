@@ -230,11 +230,15 @@ void kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, 
  *	means the key cannot be read: the search fails with -EIO.
  *	Called on the searching thread, at most opts.refine times per search, with distinct
  *	indices in descending estimated-score order. It must not modify the index.
+ * @prefetch: NULL, or a hint that @get will soon be called for @idx (the search announces
+ *	keys a few calls ahead, so their cache misses overlap; a scattered key read is a miss
+ *	per cache line). It must not fail or block.
  * @ctx: passed through.
  */
 struct kvt_paris_keys {
 	const float *(*get)(void *ctx, uint32_t idx, float *tmp);
 	void *ctx;
+	void (*prefetch)(void *ctx, uint32_t idx);
 };
 
 /*

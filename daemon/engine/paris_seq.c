@@ -175,6 +175,14 @@ head_key_get(void *ctx, uint32_t idx, float *tmp)
 	return hk->keys->get(hk->keys->ctx, hk->layer, hk->head, hk->sink + idx, tmp);
 }
 
+static void
+head_key_prefetch(void *ctx, uint32_t idx)
+{
+	const struct head_keys *hk = ctx;
+
+	hk->keys->prefetch(hk->keys->ctx, hk->layer, hk->head, hk->sink + idx);
+}
+
 int
 kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float *q, size_t q_len,
 		   const struct kvt_paris_topk_opts *opts, struct kvt_paris_scratch *scr,
@@ -183,7 +191,8 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 	uint32_t hkv = seq->g.kv_heads, d = seq->g.head_dim, grp = seq->g.q_heads / hkv;
 	uint32_t stride = kvt_paris_seq_topk_stride(seq, opts), k = opts->k;
 	struct head_keys hk = {opts->keys, layer, 0, seq->zone.sink};
-	const struct kvt_paris_keys ik = {head_key_get, &hk};
+	const struct kvt_paris_keys ik = {
+	    head_key_get, &hk, opts->keys && opts->keys->prefetch ? head_key_prefetch : NULL};
 	struct kvt_paris_search_opts so = {.k = k,
 					   .rho_cand = opts->rho_cand,
 					   .rho_col = opts->rho_col,

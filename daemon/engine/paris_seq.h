@@ -52,10 +52,12 @@ struct kvt_paris_seq {
  *	struct kvt_paris_keys' get: into caller storage or into @tmp (head_dim floats), valid
  *	until the next call; NULL fails the TOPK with -EIO.
  * @ctx: passed through.
+ * @prefetch: NULL, or as struct kvt_paris_keys' prefetch, for the same (layer, head, pos).
  */
 struct kvt_paris_seq_keys {
 	const float *(*get)(void *ctx, uint32_t layer, uint32_t head, uint32_t pos, float *tmp);
 	void *ctx;
+	void (*prefetch)(void *ctx, uint32_t layer, uint32_t head, uint32_t pos);
 };
 
 /* struct kvt_paris_topk_opts - one TOPK request. Zero-initialise; refine 0 is the spec. */

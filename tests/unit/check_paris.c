@@ -632,7 +632,26 @@ struct key_src {
 	bool copy;	  /* return @tmp filled (daemon style) rather than a pointer into @keys */
 	uint32_t fail_at; /* return NULL for this index (UINT32_MAX: never) */
 	uint32_t calls;
+	/* order-sensitive digests of the indices read and announced (prefetch) */
+	uint64_t get_digest, pf_digest;
+	uint32_t pf_calls;
 };
+
+static uint64_t
+digest_add(uint64_t h, uint32_t idx)
+{
+	return (h ^ idx) * 0x100000001b3ull;
+}
+
+static void
+src_prefetch(void *ctx, uint32_t idx)
+{
+	struct key_src *ks = ctx;
+
+	ck_assert_uint_lt(idx, ks->n);
+	ks->pf_calls++;
+	ks->pf_digest = digest_add(ks->pf_digest, idx);
+}
 
 static const float *
 src_get(void *ctx, uint32_t idx, float *tmp)
@@ -641,6 +660,7 @@ src_get(void *ctx, uint32_t idx, float *tmp)
 
 	ck_assert_uint_lt(idx, ks->n);
 	ks->calls++;
+	ks->get_digest = digest_add(ks->get_digest, idx);
 	if (idx == ks->fail_at)
 		return NULL;
 	if (!ks->copy)
@@ -701,7 +721,7 @@ refine_run(enum dataset ds, unsigned int d, uint32_t n, uint32_t k, uint32_t nq,
 	uint32_t *want = malloc(k * sizeof(*want));
 	float *sc = malloc(k * sizeof(*sc)), *rsc = malloc(k * sizeof(*rsc));
 	struct key_src src = {.d = d, .n = n, .fail_at = UINT32_MAX};
-	const struct kvt_paris_keys acc = {src_get, &src};
+	const struct kvt_paris_keys acc = {src_get, &src, src_prefetch};
 	struct kvt_paris_scratch scr = {0};
 	struct kvt_paris_index ix;
 	struct kvt_paris_query pq;
@@ -735,10 +755,14 @@ refine_run(enum dataset ds, unsigned int d, uint32_t n, uint32_t k, uint32_t nq,
 
 		/* on, same ratios: per-query recall never drops; at most 4k key reads */
 		src.copy = qi & 1;
-		src.calls = 0;
+		src.calls = src.pf_calls = 0;
+		src.get_digest = src.pf_digest = 0;
 		ck_assert_int_eq(kvt_paris_search(&ix, &pq, &same, &scr, ref, rsc), (int)k);
 		ck_assert_uint_le(src.calls, 4 * k);
 		ck_assert_uint_ge(src.calls, k);
+		/* every key read was announced first, in the same order, and no other */
+		ck_assert_uint_eq(src.pf_calls, src.calls);
+		ck_assert_uint_eq(src.pf_digest, src.get_digest);
 		o_same = overlap(ref, want, k);
 		ck_assert_msg(o_same >= o_plain, "query %u: refine %.3f < plain %.3f", qi, o_same,
 			      o_plain);
@@ -794,7 +818,7 @@ START_TEST(test_refine_all_is_exact)
 	float *keys = malloc((size_t)n * 128 * sizeof(float)), q[128], sc[50];
 	uint32_t got[50], want[50];
 	struct key_src src = {.d = 128, .n = n, .fail_at = UINT32_MAX, .copy = true};
-	const struct kvt_paris_keys acc = {src_get, &src};
+	const struct kvt_paris_keys acc = {src_get, &src, NULL};
 	struct kvt_paris_search_opts so = {
 	    .k = k, .rho_cand = 1.0, .rho_col = 1.0, .refine = n, .keys = &acc};
 	struct kvt_paris_scratch scr = {0};
@@ -827,7 +851,7 @@ START_TEST(test_refine_bad_input)
 	float *keys = malloc((size_t)n * 128 * sizeof(float)), q[128], sc[20];
 	uint32_t idx[20];
 	struct key_src src = {.d = 128, .n = n, .fail_at = UINT32_MAX};
-	const struct kvt_paris_keys acc = {src_get, &src}, noget = {NULL, &src};
+	const struct kvt_paris_keys acc = {src_get, &src, NULL}, noget = {NULL, &src, NULL};
 	struct kvt_paris_search_opts so = {.k = 20, .refine = 19, .keys = &acc};
 	struct kvt_paris_scratch scr = {0};
 	struct kvt_paris_index ix;
@@ -1273,7 +1297,7 @@ START_TEST(test_seq_topk)
 				     .lo = 4,
 				     .hi = 4 + n,
 				     .fail = UINT32_MAX};
-		const struct kvt_paris_seq_keys sk = {seq_get, &ss}, nog = {NULL, &ss};
+		const struct kvt_paris_seq_keys sk = {seq_get, &ss, NULL}, nog = {NULL, &ss, NULL};
 
 		o.flags = 0;
 		o.refine = k - 1;

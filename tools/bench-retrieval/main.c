@@ -265,6 +265,15 @@ raw_key(void *ctx, uint32_t idx, float *tmp)
 	return (const float *)ctx + (size_t)idx * D;
 }
 
+static void
+raw_key_prefetch(void *ctx, uint32_t idx)
+{
+	const char *k = (const char *)((const float *)ctx + (size_t)idx * D);
+
+	for (size_t off = 0; off < D * sizeof(float); off += 64)
+		__builtin_prefetch(k + off);
+}
+
 /* ---- one (data set, n) ---- */
 
 static int
@@ -295,7 +304,7 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 		struct kvt_srht srht;
 		struct kvt_paris_index ix;
 		struct kvt_paris_scratch scr = {0};
-		const struct kvt_paris_keys kacc = {raw_key, keys};
+		const struct kvt_paris_keys kacc = {raw_key, keys, raw_key_prefetch};
 
 		kvt_srht_init(&srht, D, KVT_SRHT_SEED);
 		kvt_paris_index_init(&ix, D, 0, NULL);
