@@ -1043,7 +1043,8 @@ START_TEST(test_topk_select)
 	topk_check(sc, n, 100);
 	topk_check(sc, n, 4096);   /* k * 16 = n: still sampled */
 	topk_check(sc, n, 5000);   /* too large a share: no floor */
-	topk_check(sc, 3000, 100); /* too few scores: no floor */
+	topk_check(sc, 3000, 100); /* sampled at stride 2 */
+	topk_check(sc, 1000, 50);  /* too few scores: no floor */
 	/* scores rising with the index, as newer keys do: the case the floor exists for */
 	for (uint32_t i = 0; i < n; i++)
 		sc[i] = (float)i * 1e-3f + test_grand();

@@ -14,6 +14,9 @@
  *   faiss-hnsw   IndexHNSWFlat
  * Ground truth is the exact f32 inner-product top-k (double accumulation). Times are medians
  * over the queries; build times are wall time of one build. Nothing here is a pass/fail test.
+ * The index pages come from one mapping advised for transparent huge pages, as kvtierd's pool
+ * backs them (--no-thp: one aligned_alloc per page). --stages adds a per-stage breakdown of
+ * kvtier's search on stderr.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -22,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #if defined(__x86_64__)
@@ -57,6 +61,64 @@ static int nrows;
  * faster than linearly; the default keeps the full run near half an hour. */
 static uint32_t hnsw_max = 32768;
 static bool no_faiss; /* --no-faiss: kvtier and exact only (FAISS IVFPQ at 1M builds for ~6 min) */
+static bool no_thp;   /* --no-thp: index pages from aligned_alloc, not a THP mapping */
+static bool stages;   /* --stages: time each stage of the search */
+
+/* Index pages carved from one mapping advised MADV_HUGEPAGE, as kvtierd's pool backs them. */
+struct arena {
+	uint8_t *base;
+	size_t size, used;
+};
+
+static void *
+arena_get(void *ctx, size_t len)
+{
+	struct arena *a = ctx;
+	void *p;
+
+	len = (len + 4095) & ~(size_t)4095;
+	if (a->used + len > a->size)
+		return NULL;
+	p = a->base + a->used;
+	a->used += len;
+	return p;
+}
+
+static void
+arena_put(void *ctx, void *page, size_t len)
+{
+	(void)ctx;
+	(void)page;
+	(void)len; /* the mapping goes at once, in arena_fini() */
+}
+
+static int
+arena_init(struct arena *a, size_t size)
+{
+	const size_t huge = 2u << 20;
+	uint8_t *m;
+
+	a->size = (size + huge - 1) & ~(huge - 1);
+	a->used = 0;
+	m = mmap(NULL, a->size + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return -ENOMEM;
+	/* 2 MiB aligned, so every huge page can be one */
+	a->base = (uint8_t *)(((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1));
+	if (a->base > m)
+		munmap(m, (size_t)(a->base - m));
+	munmap(a->base + a->size, (size_t)(m + huge - a->base));
+	(void)madvise(a->base, a->size, MADV_HUGEPAGE); /* a hint; 4 KiB pages without THP */
+	return 0;
+}
+
+static void
+arena_fini(struct arena *a)
+{
+	if (a->base)
+		munmap(a->base, a->size);
+	a->base = NULL;
+}
 
 static double
 now(void)
@@ -251,6 +313,7 @@ static const struct variant {
 	uint32_t refine_x; /* refine = refine_x * k (0: off) */
 } var[] = {
     {"kvtier", 0.0, 0.0, 0},
+    {"kvtier-c05", 0.05, 0.20, 0}, /* the adaptive-k variants' rho_cand at N >= 30K (3.6) */
     {"kvtier-wide", 0.2, 0.5, 0},
     {"kvtier-refine", 0.0, 0.0, 4},	   /* refine schedule: (0.30, 0.70) */
     {"kvtier-refine-spec", 0.10, 0.20, 4}, /* refine on the spec's ratios */
@@ -272,6 +335,83 @@ raw_key_prefetch(void *ctx, uint32_t idx)
 
 	for (size_t off = 0; off < D * sizeof(float); off += 64)
 		__builtin_prefetch(k + off);
+}
+
+/* ---- --stages: where a search spends its time ---- */
+
+/*
+ * The spec's pipeline (k = 100, the reference schedule) stage by stage through the public calls,
+ * medians over the queries, on stderr. The result is checked against kvt_paris_search(), so the
+ * breakdown describes the search the table measures.
+ */
+static void
+print_stages(const char *name, const struct kvt_paris_index *ix, const struct kvt_srht *srht,
+	     const float *qs, uint32_t nq)
+{
+	enum { ST_TAB, ST_VOTES, ST_SELECT, ST_RERANK, ST_TOPK, ST_N };
+	static const char *const st_name[ST_N] = {"query+tables", "votes", "select", "rerank",
+						  "top-k"};
+	const uint32_t k = 100, n = ix->n;
+	double rho_cand, rho_col, *t[ST_N], tot = 0.0;
+	struct kvt_paris_scratch scr = {0};
+	struct kvt_paris_search_opts so = {.k = k};
+	uint32_t c, *cand = malloc(n * sizeof(*cand)), got[100], ref[100];
+	float *sc = malloc(n * sizeof(*sc)), gs[100], rs[100];
+	uint8_t *votes = aligned_alloc(64, kvt_paris_votes_len(ix));
+	uint32_t hist[KVT_PARIS_MAX_VOTE + 1];
+	static uint8_t tab[KVT_PARIS_MAX_BLK][256];
+
+	for (int i = 0; i < ST_N; i++)
+		t[i] = calloc(nq, sizeof(double));
+	kvt_paris_schedule(n, &rho_cand, &rho_col);
+	c = (uint32_t)ceil((double)n * rho_cand);
+	if (c >= n || c < k || !cand || !sc || !votes) {
+		fprintf(stderr, "%s n=%u: --stages needs n > 10 k and memory\n", name, n);
+		goto out;
+	}
+	for (uint32_t qi = 0; qi < nq; qi++) {
+		struct kvt_paris_query pq;
+		double a = now(), b;
+		uint32_t nc;
+
+		kvt_paris_query_prep(srht, qs + (size_t)qi * D, &pq);
+		kvt_paris_vote_tables(ix, &pq, rho_col, tab);
+		b = now();
+		t[ST_TAB][qi] = b - a;
+		kvt_paris_votes(ix, (const uint8_t(*)[256])tab, votes, hist);
+		a = now();
+		t[ST_VOTES][qi] = a - b;
+		nc = kvt_paris_select(votes, n, c, hist, cand);
+		b = now();
+		t[ST_SELECT][qi] = b - a;
+		kvt_paris_rerank(ix, &pq, cand, nc, sc);
+		a = now();
+		t[ST_RERANK][qi] = a - b;
+		kvt_paris_topk_select(cand, sc, nc, k, got, gs);
+		t[ST_TOPK][qi] = now() - a;
+		if (kvt_paris_search(ix, &pq, &so, &scr, ref, rs) != (int)k ||
+		    memcmp(got, ref, sizeof(got)) || memcmp(gs, rs, sizeof(gs))) {
+			fprintf(stderr, "%s n=%u: staged pipeline differs from kvt_paris_search\n",
+				name, n);
+			goto out;
+		}
+	}
+	fprintf(stderr, "%s n=%u stages (spec schedule, k 100, %u candidates, median us):", name, n,
+		c);
+	for (int i = 0; i < ST_N; i++) {
+		double m = median(t[i], (int)nq) * 1e6;
+
+		tot += m;
+		fprintf(stderr, " %s %.0f", st_name[i], m);
+	}
+	fprintf(stderr, " (sum %.0f)\n", tot);
+out:
+	for (int i = 0; i < ST_N; i++)
+		free(t[i]);
+	kvt_paris_scratch_fini(&scr);
+	free(cand);
+	free(sc);
+	free(votes);
 }
 
 /* ---- one (data set, n) ---- */
@@ -305,9 +445,20 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 		struct kvt_paris_index ix;
 		struct kvt_paris_scratch scr = {0};
 		const struct kvt_paris_keys kacc = {raw_key, keys, raw_key_prefetch};
+		struct arena ar = {0};
+		const struct kvt_paris_alloc alloc = {arena_get, arena_put, &ar};
 
 		kvt_srht_init(&srht, D, KVT_SRHT_SEED);
-		kvt_paris_index_init(&ix, D, 0, NULL);
+		if (!no_thp) {
+			size_t pages = (n + KVT_PARIS_PAGE_KEYS - 1) / KVT_PARIS_PAGE_KEYS;
+
+			r = arena_init(
+			    &ar, pages * ((kvt_paris_page_bytes(D, KVT_PARIS_PAGE_KEYS) + 4095) &
+					  ~(size_t)4095));
+			if (r < 0)
+				goto out;
+		}
+		kvt_paris_index_init(&ix, D, 0, no_thp ? NULL : &alloc);
 		t0 = now();
 		r = kvt_paris_index_reserve(&ix, n);
 		if (r >= 0)
@@ -315,8 +466,11 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 		build = now() - t0;
 		if (r < 0) {
 			kvt_paris_index_fini(&ix);
+			arena_fini(&ar);
 			goto out;
 		}
+		if (stages)
+			print_stages(name, &ix, &srht, qs, nq);
 		for (int v = 0; v < NVAR; v++) {
 			for (int ki = 0; ki < NK; ki++) {
 				struct kvt_paris_search_opts so = {
@@ -349,6 +503,7 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 		}
 		kvt_paris_scratch_fini(&scr);
 		kvt_paris_index_fini(&ix);
+		arena_fini(&ar);
 		if (r < 0)
 			goto out;
 	}
@@ -468,13 +623,15 @@ static void
 usage(FILE *f)
 {
 	fprintf(f, "usage: kvtier-bench-retrieval [--json] [--quick] [--queries N] [--hnsw-max N]\n"
-		   "                              [--size N] [--no-faiss]\n"
+		   "                              [--size N] [--no-faiss] [--no-thp] [--stages]\n"
 		   "  --json        print {\"rows\":[...]} on stdout instead of a table\n"
 		   "  --quick       N = 32K and 128K only (the full run adds 1M)\n"
 		   "  --queries N   queries per case (default 32)\n"
 		   "  --hnsw-max N  skip faiss-hnsw above N keys (default 32768)\n"
 		   "  --size N      only this key count (any N >= 256)\n"
-		   "  --no-faiss    skip the FAISS methods\n");
+		   "  --no-faiss    skip the FAISS methods\n"
+		   "  --no-thp      index pages from malloc, not a huge-page mapping\n"
+		   "  --stages      also print where kvtier's search spends its time (stderr)\n");
 }
 
 int
@@ -484,6 +641,7 @@ main(int argc, char **argv)
 	    {"json", no_argument, NULL, 'j'},	       {"quick", no_argument, NULL, 'q'},
 	    {"queries", required_argument, NULL, 'n'}, {"hnsw-max", required_argument, NULL, 'm'},
 	    {"size", required_argument, NULL, 's'},    {"no-faiss", no_argument, NULL, 'F'},
+	    {"no-thp", no_argument, NULL, 'T'},	       {"stages", no_argument, NULL, 'S'},
 	    {"help", no_argument, NULL, 'h'},	       {0},
 	};
 	uint32_t sizes[3] = {32768, 131072, 1048576}, nsizes = 3;
@@ -492,7 +650,7 @@ main(int argc, char **argv)
 	double t0 = now();
 	int c, r;
 
-	while ((c = getopt_long(argc, argv, "jqn:m:s:Fh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "jqn:m:s:FTSh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'j':
 			json = true;
@@ -520,6 +678,12 @@ main(int argc, char **argv)
 			break;
 		case 'F':
 			no_faiss = true;
+			break;
+		case 'T':
+			no_thp = true;
+			break;
+		case 'S':
+			stages = true;
 			break;
 		case 'h':
 			usage(stdout);
