@@ -338,10 +338,6 @@ kvt_paris_vote_tables(const struct kvt_paris_index *ix, const struct kvt_paris_q
 	for (int t = 0; t < KVT_PARIS_TIERS; t++)
 		budget[t] = ceil(((double)ix->n * rho_col) * tier_frac[t]);
 
-	/* the 16 KiB of histograms are read in rank order, i.e. at random: start loading the
-	 * first block's now and each next block's while this one is ranked */
-	for (uint32_t i = 0; i < sizeof(ix->hist[0]); i += 64)
-		__builtin_prefetch((const char *)ix->hist[0] + i);
 	for (uint32_t b = 0; b < ix->nblk; b++) {
 		const float *yb = q->y + KVT_PARIS_M * b;
 		float ay[KVT_PARIS_M], cost[256];
@@ -354,9 +350,6 @@ kvt_paris_vote_tables(const struct kvt_paris_index *ix, const struct kvt_paris_q
 			top |= (uint32_t)(yb[j] >= 0.0f) << j;
 			ay[j] = fabsf(yb[j]);
 		}
-		if (b + 1 < ix->nblk)
-			for (uint32_t i = 0; i < sizeof(ix->hist[0]); i += 64)
-				__builtin_prefetch((const char *)ix->hist[b + 1] + i);
 		/* mask x flips the dims of x away from the top centroid (the sign pattern) */
 		rank_masks(ay, order, cost);
 		for (unsigned int p = 0; p < 256; p++) {
