@@ -1114,8 +1114,11 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 	int r;
 
 	if (!q->paris || layer >= p->layers || !k ||
-	    (flags & ~(KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH)) || q_len != (uint64_t)qh * p->head_dim)
+	    (flags & ~(KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH | KVT_TOPK_F_ESTIMATE)) ||
+	    q_len != (uint64_t)qh * p->head_dim)
 		return -EINVAL;
+	if (flags & KVT_TOPK_F_ESTIMATE)
+		opts.refine = 0; /* the spec's pipeline and schedule, estimated scores */
 	if (flags & KVT_TOPK_F_UNION)
 		opts.flags = KVT_PARIS_F_UNION;
 	r = kvt_paris_seq_len(q->paris, layer);

@@ -276,12 +276,16 @@ _Static_assert(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI");
  *     in f32 (q: the group's mean query, or the query head with KVT_TOPK_F_UNION).
  *   KVT_TOPK_F_FETCH: also stage the rows (all heads) of those positions for this layer into the
  *     staging region, kv head h's i-th position at staging row h * stride + i.
+ *   KVT_TOPK_F_ESTIMATE: ParisKV's own pipeline only (its ratio schedule, no exact refine):
+ *     about half the time at 128K-1M keys, recall@100 0.80-0.84 instead of 0.97-0.98 on the
+ *     benchmark sets (docs/bench-retrieval.md); scores are the 4-bit RSQ-IP estimates.
  * CQE res: stride. aux[0]: retrieval keys N. Errors: -EINVAL (k = 0, query length, a query
  * value NaN or infinite, flags, layer out of range, no retrieval), -ERANGE (k larger than the
  * retrieval zone, or nothing encoded yet: attend densely), -ENOSPC (output or staging too small).
  */
-#define KVT_TOPK_F_UNION (1u << 0)
-#define KVT_TOPK_F_FETCH (1u << 1)
+#define KVT_TOPK_F_UNION    (1u << 0)
+#define KVT_TOPK_F_FETCH    (1u << 1)
+#define KVT_TOPK_F_ESTIMATE (1u << 2)
 
 /*
  * struct kvt_seq_stat - SEQ_STAT output, written to the arena at arena_off (arena_len >= size).

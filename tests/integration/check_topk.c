@@ -168,6 +168,73 @@ START_TEST(t_recall_and_fetch)
 }
 END_TEST
 
+/* KVT_TOPK_F_ESTIMATE: the spec's pipeline; positions from the zone, scores estimated. */
+START_TEST(t_estimate)
+{
+	struct fixture f;
+	static float q[QH * D], qbar[D];
+	static uint8_t out[H * 4 + H * K * 8];
+	uint32_t nret, found = 0, total = 0, inexact = 0;
+	uint64_t rng = 9;
+	double err2 = 0, norm2 = 0;
+
+	open_seq(&f, 1);
+	nret = U * ((N_TOK - S - W) / U);
+	for (int trial = 0; trial < 8; trial++) {
+		uint32_t layer = trial % L, target = S + (uint32_t)(gauss(&rng) * 1e6f) % nret;
+		const uint32_t *n = (const void *)out, *pos = n + H;
+		const float *score = (const float *)(pos + H * K);
+
+		for (int h = 0; h < QH; h++)
+			for (int d = 0; d < D; d++)
+				q[h * D + d] = f.ref[(uint64_t)target * TOK + 2 * layer * ROW +
+						     (h / (QH / H)) * D + d] +
+					       0.3f * gauss(&rng);
+		ck_assert_int_eq(kvt_topk(f.c, f.seq, layer, K, KVT_TOPK_F_ESTIMATE, q, QH * D, out,
+					  sizeof(out)),
+				 K);
+		for (uint32_t h = 0; h < H; h++) {
+			static float ip[N_TOK];
+
+			ck_assert_uint_eq(n[h], K);
+			for (int d = 0; d < D; d++)
+				qbar[d] = (q[(2 * h) * D + d] + q[(2 * h + 1) * D + d]) / 2;
+			for (uint32_t i = 0; i < nret; i++) {
+				const float *k =
+				    f.ref + (uint64_t)(S + i) * TOK + 2 * layer * ROW + h * D;
+
+				ip[i] = 0;
+				for (int d = 0; d < D; d++)
+					ip[i] += k[d] * qbar[d];
+			}
+			for (uint32_t j = 0; j < K; j++) {
+				uint32_t p = pos[h * K + j], better = 0;
+				float e;
+
+				ck_assert_uint_ge(p, S);
+				ck_assert_uint_lt(p, S + nret);
+				if (j)
+					ck_assert(score[h * K + j - 1] >= score[h * K + j]);
+				e = ip[p - S];
+				inexact += score[h * K + j] != e;
+				err2 += (double)(score[h * K + j] - e) * (score[h * K + j] - e);
+				norm2 += (double)e * e;
+				for (uint32_t i = 0; i < nret; i++)
+					better += ip[i] > e;
+				found += better < K;
+				total++;
+			}
+		}
+	}
+	fprintf(stderr, "TOPK estimate: recall@%d %.3f, score relative L2 error %.3f\n", K,
+		(double)found / total, sqrt(err2 / norm2));
+	ck_assert_msg((double)found / total >= 0.85, "recall %.3f", (double)found / total);
+	ck_assert_uint_gt(inexact, total / 2); /* estimates, not the exact products */
+	ck_assert(sqrt(err2 / norm2) < 0.25);
+	close_seq(&f);
+}
+END_TEST
+
 START_TEST(t_bad_topk)
 {
 	struct fixture f, g;
@@ -180,6 +247,7 @@ START_TEST(t_bad_topk)
 	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0, q, QH * D - 1, out, sizeof(out)), -EINVAL);
 	ck_assert_int_eq(kvt_topk(f.c, f.seq, L, K, 0, q, QH * D, out, sizeof(out)), -EINVAL);
 	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0x80, q, QH * D, out, sizeof(out)), -EINVAL);
+	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 1u << 3, q, QH * D, out, sizeof(out)), -EINVAL);
 	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0, q, QH * D, small, sizeof(small)), -ENOSPC);
 	/* a query that is not a vector of numbers */
 	q[7] = NAN;
@@ -225,6 +293,7 @@ main(void)
 	tcase_add_checked_fixture(tc, up, down);
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, t_recall_and_fetch);
+	tcase_add_test(tc, t_estimate);
 	tcase_add_test(tc, t_bad_topk);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
