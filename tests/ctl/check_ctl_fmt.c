@@ -30,7 +30,8 @@ static const char clients_json[] =
 
 static const char seqs_json[] =
     "{\"seqs\":[{\"session\":1,\"seq\":7,\"n\":1000,\"layers\":32,\"kv_heads\":8,\"head_dim\":128,"
-    "\"dtype\":\"f16\",\"policy\":\"tiered\",\"tiers\":[500,400,70,30],\"evicted_ratio\":0.03,"
+    "\"dtype\":\"f16\",\"policy\":\"tiered\",\"t2_keys\":\"channel\",\"tiers\":[500,400,70,30],"
+    "\"evicted_ratio\":0.03,"
     "\"pool_bytes\":123456789}]}";
 
 struct capture {
@@ -219,11 +220,11 @@ START_TEST(test_seqs_table)
 {
 	char *out = run(kvtctl_fmt_seqs, seqs_json, 0);
 
-	ck_assert_str_eq(out,
-			 "SESSION  SEQ  TOKENS  LAYERS  HEADS  DIM  DTYPE  POLICY   T0   T1  T2  "
-			 "T3  EVICTED       POOL\n"
-			 "      1    7    1000      32      8  128  f16    tiered  500  400  70  "
-			 "30     3.0%  117.7 MiB\n");
+	ck_assert_str_eq(
+	    out, "SESSION  SEQ  TOKENS  LAYERS  HEADS  DIM  DTYPE  POLICY  T2KEYS    T0   T1  "
+		 "T2  T3  EVICTED       POOL\n"
+		 "      1    7    1000      32      8  128  f16    tiered  channel  500  400  "
+		 "70  30     3.0%  117.7 MiB\n");
 	free(out);
 
 	out = run(kvtctl_fmt_seqs, "{\"seqs\":[{\"session\":1,\"seq\":2,\"tiers\":[9]}]}", 0);
@@ -345,7 +346,7 @@ START_TEST(test_metrics_full)
 	    "kvtier_session_ops_total{session=\"2\"} 5\n",
 	    "kvtier_session_uptime_seconds{session=\"1\"} 1.5\n",
 	    "kvtier_seq_info{session=\"1\",seq=\"7\",layers=\"32\",kv_heads=\"8\",head_dim=\"128\","
-	    "dtype=\"f16\",policy=\"tiered\"} 1\n",
+	    "dtype=\"f16\",policy=\"tiered\",t2_keys=\"channel\"} 1\n",
 	    "kvtier_seq_tokens{session=\"1\",seq=\"7\"} 1000\n",
 	    "kvtier_seq_evicted_ratio{session=\"1\",seq=\"7\"} 0.03\n",
 	    "kvtier_seq_tier_tokens{session=\"1\",seq=\"7\",tier=\"t0\"} 500\n",

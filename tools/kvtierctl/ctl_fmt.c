@@ -319,19 +319,13 @@ int
 kvtctl_fmt_seqs(FILE *out, struct json_object *doc)
 {
 	static const struct col cols[] = {
-	    {"SESSION", "session", COL_INT, 0},
-	    {"SEQ", "seq", COL_INT, 0},
-	    {"TOKENS", "n", COL_INT, 0},
-	    {"LAYERS", "layers", COL_INT, 0},
-	    {"HEADS", "kv_heads", COL_INT, 0},
-	    {"DIM", "head_dim", COL_INT, 0},
-	    {"DTYPE", "dtype", COL_STR, 0},
-	    {"POLICY", "policy", COL_STR, 0},
-	    {"T0", "tiers", COL_TIER, 0},
-	    {"T1", "tiers", COL_TIER, 1},
-	    {"T2", "tiers", COL_TIER, 2},
-	    {"T3", "tiers", COL_TIER, 3},
-	    {"EVICTED", "evicted_ratio", COL_PCT, 0},
+	    {"SESSION", "session", COL_INT, 0},	  {"SEQ", "seq", COL_INT, 0},
+	    {"TOKENS", "n", COL_INT, 0},	  {"LAYERS", "layers", COL_INT, 0},
+	    {"HEADS", "kv_heads", COL_INT, 0},	  {"DIM", "head_dim", COL_INT, 0},
+	    {"DTYPE", "dtype", COL_STR, 0},	  {"POLICY", "policy", COL_STR, 0},
+	    {"T2KEYS", "t2_keys", COL_STR, 0},	  {"T0", "tiers", COL_TIER, 0},
+	    {"T1", "tiers", COL_TIER, 1},	  {"T2", "tiers", COL_TIER, 2},
+	    {"T3", "tiers", COL_TIER, 3},	  {"EVICTED", "evicted_ratio", COL_PCT, 0},
 	    {"POOL", "pool_bytes", COL_BYTES, 0},
 	};
 
@@ -746,7 +740,8 @@ metrics_seqs(FILE *out, struct json_object *doc)
 	n = json_object_array_length(arr);
 	{
 		struct fam f = FAM(out, "kvtier_seq_info", "gauge",
-				   "Constant 1, labelled with the sequence's geometry and policy.");
+				   "Constant 1, labelled with the sequence's geometry, policy and "
+				   "int8 key scaling.");
 
 		for (r = 0; r < n; r++) {
 			struct json_object *row = json_object_array_get_idx(arr, r);
@@ -761,11 +756,12 @@ metrics_seqs(FILE *out, struct json_object *doc)
 			     num_text(get(row, "head_dim"), dim, sizeof(dim)) ? dim : NULL},
 			    {"dtype", as_str(get(row, "dtype"))},
 			    {"policy", as_str(get(row, "policy"))},
+			    {"t2_keys", as_str(get(row, "t2_keys"))},
 			};
 
 			if (id_text(row, "session", sess, sizeof(sess)) &&
 			    id_text(row, "seq", seq, sizeof(seq)))
-				sample(&f, l, 7, "1");
+				sample(&f, l, 8, "1");
 		}
 	}
 	for (i = 0; i < sizeof(seq_fams) / sizeof(seq_fams[0]); i++) {
