@@ -350,6 +350,15 @@ topk_key(void *ctx, uint32_t layer, uint32_t head, uint32_t pos, float *tmp)
 	return tmp;
 }
 
+/* TOPK never returns a position evicted (slot freed) after it was encoded. */
+static bool
+topk_dropped(void *ctx, uint32_t pos)
+{
+	const struct kvtd_seq *q = ctx;
+
+	return pos >= q->ts.n || !q->slot[pos];
+}
+
 /* The cache lines topk_key() will read for (layer, head, pos): its row in the pool slot. */
 static void
 topk_key_prefetch(void *ctx, uint32_t layer, uint32_t head, uint32_t pos)
@@ -1105,8 +1114,11 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 	/* Exact refine of the 4k best estimates from the pool's keys (paris_seq.h): recall@100
 	 * 0.97-0.98 instead of 0.81-0.84 on the benchmark sets (docs/bench-retrieval.md). */
 	const struct kvt_paris_seq_keys keys = {topk_key, q, topk_key_prefetch};
-	struct kvt_paris_topk_opts opts = {
-	    .k = k, .refine = k > UINT32_MAX / 4 ? UINT32_MAX : 4 * k, .keys = &keys};
+	struct kvt_paris_topk_opts opts = {.k = k,
+					   .refine = k > UINT32_MAX / 4 ? UINT32_MAX : 4 * k,
+					   .keys = &keys,
+					   .dropped = topk_dropped,
+					   .drop_ctx = q};
 	uint32_t H = p->kv_heads, qh = p->q_heads ? p->q_heads : H, stride,
 		 counts[KVT_MAX_KV_HEADS];
 	uint64_t need;

@@ -271,9 +271,11 @@ _Static_assert(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI");
  *   arg1: arena offset of the output (8-byte aligned), arg2: its length in bytes:
  *     u32 n[kv_heads], then u32 pos[kv_heads][stride], then f32 score[kv_heads][stride],
  *     stride = k, or k * q_heads / kv_heads with KVT_TOPK_F_UNION; positions absolute,
- *     in descending score. The daemon rescores the 4k best ParisKV estimates from the stored
- *     keys (an exact refine stage, daemon/engine/paris.h), so scores are the exact <key, q>
- *     in f32 (q: the group's mean query, or the query head with KVT_TOPK_F_UNION).
+ *     in descending score; n[h] <= stride, fewer when positions evicted since they were
+ *     encoded (never returned) leave fewer live candidates. The daemon rescores the 4k best
+ *     ParisKV estimates from the stored keys (an exact refine stage, daemon/engine/paris.h),
+ *     so scores are the exact <key, q> in f32 (q: the group's mean query, or the query head
+ *     with KVT_TOPK_F_UNION).
  *   KVT_TOPK_F_FETCH: also stage the rows (all heads) of those positions for this layer into the
  *     staging region, kv head h's i-th position at staging row h * stride + i.
  *   KVT_TOPK_F_ESTIMATE: ParisKV's own pipeline only (its ratio schedule, no exact refine):

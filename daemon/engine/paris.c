@@ -1112,9 +1112,22 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 		kvt_paris_votes(ix, (const uint8_t(*)[256])scr->tab, scr->votes, scr->hist);
 	}
 	nc = kvt_paris_select(scr->votes, n, c, c < n ? scr->hist : NULL, scr->cand);
+	if (opts->drop) {
+		uint32_t live = 0;
+
+		for (uint32_t i = 0; i < nc; i++)
+			if (!opts->drop->dropped(opts->drop->ctx, scr->cand[i]))
+				scr->cand[live++] = scr->cand[i];
+		nc = live;
+		if (k > nc)
+			k = nc;
+		if (nr > nc)
+			nr = nc;
+		if (!k)
+			return 0;
+	}
 	kvt_paris_rerank(ix, q, scr->cand, nc, scr->score);
 	if (nr) {
-		/* nc == c here: kvt_paris_select() returns min(c, n) and c <= n */
 		r = refine_exact(q, opts->keys, nc, nr, k, scr, ret_idx, ret_score);
 		if (r < 0)
 			return r;

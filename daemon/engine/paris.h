@@ -41,6 +41,7 @@
 #ifndef KVT_ENGINE_PARIS_H
 #define KVT_ENGINE_PARIS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -266,12 +267,23 @@ void kvt_paris_scratch_fini(struct kvt_paris_scratch *s);
  * struct kvt_paris_search_opts - knobs of one search. Zero-initialise, then set what is needed:
  * refine = 0 (with keys unused) is the spec's pipeline, bit for bit.
  */
+/*
+ * struct kvt_paris_drop - keys appended but dropped by the caller since (evicted tokens): the
+ * index keeps their codes, a search never returns or reads them.
+ * @dropped: true when key @idx is dropped; called on the searching thread for each candidate.
+ */
+struct kvt_paris_drop {
+	bool (*dropped)(void *ctx, uint32_t idx);
+	void *ctx;
+};
+
 struct kvt_paris_search_opts {
 	uint32_t k;	 /* results wanted, 1 .. n */
 	double rho_cand; /* candidate ratio in (0, 1]; 0 = schedule */
 	double rho_col;	 /* collision budget ratio in (0, 1]; 0 = schedule */
 	uint32_t refine; /* 0: off; else >= k: rescore this many best estimates exactly */
 	const struct kvt_paris_keys *keys; /* the full keys; required when refine > 0 */
+	const struct kvt_paris_drop *drop; /* NULL: every key is live */
 };
 
 /*
@@ -282,12 +294,14 @@ struct kvt_paris_search_opts {
  * With opts->refine = R > 0, the min(R, C) candidates with the best estimates (score desc,
  * index asc) get the exact score <key, q> = sum_j key_j * q_j in f32 from @opts->keys, and the
  * result is their top k by that score.
+ * With opts->drop, dropped candidates leave the candidate set before the rerank (the set is
+ * not refilled), so fewer than k results come back when fewer than k live candidates remain.
  * @ret_idx, @ret_score: k entries, score descending (ties: index ascending); scores estimate
  * <key, q> (not divided by sqrt(d)), or are that exact product with refine.
- * Returns k, or -EINVAL (k == 0, a ratio outside (0, 1], dim mismatch, 0 < refine < k, refine
- * without keys or keys->get), -ERANGE (k > n, which includes an empty index), -ENOMEM (scratch
- * growth), -EIO (keys->get returned NULL). Thread-safe per the file comment, as long as
- * keys->get is.
+ * Returns the number of results (k, or fewer with opts->drop), or -EINVAL (k == 0, a ratio outside
+ * (0, 1], dim mismatch, 0 < refine < k, refine without keys or keys->get), -ERANGE (k > n, which
+ * includes an empty index), -ENOMEM (scratch growth), -EIO (keys->get returned NULL). Thread-safe
+ * per the file comment, as long as keys->get is.
  */
 int kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
 		     const struct kvt_paris_search_opts *opts, struct kvt_paris_scratch *scr,

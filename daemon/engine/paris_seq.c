@@ -175,6 +175,20 @@ head_key_get(void *ctx, uint32_t idx, float *tmp)
 	return hk->keys->get(hk->keys->ctx, hk->layer, hk->head, hk->sink + idx, tmp);
 }
 
+/* Adapts the caller's drop test (absolute positions) to one index. */
+struct head_drop {
+	const struct kvt_paris_topk_opts *opts;
+	uint32_t sink;
+};
+
+static bool
+head_dropped(void *ctx, uint32_t idx)
+{
+	const struct head_drop *hd = ctx;
+
+	return hd->opts->dropped(hd->opts->drop_ctx, hd->sink + idx);
+}
+
 static void
 head_key_prefetch(void *ctx, uint32_t idx)
 {
@@ -198,6 +212,8 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 					   .rho_col = opts->rho_col,
 					   .refine = opts->refine,
 					   .keys = opts->refine ? &ik : NULL};
+	const struct head_drop hd = {opts, seq->zone.sink};
+	const struct kvt_paris_drop drop = {head_dropped, (void *)&hd};
 	const struct kvt_paris_index *row;
 	struct kvt_paris_query pq;
 	int r;
@@ -211,6 +227,8 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 	row = &seq->ix[(size_t)layer * hkv];
 	if (k > row[0].n)
 		return -ERANGE;
+	if (opts->dropped)
+		so.drop = &drop;
 
 	for (uint32_t h = 0; h < hkv; h++) {
 		const float *qh = q + (size_t)h * grp * d;
@@ -219,15 +237,17 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 
 		hk.head = h;
 		if (opts->flags & KVT_PARIS_F_UNION) {
+			uint32_t tot = 0; /* the lists, back to back */
+
 			for (uint32_t j = 0; j < grp; j++) {
 				kvt_paris_query_prep(&seq->srht, qh + (size_t)j * d, &pq);
-				r = kvt_paris_search(&row[h], &pq, &so, scr, op + (size_t)j * k,
-						     os + (size_t)j * k);
+				r = kvt_paris_search(&row[h], &pq, &so, scr, op + tot, os + tot);
 				if (r < 0)
 					return r;
+				tot += (uint32_t)r;
 			}
-			ret_count[h] = grp > 1 ? union_merge(op, os, grp * k) : k;
-			if (!ret_count[h])
+			ret_count[h] = grp > 1 && tot ? union_merge(op, os, tot) : tot;
+			if (tot && !ret_count[h])
 				return -ENOMEM;
 		} else {
 			float mean[KVT_SRHT_MAX_DIM] = {0};
@@ -242,7 +262,7 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 			r = kvt_paris_search(&row[h], &pq, &so, scr, op, os);
 			if (r < 0)
 				return r;
-			ret_count[h] = k;
+			ret_count[h] = (uint32_t)r;
 		}
 		for (uint32_t i = 0; i < ret_count[h]; i++)
 			op[i] += seq->zone.sink;

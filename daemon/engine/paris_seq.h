@@ -69,6 +69,9 @@ struct kvt_paris_topk_opts {
 	uint32_t refine; /* 0: off; else >= k: exact rescoring of this many best estimates per
 			    search (per query head with KVT_PARIS_F_UNION) */
 	const struct kvt_paris_seq_keys *keys; /* required when refine > 0 */
+	/* NULL, or positions dropped since they were encoded (evicted): never returned */
+	bool (*dropped)(void *ctx, uint32_t pos);
+	void *drop_ctx;
 };
 
 /*
@@ -124,7 +127,7 @@ uint32_t kvt_paris_seq_topk_stride(const struct kvt_paris_seq *seq,
  *     positions (S + retrieval index) and estimated <k, q_h> in descending score order (exact
  *     <k, q_h> in f32 with refine; q_h is the GQA mean without KVT_PARIS_F_UNION).
  * @ret_count: [kv_heads] entries used: k, or with KVT_PARIS_F_UNION the size of the union
- *     (k .. stride).
+ *     (k .. stride); fewer (down to 0) when dropped positions leave fewer live candidates.
  * Returns the number of kv heads, or -ERANGE (bad layer, k > N, N == 0), -EINVAL (k == 0,
  * @q_len wrong, unknown flags, ratio outside [0, 1], 0 < refine < k, refine without keys or
  * keys->get), -ENOMEM, -EIO (keys->get returned NULL). Outputs are undefined on failure.

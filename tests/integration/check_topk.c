@@ -41,7 +41,7 @@ struct fixture {
 };
 
 static void
-open_seq(struct fixture *f, int retrieval)
+open_seq_p(struct fixture *f, int retrieval, uint8_t policy, float evict)
 {
 	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
 	struct kvt_seq_params p = {.size = sizeof(p)};
@@ -54,11 +54,12 @@ open_seq(struct fixture *f, int retrieval)
 	p.q_heads = QH;
 	p.head_dim = D;
 	p.dtype = KVT_DTYPE_F32;
-	p.policy = KVT_POLICY_FULL;
+	p.policy = policy;
+	p.evict_frac = evict;
 	p.delta = 64;
 	p.sinks = S;
 	p.window = W;
-	p.hbm_frac = 1.0f;
+	p.hbm_frac = 1.0f - evict;
 	p.ret_update = retrieval ? U : 0;
 	p.stage_buf_id = kvt_buf_id(f->stage);
 	p.stage_slots = H * K;
@@ -77,6 +78,12 @@ open_seq(struct fixture *f, int retrieval)
 		ck_assert_int_eq(kvt_append(f->c, f->seq, f->ref + (uint64_t)t * TOK,
 					    256ull * TOK * 4, 256, NULL),
 				 t + 256);
+}
+
+static void
+open_seq(struct fixture *f, int retrieval)
+{
+	open_seq_p(f, retrieval, KVT_POLICY_FULL, 0.0f);
 }
 
 static void
@@ -268,6 +275,60 @@ START_TEST(t_bad_topk)
 }
 END_TEST
 
+/*
+ * Keys evicted (T3) after they were encoded are gone: TOPK never returns them, with or without
+ * FETCH (which has no row to stage for them). Found by this test: the daemon staged from the
+ * freed slot.
+ */
+START_TEST(t_evicted)
+{
+	struct fixture f;
+	static float q[QH * D], w[N_TOK];
+	static uint8_t out[H * 4 + H * K * 8], rt[1 << 16];
+	const uint32_t *n = (const void *)out, *pos = n + H;
+	struct kvt_seq_stat st;
+	uint64_t rng = 11;
+
+	open_seq_p(&f, 1, KVT_POLICY_TIERED, 0.5f);
+	/* the first half of the tokens never mattered: RETIER evicts them */
+	for (uint32_t i = 0; i < N_TOK; i++)
+		w[i] = i < N_TOK / 2 ? 0.0f : 1.0f;
+	ck_assert_int_eq(kvt_score_add(f.c, f.seq, 0, w, N_TOK), 0);
+	ck_assert_int_gt(kvt_retier(f.c, f.seq, rt, sizeof(rt)), 0);
+	ck_assert_int_eq(kvt_seq_stat(f.c, f.seq, &st), 0);
+	ck_assert_uint_ge(st.tier_count[3], N_TOK / 2 - S);
+	/* a query aimed at an evicted key, then one at a live key, then the zero query (every
+	 * score ties, so the lowest indices, all evicted, would come first) */
+	for (int trial = 0; trial < 3; trial++) {
+		uint32_t target = trial == 0 ? S + 100 : N_TOK / 2 + 300;
+		int r;
+
+		for (int h = 0; h < QH; h++)
+			for (int d = 0; d < D; d++)
+				q[h * D + d] =
+				    trial == 2
+					? 0.0f
+					: f.ref[(uint64_t)target * TOK + (h / (QH / H)) * D + d] +
+					      0.1f * gauss(&rng);
+		for (unsigned flags = 0; flags <= KVT_TOPK_F_ESTIMATE; flags += KVT_TOPK_F_FETCH) {
+			r = kvt_topk(f.c, f.seq, 0, K, flags, q, QH * D, out, sizeof(out));
+			ck_assert_msg(r == K, "trial %d flags %u: %s", trial, flags,
+				      kvt_strerror(r));
+			for (uint32_t h = 0; h < H; h++) {
+				ck_assert_uint_le(n[h], K);
+				for (uint32_t j = 0; j < n[h]; j++)
+					ck_assert_msg(
+					    pos[h * K + j] < S || pos[h * K + j] >= N_TOK / 2,
+					    "evicted position %u returned", pos[h * K + j]);
+				if (trial == 1) /* a live target is found */
+					ck_assert_uint_eq(n[h], K);
+			}
+		}
+	}
+	close_seq(&f);
+}
+END_TEST
+
 static void
 up(void)
 {
@@ -294,6 +355,7 @@ main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, t_recall_and_fetch);
 	tcase_add_test(tc, t_estimate);
+	tcase_add_test(tc, t_evicted);
 	tcase_add_test(tc, t_bad_topk);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);

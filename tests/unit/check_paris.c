@@ -845,6 +845,69 @@ START_TEST(test_refine_all_is_exact)
 }
 END_TEST
 
+/* Dropped keys (evicted tokens): never returned, never read; the rest ranks as before. */
+static bool
+drop_odd(void *ctx, uint32_t idx)
+{
+	(void)ctx;
+	return idx & 1;
+}
+
+static bool
+drop_all(void *ctx, uint32_t idx)
+{
+	(void)ctx;
+	(void)idx;
+	return true;
+}
+
+START_TEST(test_drop)
+{
+	const uint32_t n = 3000, k = 50;
+	float *keys = malloc((size_t)n * 128 * sizeof(float)), q[128], sc[50];
+	uint32_t got[50], want[50], m = 0;
+	struct key_src src = {.d = 128, .n = n, .fail_at = UINT32_MAX};
+	const struct kvt_paris_keys acc = {src_get, &src, NULL};
+	const struct kvt_paris_drop odd = {drop_odd, NULL}, all = {drop_all, NULL};
+	struct kvt_paris_search_opts so = {
+	    .k = k, .rho_cand = 1.0, .rho_col = 1.0, .refine = n, .keys = &acc, .drop = &odd};
+	struct kvt_paris_scratch scr = {0};
+	struct kvt_paris_index ix;
+	struct kvt_paris_query pq;
+	uint32_t *idx = malloc(n * sizeof(*idx));
+	float *ex = malloc(n * sizeof(*ex));
+
+	test_rng_state = 126;
+	make_data(DS_OUTLIER, 128, n, 1, keys, q);
+	src.keys = keys;
+	build(&ix, &srht128, keys, n, 0, 1000);
+	kvt_paris_query_prep(&srht128, q, &pq);
+	/* refine over every candidate: exactly the exact top-k of the even keys */
+	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, got, sc), (int)k);
+	ck_assert_uint_eq(src.calls, n / 2); /* odd keys are never read */
+	for (uint32_t i = 0; i < n; i += 2) {
+		idx[m] = i;
+		ex[m++] = (float)dot_d(keys + (size_t)i * 128, q, 128);
+	}
+	kvt_paris_topk_select(idx, ex, m, k, want, sc);
+	ck_assert_mem_eq(got, want, sizeof(got));
+	/* the spec pipeline: no odd key either */
+	so.refine = 0;
+	so.rho_cand = so.rho_col = 0.0;
+	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, got, sc), (int)k);
+	for (uint32_t i = 0; i < k; i++)
+		ck_assert_uint_eq(got[i] & 1, 0);
+	/* nothing live: no result, no error */
+	so.drop = &all;
+	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, got, sc), 0);
+	kvt_paris_scratch_fini(&scr);
+	kvt_paris_index_fini(&ix);
+	free(keys);
+	free(idx);
+	free(ex);
+}
+END_TEST
+
 START_TEST(test_refine_bad_input)
 {
 	const uint32_t n = 500;
@@ -1371,6 +1434,7 @@ paris_suite(void)
 	tcase_add_test(tc, test_recall_drift);
 	tcase_add_test(tc, test_refine_recall);
 	tcase_add_test(tc, test_refine_all_is_exact);
+	tcase_add_test(tc, test_drop);
 	tcase_add_test(tc, test_refine_bad_input);
 	tcase_add_test(tc, test_search_bad_input);
 	tcase_add_test(tc, test_schedule_and_select);
