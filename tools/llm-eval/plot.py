@@ -31,8 +31,10 @@ def draw(ax, rows, key):
     for r in rows:
         if r["policy"] == "tiered" and r["t2_frac"] > 0:
             keys = r.get("t2_keys", "head")
+            # hollow for per-channel keys: the two int8 rows sit on the same budget
             ax.plot([r["budget"]], [r[key]], marker="*" if keys == "head" else "h",
-                    markersize=13, linestyle="",
+                    markersize=13 if keys == "head" else 16, linestyle="",
+                    fillstyle="full" if keys == "head" else "none",
                     label=f"tiered + int8 T2 on {r['t2_frac']:.0%} (keys per {keys}), "
                           f"hbm {r['hbm_frac']:.0%}")
     for pol, mk in (("h2o", "v"), ("streaming", "x")):
