@@ -197,8 +197,8 @@ int kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer
  * head with KVT_TOPK_F_UNION). @out receives u32 n[kv_heads], u32 pos[kv_heads][stride],
  * f32 score[kv_heads][stride] (kvt_abi.h, KVT_OP_TOPK); with KVT_TOPK_F_FETCH the rows are also
  * staged; KVT_TOPK_F_ESTIMATE trades recall for time (ParisKV's pipeline without the exact
- * refine, estimated scores). Returns the stride, -ERANGE (k larger than the retrieval zone: attend densely),
- * -ENOSPC (@out or staging too small), -EINVAL, or the errors above.
+ * refine, estimated scores). Returns the stride, -ERANGE (k larger than the retrieval zone: attend
+ * densely), -ENOSPC (@out or staging too small), -EINVAL, or the errors above.
  */
 int kvt_topk(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
 	     const float *query, uint32_t q_len, void *out, uint64_t out_len);
