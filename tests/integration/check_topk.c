@@ -93,10 +93,40 @@ close_seq(struct fixture *f)
 	free(f->ref);
 }
 
+/* Every query head near layer @layer's key of @target (its kv head's), plus @noise. */
+static void
+query_near(const struct fixture *f, uint32_t layer, uint32_t target, float noise, uint64_t *rng,
+	   float *q)
+{
+	for (int h = 0; h < QH; h++)
+		for (int d = 0; d < D; d++)
+			q[h * D + d] = f->ref[(uint64_t)target * TOK + 2 * layer * ROW +
+					      (h / (QH / H)) * D + d] +
+				       noise * gauss(rng);
+}
+
+/* Exact <key, mean of kv head h's query heads> over the @nret retrieval-zone keys. */
+static void
+exact_ip(const struct fixture *f, uint32_t layer, uint32_t h, const float *q, uint32_t nret,
+	 float *ip)
+{
+	float qbar[D];
+
+	for (int d = 0; d < D; d++)
+		qbar[d] = (q[(2 * h) * D + d] + q[(2 * h + 1) * D + d]) / 2;
+	for (uint32_t i = 0; i < nret; i++) {
+		const float *k = f->ref + (uint64_t)(S + i) * TOK + 2 * layer * ROW + h * D;
+
+		ip[i] = 0;
+		for (int d = 0; d < D; d++)
+			ip[i] += k[d] * qbar[d];
+	}
+}
+
 START_TEST(t_recall_and_fetch)
 {
 	struct fixture f;
-	static float q[QH * D], qbar[D];
+	static float q[QH * D];
 	static uint8_t out[H * 4 + H * K * 8];
 	uint32_t nret, found = 0, total = 0;
 	uint64_t rng = 7;
@@ -113,11 +143,7 @@ START_TEST(t_recall_and_fetch)
 		/* A query near a random retrieval-zone key of head 0, plus noise. */
 		uint32_t target = S + (uint32_t)(gauss(&rng) * 1e6f) % nret;
 
-		for (int h = 0; h < QH; h++)
-			for (int d = 0; d < D; d++)
-				q[h * D + d] = f.ref[(uint64_t)target * TOK + 2 * layer * ROW +
-						     (h / (QH / H)) * D + d] +
-					       0.3f * gauss(&rng);
+		query_near(&f, layer, target, 0.3f, &rng, q);
 		stride =
 		    kvt_topk(f.c, f.seq, layer, K, KVT_TOPK_F_FETCH, q, QH * D, out, sizeof(out));
 		ck_assert_int_eq(stride, K);
@@ -128,16 +154,7 @@ START_TEST(t_recall_and_fetch)
 
 			ck_assert_uint_eq(n[h], K);
 			/* exact: <k, mean of the group's queries>, over the retrieval zone */
-			for (int d = 0; d < D; d++)
-				qbar[d] = (q[(2 * h) * D + d] + q[(2 * h + 1) * D + d]) / 2;
-			for (uint32_t i = 0; i < nret; i++) {
-				const float *k =
-				    f.ref + (uint64_t)(S + i) * TOK + 2 * layer * ROW + h * D;
-
-				ip[i] = 0;
-				for (int d = 0; d < D; d++)
-					ip[i] += k[d] * qbar[d];
-			}
+			exact_ip(&f, layer, h, q, nret, ip);
 			for (uint32_t j = 0; j < K; j++) {
 				uint32_t p = pos[h * K + j];
 
@@ -179,7 +196,7 @@ END_TEST
 START_TEST(t_estimate)
 {
 	struct fixture f;
-	static float q[QH * D], qbar[D];
+	static float q[QH * D];
 	static uint8_t out[H * 4 + H * K * 8];
 	uint32_t nret, found = 0, total = 0, inexact = 0;
 	uint64_t rng = 9;
@@ -192,11 +209,7 @@ START_TEST(t_estimate)
 		const uint32_t *n = (const void *)out, *pos = n + H;
 		const float *score = (const float *)(pos + H * K);
 
-		for (int h = 0; h < QH; h++)
-			for (int d = 0; d < D; d++)
-				q[h * D + d] = f.ref[(uint64_t)target * TOK + 2 * layer * ROW +
-						     (h / (QH / H)) * D + d] +
-					       0.3f * gauss(&rng);
+		query_near(&f, layer, target, 0.3f, &rng, q);
 		ck_assert_int_eq(kvt_topk(f.c, f.seq, layer, K, KVT_TOPK_F_ESTIMATE, q, QH * D, out,
 					  sizeof(out)),
 				 K);
@@ -204,16 +217,7 @@ START_TEST(t_estimate)
 			static float ip[N_TOK];
 
 			ck_assert_uint_eq(n[h], K);
-			for (int d = 0; d < D; d++)
-				qbar[d] = (q[(2 * h) * D + d] + q[(2 * h + 1) * D + d]) / 2;
-			for (uint32_t i = 0; i < nret; i++) {
-				const float *k =
-				    f.ref + (uint64_t)(S + i) * TOK + 2 * layer * ROW + h * D;
-
-				ip[i] = 0;
-				for (int d = 0; d < D; d++)
-					ip[i] += k[d] * qbar[d];
-			}
+			exact_ip(&f, layer, h, q, nret, ip);
 			for (uint32_t j = 0; j < K; j++) {
 				uint32_t p = pos[h * K + j], better = 0;
 				float e;
@@ -303,14 +307,13 @@ START_TEST(t_evicted)
 		uint32_t target = trial == 0 ? S + 100 : N_TOK / 2 + 300;
 		int r;
 
-		for (int h = 0; h < QH; h++)
-			for (int d = 0; d < D; d++)
-				q[h * D + d] =
-				    trial == 2
-					? 0.0f
-					: f.ref[(uint64_t)target * TOK + (h / (QH / H)) * D + d] +
-					      0.1f * gauss(&rng);
-		for (unsigned flags = 0; flags <= KVT_TOPK_F_ESTIMATE; flags += KVT_TOPK_F_FETCH) {
+		if (trial == 2)
+			memset(q, 0, sizeof(q));
+		else
+			query_near(&f, 0, target, 0.1f, &rng, q);
+		/* plain, FETCH, ESTIMATE, both */
+		for (unsigned flags = 0; flags <= (KVT_TOPK_F_FETCH | KVT_TOPK_F_ESTIMATE);
+		     flags += KVT_TOPK_F_FETCH) {
 			r = kvt_topk(f.c, f.seq, 0, K, flags, q, QH * D, out, sizeof(out));
 			ck_assert_msg(r == K, "trial %d flags %u: %s", trial, flags,
 				      kvt_strerror(r));
