@@ -273,31 +273,32 @@ kvt_paris_query_prep(const struct kvt_srht *srht, const float *q, struct kvt_par
 }
 
 /*
- * The 256 flip masks of a block ranked by cost, cost(x) = sum of |y_j| over the bits j of x,
- * ascending, ties to the lower mask. Built as sorted subset sums: the list for bits 0..j-1,
- * merged with itself plus |y_j| (each entry with bit j set), for j = 0..7: 255 merge steps
- * instead of a sort. On equal costs the first list goes first, and its masks are the lower
- * ones (they lack bit j). Sums are formed adding the dims in increasing j; where rounding makes
- * two sums of the second list equal, they keep the order of the sums they came from. Returns
- * the costs in rank order in @ret_cost as well.
+ * The first @limit (<= 256) of the 256 flip masks of a block ranked by cost, cost(x) = sum of
+ * |y_j| over the bits j of x, ascending, ties to the lower mask. Built as sorted subset sums:
+ * the list for bits 0..j-1, merged with itself plus |y_j| (each entry with bit j set), for
+ * j = 0..7, instead of a sort. On equal costs the first list goes first, and its masks are the
+ * lower ones (they lack bit j). Sums are formed adding the dims in increasing j; where rounding
+ * makes two sums of the second list equal, they keep the order of the sums they came from. The
+ * first m entries of a merge depend only on the first m of its input, so every list can stop at
+ * @limit and the prefix is the same as the full ranking's. Returns min(limit, 256).
  */
-static void
-rank_masks(const float *ay, uint8_t *ret_order, float *ret_cost)
+static uint32_t
+rank_masks(const float *ay, uint32_t limit, uint8_t *ret_order)
 {
-	float c2[256];
+	float c1[256], c2[256];
 	uint8_t o2[256];
-	float *cs = ret_cost, *cd = c2;
+	float *cs = c1, *cd = c2;
 	uint8_t *os = ret_order, *od = o2;
 	uint32_t len = 1;
 
 	cs[0] = 0.0f;
 	os[0] = 0;
-	for (unsigned int j = 0; j < KVT_PARIS_M; j++, len *= 2) {
+	for (unsigned int j = 0; j < KVT_PARIS_M; j++) {
 		const float a = ay[j];
 		const uint8_t bit = (uint8_t)(1u << j);
-		uint32_t i = 0, k = 0, o = 0;
+		uint32_t i = 0, k = 0, o = 0, out = 2 * len < limit ? 2 * len : limit;
 
-		while (i < len && k < len) {
+		while (o < out && i < len && k < len) {
 			float ck = cs[k] + a;
 
 			if (!(ck < cs[i])) {
@@ -308,14 +309,15 @@ rank_masks(const float *ay, uint8_t *ret_order, float *ret_cost)
 				od[o++] = os[k++] | bit;
 			}
 		}
-		for (; i < len; i++, o++) {
+		for (; o < out && i < len; i++, o++) {
 			cd[o] = cs[i];
 			od[o] = os[i];
 		}
-		for (; k < len; k++, o++) {
+		for (; o < out && k < len; k++, o++) {
 			cd[o] = cs[k] + a;
 			od[o] = os[k] | bit;
 		}
+		len = out;
 		float *ct = cs;
 		uint8_t *ot = os;
 
@@ -324,7 +326,8 @@ rank_masks(const float *ay, uint8_t *ret_order, float *ret_cost)
 		os = od;
 		od = ot;
 	}
-	/* eight merges: the result is back in the caller's arrays */
+	/* eight merges: the order is back in the caller's array */
+	return len;
 }
 
 int
@@ -340,26 +343,39 @@ kvt_paris_vote_tables(const struct kvt_paris_index *ix, const struct kvt_paris_q
 
 	for (uint32_t b = 0; b < ix->nblk; b++) {
 		const float *yb = q->y + KVT_PARIS_M * b;
-		float ay[KVT_PARIS_M], cost[256];
+		float ay[KVT_PARIS_M];
 		uint8_t order[256];
 		uint32_t top = 0;
-		uint64_t prefix = 0;
-		int passed = 0; /* tiers whose budget the prefix has reached */
 
 		for (unsigned int j = 0; j < KVT_PARIS_M; j++) {
 			top |= (uint32_t)(yb[j] >= 0.0f) << j;
 			ay[j] = fabsf(yb[j]);
 		}
-		/* mask x flips the dims of x away from the top centroid (the sign pattern) */
-		rank_masks(ay, order, cost);
-		for (unsigned int p = 0; p < 256; p++) {
-			uint32_t c = order[p] ^ top;
+		/*
+		 * Mask x flips the dims of x away from the top centroid (the sign pattern). Past
+		 * the last budget every centroid votes 0, and the budget is usually reached within
+		 * the first few dozen centroids: rank 64 first, all 256 only when that falls short.
+		 */
+		memset(ret_tab[b], 0, 256);
+		for (uint32_t limit = 64;; limit = 256) {
+			uint32_t m = rank_masks(ay, limit, order);
+			uint64_t prefix = 0;
+			int passed = 0; /* tiers whose budget the prefix has reached */
 
-			/* budgets ascend, so the tiers the prefix has passed only grow */
-			while (passed < KVT_PARIS_TIERS && !((double)prefix < budget[passed]))
-				passed++;
-			ret_tab[b][c] = (uint8_t)(KVT_PARIS_TIERS - passed);
-			prefix += ix->hist[b][c];
+			for (uint32_t p = 0; p < m; p++) {
+				uint32_t c = order[p] ^ top;
+
+				/* budgets ascend: the tiers the prefix has passed only grow */
+				while (passed < KVT_PARIS_TIERS &&
+				       !((double)prefix < budget[passed]))
+					passed++;
+				if (passed == KVT_PARIS_TIERS)
+					break; /* this one and the rest vote 0 */
+				ret_tab[b][c] = (uint8_t)(KVT_PARIS_TIERS - passed);
+				prefix += ix->hist[b][c];
+			}
+			if (passed == KVT_PARIS_TIERS || m == 256)
+				break;
 		}
 	}
 	return 0;

@@ -468,49 +468,60 @@ START_TEST(test_vote_tables)
 	kvt_paris_query_prep(&srht128, q, &pq);
 	ck_assert_int_eq(kvt_paris_vote_tables(&ix, &pq, 0.0, tab), -EINVAL);
 	ck_assert_int_eq(kvt_paris_vote_tables(&ix, &pq, 1.5, tab), -EINVAL);
-	ck_assert_int_eq(kvt_paris_vote_tables(&ix, &pq, 0.3, tab), 0);
-	for (int b = 0; b < 16; b++) {
-		uint32_t top = 0, mass[7] = {0};
-		double budget = ceil(n * 0.3);
+	/* small, middle and full budgets: ranked within the first 64 centroids, past them, all */
+	for (int ri = 0; ri < 3; ri++) {
+		const double rho = ri == 0 ? 0.05 : ri == 1 ? 0.3 : 1.0;
 
-		for (int j = 0; j < 8; j++)
-			top |= (uint32_t)(pq.y[8 * b + j] >= 0.0f) << j;
-		ck_assert_uint_eq(tab[b][top], 6); /* the sign pattern always gets the full vote */
-		for (int c = 0; c < 256; c++) {
-			ck_assert_uint_le(tab[b][c], 6);
-			mass[tab[b][c]] += ix.hist[b][c];
-		}
-		/* every voted band holds at least its budget share, except that the last
-		 * centroid of a band may straddle; the unvoted rest is what is beyond budget */
-		ck_assert_uint_ge(n - mass[0], (uint32_t)budget);
-		/* section 3 literally: rank centroids by score_b(c) = sum_j s_cj y_j (double),
-		 * walk the exclusive prefix of key counts, vote #{t : prefix < T_t} */
-		{
-			static const double r[6] = {0.05, 0.15, 0.30, 0.50, 0.75, 1.00};
-			double sc[256];
-			int rank[256];
-			uint64_t prefix = 0;
+		ck_assert_int_eq(kvt_paris_vote_tables(&ix, &pq, rho, tab), 0);
+		for (int b = 0; b < 16; b++) {
+			uint32_t top = 0, mass[7] = {0};
+			double budget = ceil(n * rho);
 
+			for (int j = 0; j < 8; j++)
+				top |= (uint32_t)(pq.y[8 * b + j] >= 0.0f) << j;
+			ck_assert_uint_eq(tab[b][top],
+					  6); /* the sign pattern always gets the full vote */
 			for (int c = 0; c < 256; c++) {
-				sc[c] = 0.0;
-				for (int j = 0; j < 8; j++)
-					sc[c] += ((c >> j) & 1 ? 1.0 : -1.0) * pq.y[8 * b + j];
-				rank[c] = c;
+				ck_assert_uint_le(tab[b][c], 6);
+				mass[tab[b][c]] += ix.hist[b][c];
 			}
-			for (int i = 1; i < 256; i++) /* insertion sort, descending score */
-				for (int j = i; j > 0 && sc[rank[j]] > sc[rank[j - 1]]; j--) {
-					int t = rank[j];
+			/* every voted band holds at least its budget share, except that the last
+			 * centroid of a band may straddle; the unvoted rest is what is beyond
+			 * budget */
+			ck_assert_uint_ge(n - mass[0], (uint32_t)budget);
+			/* section 3 literally: rank centroids by score_b(c) = sum_j s_cj y_j
+			 * (double), walk the exclusive prefix of key counts, vote #{t : prefix <
+			 * T_t} */
+			{
+				static const double r[6] = {0.05, 0.15, 0.30, 0.50, 0.75, 1.00};
+				double sc[256];
+				int rank[256];
+				uint64_t prefix = 0;
 
-					rank[j] = rank[j - 1];
-					rank[j - 1] = t;
+				for (int c = 0; c < 256; c++) {
+					sc[c] = 0.0;
+					for (int j = 0; j < 8; j++)
+						sc[c] +=
+						    ((c >> j) & 1 ? 1.0 : -1.0) * pq.y[8 * b + j];
+					rank[c] = c;
 				}
-			for (int p = 0; p < 256; p++) {
-				int c = rank[p], w = 0;
+				for (int i = 1; i < 256; i++) /* insertion sort, descending score */
+					for (int j = i; j > 0 && sc[rank[j]] > sc[rank[j - 1]];
+					     j--) {
+						int t = rank[j];
 
-				for (int t = 0; t < 6; t++)
-					w += (double)prefix < ceil(((double)n * 0.3) * r[t]);
-				ck_assert_int_eq(tab[b][c], w);
-				prefix += ix.hist[b][c];
+						rank[j] = rank[j - 1];
+						rank[j - 1] = t;
+					}
+				for (int p = 0; p < 256; p++) {
+					int c = rank[p], w = 0;
+
+					for (int t = 0; t < 6; t++)
+						w +=
+						    (double)prefix < ceil(((double)n * rho) * r[t]);
+					ck_assert_int_eq(tab[b][c], w);
+					prefix += ix.hist[b][c];
+				}
 			}
 		}
 	}
