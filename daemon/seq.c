@@ -323,19 +323,8 @@ key_f32(const struct kvtd_seq *q, uint32_t pos, uint32_t l, uint32_t h0, uint32_
 		return;
 	}
 	row = slot + (uint64_t)2 * l * q->row_bytes;
-	switch (q->p.dtype) {
-	case KVT_DTYPE_F32:
-		memcpy(out, (const float *)row + (uint64_t)h0 * D, m * sizeof(float));
-		break;
-	case KVT_DTYPE_F16:
-		for (uint32_t i = 0; i < m; i++)
-			out[i] = kvt_f16_to_f32(((const uint16_t *)row)[(uint64_t)h0 * D + i]);
-		break;
-	default:
-		for (uint32_t i = 0; i < m; i++)
-			out[i] = kvt_bf16_to_f32(((const uint16_t *)row)[(uint64_t)h0 * D + i]);
-		break;
-	}
+	kvt_to_f32(q->p.dtype, (const uint8_t *)row + (uint64_t)h0 * D * kvt_dtype_size(q->p.dtype),
+		   m, out);
 }
 
 /* TOPK's exact refine stage reads one head's key at a time (struct kvt_paris_seq_keys). */

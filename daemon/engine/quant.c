@@ -551,6 +551,19 @@ gather256_avx2(char *dst, const char *base, size_t stride, const uint32_t *idx, 
 	if (nt)
 		_mm_sfence(); /* streaming stores are weakly ordered: publish before returning */
 }
+
+/* 8 at a time; the tail element by element */
+static AVX2 void
+to_f32_avx2(int dtype, const char *src, size_t n, float *dst)
+{
+	size_t es = kvt_dtype_size((uint32_t)dtype), i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(dst + i, ld8(dtype, src + i * es));
+	for (; i < n; i++)
+		dst[i] = ld1(dtype, src, i);
+}
+
 #else
 static int
 avx2_ok(int dtype)
@@ -560,6 +573,22 @@ avx2_ok(int dtype)
 #endif /* __x86_64__ */
 
 /* ---- public entry points --------------------------------------------------------------- */
+
+int
+kvt_to_f32(int dtype, const void *src, size_t n, float *dst)
+{
+	if (dtype < 0 || dtype >= KVT_DTYPE__COUNT || (n && (!src || !dst)))
+		return -EINVAL;
+#if defined(__x86_64__)
+	if (avx2_ok(dtype)) {
+		to_f32_avx2(dtype, src, n, dst);
+		return 0;
+	}
+#endif
+	for (size_t i = 0; i < n; i++)
+		dst[i] = ld1(dtype, src, i);
+	return 0;
+}
 
 int
 kvt_quant_rows(int dtype, uint32_t heads, uint32_t head_dim, const void *src, size_t src_stride,

@@ -104,6 +104,13 @@ int kvt_dequant_block_ch(int dtype, uint32_t elems, const int8_t *codes, const f
 int kvt_gather_rows(void *dst, const void *base, size_t stride, const uint32_t *idx, size_t n,
 		    size_t row_bytes);
 
+/*
+ * kvt_to_f32 - widen @n elements of @dtype at @src to f32 at @dst: exact, the same values as
+ * the scalar conversions below (NaNs come out quiet), with F16C/AVX2 when the CPU has them.
+ * Return: 0, or -EINVAL (bad dtype, NULL buffer with n > 0).
+ */
+int kvt_to_f32(int dtype, const void *src, size_t n, float *dst);
+
 /* Scalar conversions, exported for tests and for reference code (round-to-nearest-even). */
 float kvt_f16_to_f32(uint16_t h);
 uint16_t kvt_f32_to_f16(float f);

@@ -391,6 +391,42 @@ START_TEST(test_gather)
 }
 END_TEST
 
+/* kvt_to_f32: every f16 and bf16 bit pattern, unaligned, a tail of 3, at both SIMD levels, gives
+ * the scalar conversion's bits; f32 is copied as is. */
+START_TEST(test_to_f32)
+{
+	const size_t n = 65536 + 3;
+	uint16_t *h = malloc((n + 1) * sizeof(*h));
+	float *out = malloc((n + 1) * sizeof(*out));
+
+	for (size_t i = 0; i < n; i++)
+		h[i + 1] = (uint16_t)i;
+	for (int lv = 0; lv < 2; lv++) {
+		kvt_simd_cap(lv ? KVT_SIMD_AVX2 : KVT_SIMD_SCALAR);
+		ck_assert_int_eq(kvt_to_f32(KVT_DTYPE_F16, h + 1, n, out + 1), 0);
+		for (size_t i = 0; i < n; i++) {
+			float want = kvt_f16_to_f32(h[i + 1]);
+
+			ck_assert_mem_eq(&out[i + 1], &want, sizeof(want));
+		}
+		ck_assert_int_eq(kvt_to_f32(KVT_DTYPE_BF16, h + 1, n, out + 1), 0);
+		for (size_t i = 0; i < n; i++) {
+			float want = kvt_bf16_to_f32(h[i + 1]);
+
+			ck_assert_mem_eq(&out[i + 1], &want, sizeof(want));
+		}
+		ck_assert_int_eq(kvt_to_f32(KVT_DTYPE_F32, h + 1, 7, out + 1), 0);
+		ck_assert_mem_eq(out + 1, h + 1, 7 * sizeof(float));
+	}
+	kvt_simd_cap(KVT_SIMD_AVX512);
+	ck_assert_int_eq(kvt_to_f32(KVT_DTYPE__COUNT, h, 1, out), -EINVAL);
+	ck_assert_int_eq(kvt_to_f32(KVT_DTYPE_F16, NULL, 1, out), -EINVAL);
+	ck_assert_int_eq(kvt_to_f32(KVT_DTYPE_F16, NULL, 0, NULL), 0);
+	free(h);
+	free(out);
+}
+END_TEST
+
 START_TEST(test_errors)
 {
 	float row[8] = {0}, sc[1];
@@ -427,6 +463,7 @@ main(void)
 	tcase_add_test(tc, test_channel_outliers);
 	tcase_add_test(tc, test_special_groups);
 	tcase_add_test(tc, test_gather);
+	tcase_add_test(tc, test_to_f32);
 	tcase_add_test(tc, test_errors);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
