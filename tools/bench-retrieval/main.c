@@ -25,7 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+#include <sys/mman.h> /* munmap */
 #include <time.h>
 
 #if defined(__x86_64__)
@@ -38,6 +38,7 @@
 #include "paris.h"
 #include "simd.h"
 #include "srht.h"
+#include "thp.h"
 #ifdef KVT_HAVE_FAISS
 #include "faiss_peer.h"
 #endif
@@ -95,21 +96,9 @@ arena_put(void *ctx, void *page, size_t len)
 static int
 arena_init(struct arena *a, size_t size)
 {
-	const size_t huge = 2u << 20;
-	uint8_t *m;
-
-	a->size = (size + huge - 1) & ~(huge - 1);
 	a->used = 0;
-	m = mmap(NULL, a->size + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (m == MAP_FAILED)
-		return -ENOMEM;
-	/* 2 MiB aligned, so every huge page can be one */
-	a->base = (uint8_t *)(((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1));
-	if (a->base > m)
-		munmap(m, (size_t)(a->base - m));
-	munmap(a->base + a->size, (size_t)(m + huge - a->base));
-	(void)madvise(a->base, a->size, MADV_HUGEPAGE); /* a hint; 4 KiB pages without THP */
-	return 0;
+	a->base = bench_thp_map(size, &a->size);
+	return a->base ? 0 : -ENOMEM;
 }
 
 static void

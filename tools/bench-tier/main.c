@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "bench_tier.h"
+#include "thp.h"
 #include "kvt_abi.h"
 #include "quant.h"
 #include "simd.h"
@@ -81,30 +82,16 @@ xalloc(size_t n)
 	return p;
 }
 
-/*
- * @n bytes on a 2 MiB-aligned mapping of n rounded up to 2 MiB, advised MADV_HUGEPAGE and
- * faulted in: how kvtierd's pool backs the rows FETCH gathers from (transparent huge pages
- * when the kernel has them). munmap() gives it back.
- */
+/* @n bytes as kvtierd's pool backs the rows FETCH gathers from (thp.h), faulted in. */
 static void *
-xalloc_thp(size_t n)
+xalloc_thp(size_t n, size_t *ret_len)
 {
-	const size_t huge = 2u << 20;
-	size_t len = (n + huge - 1) & ~(huge - 1);
-	uint8_t *m = mmap(NULL, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-			  0),
-		*p;
+	void *p = bench_thp_map(n, ret_len);
 
-	if (m == MAP_FAILED) {
+	if (!p) {
 		fprintf(stderr, "kvtier-bench-tier: out of memory (%zu bytes)\n", n);
 		exit(1);
 	}
-	p = (uint8_t *)(((uintptr_t)m + huge - 1) & ~(uintptr_t)(huge - 1));
-	if (p > m)
-		munmap(m, (size_t)(p - m));
-	if (p + len < m + len + huge)
-		munmap(p + len, (size_t)(m + len + huge - (p + len)));
-	(void)madvise(p, len, MADV_HUGEPAGE); /* a hint: 4 KiB pages without THP */
 	memset(p, 0, n);
 	return p;
 }
@@ -417,7 +404,8 @@ bench_gather(int reps, struct gather_result *res)
 	const size_t nsrc = G_SRC_BYTES / G_ROW, nidx = G_OUT_BYTES / G_ROW;
 	/* the rows live in the pool (THP-backed, like the source here); the staging region is a
 	 * client buffer (a memfd mapping: small pages) */
-	unsigned char *src = xalloc_thp(G_SRC_BYTES), *dst = xalloc(G_OUT_BYTES);
+	size_t src_len;
+	unsigned char *src = xalloc_thp(G_SRC_BYTES, &src_len), *dst = xalloc(G_OUT_BYTES);
 	uint32_t *idx = xalloc(nidx * 4);
 	double *tg = calloc(reps, sizeof(double)), *tr = calloc(reps, sizeof(double));
 	double *tx = calloc(reps, sizeof(double)), *tc = calloc(reps, sizeof(double));
@@ -466,7 +454,7 @@ bench_gather(int reps, struct gather_result *res)
 	res->gather_ratio = median(ra, reps);
 	res->random_ratio = median(rx, reps);
 	res->copy_ratio = median(rc, reps);
-	munmap(src, G_SRC_BYTES); /* a whole number of huge pages: the mapping itself */
+	munmap(src, src_len);
 	free(dst);
 	free(idx);
 	free(tg);
