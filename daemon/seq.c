@@ -353,16 +353,18 @@ static void
 topk_key_prefetch(void *ctx, uint32_t layer, uint32_t head, uint32_t pos)
 {
 	const struct kvtd_seq *q = ctx;
+	uint64_t D = q->p.head_dim, len = D * kvt_dtype_size(q->p.dtype);
 	const uint8_t *slot, *row;
-	uint64_t len;
 
 	if (pos >= q->ts.n || !(slot = q->slot[pos]))
 		return;
 	if (q->ts.tier[pos] & KVT_TIER_F_INT8) {
-		len = q->p.head_dim;
-		row = slot + (2ull * layer * q->p.kv_heads + head) * len;
+		const float *sc;
+		bool ch;
+
+		row = (const uint8_t *)(t2_row(q, slot, 2 * layer, &sc, &ch) + head * D);
+		len = D;
 	} else {
-		len = (uint64_t)q->p.head_dim * kvt_dtype_size(q->p.dtype);
 		row = slot + 2ull * layer * q->row_bytes + head * len;
 	}
 	for (uint64_t off = 0; off < len; off += 64)
