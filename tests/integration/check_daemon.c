@@ -590,6 +590,51 @@ START_TEST(t_quota_and_exhaustion)
 }
 END_TEST
 
+/*
+ * RETIER's int8 room (T2 slots, and with per-channel keys the key-scale blocks) is taken before
+ * anything moves: with the session quota spent it fails with -EDQUOT and changes nothing; the
+ * sequence goes on, and closing gives everything back.
+ */
+START_TEST(t_retier_int8_quota)
+{
+	const uint32_t flags[2] = {0, KVT_T2_F_KEY_CHANNEL};
+
+	for (int fi = 0; fi < 2; fi++) {
+		struct kvt_client *c = connect_ok("int8");
+		struct kvt_seq_params p;
+		struct kvt_seq_stat before, after;
+		static uint8_t out[1 << 16];
+		static float w[1 << 13];
+		int64_t used, r;
+		uint32_t seq, n = 0;
+
+		params_default(&p);
+		p.hbm_frac = 0.3f;
+		p.t2_frac = 0.5f;
+		p.t2_flags = flags[fi];
+		ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+		while ((r = append_some(c, seq, &p, 64)) > 0)
+			n = (uint32_t)r;
+		ck_assert_int_eq(r, -EDQUOT);
+		ck_assert_uint_le(n, sizeof(w) / sizeof(w[0]));
+		for (uint32_t i = 0; i < n; i++)
+			w[i] = (float)(i % 7);
+		ck_assert_int_eq(kvt_score_add(c, seq, 0, w, n), 0);
+		ck_assert_int_eq(kvt_seq_stat(c, seq, &before), 0);
+		used = pool_used(D.sock);
+		ck_assert_int_eq(kvt_retier(c, seq, out, sizeof(out)), -EDQUOT);
+		ck_assert_int_eq(kvt_seq_stat(c, seq, &after), 0);
+		ck_assert(!memcmp(before.tier_count, after.tier_count, sizeof(before.tier_count)));
+		ck_assert_uint_eq(after.pool_bytes, before.pool_bytes);
+		ck_assert_int_eq(pool_used(D.sock), used);
+		ck_assert_int_eq(kvt_nop(c), 0); /* still served */
+		ck_assert_int_eq(kvt_seq_close(c, seq), 0);
+		ck_assert_int_eq(pool_used(D.sock), 0);
+		kvt_disconnect(c);
+	}
+}
+END_TEST
+
 START_TEST(t_pool_exhaustion)
 {
 	struct kvt_client *c = connect_ok("hog");
@@ -712,6 +757,7 @@ suite(void)
 	tcase_add_checked_fixture(tc, start_quota, stop_default);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, t_quota_and_exhaustion);
+	tcase_add_test(tc, t_retier_int8_quota);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("hello");
