@@ -473,7 +473,7 @@ cuda_import(struct kvt_dev *dev, const struct kvt_dev_import *imp, struct kvt_de
 	int gi, r;
 
 	if (imp->kind != KVT_BUF_CUDA_IPC)
-		return -EINVAL;
+		return -EOPNOTSUPP; /* a host memfd: the rows must live in device memory */
 	gi = gpu_by_uuid(dev, imp->device_uuid);
 	if (gi < 0)
 		return gi;

@@ -78,7 +78,9 @@ host_import(struct kvt_dev *dev, const struct kvt_dev_import *imp, struct kvt_de
 	struct stat st;
 	int seals;
 
-	if (imp->kind != KVT_BUF_HOST_MEMFD || !imp->size)
+	if (imp->kind != KVT_BUF_HOST_MEMFD)
+		return -EOPNOTSUPP; /* a CUDA IPC handle: this backend has no device */
+	if (!imp->size)
 		return -EINVAL;
 	if (fstat(imp->fd, &st) < 0)
 		return -errno;

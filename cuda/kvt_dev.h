@@ -109,8 +109,8 @@ void kvt_dev_host_free(struct kvt_dev *dev, void *p, size_t len);
  * @imp->size bytes. A handle is opened once per device however often it is imported; the
  * mapping is shared and closed when its last importer is released. The returned buffer holds
  * one reference.
- * Returns 0, -EINVAL (wrong kind, size 0, not sealed, bad handle, allocation too small),
- * -EBADF, -ENOMEM, -ENODEV (no device with that UUID), -EIO.
+ * Returns 0, -EOPNOTSUPP (a kind this backend does not take), -EINVAL (size 0, not sealed, bad
+ * handle, allocation too small), -EBADF, -ENOMEM, -ENODEV (no device with that UUID), -EIO.
  */
 int kvt_dev_buf_import(struct kvt_dev *dev, const struct kvt_dev_import *imp,
 		       struct kvt_dev_buf **ret_buf);

@@ -296,6 +296,18 @@ handle_buf_register(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_bu
 	memcpy(imp.ipc_handle, m->ipc_handle, sizeof(imp.ipc_handle));
 	memcpy(imp.device_uuid, m->device_uuid, sizeof(imp.device_uuid));
 	r = kvt_dev_buf_import(d->dev, &imp, &buf);
+	if (r == -EOPNOTSUPP) {
+		send_error(
+		    c->fd, m->hdr.id, r,
+		    kvt_dev_kind(d->dev) == KVT_DEV_CUDA
+			? "buffer refused: this kvtierd runs the CUDA backend (%s), which "
+			  "takes CUDA IPC buffers only; start it with --backend host to serve "
+			  "host buffers"
+			: "buffer refused: this kvtierd runs the host backend (%s), which "
+			  "takes sealed memfd buffers only",
+		    kvt_dev_name(d->dev));
+		return 0;
+	}
 	if (r < 0) {
 		send_error(c->fd, m->hdr.id, r,
 			   r == -EINVAL && m->kind == KVT_BUF_HOST_MEMFD

@@ -76,7 +76,8 @@ void *kvt_arena(const struct kvt_client *c, uint64_t *ret_size);
 /*
  * kvt_buf_alloc() - allocate a host-backend device buffer (a sealed memfd mapped into this
  * process and the daemon) and register it. Used as T0 and staging regions without a GPU.
- * Returns 0, -EINVAL (size 0), -ENOMEM, -EMFILE (buffers_per_session reached), -ECONNRESET.
+ * Returns 0, -EINVAL (size 0), -ENOMEM, -EMFILE (buffers_per_session reached), -EOPNOTSUPP
+ * (the daemon runs the CUDA backend: use kvt_buf_register_cuda()), -ECONNRESET.
  */
 int kvt_buf_alloc(struct kvt_client *c, uint64_t size, struct kvt_buf **ret_buf);
 /* Unregisters and unmaps. Returns 0, -EBUSY (an open sequence uses it; nothing changes),

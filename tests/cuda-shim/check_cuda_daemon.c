@@ -240,6 +240,32 @@ START_TEST(cuda_daemon_ipc_closed_once)
 }
 END_TEST
 
+/* A host buffer on the CUDA backend fails alone, with a message that says what to do: the
+ * session goes on and a CUDA buffer registers after it. */
+START_TEST(cuda_daemon_host_buffer_refused)
+{
+	struct kvt_opts o = {.size = sizeof(o)};
+	struct kvt_buf *hb = NULL, *db = NULL;
+	struct kvt_client *c;
+	void *p;
+
+	start();
+	ck_assert_int_eq(kvt_connect(Dm.sock, &o, &c), 0);
+	ck_assert_int_eq(kvt_buf_alloc(c, 1 << 20, &hb), -EOPNOTSUPP);
+	ck_assert_ptr_null(hb);
+	ck_assert_ptr_nonnull(strstr(kvt_last_error(), "CUDA backend"));
+	ck_assert_ptr_nonnull(strstr(kvt_last_error(), "--backend host"));
+	ck_assert_int_eq(cudaMalloc(&p, 1 << 20), cudaSuccess);
+	ck_assert_int_eq(kvt_buf_register_cuda(c, p, 1 << 20, &db), 0);
+	ck_assert_int_eq(kvt_buf_free(c, db), 0);
+	ck_assert_int_eq(cudaFree(p), cudaSuccess);
+	kvt_disconnect(c);
+	ck_assert(daemon_alive(&Dm));
+	stop();
+	unlink(shim_log);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -251,6 +277,7 @@ main(void)
 	tcase_set_timeout(t, 60);
 	tcase_add_test(t, cuda_daemon_append_fetch_bit_exact);
 	tcase_add_test(t, cuda_daemon_ipc_closed_once);
+	tcase_add_test(t, cuda_daemon_host_buffer_refused);
 	suite_add_tcase(s, t);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

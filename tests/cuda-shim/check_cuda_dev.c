@@ -413,10 +413,10 @@ START_TEST(import_refusals)
 	memset(bad.ipc_handle, 0x42, 64);
 	ck_assert_int_eq(kvt_dev_buf_import(dev, &bad, &a), -EINVAL);
 	ck_assert_ptr_nonnull(strstr(msgs, "cudaErrorInvalidResourceHandle"));
-	/* A memfd on the CUDA backend. */
+	/* A memfd on the CUDA backend: a kind it does not take. */
 	bad = c.imp;
 	bad.kind = KVT_BUF_HOST_MEMFD;
-	ck_assert_int_eq(kvt_dev_buf_import(dev, &bad, &a), -EINVAL);
+	ck_assert_int_eq(kvt_dev_buf_import(dev, &bad, &a), -EOPNOTSUPP);
 	/* Injected driver failures. */
 	kvt_shim_fail("cudaIpcOpenMemHandle", 1, cudaErrorMapBufferObjectFailed);
 	ck_assert_int_eq(kvt_dev_buf_import(dev, &c.imp, &a), -EIO);

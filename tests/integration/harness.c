@@ -37,6 +37,9 @@ daemon_start(struct kvtd_proc *p, const char *const *extra)
 	argv[n++] = "64M";
 	argv[n++] = "--log-level";
 	argv[n++] = "debug";
+	/* host buffers (kvt_buf_alloc) on any machine; a later --backend in @extra wins */
+	argv[n++] = "--backend";
+	argv[n++] = "host";
 	for (int i = 0; extra && extra[i] && n < 46; i++)
 		argv[n++] = extra[i];
 	argv[n] = NULL;

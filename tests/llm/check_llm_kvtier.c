@@ -66,7 +66,7 @@ daemon_start(struct kvtd *p)
 			close(fd);
 		}
 		execl(bin, bin, "--config", "/dev/null", "--socket", p->sock, "--pool-size", "128M",
-		      "--log-level", "info", (char *)NULL);
+		      "--log-level", "info", "--backend", "host", (char *)NULL);
 		_exit(127);
 	}
 	for (int i = 0; i < 1000; i++) {

@@ -52,6 +52,8 @@ bench_daemon_start(struct bench_daemon *d, const char *const *args)
 	argv[n++] = "no";
 	argv[n++] = "--log-level";
 	argv[n++] = "warning";
+	argv[n++] = "--backend"; /* the benchmarks' buffers are host memfds, GPU or not */
+	argv[n++] = "host";
 	for (int i = 0; args && args[i] && n < 31; i++)
 		argv[n++] = args[i];
 	argv[n] = NULL;
