@@ -528,6 +528,48 @@ votes_avx2(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t 
 	else
 		votes_avx2_nb(ix, tab, ret_votes, ret_hist, 8);
 }
+
+/*
+ * AVX-512 VBMI holds a 256-entry byte table in four registers: vpermi2b looks up the low 7 bits
+ * of 64 ids in two of them at once, the other two give the entries with bit 7 set, and the ids'
+ * sign bits pick between the halves. One lookup is then ~4 instructions for 64 keys, where the
+ * AVX2 bitset planes take ~24 for 32; the sum is the same byte as the scalar one.
+ */
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static void
+votes_avx512(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t *ret_votes,
+	     uint32_t *ret_hist)
+{
+	uint32_t P = ix->page_keys, nb = ix->nblk;
+
+	for (uint32_t p = 0; (uint64_t)p << ix->page_shift < ix->n; p++) {
+		uint32_t base = p << ix->page_shift, cnt = ix->n - base, valid;
+		const uint8_t *cid = page_cid(ix, p);
+
+		valid = cnt > P ? P : cnt;
+		cnt = cnt > P ? P : (cnt + 63) & ~63u;
+		for (uint32_t i = 0; i < cnt; i += 64) {
+			__m512i acc = _mm512_setzero_si512();
+
+			for (uint32_t b = 0; b < nb; b++) {
+				const uint8_t *src = cid + (size_t)b * P + i, *t = tab[b];
+				__m512i id = _mm512_loadu_si512(src);
+				__m512i lo = _mm512_permutex2var_epi8(_mm512_loadu_si512(t), id,
+								      _mm512_loadu_si512(t + 64));
+				__m512i hi = _mm512_permutex2var_epi8(
+				    _mm512_loadu_si512(t + 128), id, _mm512_loadu_si512(t + 192));
+
+				if (i + KVT_VOTE_PREFETCH < cnt)
+					_mm_prefetch((const char *)src + KVT_VOTE_PREFETCH,
+						     _MM_HINT_T0);
+				acc = _mm512_add_epi8(
+				    acc, _mm512_mask_blend_epi8(_mm512_movepi8_mask(id), lo, hi));
+			}
+			_mm512_storeu_si512(ret_votes + base + i, acc);
+		}
+		if (ret_hist)
+			hist_add(ret_votes + base, valid, ret_hist);
+	}
+}
 #endif
 
 void
@@ -537,6 +579,10 @@ kvt_paris_votes(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uin
 	if (ret_hist)
 		memset(ret_hist, 0, (KVT_PARIS_MAX_VOTE + 1) * sizeof(*ret_hist));
 #if defined(__x86_64__)
+	if (kvt_simd_level() >= KVT_SIMD_AVX512) {
+		votes_avx512(ix, tab, ret_votes, ret_hist);
+		return;
+	}
 	if (kvt_simd_level() >= KVT_SIMD_AVX2) {
 		votes_avx2(ix, tab, ret_votes, ret_hist);
 		return;
@@ -810,6 +856,114 @@ rerank_avx2(const struct kvt_paris_index *ix, const struct kvt_paris_query *q, c
 	else
 		rerank_avx2_nb(ix, q, cand, nc, ret_score, 8);
 }
+
+/*
+ * The AVX2 scheme four blocks per register: vpmovzxbd widens 16 code bytes to 16 lanes and
+ * vpermps over a 16-entry copy of the levels ignores the sign bit in the index. Each record's 16
+ * lane sums fold to 8 and go through the AVX2 reduction, four candidates at a time.
+ */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"), always_inline)) static inline __m256
+rerank_rec512(const uint8_t *code, const __m512 *qe, const __m512 *qo, const __m512 lev,
+	      const __m512i *wsel, const uint32_t NB)
+{
+	const __m512i m8 = _mm512_set1_epi32(8);
+	const float *w = (const float *)(code + 4 * NB);
+	/* the record's NB weights: 16 floats, or 8 and nothing read past them */
+	const __m512 wall =
+	    NB == 16 ? _mm512_loadu_ps(w) : _mm512_castps256_ps512(_mm256_loadu_ps(w));
+	__m512 acc = _mm512_setzero_ps();
+
+#pragma GCC unroll 4
+	for (uint32_t r = 0; r < NB / 4; r++) {
+		__m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(code + 16 * r)));
+		__m512i xo = _mm512_srli_epi32(x, 4);
+		__m512i se = _mm512_slli_epi32(_mm512_andnot_si512(x, m8), 28);
+		__m512i so = _mm512_slli_epi32(_mm512_andnot_si512(xo, m8), 28);
+		/* integer xor: the float one is AVX-512 DQ */
+		__m512 ve = _mm512_castsi512_ps(
+		    _mm512_xor_si512(_mm512_castps_si512(_mm512_permutexvar_ps(x, lev)), se));
+		__m512 vo = _mm512_castsi512_ps(
+		    _mm512_xor_si512(_mm512_castps_si512(_mm512_permutexvar_ps(xo, lev)), so));
+		__m512 wv = _mm512_permutexvar_ps(wsel[r], wall);
+
+		acc =
+		    _mm512_fmadd_ps(_mm512_fmadd_ps(ve, qe[r], _mm512_mul_ps(vo, qo[r])), wv, acc);
+	}
+	return _mm256_add_ps(_mm512_castps512_ps256(acc),
+			     _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"), always_inline)) static inline void
+rerank_avx512_nb(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+		 const uint32_t *cand, uint32_t nc, float *ret_score, const uint32_t NB)
+{
+	__m512 qe[KVT_PARIS_MAX_BLK / 4], qo[KVT_PARIS_MAX_BLK / 4], lev;
+	const __m128 norm = _mm_set1_ps(q->norm);
+	__m512i wsel[KVT_PARIS_MAX_BLK / 4];
+	float l16[16];
+
+	for (unsigned int l = 0; l < 16; l++)
+		l16[l] = kvt_paris_level[l & 7];
+	lev = _mm512_loadu_ps(l16);
+	for (uint32_t r = 0; r < NB / 4; r++) {
+		float e[16], o[16];
+		int32_t ws[16];
+
+		for (unsigned int l = 0; l < 16; l++) {
+			const float *y = q->y + KVT_PARIS_M * (4 * r + l / 4) + 2 * (l % 4);
+
+			e[l] = y[0];
+			o[l] = y[1];
+			ws[l] = (int32_t)(4 * r + l / 4);
+		}
+		qe[r] = _mm512_loadu_ps(e);
+		qo[r] = _mm512_loadu_ps(o);
+		wsel[r] = _mm512_loadu_si512(ws);
+	}
+	for (uint32_t k = 0; k < nc; k += 4) {
+		const uint8_t *rec[4];
+		__m256 a[4];
+		__m128 r;
+
+		for (uint32_t j = 0; j < 4; j++) {
+			uint32_t i = cand[k + j < nc ? k + j : k]; /* the tail repeats a record */
+
+			rec[j] = key_code(ix, i >> ix->page_shift, i & (ix->page_keys - 1));
+			if (k + KVT_RERANK_PREFETCH + j < nc) {
+				uint32_t f = cand[k + KVT_RERANK_PREFETCH + j];
+				const char *rf = (const char *)key_code(ix, f >> ix->page_shift,
+									f & (ix->page_keys - 1));
+
+				_mm_prefetch(rf, _MM_HINT_T0);
+				if (NB == 16)
+					_mm_prefetch(rf + 64, _MM_HINT_T0);
+			}
+		}
+		for (uint32_t j = 0; j < 4; j++)
+			a[j] = rerank_rec512(rec[j], qe, qo, lev, wsel, NB);
+		a[0] = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+		r = _mm_mul_ps(
+		    norm, _mm_add_ps(_mm256_castps256_ps128(a[0]), _mm256_extractf128_ps(a[0], 1)));
+		if (k + 4 <= nc) {
+			_mm_storeu_ps(ret_score + k, r);
+		} else {
+			float t[4];
+
+			_mm_storeu_ps(t, r);
+			memcpy(ret_score + k, t, (nc - k) * sizeof(float));
+		}
+	}
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) static void
+rerank_avx512(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+	      const uint32_t *cand, uint32_t nc, float *ret_score)
+{
+	if (ix->nblk == 16)
+		rerank_avx512_nb(ix, q, cand, nc, ret_score, 16);
+	else
+		rerank_avx512_nb(ix, q, cand, nc, ret_score, 8);
+}
 #endif
 
 void
@@ -817,6 +971,10 @@ kvt_paris_rerank(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 		 const uint32_t *cand, uint32_t nc, float *ret_score)
 {
 #if defined(__x86_64__)
+	if (kvt_simd_level() >= KVT_SIMD_AVX512) {
+		rerank_avx512(ix, q, cand, nc, ret_score);
+		return;
+	}
 	if (kvt_simd_level() >= KVT_SIMD_AVX2) {
 		rerank_avx2(ix, q, cand, nc, ret_score);
 		return;

@@ -15,7 +15,9 @@ simd_detect(void)
 #if defined(__x86_64__) || defined(__i386__)
 	__builtin_cpu_init();
 	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-	    __builtin_cpu_supports("avx512vl"))
+	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi") &&
+	    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+	    __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("bmi"))
 		return KVT_SIMD_AVX512;
 	/* every AVX2 CPU has POPCNT and BMI1 too; the AVX2 kernels may use them */
 	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&

@@ -611,27 +611,37 @@ print_table(void)
 static void
 usage(FILE *f)
 {
-	fprintf(f, "usage: kvtier-bench-retrieval [--json] [--quick] [--queries N] [--hnsw-max N]\n"
-		   "                              [--size N] [--no-faiss] [--no-thp] [--stages]\n"
-		   "  --json        print {\"rows\":[...]} on stdout instead of a table\n"
-		   "  --quick       N = 32K and 128K only (the full run adds 1M)\n"
-		   "  --queries N   queries per case (default 32)\n"
-		   "  --hnsw-max N  skip faiss-hnsw above N keys (default 32768)\n"
-		   "  --size N      only this key count (any N >= 256)\n"
-		   "  --no-faiss    skip the FAISS methods\n"
-		   "  --no-thp      index pages from malloc, not a huge-page mapping\n"
-		   "  --stages      also print where kvtier's search spends its time (stderr)\n");
+	fprintf(
+	    f,
+	    "usage: kvtier-bench-retrieval [--json] [--quick] [--queries N] [--hnsw-max N]\n"
+	    "                              [--size N] [--no-faiss] [--no-thp] [--stages]\n"
+	    "                              [--simd scalar|avx2|avx512]\n"
+	    "  --json        print {\"rows\":[...]} on stdout instead of a table\n"
+	    "  --quick       N = 32K and 128K only (the full run adds 1M)\n"
+	    "  --queries N   queries per case (default 32)\n"
+	    "  --hnsw-max N  skip faiss-hnsw above N keys (default 32768)\n"
+	    "  --size N      only this key count (any N >= 256)\n"
+	    "  --no-faiss    skip the FAISS methods\n"
+	    "  --no-thp      index pages from malloc, not a huge-page mapping\n"
+	    "  --stages      also print where kvtier's search spends its time (stderr)\n"
+	    "  --simd L      cap the engine's SIMD level at L (default: the best the CPU has)\n");
 }
 
 int
 main(int argc, char **argv)
 {
 	static const struct option opts[] = {
-	    {"json", no_argument, NULL, 'j'},	       {"quick", no_argument, NULL, 'q'},
-	    {"queries", required_argument, NULL, 'n'}, {"hnsw-max", required_argument, NULL, 'm'},
-	    {"size", required_argument, NULL, 's'},    {"no-faiss", no_argument, NULL, 'F'},
-	    {"no-thp", no_argument, NULL, 'T'},	       {"stages", no_argument, NULL, 'S'},
-	    {"help", no_argument, NULL, 'h'},	       {0},
+	    {"json", no_argument, NULL, 'j'},
+	    {"quick", no_argument, NULL, 'q'},
+	    {"queries", required_argument, NULL, 'n'},
+	    {"hnsw-max", required_argument, NULL, 'm'},
+	    {"size", required_argument, NULL, 's'},
+	    {"no-faiss", no_argument, NULL, 'F'},
+	    {"no-thp", no_argument, NULL, 'T'},
+	    {"stages", no_argument, NULL, 'S'},
+	    {"simd", required_argument, NULL, 'L'},
+	    {"help", no_argument, NULL, 'h'},
+	    {0},
 	};
 	uint32_t sizes[3] = {32768, 131072, 1048576}, nsizes = 3;
 	bool json = false, quick = false;
@@ -639,7 +649,7 @@ main(int argc, char **argv)
 	double t0 = now();
 	int c, r;
 
-	while ((c = getopt_long(argc, argv, "jqn:m:s:FTSh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "jqn:m:s:FTSL:h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'j':
 			json = true;
@@ -673,6 +683,14 @@ main(int argc, char **argv)
 			break;
 		case 'S':
 			stages = true;
+			break;
+		case 'L':
+			r = kvt_simd_parse(optarg);
+			if (r < 0) {
+				usage(stderr);
+				return 2;
+			}
+			kvt_simd_cap((enum kvt_simd)r);
 			break;
 		case 'h':
 			usage(stdout);
