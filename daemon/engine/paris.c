@@ -983,11 +983,41 @@ kvt_paris_rerank(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 	rerank_scalar(ix, q, cand, nc, ret_score);
 }
 
-/* a ranks before b: higher score, then lower index */
+/*
+ * (score, index) as one integer that sorts ascending in the order top-k wants: higher score
+ * first, then lower index. -0 and +0 are one score; NaN ranks after every number.
+ */
+static inline uint64_t
+rank_key(float s, uint32_t idx)
+{
+	uint32_t u;
+
+	if (!(s == s)) {
+		u = 0;
+	} else {
+		s += 0.0f; /* -0 -> +0 */
+		memcpy(&u, &s, sizeof(u));
+		u = (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* ascending with the float */
+	}
+	return (uint64_t)~u << 32 | idx;
+}
+
+static inline float
+rank_score(uint64_t key)
+{
+	uint32_t u = ~(uint32_t)(key >> 32);
+	float s;
+
+	u = (u & 0x80000000u) ? (u & 0x7fffffffu) : ~u;
+	memcpy(&s, &u, sizeof(s));
+	return s;
+}
+
+/* a ranks before b: higher score, then lower index (NaN last) */
 static inline bool
 better(float sa, uint32_t ia, float sb, uint32_t ib)
 {
-	return sa > sb || (sa == sb && ia < ib);
+	return rank_key(sa, ia) < rank_key(sb, ib);
 }
 
 /* Min-heap on "better": the root is the worst of the kept entries. */
@@ -1015,17 +1045,70 @@ heap_down(uint32_t *hi, float *hs, uint32_t n, uint32_t at)
 }
 
 /*
- * A floor for the k-th best of @n scores, from a strided sample of up to 1024: the r-th best
+ * Sorts the @need smallest of @n keys into a[0..need), ascending; the rest is left in any order.
+ * Quicksort that only descends into parts holding some of the first @need: O(n + need log need)
+ * expected.
+ */
+static void
+psort_keys(uint64_t *a, uint32_t n, uint32_t need)
+{
+	while (n > 16 && need) {
+		uint32_t mid = (n - 1) / 2, i, j;
+		uint64_t p, t;
+
+		/* median of three, which also leaves sentinels at both ends */
+		if (a[mid] < a[0])
+			t = a[0], a[0] = a[mid], a[mid] = t;
+		if (a[n - 1] < a[0])
+			t = a[0], a[0] = a[n - 1], a[n - 1] = t;
+		if (a[n - 1] < a[mid])
+			t = a[mid], a[mid] = a[n - 1], a[n - 1] = t;
+		p = a[mid];
+		i = 0;
+		j = n - 1;
+		for (;;) { /* Hoare: a[0..j] <= p <= a[j+1..n), 0 <= j < n - 1 */
+			while (a[i] < p)
+				i++;
+			while (a[j] > p)
+				j--;
+			if (i >= j)
+				break;
+			t = a[i], a[i] = a[j], a[j] = t;
+			i++;
+			j--;
+		}
+		if (j + 1 >= need) {
+			n = j + 1; /* the first need are all on the left */
+			continue;
+		}
+		psort_keys(a, j + 1, j + 1);
+		a += j + 1;
+		n -= j + 1;
+		need -= j + 1;
+	}
+	for (uint32_t i = 1; i < n; i++) { /* insertion sort of the short rest */
+		uint64_t v = a[i];
+		uint32_t j = i;
+
+		for (; j && a[j - 1] > v; j--)
+			a[j] = a[j - 1];
+		a[j] = v;
+	}
+}
+
+/*
+ * A floor for the k-th best of @n scores, from a strided sample of 1024 to 2047: the r-th best
  * sample, r about twice the sample's expected share of the top k plus a margin, so that
- * usually at least k scores clear it and about 2k + 16 n / 1024 do. -INFINITY when the sample
+ * usually at least k scores clear it and about 2k + n / 64 do. -INFINITY when the sample
  * says nothing useful (small n, or not enough numbers in the sample); the caller checks that k
- * scores cleared it.
+ * scores cleared it. The sample is selected, not streamed through a heap: scores that rise with
+ * the index (newer keys) would replace a heap's root at nearly every step.
  */
 static float
 score_floor(const float *score, uint32_t n, uint32_t k)
 {
-	uint32_t stride, m, r;
-	float h[128];
+	uint32_t stride, m, r, used = 0;
+	uint64_t key[2048]; /* m < 2048: stride is n / 1024 rounded down */
 
 	if (n < 1024 || (uint64_t)k * 16 > n)
 		return -INFINITY;
@@ -1034,53 +1117,26 @@ score_floor(const float *score, uint32_t n, uint32_t k)
 	r = (uint32_t)((uint64_t)2 * k * m / n) + 16;
 	if (r > 128)
 		return -INFINITY;
-	h[0] = -INFINITY;
-	/* min-heap of the r best samples; h[0] is the worst of them */
-	for (uint32_t i = 0, used = 0; i < m; i++) {
+	for (uint32_t i = 0; i < m; i++) {
 		float v = score[(size_t)i * stride];
-		uint32_t at;
 
-		if (!(v == v))
-			continue; /* NaN: no order */
-		if (used < r) {
-			at = used++;
-			while (at && h[(at - 1) / 2] > v) {
-				h[at] = h[(at - 1) / 2];
-				at = (at - 1) / 2;
-			}
-			h[at] = v;
-			continue;
-		}
-		if (!(v > h[0]))
-			continue;
-		at = 0;
-		for (;;) {
-			uint32_t l = 2 * at + 1, w = l;
-
-			if (l >= r)
-				break;
-			if (l + 1 < r && h[l + 1] < h[l])
-				w = l + 1;
-			if (!(h[w] < v))
-				break;
-			h[at] = h[w];
-			at = w;
-		}
-		h[at] = v;
+		if (v == v) /* NaN: no order */
+			key[used++] = rank_key(v, 0);
 	}
-	return h[0];
+	if (used < r)
+		return -INFINITY;
+	psort_keys(key, used, r);
+	return rank_score(key[r - 1]);
 }
 
-/* The heap pass; with @filter, scores not >= @floor (NaN included) are skipped. */
+/* A size-k heap over all n; returns how many it holds (min(n, k)), not yet sorted. */
 static uint32_t
-topk_heap(const uint32_t *idx, const float *score, uint32_t n, uint32_t k, bool filter, float floor,
-	  uint32_t *ret_idx, float *ret_score)
+topk_heap(const uint32_t *idx, const float *score, uint32_t n, uint32_t k, uint32_t *ret_idx,
+	  float *ret_score)
 {
 	uint32_t m = 0;
 
 	for (uint32_t i = 0; i < n; i++) {
-		if (filter && !(score[i] >= floor))
-			continue;
 		if (m < k) {
 			ret_idx[m] = idx[i];
 			ret_score[m] = score[i];
@@ -1097,26 +1153,106 @@ topk_heap(const uint32_t *idx, const float *score, uint32_t n, uint32_t k, bool 
 	return m;
 }
 
+/*
+ * The positions of the scores at or above @floor into @pos (@cap entries). Returns how many, or
+ * UINT32_MAX when they do not fit.
+ */
+static uint32_t
+topk_gather_scalar(const float *score, uint32_t n, float floor, uint64_t *pos, uint32_t cap)
+{
+	uint32_t m = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		if (m == cap)
+			return UINT32_MAX;
+		pos[m] = i;
+		m += score[i] >= floor; /* branch-free: a few percent pass */
+	}
+	return m;
+}
+
+#if defined(__x86_64__)
+/* Eight scores a compare; the few groups with a pass give their positions bit by bit. */
+__attribute__((target("avx2,bmi"))) static uint32_t
+topk_gather_avx2(const float *score, uint32_t n, float floor, uint64_t *pos, uint32_t cap)
+{
+	const __m256 f = _mm256_set1_ps(floor);
+	uint32_t m = 0, i = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		uint32_t mask = (uint32_t)_mm256_movemask_ps(
+		    _mm256_cmp_ps(_mm256_loadu_ps(score + i), f, _CMP_GE_OQ));
+
+		if (!mask)
+			continue;
+		if (cap - m < 8)
+			return UINT32_MAX;
+		for (; mask; mask &= mask - 1)
+			pos[m++] = i + (uint32_t)__builtin_ctz(mask);
+	}
+	for (; i < n; i++) {
+		if (!(score[i] >= floor))
+			continue;
+		if (m == cap)
+			return UINT32_MAX;
+		pos[m++] = i;
+	}
+	return m;
+}
+#endif
+
+static uint32_t
+topk_gather(const float *score, uint32_t n, float floor, uint64_t *pos, uint32_t cap)
+{
+#if defined(__x86_64__)
+	if (kvt_simd_level() >= KVT_SIMD_AVX2)
+		return topk_gather_avx2(score, n, floor, pos, cap);
+#endif
+	return topk_gather_scalar(score, n, floor, pos, cap);
+}
+
+#define KVT_TOPK_STACK 2048 /* keys gathered on the stack; more go to the heap */
+
 void
 kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, uint32_t k,
 		      uint32_t *ret_idx, float *ret_score)
 {
+	uint64_t stack[KVT_TOPK_STACK], *buf = stack;
+	uint32_t m = 0, cap;
 	float floor;
-	uint32_t m = 0;
 
 	if (!k)
 		return;
 	/*
-	 * Scores below a sampled floor are skipped before the heap sees them; that changes nothing
-	 * when k of them clear the floor (all of the top k do then), and otherwise the heap runs
-	 * again over everything. Without it, candidates in index order whose scores rise with the
-	 * index (newer keys) replace the heap's root again and again.
+	 * The scores at or above a sampled floor (every one of the top k when k of them clear it:
+	 * about 2k + n / 64 of them) are gathered as sortable keys and partly sorted. When the
+	 * floor says nothing, lets fewer than k through or more than twice its estimate, a heap
+	 * over all n does the job.
 	 */
 	floor = score_floor(score, n, k);
-	if (floor > -INFINITY)
-		m = topk_heap(idx, score, n, k, true, floor, ret_idx, ret_score);
-	if (m < k)
-		m = topk_heap(idx, score, n, k, false, 0.0f, ret_idx, ret_score);
+	if (floor > -INFINITY) {
+		cap = 4 * k + n / 32;
+		if (cap > n)
+			cap = n;
+		if (cap > KVT_TOPK_STACK)
+			buf = malloc((size_t)cap * sizeof(*buf));
+		m = buf ? topk_gather(score, n, floor, buf, cap) : UINT32_MAX;
+		if (m != UINT32_MAX && m >= k) {
+			for (uint32_t j = 0; j < m; j++) /* positions become sortable keys */
+				buf[j] = rank_key(score[buf[j]], idx[buf[j]]);
+			psort_keys(buf, m, k);
+			for (uint32_t j = 0; j < k; j++) {
+				ret_idx[j] = (uint32_t)buf[j];
+				ret_score[j] = rank_score(buf[j]);
+			}
+			if (buf != stack)
+				free(buf);
+			return;
+		}
+		if (buf != stack)
+			free(buf);
+	}
+	m = topk_heap(idx, score, n, k, ret_idx, ret_score);
 	if (m < k)
 		for (uint32_t j = m / 2; j-- > 0;)
 			heap_down(ret_idx, ret_score, m, j);

@@ -214,8 +214,8 @@ void kvt_paris_rerank(const struct kvt_paris_index *ix, const struct kvt_paris_q
 		      const uint32_t *cand, uint32_t nc, float *ret_score);
 
 /*
- * kvt_paris_topk_select - the @k best (score desc, index asc) of @n (index, score) pairs, sorted
- * that way. @k <= @n. Thread-safe.
+ * kvt_paris_topk_select - the @k best (score desc, index asc; NaN after every number) of @n
+ * (index, score) pairs, sorted that way. @k <= @n. Thread-safe.
  */
 void kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, uint32_t k,
 			   uint32_t *ret_idx, float *ret_score);
