@@ -1,18 +1,25 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * check_gpu_retrieval - the retrieval kernels of cuda/kernels/ (kvt_kernels.h) against the CPU
- * engine on a real GPU: collision votes equal the definition (cnt_i = sum_b tab[b][cid_b,i]) and
- * the candidate list equals kvt_paris_select() exactly, over random inputs with many ties.
+ * check_gpu_retrieval - the kernels of cuda/kernels/ (kvt_kernels.h) against the CPU engine on a
+ * real GPU: collision votes equal the definition (cnt_i = sum_b tab[b][cid_b,i]) and the
+ * candidate list equals kvt_paris_select() exactly, over random inputs with many ties; RSQ-IP
+ * rerank scores of a real index equal kvt_paris_rerank() to float rounding; top-k equals
+ * kvt_paris_topk_select() (scores exactly, indices too where the k-th score is not tied); row
+ * gathers over UVA from pinned memory equal the host's copy and int8 -> f16/bf16 conversion
+ * bit for bit.
  * Built when cuda/kernels/ and daemon/engine/paris.h are in the tree. Exits 77 without a device.
  */
 #define _GNU_SOURCE
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvt_kernels.h"
 #include "paris.h"
+#include "quant.h"
+#include "srht.h"
 
 #define CK(call)                                                                                   \
 	do {                                                                                       \
@@ -96,6 +103,198 @@ one_case(uint32_t n, uint32_t nblk, uint32_t c)
 	return bad;
 }
 
+/* uniform in [-1, 1) */
+static float
+frnd(void)
+{
+	return (float)rnd() / 2147483648.0f - 1.0f;
+}
+
+/* RSQ-IP scores of @nc candidates of a real @n-key index, GPU against kvt_paris_rerank(). */
+static int
+rerank_case(uint32_t n, unsigned int dim, uint32_t nc)
+{
+	uint32_t nblk = dim / 8, *cand = malloc(nc * 4), *d_cand;
+	float *keys = malloc((size_t)n * dim * 4), q[128], *cpu = malloc(nc * 4),
+	      *gpu = malloc(nc * 4), *w = malloc((size_t)n * nblk * 4), *d_w, *d_qy, *d_score;
+	uint8_t *code = malloc((size_t)n * 4 * nblk), *d_code;
+	struct kvt_paris_index ix;
+	struct kvt_paris_query pq;
+	struct kvt_srht srht;
+	int bad = 0;
+
+	for (size_t i = 0; i < (size_t)n * dim; i++)
+		keys[i] = frnd() * (i % dim == 3 ? 8.0f : 1.0f); /* one outlier channel */
+	for (unsigned int j = 0; j < dim; j++)
+		q[j] = frnd();
+	if (kvt_srht_init(&srht, dim, KVT_SRHT_SEED) || kvt_paris_index_init(&ix, dim, 0, NULL) ||
+	    kvt_paris_index_reserve(&ix, n) < (int)n ||
+	    kvt_paris_index_append(&ix, &srht, keys, dim, n) != (int)n) {
+		fprintf(stderr, "rerank: index build failed\n");
+		exit(1);
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		const uint8_t *cid, *c;
+		const float *wi;
+
+		kvt_paris_key_codes(&ix, i, &cid, &c, &wi);
+		memcpy(code + (size_t)i * 4 * nblk, c, 4 * nblk);
+		memcpy(w + (size_t)i * nblk, wi, nblk * 4);
+	}
+	for (uint32_t i = 0; i < nc; i++)
+		cand[i] = rnd() % n;
+	kvt_paris_query_prep(&srht, q, &pq);
+	kvt_paris_rerank(&ix, &pq, cand, nc, cpu);
+	CK(cudaMalloc((void **)&d_code, (size_t)n * 4 * nblk));
+	CK(cudaMalloc((void **)&d_w, (size_t)n * nblk * 4));
+	CK(cudaMalloc((void **)&d_cand, nc * 4));
+	CK(cudaMalloc((void **)&d_qy, dim * 4));
+	CK(cudaMalloc((void **)&d_score, nc * 4));
+	CK(cudaMemcpy(d_code, code, (size_t)n * 4 * nblk, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(d_w, w, (size_t)n * nblk * 4, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(d_cand, cand, nc * 4, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(d_qy, pq.y, dim * 4, cudaMemcpyHostToDevice));
+	if (kvt_k_rerank(d_code, d_w, nblk, d_cand, nc, d_qy, pq.norm, d_score, NULL)) {
+		fprintf(stderr, "rerank launch failed: %s\n", cudaGetErrorName(cudaGetLastError()));
+		exit(1);
+	}
+	CK(cudaDeviceSynchronize());
+	CK(cudaMemcpy(gpu, d_score, nc * 4, cudaMemcpyDeviceToHost));
+	for (uint32_t i = 0; i < nc && !bad; i++)
+		if (!(fabsf(gpu[i] - cpu[i]) <= 1e-4f * (1.0f + fabsf(cpu[i])))) {
+			fprintf(stderr,
+				"rerank differs (n %u, dim %u): cand %u key %u gpu %.7g cpu %.7g\n",
+				n, dim, i, cand[i], gpu[i], cpu[i]);
+			bad = 1;
+		}
+	cudaFree(d_code);
+	cudaFree(d_w);
+	cudaFree(d_cand);
+	cudaFree(d_qy);
+	cudaFree(d_score);
+	kvt_paris_index_fini(&ix);
+	free(keys);
+	free(cand);
+	free(cpu);
+	free(gpu);
+	free(w);
+	free(code);
+	return bad;
+}
+
+/* Top-k of @n scores (@levels > 0: only that many distinct values, so many ties). */
+static int
+topk_case(uint32_t n, uint32_t k, uint32_t levels)
+{
+	uint32_t *idx = malloc(n * 4), *ci = malloc(k * 4), *gi = malloc(k * 4), *d_idx, *d_ri;
+	float *sc = malloc(n * 4), *cs = malloc(k * 4), *gs = malloc(k * 4), *d_sc, *d_rs;
+	int bad = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		idx[i] = rnd() % (4 * n); /* carried along, not the position */
+		sc[i] = levels ? (float)(rnd() % levels) : frnd() + (float)i * 1e-6f;
+	}
+	kvt_paris_topk_select(idx, sc, n, k, ci, cs);
+	CK(cudaMalloc((void **)&d_idx, n * 4));
+	CK(cudaMalloc((void **)&d_sc, n * 4));
+	CK(cudaMalloc((void **)&d_ri, k * 4));
+	CK(cudaMalloc((void **)&d_rs, k * 4));
+	CK(cudaMemcpy(d_idx, idx, n * 4, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy(d_sc, sc, n * 4, cudaMemcpyHostToDevice));
+	if (kvt_k_topk(d_idx, d_sc, n, k, d_ri, d_rs, NULL)) {
+		fprintf(stderr, "topk launch failed: %s\n", cudaGetErrorName(cudaGetLastError()));
+		exit(1);
+	}
+	CK(cudaDeviceSynchronize());
+	CK(cudaMemcpy(gi, d_ri, k * 4, cudaMemcpyDeviceToHost));
+	CK(cudaMemcpy(gs, d_rs, k * 4, cudaMemcpyDeviceToHost));
+	for (uint32_t j = 0; j < k && !bad; j++) {
+		/* which of the entries tied with the k-th are kept is the kernel's choice */
+		int tied = cs[j] == cs[k - 1];
+
+		if (gs[j] != cs[j] || (!tied && gi[j] != ci[j]) ||
+		    (j && gs[j] == gs[j - 1] && gi[j] <= gi[j - 1])) {
+			fprintf(stderr,
+				"topk differs (n %u, k %u, levels %u) at %u: gpu %u/%g cpu %u/%g\n",
+				n, k, levels, j, gi[j], gs[j], ci[j], cs[j]);
+			bad = 1;
+		}
+	}
+	cudaFree(d_idx);
+	cudaFree(d_sc);
+	cudaFree(d_ri);
+	cudaFree(d_rs);
+	free(idx);
+	free(ci);
+	free(gi);
+	free(sc);
+	free(cs);
+	free(gs);
+	return bad;
+}
+
+/* @nrows rows gathered over UVA from pinned host memory, each format against the host. */
+static int
+gather_case(uint32_t nsrc, uint32_t nrows, uint32_t elems, enum kvt_k_row fmt)
+{
+	size_t sstride = fmt == KVT_K_ROW_COPY ? elems + 16 : elems + 8;
+	size_t dstride = fmt == KVT_K_ROW_COPY ? elems + 32 : 2 * (size_t)elems + 16;
+	size_t obytes = fmt == KVT_K_ROW_COPY ? elems : 2 * (size_t)elems;
+	uint8_t *src, *dst = malloc(nrows * dstride), *want = calloc(nrows, dstride), *d_dst;
+	uint32_t *idx = malloc(nrows * 4), *d_idx;
+	float *scale;
+	int bad = 0;
+
+	CK(cudaHostAlloc((void **)&src, nsrc * sstride, cudaHostAllocMapped));
+	CK(cudaHostAlloc((void **)&scale, nsrc * 4, cudaHostAllocMapped));
+	for (size_t i = 0; i < nsrc * sstride; i++)
+		src[i] = (uint8_t)rnd();
+	for (uint32_t i = 0; i < nsrc; i++)
+		scale[i] = 1e-3f + (float)(rnd() % 1000) * 1e-4f;
+	for (uint32_t r = 0; r < nrows; r++) {
+		uint32_t i = idx[r] = rnd() % nsrc;
+		const uint8_t *row = src + i * sstride;
+		uint8_t *o = want + r * dstride;
+
+		if (fmt == KVT_K_ROW_COPY) {
+			memcpy(o, row, elems);
+			continue;
+		}
+		for (uint32_t e = 0; e < elems; e++) {
+			float v = (float)(int8_t)row[e] * scale[i];
+			uint16_t h =
+			    fmt == KVT_K_ROW_I8_TO_F16 ? kvt_f32_to_f16(v) : kvt_f32_to_bf16(v);
+
+			memcpy(o + 2 * e, &h, 2);
+		}
+	}
+	CK(cudaMalloc((void **)&d_dst, nrows * dstride));
+	CK(cudaMalloc((void **)&d_idx, nrows * 4));
+	CK(cudaMemset(d_dst, 0, nrows * dstride));
+	CK(cudaMemcpy(d_idx, idx, nrows * 4, cudaMemcpyHostToDevice));
+	if (kvt_k_gather(src, sstride, fmt == KVT_K_ROW_COPY ? NULL : scale, d_idx, nrows, d_dst,
+			 dstride, elems, fmt, NULL)) {
+		fprintf(stderr, "gather launch failed: %s\n", cudaGetErrorName(cudaGetLastError()));
+		exit(1);
+	}
+	CK(cudaDeviceSynchronize());
+	CK(cudaMemcpy(dst, d_dst, nrows * dstride, cudaMemcpyDeviceToHost));
+	for (uint32_t r = 0; r < nrows && !bad; r++)
+		if (memcmp(dst + r * dstride, want + r * dstride, obytes)) {
+			fprintf(stderr, "gather differs (format %d, %u elems) at row %u\n",
+				(int)fmt, elems, r);
+			bad = 1;
+		}
+	cudaFreeHost(src);
+	cudaFreeHost(scale);
+	cudaFree(d_dst);
+	cudaFree(d_idx);
+	free(dst);
+	free(want);
+	free(idx);
+	return bad;
+}
+
 int
 main(void)
 {
@@ -116,9 +315,25 @@ main(void)
 				bad |= one_case(ns[i], nblk, c);
 				cases++;
 			}
+	for (unsigned int dim = 64; dim <= 128; dim += 64) {
+		bad |= rerank_case(1000, dim, 1);
+		bad |= rerank_case(20000, dim, 3277);
+		cases += 2;
+	}
+	bad |= topk_case(3277, 100, 0);
+	bad |= topk_case(100000, 1024, 0);
+	bad |= topk_case(1024, 1024, 0);
+	bad |= topk_case(50000, 200, 7); /* heavy ties */
+	bad |= topk_case(1, 1, 0);
+	cases += 5;
+	for (int f = KVT_K_ROW_COPY; f <= KVT_K_ROW_I8_TO_BF16; f++) {
+		bad |= gather_case(1000, 8192, f == KVT_K_ROW_COPY ? 256 : 128, (enum kvt_k_row)f);
+		bad |= gather_case(10, 3, f == KVT_K_ROW_COPY ? 16 : 8, (enum kvt_k_row)f);
+		cases += 2;
+	}
 	printf("check_gpu_retrieval: %d cases, %s\n", cases,
 	       bad ? "FAILED"
-		   : "votes and "
-		     "candidates equal the CPU engine");
+		   : "votes, candidates, rerank scores, top-k and row gathers equal the CPU "
+		     "engine");
 	return bad;
 }
