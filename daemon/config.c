@@ -27,6 +27,7 @@ kvtd_config_defaults(struct kvtd_config *cfg)
 	snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s", KVTD_DEFAULT_SOCKET);
 	cfg->socket_mode = 0660;
 	cfg->pollers = 1;
+	cfg->poller_slice_us = 200;
 	cfg->spin_us = 50;
 	cfg->hello_timeout_ms = 5000;
 	cfg->backend = KVT_DEV_AUTO;
@@ -165,6 +166,8 @@ config_set(struct kvtd_config *cfg, const char *section, const char *key, const 
 		return parse_id_list(val, (unsigned *)cfg->allowed_gids, &cfg->n_allowed_gids);
 	} else if (KEY("daemon", "pollers")) {
 		return parse_uint(val, 1, 64, &cfg->pollers);
+	} else if (KEY("daemon", "poller_slice_us")) {
+		return parse_uint(val, 0, 1000000, &cfg->poller_slice_us);
 	} else if (KEY("daemon", "spin_us")) {
 		return parse_uint(val, 0, 1000000, &cfg->spin_us);
 	} else if (KEY("daemon", "hello_timeout_ms")) {
@@ -291,6 +294,7 @@ static const struct option long_opts[] = {
     {"socket-group", required_argument, NULL, 'g'},
     {"pool-size", required_argument, NULL, 'p'},
     {"pollers", required_argument, NULL, 'P'},
+    {"poller-slice-us", required_argument, NULL, 'Q'},
     {"spin-us", required_argument, NULL, 'S'},
     {"hello-timeout-ms", required_argument, NULL, 'T'},
     {"backend", required_argument, NULL, 'b'},
@@ -316,6 +320,8 @@ flag_key(int c)
 		return "size";
 	case 'P':
 		return "pollers";
+	case 'Q':
+		return "poller_slice_us";
 	case 'S':
 		return "spin_us";
 	case 'T':
@@ -345,6 +351,7 @@ usage(void)
 	       "  -g, --socket-group NAME    group owning the socket (mode 0660)\n"
 	       "  -p, --pool-size SIZE       pinned pool size, e.g. 64G (default 256M)\n"
 	       "  -P, --pollers N            ring poller threads (default 1)\n"
+	       "  -Q, --poller-slice-us N    a session's turn on a shared poller (default 200)\n"
 	       "  -S, --spin-us N            poller busy-spin after last work, us (default 50)\n"
 	       "  -T, --hello-timeout-ms N   close connections silent this long (default 5000)\n"
 	       "  -b, --backend B            auto | cuda | host (default auto)\n"
@@ -365,7 +372,8 @@ kvtd_config_load(struct kvtd_config *cfg, int argc, char **argv, char *err, size
 	/* First pass: only --config, --help and --version, so the file applies before flags. */
 	optind = 1;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, "c:s:g:p:P:S:T:b:l:n:H:L:hV", long_opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "c:s:g:p:P:Q:S:T:b:l:n:H:L:hV", long_opts, NULL)) !=
+	       -1) {
 		if (c == 'c') {
 			if (strlen(optarg) >= sizeof(cfg->config_path)) {
 				snprintf(err, errlen, "--config: path too long");
@@ -394,7 +402,8 @@ kvtd_config_load(struct kvtd_config *cfg, int argc, char **argv, char *err, size
 	if (r < 0)
 		return r;
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "c:s:g:p:P:S:T:b:l:n:H:L:hV", long_opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "c:s:g:p:P:Q:S:T:b:l:n:H:L:hV", long_opts, NULL)) !=
+	       -1) {
 		const char *key = flag_key(c);
 
 		if (!key)

@@ -26,6 +26,7 @@ struct kvtd_config {
 	gid_t allowed_gids[KVTD_MAX_IDS];
 	unsigned n_allowed_gids;
 	unsigned pollers;
+	unsigned poller_slice_us; /* a session's turn on a shared poller; 0: drain it all */
 	unsigned spin_us;
 	unsigned hello_timeout_ms;
 	int backend; /* enum kvt_dev_kind */

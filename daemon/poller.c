@@ -58,6 +58,7 @@ static void *
 poller_main(void *arg)
 {
 	struct kvtd_poller *p = arg;
+	const uint64_t slice_ns = (uint64_t)p->d->cfg.poller_slice_us * 1000;
 	uint64_t last_work = 0;
 	struct epoll_event ev[32];
 
@@ -68,8 +69,12 @@ poller_main(void *arg)
 		unsigned work = 0;
 
 		yield_to_waiters(p);
+		/* Sessions sharing the poller take turns of poller_slice_us: one client's
+		 * deep queue of heavy ops (FETCH, TOPK) delays another's ops by one turn, not by
+		 * the whole queue. Alone, a session drains without reading the clock. */
 		for (unsigned i = 0; i < p->n_sessions; i++)
-			work += kvtd_session_drain(p->sessions[i]);
+			work +=
+			    kvtd_session_drain(p->sessions[i], p->n_sessions > 1 ? slice_ns : 0);
 		if (work) {
 			idle_turns = 0;
 			continue;

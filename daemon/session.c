@@ -229,9 +229,10 @@ kvtd_session_pending(struct kvtd_session *s)
 }
 
 unsigned
-kvtd_session_drain(struct kvtd_session *s)
+kvtd_session_drain(struct kvtd_session *s, uint64_t slice_ns)
 {
 	uint32_t space, n = 0;
+	uint64_t t0 = 0;
 
 	if (s->broken)
 		return 0;
@@ -255,6 +256,14 @@ kvtd_session_drain(struct kvtd_session *s)
 
 		if (!kvt_ring_load_stamp(&slot->stamp, s->sq_head))
 			break;
+		if (slice_ns) {
+			uint64_t t = kvtd_now_ns();
+
+			if (!n)
+				t0 = t;
+			else if (t - t0 >= slice_ns)
+				break; /* the rest next round, after the other sessions */
+		}
 		/* Copy once: the client may rewrite the entry while we work on it. */
 		memcpy(&sqe, slot, sizeof(sqe));
 		cqe.user_data = sqe.user_data;

@@ -82,8 +82,12 @@ int kvtd_session_buf_unregister(struct kvtd_session *s, uint32_t buf_id);
 /* Poller lock held. NULL when @buf_id names no buffer. */
 struct kvt_dev_buf *kvtd_session_buf(struct kvtd_session *s, uint32_t buf_id);
 
-/* Poller: drain the SQ, run ops, post CQEs. Returns the number of SQEs consumed. */
-unsigned kvtd_session_drain(struct kvtd_session *s);
+/*
+ * Poller: drain the SQ, run ops, post CQEs. With @slice_ns > 0, stop after the op during which
+ * @slice_ns have passed since the first one started, so that the poller's other sessions get
+ * their turn: what is left waits for the next round. Returns the number of SQEs consumed.
+ */
+unsigned kvtd_session_drain(struct kvtd_session *s, uint64_t slice_ns);
 /* Poller: are SQEs waiting? */
 int kvtd_session_pending(struct kvtd_session *s);
 

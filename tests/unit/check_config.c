@@ -40,6 +40,7 @@ START_TEST(t_defaults_without_file)
 	ck_assert_int_eq(kvtd_config_load(&cfg, 1, argv, err, sizeof(err)), 0);
 	ck_assert_str_eq(cfg.socket_path, KVTD_DEFAULT_SOCKET);
 	ck_assert_uint_eq(cfg.pollers, 1);
+	ck_assert_uint_eq(cfg.poller_slice_us, 200);
 	ck_assert_uint_eq(cfg.socket_mode, 0660);
 }
 END_TEST
@@ -48,17 +49,20 @@ START_TEST(t_file_then_flags)
 {
 	struct kvtd_config cfg;
 	char err[256] = "";
-	const char *flags[] = {"--pollers", "3", "--pool-size", "1G", NULL};
+	const char *flags[] = {"--pollers",	    "3", "--pool-size", "1G",
+			       "--poller-slice-us", "0", NULL};
 
 	ck_assert_int_eq(load_file(&cfg,
 				   "[daemon]\nsocket = /tmp/x.sock\npollers = 2\nspin_us = 7\n"
+				   "poller_slice_us = 50\n"
 				   "allowed_uids = 1000, 1001\nbackend = host\n"
 				   "[pool]\nsize = 512M\nhugetlb = no\nnuma_node = 0\n"
 				   "[limits]\npool_bytes_per_uid = 2G\nmax_sq_entries = 1024\n",
 				   err, sizeof(err), flags),
 			 0);
 	ck_assert_str_eq(cfg.socket_path, "/tmp/x.sock");
-	ck_assert_uint_eq(cfg.pollers, 3); /* flag wins */
+	ck_assert_uint_eq(cfg.pollers, 3);	   /* flag wins */
+	ck_assert_uint_eq(cfg.poller_slice_us, 0); /* 0 is a value: no turns */
 	ck_assert_uint_eq(cfg.spin_us, 7);
 	ck_assert_uint_eq(cfg.n_allowed_uids, 2);
 	ck_assert_uint_eq(cfg.allowed_uids[1], 1001);
@@ -76,6 +80,7 @@ START_TEST(t_bad_values)
 	static const char *const bad[] = {
 	    "[daemon]\npollers = 0\n",
 	    "[daemon]\npollers = abc\n",
+	    "[daemon]\npoller_slice_us = 1000001\n",
 	    "[daemon]\nbackend = tpu\n",
 	    "[pool]\nsize = 1x\n",
 	    "[pool]\nsize = 1M\n",

@@ -47,7 +47,7 @@ run(const struct kvt_sqe *e, struct kvt_cqe *ret)
 	S->sqes[tail & (S->sq_entries - 1)] = *e;
 	kvt_ring_store_stamp(&S->sqes[tail & (S->sq_entries - 1)].stamp, tail);
 	kvt_ring_store_tail(S->sq, tail + 1);
-	ck_assert_uint_eq(kvtd_session_drain(S), 1);
+	ck_assert_uint_eq(kvtd_session_drain(S, 0), 1);
 	ck_assert_uint_eq(kvt_ring_load_tail(S->cq), head + 1);
 	cqe = S->cqes[head & (S->cq_entries - 1)];
 	kvt_ring_store_head(S->cq, head + 1);
@@ -171,17 +171,17 @@ START_TEST(t_cq_full_leaves_sqes)
 			put_nop(tail + i);
 		tail += 4;
 		kvt_ring_store_tail(S->sq, tail);
-		ck_assert_uint_eq(kvtd_session_drain(S), 4);
+		ck_assert_uint_eq(kvtd_session_drain(S, 0), 4);
 	}
 	/* ...then 8 more SQEs: only 4 fit, the rest wait in the SQ. */
 	for (int i = 0; i < 8; i++)
 		put_nop(tail + i);
 	tail += 8;
 	kvt_ring_store_tail(S->sq, tail);
-	ck_assert_uint_eq(kvtd_session_drain(S), 4);
-	ck_assert_uint_eq(kvtd_session_drain(S), 0);
+	ck_assert_uint_eq(kvtd_session_drain(S, 0), 4);
+	ck_assert_uint_eq(kvtd_session_drain(S, 0), 0);
 	kvt_ring_store_head(S->cq, cq_head + 16); /* the client reaps everything */
-	ck_assert_uint_eq(kvtd_session_drain(S), 4);
+	ck_assert_uint_eq(kvtd_session_drain(S, 0), 4);
 }
 END_TEST
 
@@ -190,10 +190,10 @@ START_TEST(t_unstamped_entries_wait)
 	/* An entry published by the tail alone is not taken until its stamp says so. */
 	S->sqes[0] = (struct kvt_sqe){.opcode = KVT_OP_NOP};
 	kvt_ring_store_tail(S->sq, 1);
-	ck_assert_uint_eq(kvtd_session_drain(S), 0);
+	ck_assert_uint_eq(kvtd_session_drain(S, 0), 0);
 	ck_assert(kvtd_session_pending(S));
 	kvt_ring_store_stamp(&S->sqes[0].stamp, 0);
-	ck_assert_uint_eq(kvtd_session_drain(S), 1);
+	ck_assert_uint_eq(kvtd_session_drain(S, 0), 1);
 	ck_assert(!kvtd_session_pending(S));
 }
 END_TEST
@@ -203,7 +203,27 @@ START_TEST(t_garbage_tail_breaks_session)
 	kvt_ring_store_tail(S->sq, 1000);
 	ck_assert(!kvtd_session_pending(S));
 	ck_assert(S->broken);
-	ck_assert_uint_eq(kvtd_session_drain(S), 0);
+	ck_assert_uint_eq(kvtd_session_drain(S, 0), 0);
+}
+END_TEST
+
+START_TEST(t_slice_ends_a_turn)
+{
+	uint32_t tail = kvt_ring_prod_tail_relaxed(S->sq);
+	struct kvt_cqe *cq = S->cqes;
+
+	for (int i = 0; i < 4; i++)
+		put_nop(tail + i);
+	kvt_ring_store_tail(S->sq, tail + 4);
+	/* A turn always runs its first op; past the slice it stops before the next one, and
+	 * what is left is there for the next turn, in order. */
+	ck_assert_uint_eq(kvtd_session_drain(S, 1), 1);
+	ck_assert(kvtd_session_pending(S));
+	ck_assert_uint_eq(kvtd_session_drain(S, 1), 1);
+	ck_assert_uint_eq(kvtd_session_drain(S, 0), 2); /* no slice: all that is left */
+	ck_assert(!kvtd_session_pending(S));
+	for (uint32_t i = 0; i < 4; i++)
+		ck_assert_uint_eq(cq[(tail + i) & (S->cq_entries - 1)].stamp, tail + i + 1);
 }
 END_TEST
 
@@ -223,6 +243,7 @@ main(void)
 	tcase_add_test(tc, t_cq_full_leaves_sqes);
 	tcase_add_test(tc, t_unstamped_entries_wait);
 	tcase_add_test(tc, t_garbage_tail_breaks_session);
+	tcase_add_test(tc, t_slice_ends_a_turn);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
