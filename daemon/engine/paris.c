@@ -751,6 +751,48 @@ rerank_scalar(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
 #if defined(__x86_64__)
 #define KVT_RERANK_PREFETCH 16 /* candidates ahead: ~2 cache lines each, scattered */
 
+/* The records of candidates k .. k + 3 (the tail repeats one), and a prefetch of those
+ * KVT_RERANK_PREFETCH further on: a record is 8 * NB bytes at a multiple of that, one or two
+ * lines. */
+static inline __attribute__((always_inline)) void
+rerank_next4(const struct kvt_paris_index *ix, const uint32_t *cand, uint32_t k, uint32_t nc,
+	     const uint32_t NB, const uint8_t **ret_rec)
+{
+	for (uint32_t j = 0; j < 4; j++) {
+		uint32_t i = cand[k + j < nc ? k + j : k];
+
+		ret_rec[j] = key_code(ix, i >> ix->page_shift, i & (ix->page_keys - 1));
+		if (k + KVT_RERANK_PREFETCH + j < nc) {
+			uint32_t f = cand[k + KVT_RERANK_PREFETCH + j];
+			const char *rf = (const char *)key_code(ix, f >> ix->page_shift,
+								f & (ix->page_keys - 1));
+
+			_mm_prefetch(rf, _MM_HINT_T0);
+			if (NB == 16)
+				_mm_prefetch(rf + 64, _MM_HINT_T0);
+		}
+	}
+}
+
+/* Four records' lane sums to four scores (three vhaddps and an add), stored at k (fewer at the
+ * tail). */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+rerank_store4(__m256 *a, float norm, uint32_t k, uint32_t nc, float *ret_score)
+{
+	__m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+	__m128 r = _mm_mul_ps(_mm_set1_ps(norm),
+			      _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+
+	if (k + 4 <= nc) {
+		_mm_storeu_ps(ret_score + k, r);
+	} else {
+		float t[4];
+
+		_mm_storeu_ps(t, r);
+		memcpy(ret_score + k, t, (nc - k) * sizeof(float));
+	}
+}
+
 /*
  * Two blocks per AVX2 register: vpmovzxbd widens their 8 code bytes to 8 lanes, byte m of a block
  * holding dim 2m in its low nibble and dim 2m + 1 in its high one. So the low nibbles meet the
@@ -791,7 +833,6 @@ rerank_avx2_nb(const struct kvt_paris_index *ix, const struct kvt_paris_query *q
 	       const uint32_t *cand, uint32_t nc, float *ret_score, const uint32_t NB)
 {
 	__m256 qe[KVT_PARIS_MAX_BLK / 2], qo[KVT_PARIS_MAX_BLK / 2];
-	const __m128 norm = _mm_set1_ps(q->norm);
 	__m256i wsel[4];
 	uint32_t k = 0;
 
@@ -813,37 +854,11 @@ rerank_avx2_nb(const struct kvt_paris_index *ix, const struct kvt_paris_query *q
 	for (; k < nc; k += 4) {
 		const uint8_t *rec[4];
 		__m256 a[4];
-		__m128 r;
 
-		for (uint32_t j = 0; j < 4; j++) {
-			uint32_t i = cand[k + j < nc ? k + j : k]; /* the tail repeats a record */
-
-			rec[j] = key_code(ix, i >> ix->page_shift, i & (ix->page_keys - 1));
-			if (k + KVT_RERANK_PREFETCH + j < nc) {
-				uint32_t f = cand[k + KVT_RERANK_PREFETCH + j];
-				const char *rf = (const char *)key_code(ix, f >> ix->page_shift,
-									f & (ix->page_keys - 1));
-
-				/* a record is 8 * NB bytes at a multiple of that: one or two lines
-				 */
-				_mm_prefetch(rf, _MM_HINT_T0);
-				if (NB == 16)
-					_mm_prefetch(rf + 64, _MM_HINT_T0);
-			}
-		}
+		rerank_next4(ix, cand, k, nc, NB, rec);
 		for (uint32_t j = 0; j < 4; j++)
 			a[j] = rerank_rec(rec[j], qe, qo, wsel, NB);
-		a[0] = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-		r = _mm_mul_ps(
-		    norm, _mm_add_ps(_mm256_castps256_ps128(a[0]), _mm256_extractf128_ps(a[0], 1)));
-		if (k + 4 <= nc) {
-			_mm_storeu_ps(ret_score + k, r);
-		} else {
-			float t[4];
-
-			_mm_storeu_ps(t, r);
-			memcpy(ret_score + k, t, (nc - k) * sizeof(float));
-		}
+		rerank_store4(a, q->norm, k, nc, ret_score);
 	}
 }
 
@@ -898,7 +913,6 @@ rerank_avx512_nb(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 		 const uint32_t *cand, uint32_t nc, float *ret_score, const uint32_t NB)
 {
 	__m512 qe[KVT_PARIS_MAX_BLK / 4], qo[KVT_PARIS_MAX_BLK / 4], lev;
-	const __m128 norm = _mm_set1_ps(q->norm);
 	__m512i wsel[KVT_PARIS_MAX_BLK / 4];
 	float l16[16];
 
@@ -923,35 +937,11 @@ rerank_avx512_nb(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 	for (uint32_t k = 0; k < nc; k += 4) {
 		const uint8_t *rec[4];
 		__m256 a[4];
-		__m128 r;
 
-		for (uint32_t j = 0; j < 4; j++) {
-			uint32_t i = cand[k + j < nc ? k + j : k]; /* the tail repeats a record */
-
-			rec[j] = key_code(ix, i >> ix->page_shift, i & (ix->page_keys - 1));
-			if (k + KVT_RERANK_PREFETCH + j < nc) {
-				uint32_t f = cand[k + KVT_RERANK_PREFETCH + j];
-				const char *rf = (const char *)key_code(ix, f >> ix->page_shift,
-									f & (ix->page_keys - 1));
-
-				_mm_prefetch(rf, _MM_HINT_T0);
-				if (NB == 16)
-					_mm_prefetch(rf + 64, _MM_HINT_T0);
-			}
-		}
+		rerank_next4(ix, cand, k, nc, NB, rec);
 		for (uint32_t j = 0; j < 4; j++)
 			a[j] = rerank_rec512(rec[j], qe, qo, lev, wsel, NB);
-		a[0] = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-		r = _mm_mul_ps(
-		    norm, _mm_add_ps(_mm256_castps256_ps128(a[0]), _mm256_extractf128_ps(a[0], 1)));
-		if (k + 4 <= nc) {
-			_mm_storeu_ps(ret_score + k, r);
-		} else {
-			float t[4];
-
-			_mm_storeu_ps(t, r);
-			memcpy(ret_score + k, t, (nc - k) * sizeof(float));
-		}
+		rerank_store4(a, q->norm, k, nc, ret_score);
 	}
 }
 
