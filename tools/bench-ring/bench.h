@@ -107,5 +107,9 @@ int bench_kvtier_sleep(const struct bench_opts *o, struct bench_result *ret);
 int bench_kvtier_batch32(const struct bench_opts *o, struct bench_result *ret);
 /* CPU of an idle kvtierd with one connected client (or of --cpu-pid when given). */
 int bench_kvtier_idle(const struct bench_opts *o, struct bench_result *ret);
+/* NOP round trip while another client keeps FETCHes queued on the same poller (neighbor.c):
+ * with the daemon's default poller_slice_us, and with turns off (--poller-slice-us 0). */
+int bench_kvtier_neighbor(const struct bench_opts *o, struct bench_result *ret);
+int bench_kvtier_neighbor_noslice(const struct bench_opts *o, struct bench_result *ret);
 
 #endif /* KVT_BENCH_H */

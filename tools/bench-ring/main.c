@@ -43,6 +43,10 @@ static const struct bench_row rows[] = {
      NULL},
     {"batch32", "kvtier NOP, batch 32, spin mode", BENCH_F_OPS, bench_kvtier_batch32, NULL},
     {"idle", "idle kvtierd CPU (or --cpu-pid)", BENCH_F_CPU, bench_kvtier_idle, NULL},
+    {"neighbor", "kvtier NOP behind 16 queued FETCHes", BENCH_F_P50 | BENCH_F_P99,
+     bench_kvtier_neighbor, NULL},
+    {"neighbor_noslice", "the same, poller_slice_us = 0", BENCH_F_P50 | BENCH_F_P99,
+     bench_kvtier_neighbor_noslice, NULL},
 };
 #define NROWS (sizeof(rows) / sizeof(rows[0]))
 
@@ -142,7 +146,7 @@ struct ratio {
 	const char *target;
 	double value;
 };
-#define NRATIOS 3
+#define NRATIOS 4
 
 static void
 ratios(const struct outcome *out, struct ratio *rt)
@@ -156,6 +160,9 @@ ratios(const struct outcome *out, struct ratio *rt)
 	rt[2] = (struct ratio){"batch32_vs_uring", ">= 3",
 			       row_value(out, "batch32", BENCH_F_OPS) /
 				   row_value(out, "uring_batch32", BENCH_F_OPS)};
+	rt[3] = (struct ratio){"neighbor_vs_noslice", "< 1",
+			       row_value(out, "neighbor", BENCH_F_P50) /
+				   row_value(out, "neighbor_noslice", BENCH_F_P50)};
 }
 
 static void
