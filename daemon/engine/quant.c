@@ -9,7 +9,6 @@
  */
 #include <errno.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -270,24 +269,10 @@ dequant_ch_scalar(int dtype, uint32_t elems, const int8_t *codes, const float *s
 #if defined(__x86_64__)
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
-static _Atomic int have_f16c = -1;
-
 static int
-avx2_ok(int dtype)
+avx2_ok(void)
 {
-	int f;
-
-	if (kvt_simd_level() < KVT_SIMD_AVX2)
-		return 0;
-	if (dtype != KVT_DTYPE_F16)
-		return 1;
-	f = atomic_load_explicit(&have_f16c, memory_order_relaxed);
-	if (f < 0) {
-		__builtin_cpu_init();
-		f = __builtin_cpu_supports("f16c") ? 1 : 0;
-		atomic_store_explicit(&have_f16c, f, memory_order_relaxed);
-	}
-	return f;
+	return kvt_simd_level() >= KVT_SIMD_AVX2; /* the level includes F16C */
 }
 
 /* 8 elements of @dtype at @p, widened to f32 (exact). */
@@ -566,7 +551,7 @@ to_f32_avx2(int dtype, const char *src, size_t n, float *dst)
 
 #else
 static int
-avx2_ok(int dtype)
+avx2_ok(void)
 {
 	return 0;
 }
@@ -580,7 +565,7 @@ kvt_to_f32(int dtype, const void *src, size_t n, float *dst)
 	if (dtype < 0 || dtype >= KVT_DTYPE__COUNT || (n && (!src || !dst)))
 		return -EINVAL;
 #if defined(__x86_64__)
-	if (avx2_ok(dtype)) {
+	if (avx2_ok()) {
 		to_f32_avx2(dtype, src, n, dst);
 		return 0;
 	}
@@ -599,7 +584,7 @@ kvt_quant_rows(int dtype, uint32_t heads, uint32_t head_dim, const void *src, si
 	if (r < 0 || !head_dim)
 		return r < 0 ? r : -EINVAL;
 #if defined(__x86_64__)
-	if (avx2_ok(dtype)) {
+	if (avx2_ok()) {
 		quant_rows_avx2(dtype, heads, head_dim, src, src_stride, nrows, codes, scales);
 		return 0;
 	}
@@ -617,7 +602,7 @@ kvt_dequant_rows(int dtype, uint32_t heads, uint32_t head_dim, const int8_t *cod
 	if (r < 0 || !head_dim)
 		return r < 0 ? r : -EINVAL;
 #if defined(__x86_64__)
-	if (avx2_ok(dtype)) {
+	if (avx2_ok()) {
 		dequant_rows_avx2(dtype, heads, head_dim, codes, scales, nrows, dst, dst_stride);
 		return 0;
 	}
@@ -635,7 +620,7 @@ kvt_quant_block_ch(int dtype, uint32_t elems, const void *src, size_t src_stride
 	if (r < 0)
 		return r;
 #if defined(__x86_64__)
-	if (avx2_ok(dtype)) {
+	if (avx2_ok()) {
 		quant_ch_avx2(dtype, elems, src, src_stride, nrows, codes, scales);
 		return 0;
 	}
@@ -653,7 +638,7 @@ kvt_dequant_block_ch(int dtype, uint32_t elems, const int8_t *codes, const float
 	if (r < 0)
 		return r;
 #if defined(__x86_64__)
-	if (avx2_ok(dtype)) {
+	if (avx2_ok()) {
 		dequant_ch_avx2(dtype, elems, codes, scales, nrows, dst, dst_stride);
 		return 0;
 	}

@@ -23,9 +23,8 @@
  *
  * Exactness: the scalar and the AVX2 variants perform the same IEEE operations per element, so
  * codes, scales and dequantized rows are bit-identical across kvt_simd_level() values (tested).
- * The AVX2 variant of the f16 paths also needs F16C, which every AVX2 CPU has; it is checked at
- * run time and the scalar code is used without it. There is no AVX-512 variant: at
- * KVT_SIMD_AVX512 the AVX2 code runs (this machine cannot test AVX-512 code).
+ * The AVX2 variant of the f16 paths also needs F16C, which every AVX2 CPU has and kvt_simd's
+ * AVX2 level includes. There is no AVX-512 variant: at KVT_SIMD_AVX512 the AVX2 code runs.
  *
  * All functions are pure (no allocation, no locks, no I/O) and thread-safe as long as concurrent
  * calls do not write the same buffers. Buffers may be unaligned; they must not overlap.

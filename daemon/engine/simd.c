@@ -1,7 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "simd.h"
 
@@ -9,11 +13,24 @@
 static _Atomic int simd_hw = -1;
 static _Atomic int simd_cap = KVT_SIMD_AVX512;
 
+#if defined(__x86_64__) || defined(__i386__)
+/* F16C (CPUID.1:ECX bit 29): not every compiler's __builtin_cpu_supports knows its name. */
+static bool
+has_f16c(void)
+{
+	unsigned a, b, c, d;
+
+	return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 static int
 simd_detect(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
 	__builtin_cpu_init();
+	if (!has_f16c()) /* every AVX2 CPU has it; the AVX2 kernels convert f16 with it */
+		return KVT_SIMD_SCALAR;
 	if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
 	    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi") &&
 	    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&

@@ -12,7 +12,7 @@
 
 enum kvt_simd {
 	KVT_SIMD_SCALAR = 0,
-	KVT_SIMD_AVX2 = 1,   /* AVX2 + FMA (+ POPCNT, BMI1) */
+	KVT_SIMD_AVX2 = 1,   /* AVX2 + FMA (+ F16C, POPCNT, BMI1) */
 	KVT_SIMD_AVX512 = 2, /* AVX-512 F, BW, VL, VBMI (Ice Lake, Zen 4 and later) + AVX2's */
 };
 

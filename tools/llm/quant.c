@@ -377,21 +377,11 @@ dot_q8_0_avx2(const struct block_q8_0 *b, const float *x, size_t n)
 }
 #endif /* __x86_64__ */
 
-/* F16C is not part of kvt_simd's AVX2 level; every AVX2 CPU has it, but check once anyway. */
+/* kvt_simd's AVX2 level includes F16C, which the f16 rows need. */
 static int
 simd_for_quant(void)
 {
-#if defined(__x86_64__)
-	static int f16c = -1;
-
-	if (f16c < 0) {
-		__builtin_cpu_init();
-		f16c = __builtin_cpu_supports("f16c") ? 1 : 0;
-	}
-	if (kvt_simd_level() >= KVT_SIMD_AVX2 && f16c)
-		return KVT_SIMD_AVX2;
-#endif
-	return KVT_SIMD_SCALAR;
+	return kvt_simd_level() >= KVT_SIMD_AVX2 ? KVT_SIMD_AVX2 : KVT_SIMD_SCALAR;
 }
 
 float
