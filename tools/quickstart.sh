@@ -67,10 +67,10 @@ fi
 if [ "$mode" = test ]; then
 	log "tests (regular build)"
 	ctest --test-dir "$build" --output-on-failure -j 2
-	log "unit and integration tests under ASan + UBSan"
+	log "unit, integration and fuzz tests under ASan + UBSan"
 	configure_build "$build-asan" -DKVT_SANITIZE=address,undefined -DKVT_CUDA=OFF
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-		ctest --test-dir "$build-asan" --output-on-failure -j 2 -L 'unit|integration|ctl|llm'
+		ctest --test-dir "$build-asan" --output-on-failure -j 2 -L 'unit|integration|ctl|llm|fuzz'
 	exit 0
 fi
 
