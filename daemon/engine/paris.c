@@ -873,7 +873,7 @@ rerank_avx2(const struct kvt_paris_index *ix, const struct kvt_paris_query *q, c
 }
 
 /*
- * The AVX2 scheme four blocks per register: vpmovzxbd widens 16 code bytes to 16 lanes and
+ * The AVX2 scheme with four blocks per register: vpmovzxbd widens 16 code bytes to 16 lanes and
  * vpermps over a 16-entry copy of the levels ignores the sign bit in the index. Each record's 16
  * lane sums fold to 8 and go through the AVX2 reduction, four candidates at a time.
  */
@@ -1071,10 +1071,18 @@ psort_keys(uint64_t *a, uint32_t n, uint32_t need)
 			n = j + 1; /* the first need are all on the left */
 			continue;
 		}
-		psort_keys(a, j + 1, j + 1);
-		a += j + 1;
-		n -= j + 1;
-		need -= j + 1;
+		/* the left is needed whole, the right in part: recurse into the smaller, so the
+		 * stack stays O(log n) whatever the data */
+		if (j + 1 <= n - (j + 1)) {
+			psort_keys(a, j + 1, j + 1);
+			a += j + 1;
+			n -= j + 1;
+			need -= j + 1;
+		} else {
+			psort_keys(a + j + 1, n - (j + 1), need - (j + 1));
+			n = j + 1;
+			need = j + 1;
+		}
 	}
 	for (uint32_t i = 1; i < n; i++) { /* insertion sort of the short rest */
 		uint64_t v = a[i];
