@@ -14,6 +14,7 @@
 #include "kvt_abi.h"
 #include "kvt_dev.h"
 #include "log.h"
+#include "metrics.h"
 
 #ifndef KVTIER_VERSION
 #define KVTIER_VERSION "0.0.0"
@@ -166,6 +167,15 @@ config_set(struct kvtd_config *cfg, const char *section, const char *key, const 
 		return parse_id_list(val, (unsigned *)cfg->allowed_gids, &cfg->n_allowed_gids);
 	} else if (KEY("daemon", "pollers")) {
 		return parse_uint(val, 1, 64, &cfg->pollers);
+	} else if (KEY("daemon", "metrics_listen")) {
+		uint32_t a;
+		uint16_t port;
+
+		/* empty: off; else a loopback address (the endpoint has no authentication) */
+		if (strlen(val) >= sizeof(cfg->metrics_listen) ||
+		    (*val && kvtd_metrics_parse(val, &a, &port) < 0))
+			return -EINVAL;
+		snprintf(cfg->metrics_listen, sizeof(cfg->metrics_listen), "%s", val);
 	} else if (KEY("daemon", "poller_slice_us")) {
 		return parse_uint(val, 0, 1000000, &cfg->poller_slice_us);
 	} else if (KEY("daemon", "spin_us")) {
@@ -243,6 +253,15 @@ struct ini_ctx {
 	int failed;
 };
 
+/* What a value must look like, where the key's name does not say it. */
+static const char *
+value_hint(const char *key)
+{
+	if (!strcmp(key, "metrics_listen"))
+		return ": a loopback address, 127.x.x.x:PORT or localhost:PORT (no authentication)";
+	return "";
+}
+
 /* inih reports the line of the first error as ini_parse_file()'s return value. */
 static int
 ini_on_value(void *user, const char *section, const char *name, const char *value)
@@ -251,8 +270,9 @@ ini_on_value(void *user, const char *section, const char *name, const char *valu
 	int r = config_set(ctx->cfg, section, name, value);
 
 	if (r < 0 && !ctx->failed) {
-		snprintf(ctx->err, ctx->errlen, "%s [%s] %s = '%s'",
-			 r == -ENOENT ? "unknown key" : "bad value for", section, name, value);
+		snprintf(ctx->err, ctx->errlen, "%s [%s] %s = '%s'%s",
+			 r == -ENOENT ? "unknown key" : "bad value for", section, name, value,
+			 r == -ENOENT ? "" : value_hint(name));
 		ctx->failed = 1;
 	}
 	return r < 0 ? 0 : 1;
@@ -295,6 +315,7 @@ static const struct option long_opts[] = {
     {"pool-size", required_argument, NULL, 'p'},
     {"pollers", required_argument, NULL, 'P'},
     {"poller-slice-us", required_argument, NULL, 'Q'},
+    {"metrics-listen", required_argument, NULL, 'M'},
     {"spin-us", required_argument, NULL, 'S'},
     {"hello-timeout-ms", required_argument, NULL, 'T'},
     {"backend", required_argument, NULL, 'b'},
@@ -322,6 +343,8 @@ flag_key(int c)
 		return "pollers";
 	case 'Q':
 		return "poller_slice_us";
+	case 'M':
+		return "metrics_listen";
 	case 'S':
 		return "spin_us";
 	case 'T':
@@ -352,6 +375,7 @@ usage(void)
 	       "  -p, --pool-size SIZE       pinned pool size, e.g. 64G (default 256M)\n"
 	       "  -P, --pollers N            ring poller threads (default 1)\n"
 	       "  -Q, --poller-slice-us N    a session's turn on a shared poller (default 200)\n"
+	       "  -M, --metrics-listen A:P   serve HTTP /metrics on loopback A:P (default off)\n"
 	       "  -S, --spin-us N            poller busy-spin after last work, us (default 50)\n"
 	       "  -T, --hello-timeout-ms N   close connections silent this long (default 5000)\n"
 	       "  -b, --backend B            auto | cuda | host (default auto)\n"
@@ -372,7 +396,7 @@ kvtd_config_load(struct kvtd_config *cfg, int argc, char **argv, char *err, size
 	/* First pass: only --config, --help and --version, so the file applies before flags. */
 	optind = 1;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, "c:s:g:p:P:Q:S:T:b:l:n:H:L:hV", long_opts, NULL)) !=
+	while ((c = getopt_long(argc, argv, "c:s:g:p:P:Q:M:S:T:b:l:n:H:L:hV", long_opts, NULL)) !=
 	       -1) {
 		if (c == 'c') {
 			if (strlen(optarg) >= sizeof(cfg->config_path)) {
@@ -402,7 +426,7 @@ kvtd_config_load(struct kvtd_config *cfg, int argc, char **argv, char *err, size
 	if (r < 0)
 		return r;
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "c:s:g:p:P:Q:S:T:b:l:n:H:L:hV", long_opts, NULL)) !=
+	while ((c = getopt_long(argc, argv, "c:s:g:p:P:Q:M:S:T:b:l:n:H:L:hV", long_opts, NULL)) !=
 	       -1) {
 		const char *key = flag_key(c);
 
@@ -411,8 +435,8 @@ kvtd_config_load(struct kvtd_config *cfg, int argc, char **argv, char *err, size
 		if (config_set(cfg, NULL, key, optarg) < 0) {
 			for (const struct option *o = long_opts; o->name; o++)
 				if (o->val == c)
-					snprintf(err, errlen, "bad value '%s' for --%s", optarg,
-						 o->name);
+					snprintf(err, errlen, "bad value '%s' for --%s%s", optarg,
+						 o->name, value_hint(key));
 			return -EINVAL;
 		}
 	}

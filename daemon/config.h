@@ -27,6 +27,7 @@ struct kvtd_config {
 	unsigned n_allowed_gids;
 	unsigned pollers;
 	unsigned poller_slice_us; /* a session's turn on a shared poller; 0: drain it all */
+	char metrics_listen[64];  /* "127.0.0.1:9464": HTTP /metrics; empty: off */
 	unsigned spin_us;
 	unsigned hello_timeout_ms;
 	int backend; /* enum kvt_dev_kind */

@@ -55,6 +55,8 @@ struct kvtd {
 	/* main thread only */
 	struct io_uring *ring;
 	int listen_fd, signal_fd, timer_fd;
+	int metrics_fd;	       /* HTTP /metrics (metrics.c), -1 when off */
+	unsigned metrics_port; /* the port it listens on */
 	int stopping;
 	struct kvtd_conn *conns;
 	unsigned n_sessions;

@@ -23,12 +23,13 @@
 #include "kvtd.h"
 #include "log.h"
 #include "loop.h"
+#include "metrics.h"
 #include "poller.h"
 #include "session.h"
 #include "stats.h"
 
 /* user_data of the fixed sources; connections use their (aligned, larger) address. */
-enum { SRC_LISTEN = 1, SRC_SIGNAL = 2, SRC_TIMER = 3 };
+enum { SRC_LISTEN = 1, SRC_SIGNAL = 2, SRC_TIMER = 3, SRC_METRICS = 4 };
 
 enum { CONN_NEW, CONN_SESSION, CONN_ADMIN };
 
@@ -652,7 +653,7 @@ kvtd_loop_init(struct kvtd *d)
 	sigset_t mask;
 	int r;
 
-	d->listen_fd = d->signal_fd = d->timer_fd = -1;
+	d->listen_fd = d->signal_fd = d->timer_fd = d->metrics_fd = -1;
 	sigemptyset(&mask);
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
@@ -684,12 +685,17 @@ kvtd_loop_init(struct kvtd *d)
 	r = socket_bind(d);
 	if (r < 0)
 		return r;
+	r = kvtd_metrics_init(d);
+	if (r < 0)
+		return r;
 	d->uids = calloc(d->cfg.max_sessions, sizeof(*d->uids));
 	if (!d->uids)
 		return -ENOMEM;
 	arm_poll(d, d->listen_fd, SRC_LISTEN);
 	arm_poll(d, d->signal_fd, SRC_SIGNAL);
 	arm_poll(d, d->timer_fd, SRC_TIMER);
+	if (d->metrics_fd >= 0)
+		arm_poll(d, d->metrics_fd, SRC_METRICS);
 	log_notice("listening on %s (mode %04o%s%s)", d->cfg.socket_path, d->cfg.socket_mode,
 		   d->cfg.socket_group[0] ? ", group " : "", d->cfg.socket_group);
 	return 0;
@@ -727,6 +733,10 @@ kvtd_loop_run(struct kvtd *d)
 			on_timer(d);
 			arm_poll(d, d->timer_fd, SRC_TIMER);
 			break;
+		case SRC_METRICS:
+			kvtd_metrics_serve(d);
+			arm_poll(d, d->metrics_fd, SRC_METRICS);
+			break;
 		default: {
 			struct kvtd_conn *c = (struct kvtd_conn *)(uintptr_t)ud;
 
@@ -757,5 +767,6 @@ kvtd_loop_fini(struct kvtd *d)
 		close(d->signal_fd);
 	if (d->timer_fd >= 0)
 		close(d->timer_fd);
+	kvtd_metrics_fini(d);
 	free(d->uids);
 }

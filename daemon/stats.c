@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 #define _GNU_SOURCE
 #include <json-c/json.h>
+#include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "kvt_dev.h"
@@ -77,6 +79,14 @@ kvtd_stats_status(struct kvtd *d)
 	ADD(abi, "minor", json_object_new_int(KVT_ABI_MINOR));
 	ADD(o, "abi", abi);
 	ADD(o, "backend", json_object_new_string(kvt_dev_name(d->dev)));
+	if (d->metrics_fd >= 0) {
+		char url[96];
+
+		snprintf(url, sizeof(url), "http://%.*s:%u/metrics",
+			 (int)(strrchr(d->cfg.metrics_listen, ':') - d->cfg.metrics_listen),
+			 d->cfg.metrics_listen, d->metrics_port);
+		ADD(o, "metrics_url", json_object_new_string(url));
+	}
 	ADD(o, "pid", json_object_new_int(getpid()));
 	ADD(o, "uptime_s", json_object_new_double((kvtd_now_ns() - d->start_ns) / 1e9));
 	ADD(o, "pollers", json_object_new_int((int)d->n_pollers));

@@ -54,7 +54,7 @@ START_TEST(t_file_then_flags)
 
 	ck_assert_int_eq(load_file(&cfg,
 				   "[daemon]\nsocket = /tmp/x.sock\npollers = 2\nspin_us = 7\n"
-				   "poller_slice_us = 50\n"
+				   "poller_slice_us = 50\nmetrics_listen = localhost:9464\n"
 				   "allowed_uids = 1000, 1001\nbackend = host\n"
 				   "[pool]\nsize = 512M\nhugetlb = no\nnuma_node = 0\n"
 				   "[limits]\npool_bytes_per_uid = 2G\nmax_sq_entries = 1024\n",
@@ -63,6 +63,7 @@ START_TEST(t_file_then_flags)
 	ck_assert_str_eq(cfg.socket_path, "/tmp/x.sock");
 	ck_assert_uint_eq(cfg.pollers, 3);	   /* flag wins */
 	ck_assert_uint_eq(cfg.poller_slice_us, 0); /* 0 is a value: no turns */
+	ck_assert_str_eq(cfg.metrics_listen, "localhost:9464");
 	ck_assert_uint_eq(cfg.spin_us, 7);
 	ck_assert_uint_eq(cfg.n_allowed_uids, 2);
 	ck_assert_uint_eq(cfg.allowed_uids[1], 1001);
@@ -81,6 +82,9 @@ START_TEST(t_bad_values)
 	    "[daemon]\npollers = 0\n",
 	    "[daemon]\npollers = abc\n",
 	    "[daemon]\npoller_slice_us = 1000001\n",
+	    "[daemon]\nmetrics_listen = 0.0.0.0:9464\n", /* loopback only */
+	    "[daemon]\nmetrics_listen = 127.0.0.1:65536\n",
+	    "[daemon]\nmetrics_listen = 127.0.0.1\n",
 	    "[daemon]\nbackend = tpu\n",
 	    "[pool]\nsize = 1x\n",
 	    "[pool]\nsize = 1M\n",

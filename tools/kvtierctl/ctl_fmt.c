@@ -432,6 +432,8 @@ kvtctl_fmt_status(FILE *out, struct json_object *st)
 		snprintf(buf, sizeof(buf), "-");
 	kv_line(out, "abi", buf);
 	kv_str(out, "backend", get(st, "backend"));
+	if (get(st, "metrics_url")) /* only when the daemon serves it */
+		kv_str(out, "metrics", get(st, "metrics_url"));
 	kv_num(out, "pid", get(st, "pid"));
 	if (as_num(get(st, "uptime_s"), &a))
 		kvtctl_fmt_duration(buf, sizeof(buf), a);

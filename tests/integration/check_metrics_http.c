@@ -1,0 +1,178 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * HTTP /metrics on loopback ([daemon] metrics_listen): a kvtierd started with
+ * --metrics-listen 127.0.0.1:0 says in STATUS where it listens; a GET /metrics gets the
+ * Prometheus text with a session's and a sequence's families in it; other paths, methods and
+ * garbage get 404/405/400, a client that sends nothing is dropped after its timeout, and the
+ * daemon serves its clients throughout. A non-loopback address is refused at start.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <check.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvt_abi.h"
+#include "kvt_ctl.h"
+#include "kvtier.h"
+
+static struct kvtd_proc D;
+
+/* The port from STATUS's metrics_url ("http://127.0.0.1:PORT/metrics"). */
+static unsigned
+metrics_port(void)
+{
+	struct json_object *o = admin_request(D.sock, KVT_CTL_STATUS), *u;
+	unsigned port = 0;
+	const char *s;
+
+	ck_assert_ptr_nonnull(o);
+	ck_assert(json_object_object_get_ex(o, "metrics_url", &u));
+	s = json_object_get_string(u);
+	ck_assert_int_eq(sscanf(s, "http://127.0.0.1:%u/metrics", &port), 1);
+	json_object_put(o);
+	return port;
+}
+
+/* Sends @req (may be empty: then only waits) and returns the whole reply, malloc'ed. */
+static char *
+http(unsigned port, const char *req)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	size_t cap = 1 << 16, got = 0;
+	char *buf = malloc(cap + 1);
+	ssize_t n;
+
+	ck_assert_int_ge(fd, 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	if (*req)
+		ck_assert_int_eq(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+	while ((n = recv(fd, buf + got, cap - got, 0)) > 0) {
+		got += (size_t)n;
+		if (got == cap)
+			buf = realloc(buf, (cap *= 2) + 1);
+	}
+	buf[got] = '\0';
+	close(fd);
+	return buf;
+}
+
+START_TEST(t_metrics_http)
+{
+	static const char *const extra[] = {"--metrics-listen", "127.0.0.1:0", NULL};
+	struct kvt_opts o = {.size = sizeof(o), .name = "scraped"};
+	struct kvt_seq_params p = {.size = sizeof(p),
+				   .layers = 2,
+				   .kv_heads = 2,
+				   .head_dim = 64,
+				   .dtype = KVT_DTYPE_F16,
+				   .delta = 16,
+				   .hbm_frac = 0.5f};
+	struct kvt_client *c;
+	uint32_t seq;
+	unsigned port;
+	char *r;
+
+	daemon_start(&D, extra);
+	port = metrics_port();
+	ck_assert_uint_gt(port, 0);
+	ck_assert_int_eq(kvt_connect(D.sock, &o, &c), 0);
+	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+
+	r = http(port, "GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: */*\r\n\r\n");
+	ck_assert_msg(!strncmp(r, "HTTP/1.0 200 OK\r\n", 17), "reply: %.200s", r);
+	ck_assert_ptr_nonnull(strstr(r, "Content-Type: text/plain; version=0.0.4"));
+	ck_assert_ptr_nonnull(strstr(r, "\r\n\r\n# HELP kvtier_"));
+	ck_assert_ptr_nonnull(strstr(r, "kvtier_session_")); /* the connected client */
+	ck_assert_ptr_nonnull(strstr(r, "kvtier_seq_"));     /* and its sequence */
+	{
+		/* Content-Length is the body's length */
+		unsigned long len = 0;
+		const char *cl = strstr(r, "Content-Length: "), *body = strstr(r, "\r\n\r\n") + 4;
+
+		ck_assert_ptr_nonnull(cl);
+		ck_assert_int_eq(sscanf(cl, "Content-Length: %lu", &len), 1);
+		ck_assert_uint_eq(len, strlen(body));
+	}
+	free(r);
+	r = http(port, "GET /metrics?x=1 HTTP/1.0\r\n\r\n");
+	ck_assert(!strncmp(r, "HTTP/1.0 200 OK\r\n", 17));
+	free(r);
+	r = http(port, "GET /other HTTP/1.0\r\n\r\n");
+	ck_assert(!strncmp(r, "HTTP/1.0 404 ", 13));
+	free(r);
+	r = http(port, "GET /metricsx HTTP/1.0\r\n\r\n");
+	ck_assert(!strncmp(r, "HTTP/1.0 404 ", 13));
+	free(r);
+	r = http(port, "POST /metrics HTTP/1.0\r\n\r\n");
+	ck_assert(!strncmp(r, "HTTP/1.0 405 ", 13));
+	free(r);
+	r = http(port, "\x01\x02garbage\r\n\r\n");
+	ck_assert(!strncmp(r, "HTTP/1.0 405 ", 13));
+	free(r);
+	r = http(port, ""); /* says nothing: answered 400 after the read timeout */
+	ck_assert(!strncmp(r, "HTTP/1.0 400 ", 13));
+	free(r);
+	/* the client was served all along */
+	ck_assert_int_eq(kvt_nop(c), 0);
+	ck_assert_int_eq(kvt_seq_close(c, seq), 0);
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&D), 0);
+}
+END_TEST
+
+/* A non-loopback address: kvtierd refuses to start and says why. */
+START_TEST(t_metrics_not_loopback)
+{
+	const char *bin = getenv("KVTIERD");
+	char log[] = "/tmp/kvt-metrics-XXXXXX";
+	int fd = mkstemp(log), st;
+	pid_t pid;
+	char buf[4096] = "";
+
+	ck_assert_ptr_nonnull(bin);
+	ck_assert_int_ge(fd, 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		dup2(fd, 2);
+		execl(bin, bin, "--config", "/dev/null", "--socket", "/tmp/kvt-metrics-none.sock",
+		      "--metrics-listen", "0.0.0.0:9464", (char *)NULL);
+		_exit(127);
+	}
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0);
+	ck_assert_int_ge(pread(fd, buf, sizeof(buf) - 1, 0), 1);
+	ck_assert_msg(strstr(buf, "--metrics-listen") && strstr(buf, "loopback"), "stderr: %s",
+		      buf);
+	close(fd);
+	unlink(log);
+}
+END_TEST
+
+int
+main(void)
+{
+	Suite *s = suite_create("metrics_http");
+	TCase *tc = tcase_create("metrics_http");
+	SRunner *sr;
+	int failed;
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, t_metrics_http);
+	tcase_add_test(tc, t_metrics_not_loopback);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
