@@ -424,6 +424,8 @@ kvtd_pool_usage(struct kvtd_pool *pool, struct kvtd_pool_usage *ret)
 	ret->free_bytes = pool->size - pool->used_bytes;
 	ret->chunks = pool->n_chunks;
 	ret->chunks_free = pool->free_chunks;
+	ret->refused_quota = pool->refused_quota;
+	ret->refused_nomem = pool->refused_nomem;
 	ret->classes = 0;
 	for (int i = 0; i < KVTD_POOL_MAX_CLASSES; i++)
 		ret->classes += pool->classes[i].slot_size != 0;

@@ -88,6 +88,7 @@ uint64_t kvtd_pool_slot_size(const struct kvtd_pool *pool, int cls);
 
 struct kvtd_pool_usage {
 	uint64_t size, used, free_bytes, chunks_free, chunks, classes;
+	uint64_t refused_quota, refused_nomem;
 };
 void kvtd_pool_usage(struct kvtd_pool *pool, struct kvtd_pool_usage *ret);
 

@@ -107,8 +107,8 @@ kvtd_stats_status(struct kvtd *d)
 	ADD(o, "ops", U64(t.ops + atomic_load(&d->cnt.ops)));
 	ADD(o, "errors", U64(t.errors + atomic_load(&d->cnt.errors)));
 	ref = json_object_new_object();
-	ADD(ref, "quota", U64(d->pool.refused_quota));
-	ADD(ref, "nomem", U64(d->pool.refused_nomem));
+	ADD(ref, "quota", U64(u.refused_quota)); /* read under the pool lock */
+	ADD(ref, "nomem", U64(u.refused_nomem));
 	ADD(ref, "einval", U64(atomic_load(&d->cnt.refused_einval)));
 	ADD(ref, "auth", U64(atomic_load(&d->cnt.refused_auth)));
 	ADD(ref, "hello_timeout", U64(atomic_load(&d->cnt.refused_hello_timeout)));
