@@ -5,7 +5,7 @@
 # tools/quickstart.sh test   install what is missing, build, run every test through ctest: the
 #                            regular build (CUDA sources compile when the toolkit is present),
 #                            then unit, integration and fuzz tests again under ASan + UBSan,
-#                            the integration tests under TSan, and a few suites under valgrind.
+#                            again under TSan, and a few suites under valgrind.
 #
 # Debian 12 (bookworm). Needs root or sudo for apt-get the first time. Environment:
 #   KVT_BUILD_DIR  build directory (default: build/ in the checkout)
@@ -71,10 +71,10 @@ if [ "$mode" = test ]; then
 	configure_build "$build-asan" -DKVT_SANITIZE=address,undefined -DKVT_CUDA=OFF
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 		ctest --test-dir "$build-asan" --output-on-failure -j 2 -L 'unit|integration|ctl|llm|fuzz'
-	log "integration tests under TSan (the daemon's main loop, pollers and clients)"
+	log "unit, integration and fuzz tests under TSan (the daemon's main loop, pollers, clients)"
 	configure_build "$build-tsan" -DKVT_SANITIZE=thread -DKVT_CUDA=OFF
 	TSAN_OPTIONS=halt_on_error=1 \
-		ctest --test-dir "$build-tsan" --output-on-failure -j 2 -L integration
+		ctest --test-dir "$build-tsan" --output-on-failure -j 2 -L 'unit|integration|ctl|fuzz'
 	exit 0
 fi
 
