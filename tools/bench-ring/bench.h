@@ -54,6 +54,13 @@ uint64_t bench_now_ns(void);
  */
 int bench_latency(const struct bench_opts *o, bench_op_fn op, void *ctx, struct bench_result *ret);
 
+/* One sample that times itself: 0 or -errno, and the nanoseconds that count in @ret_ns. */
+typedef int (*bench_sample_fn)(void *ctx, uint64_t *ret_ns);
+
+/* bench_latency() for operations that time only part of themselves (set-up excluded). */
+int bench_latency_sampled(const struct bench_opts *o, bench_sample_fn op, void *ctx,
+			  struct bench_result *ret);
+
 /*
  * bench_throughput() - call @batch o->warmup / @ops_per_call times untimed, then per rep time
  * o->iters calls together; each call does @ops_per_call operations. Stores the median over reps

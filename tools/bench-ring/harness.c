@@ -57,9 +57,10 @@ median(double *v, size_t n)
 }
 
 int
-bench_latency(const struct bench_opts *o, bench_op_fn op, void *ctx, struct bench_result *ret)
+bench_latency_sampled(const struct bench_opts *o, bench_sample_fn op, void *ctx,
+		      struct bench_result *ret)
 {
-	uint64_t *s;
+	uint64_t *s, ns;
 	double *p50, *p99;
 	unsigned int i, r;
 	int err = -ENOMEM;
@@ -70,16 +71,13 @@ bench_latency(const struct bench_opts *o, bench_op_fn op, void *ctx, struct benc
 	if (!s || !p50 || !p99)
 		goto out;
 	for (i = 0; i < o->warmup; i++) {
-		err = op(ctx);
+		err = op(ctx, &ns);
 		if (err < 0)
 			goto out;
 	}
 	for (r = 0; r < o->reps; r++) {
 		for (i = 0; i < o->iters; i++) {
-			uint64_t t0 = bench_now_ns();
-
-			err = op(ctx);
-			s[i] = bench_now_ns() - t0;
+			err = op(ctx, &s[i]);
 			if (err < 0)
 				goto out;
 		}
@@ -95,6 +93,30 @@ out:
 	free(p50);
 	free(p99);
 	return err;
+}
+
+struct timed_call {
+	bench_op_fn op;
+	void *ctx;
+};
+
+static int
+timed_call(void *arg, uint64_t *ret_ns)
+{
+	const struct timed_call *t = arg;
+	uint64_t t0 = bench_now_ns();
+	int err = t->op(t->ctx);
+
+	*ret_ns = bench_now_ns() - t0;
+	return err;
+}
+
+int
+bench_latency(const struct bench_opts *o, bench_op_fn op, void *ctx, struct bench_result *ret)
+{
+	struct timed_call t = {op, ctx};
+
+	return bench_latency_sampled(o, timed_call, &t, ret);
 }
 
 int

@@ -99,21 +99,10 @@ hog_reap(struct hog *h)
 	return 0;
 }
 
-static int
-cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static int
-cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
+struct pair {
+	struct hog *h;
+	struct kvt_client *c;
+};
 
 /*
  * One sample: the hog queues HOG_DEPTH FETCHes, then the other client's NOP round trip is
@@ -122,59 +111,49 @@ cmp_double(const void *a, const void *b)
  * op back, not how the threads happened to be scheduled.
  */
 static int
+nop_behind_hog(void *arg, uint64_t *ret_ns)
+{
+	struct pair *p = arg;
+	uint64_t t0;
+	int r;
+
+	r = hog_submit(p->h);
+	t0 = bench_now_ns();
+	if (r >= 0)
+		r = kvt_nop(p->c);
+	*ret_ns = bench_now_ns() - t0;
+	if (r >= 0)
+		r = hog_reap(p->h);
+	return r < 0 ? r : 0;
+}
+
+static int
 run(const struct bench_opts *o, const char *slice_us, struct bench_result *ret)
 {
 	struct kvt_opts opts = {.size = sizeof(opts), .name = "neighbor"};
-	const unsigned iters = 32, reps = o->reps ? o->reps : 1;
-	double *p50 = calloc(reps, sizeof(double)), *p99 = calloc(reps, sizeof(double));
-	uint64_t *ns = calloc(iters, sizeof(uint64_t));
+	struct bench_opts bo = *o;
 	struct bench_daemon d;
 	struct hog h = {0};
-	struct kvt_client *c = NULL;
+	struct pair p = {&h, NULL};
 	int r;
 
-	if (!p50 || !p99 || !ns) {
-		r = -ENOMEM;
-		goto out_free;
-	}
+	/* each sample waits for FETCHes of a few ms: 32 per repetition */
+	bo.iters = 32;
+	bo.warmup = 2;
 	/* NULL: the daemon's default turn */
 	r = bench_daemon_start(&d, (const char *const[]){"--pool-size", "64M",
 							 slice_us ? "--poller-slice-us" : NULL,
 							 slice_us, NULL});
 	if (r < 0)
-		goto out_free;
+		return r;
 	r = hog_open(&h, d.sock);
 	if (r == 0)
-		r = kvt_connect(d.sock, &opts, &c);
-	for (unsigned rep = 0; rep < reps && r == 0; rep++) {
-		for (unsigned i = 0; i < iters && r == 0; i++) {
-			uint64_t t0;
-
-			r = hog_submit(&h);
-			t0 = bench_now_ns();
-			if (r >= 0)
-				r = kvt_nop(c);
-			ns[i] = bench_now_ns() - t0;
-			if (r >= 0)
-				r = hog_reap(&h);
-		}
-		qsort(ns, iters, sizeof(*ns), cmp_u64);
-		p50[rep] = (double)ns[iters / 2];
-		p99[rep] = (double)ns[(iters * 99) / 100];
-	}
-	if (r == 0) {
-		qsort(p50, reps, sizeof(*p50), cmp_double);
-		qsort(p99, reps, sizeof(*p99), cmp_double);
-		ret->p50_ns = p50[reps / 2];
-		ret->p99_ns = p99[reps / 2];
-	}
-	kvt_disconnect(c);
+		r = kvt_connect(d.sock, &opts, &p.c);
+	if (r == 0)
+		r = bench_latency_sampled(&bo, nop_behind_hog, &p, ret);
+	kvt_disconnect(p.c);
 	kvt_disconnect(h.c);
 	bench_daemon_stop(&d);
-out_free:
-	free(p50);
-	free(p99);
-	free(ns);
 	return r;
 }
 
