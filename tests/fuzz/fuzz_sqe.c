@@ -5,11 +5,11 @@
  * when the session ends.
  *
  * One input is a session's life: a fresh session (8 MiB arena) in a daemon core with a real
- * pool, a valid sequence opened in it (tiered, int8 T2, retrieval on, 96 tokens appended, so
- * every opcode reaches sequence code), then the input read as records of [2 bytes (LE) arena
- * length / 16][64-byte SQE][that many arena bytes at offset 0], each submitted and drained like
- * the poller does. SQE stamps are set by the harness (a bad stamp only stalls a ring, tested
- * elsewhere); everything else is the input's.
+ * pool, a valid sequence opened in it (tiered, int8 T2, retrieval on, T0 and staging regions,
+ * 96 tokens appended, so every opcode reaches sequence code), then the input read as records of [2
+ * bytes (LE) arena length / 16][64-byte SQE][that many arena bytes at offset 0], each submitted and
+ * drained like the poller does. SQE stamps are set by the harness (a bad stamp only stalls a ring,
+ * tested elsewhere); everything else is the input's.
  *
  * Built two ways: with clang and -fsanitize=fuzzer (cmake -DKVT_FUZZ=ON, a libFuzzer binary
  * that takes the usual libFuzzer flags), and always as a plain program, `fuzz_sqe [N] [seed]`,
@@ -49,6 +49,8 @@ die(const char *what)
 
 #define STAGE_ROWS  256 /* per layer and K|V, 128-byte rows (2 kv heads x 64, f16) */
 #define STAGE_BYTES (2ull * 2 * STAGE_ROWS * 256)
+#define T0_SLOTS    64 /* the client's device copy: slots of one token, all layers */
+#define T0_BYTES    (2ull * 2 * T0_SLOTS * 256)
 
 static int
 daemon_init(void)
@@ -62,23 +64,23 @@ daemon_init(void)
 	return kvtd_pool_init(&D.pool, &D.cfg, D.dev);
 }
 
-/* The staging region a client would register: a sealed memfd; returns its buffer id. */
+/* A region a client would register (T0 or staging): a sealed memfd; returns its buffer id. */
 static uint32_t
-stage_register(struct kvtd_session *s)
+buf_register(struct kvtd_session *s, uint64_t bytes)
 {
-	struct kvt_dev_import imp = {.kind = KVT_BUF_HOST_MEMFD, .size = STAGE_BYTES};
+	struct kvt_dev_import imp = {.kind = KVT_BUF_HOST_MEMFD, .size = bytes};
 	struct kvt_dev_buf *buf;
 	int r;
 
 	imp.fd = memfd_create("fuzz-stage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (imp.fd < 0 || ftruncate(imp.fd, (off_t)STAGE_BYTES) < 0 ||
+	if (imp.fd < 0 || ftruncate(imp.fd, (off_t)bytes) < 0 ||
 	    fcntl(imp.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0 ||
 	    kvt_dev_buf_import(D.dev, &imp, &buf) < 0)
-		die("staging buffer");
+		die("buffer");
 	close(imp.fd);
 	r = kvtd_session_buf_register(s, buf);
 	if (r <= 0)
-		die("staging buffer registration");
+		die("buffer registration");
 	return (uint32_t)r;
 }
 
@@ -103,7 +105,8 @@ submit(struct kvtd_session *s, const struct kvt_sqe *e)
 	return cqe;
 }
 
-/* A sequence every opcode can work on, with a staging region for FETCH: id 1. */
+/* A sequence every opcode can work on, with a T0 region (APPEND from slots, RETIER's
+ * promotions) and a staging region (FETCH, TOPK's rows): id 1. */
 static void
 open_seq(struct kvtd_session *s)
 {
@@ -119,6 +122,10 @@ open_seq(struct kvtd_session *s)
 				   .hbm_frac = 0.5f,
 				   .t2_frac = 0.25f,
 				   .ret_update = 16,
+				   .t0_slots = T0_SLOTS,
+				   .t0_slot_stride = 256,
+				   .t0_kv_stride = T0_SLOTS * 256,
+				   .t0_layer_stride = 2 * T0_SLOTS * 256,
 				   .stage_slots = STAGE_ROWS,
 				   .stage_slot_stride = 256,
 				   .stage_kv_stride = STAGE_ROWS * 256,
@@ -127,7 +134,8 @@ open_seq(struct kvtd_session *s)
 	uint32_t ntok = 96, len = ntok * 2 * 2 * 2 * 64 * 2;
 	uint16_t *rows = (uint16_t *)s->arena;
 
-	p.stage_buf_id = stage_register(s);
+	p.t0_buf_id = buf_register(s, T0_BYTES);
+	p.stage_buf_id = buf_register(s, STAGE_BYTES);
 	memcpy(s->arena, &p, sizeof(p));
 	if (submit(s, &e).res != 1)
 		die("SEQ_OPEN of the base sequence failed");
@@ -261,17 +269,26 @@ gen_request(struct kvt_sqe *e, uint8_t *pay)
 		len = sizeof(p);
 		break;
 	}
-	case KVT_OP_APPEND: { /* base sequence: 1 KiB a token */
+	case KVT_OP_APPEND: { /* base sequence: rows inline (1 KiB a token), or T0 slots */
 		uint32_t ntok = 1 + rnd() % 16;
 
+		e->count = ntok;
+		if (rnd() % 4 == 0) {
+			e->op_flags = KVT_APPEND_F_T0;
+			for (uint32_t i = 0; i < ntok; i++) {
+				uint32_t slot = rnd() % (T0_SLOTS + 8);
+
+				memcpy(pay + 4 * i, &slot, 4);
+			}
+			len = 4 * (size_t)ntok;
+			break;
+		}
 		len = (size_t)ntok * 1024;
 		for (size_t i = 0; i < len; i += 2) {
 			uint16_t h = rnd() % 64 ? (uint16_t)(rnd() % 0x7800) : odd16[rnd() % 5];
 
 			memcpy(pay + i, &h, 2);
 		}
-		e->count = ntok;
-		e->op_flags = rnd() % 16 ? 0 : KVT_APPEND_F_T0;
 		break;
 	}
 	case KVT_OP_SCORE_ADD: {
