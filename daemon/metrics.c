@@ -74,8 +74,14 @@ kvtd_metrics_init(struct kvtd *d)
 	}
 	sa.sin_port = htons(sa.sin_port);
 	d->metrics_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (d->metrics_fd < 0)
-		return -errno;
+	if (d->metrics_fd < 0) {
+		r = -errno;
+		log_err("metrics_listen %s: socket: %s%s", d->cfg.metrics_listen, strerror(-r),
+			r == -EAFNOSUPPORT ? " (under systemd, RestrictAddressFamilies= must "
+					     "allow AF_INET)"
+					   : "");
+		return r;
+	}
 	setsockopt(d->metrics_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	if (bind(d->metrics_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
 	    listen(d->metrics_fd, 16) < 0 ||
