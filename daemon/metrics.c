@@ -150,6 +150,8 @@ reply(int fd, const char *status, const char *type, const char *body, size_t len
 			 "Connection: close\r\n\r\n",
 			 status, type, len);
 
+	if (n < 0 || (size_t)n >= sizeof(head))
+		return; /* cannot happen with the fixed strings above; never send past @head */
 	send_all(fd, head, (size_t)n);
 	send_all(fd, body, len);
 }
