@@ -309,6 +309,12 @@ kvt_disconnect(struct kvt_client *c)
 }
 
 KVT_EXPORT uint32_t
+kvt_abi_version(void)
+{
+	return (uint32_t)KVT_ABI_MAJOR << 16 | KVT_ABI_MINOR;
+}
+
+KVT_EXPORT uint32_t
 kvt_session_id(const struct kvt_client *c)
 {
 	return c->session_id;
@@ -339,6 +345,7 @@ ctl_request(struct kvt_client *c, void *msg, size_t len, int fd, void *reply, si
 	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
 	int r;
 
+	last_error[0] = '\0'; /* a stale message must not explain this request's failure */
 	if (c->dead)
 		return c->dead;
 	h->len = (uint32_t)len;
@@ -376,6 +383,7 @@ kvt_buf_alloc(struct kvt_client *c, uint64_t size, struct kvt_buf **ret_buf)
 	struct kvt_buf *b;
 	int fd, r;
 
+	last_error[0] = '\0';
 	if (!size)
 		return -EINVAL;
 	b = calloc(1, sizeof(*b));

@@ -61,9 +61,17 @@ int kvt_connect(const char *path, const struct kvt_opts *opts, struct kvt_client
 /* Ends the session: the daemon frees every sequence, slot and buffer it held. NULL is fine. */
 void kvt_disconnect(struct kvt_client *c);
 
-/* The daemon's error message for the last failed connect/registration of this thread (empty
- * when none). Valid until the next libkvtier call on this thread. */
+/* The daemon's error message for the last failed connect, buffer registration or
+ * unregistration of this thread (empty when it gave none; each of those calls clears it first).
+ * Valid until the next libkvtier call on this thread. */
 const char *kvt_last_error(void);
+
+/*
+ * kvt_abi_version() - the ABI this libkvtier speaks: KVT_ABI_MAJOR << 16 | KVT_ABI_MINOR of the
+ * kvt_abi.h it was built from. Bindings that mirror the wire structs (the Python package)
+ * compare the major with their own before any call. Thread-safe.
+ */
+uint32_t kvt_abi_version(void);
 
 /* Session id, as kvtierctl shows it. */
 uint32_t kvt_session_id(const struct kvt_client *c);
