@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: MIT
+"""kvtier: Python client of the kvtier KV-cache memory service (kvtierd).
+
+A thin, zero-copy layer over libkvtier (ctypes; no compiler needed)::
+
+    import numpy as np, kvtier
+
+    with kvtier.connect("/run/kvtier/kvtierd.sock") as client:
+        with client.open_sequence(layers=2, kv_heads=2, head_dim=64, dtype="f16",
+                                  policy="tiered", delta=16, hbm_frac=0.5) as seq:
+            seq.append(np.zeros((4, seq.token_bytes // 2), np.float16))
+            print(seq.stat())
+
+The library is found through $KVTIER_LIB, then a build tree ($KVT_BUILD_DIR, build/ of the
+checkout), then the system (libkvtier.so.0); importing fails with LibraryError (an ImportError)
+when it is missing or speaks another ABI major. Every failed call raises KvtierError, an
+OSError carrying errno and kvtierd's message.
+"""
+from __future__ import annotations
+
+from ._abi import (
+    ABI_MAJOR,
+    ABI_MINOR,
+    APPEND_F_T0,
+    FETCH_F_LIST,
+    FETCH_F_T1,
+    FETCH_F_T2,
+    OP_APPEND,
+    OP_FETCH,
+    OP_NOP,
+    OP_RETIER,
+    OP_SCORE_ADD,
+    OP_SEQ_CLOSE,
+    OP_SEQ_OPEN,
+    OP_SEQ_STAT,
+    OP_TOPK,
+    T2_F_KEY_CHANNEL,
+    TOPK_F_ESTIMATE,
+    TOPK_F_FETCH,
+    TOPK_F_UNION,
+    Cqe,
+    SeqParams,
+    Sqe,
+)
+from ._lib import LibraryError
+from .core import (
+    CHANGE_DTYPE,
+    DTYPES,
+    LIBRARY_PATH,
+    PARAM_FIELDS,
+    POLICIES,
+    SCORE_MODES,
+    AppendResult,
+    Buffer,
+    Client,
+    FetchResult,
+    KvtierError,
+    RetierResult,
+    Sequence,
+    SeqStat,
+    TopkResult,
+    abi_version,
+    connect,
+    make_params,
+    strerror,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ABI_MAJOR", "ABI_MINOR", "APPEND_F_T0", "FETCH_F_LIST", "FETCH_F_T1", "FETCH_F_T2",
+    "OP_APPEND", "OP_FETCH", "OP_NOP", "OP_RETIER", "OP_SCORE_ADD", "OP_SEQ_CLOSE",
+    "OP_SEQ_OPEN", "OP_SEQ_STAT", "OP_TOPK", "T2_F_KEY_CHANNEL", "TOPK_F_ESTIMATE",
+    "TOPK_F_FETCH", "TOPK_F_UNION", "Cqe", "SeqParams", "Sqe", "LibraryError",
+    "CHANGE_DTYPE", "DTYPES", "LIBRARY_PATH", "PARAM_FIELDS", "POLICIES", "SCORE_MODES",
+    "AppendResult", "Buffer", "Client", "FetchResult", "KvtierError", "RetierResult",
+    "Sequence", "SeqStat", "TopkResult", "abi_version", "connect", "make_params", "strerror",
+]

@@ -1,0 +1,7 @@
+# SPDX-License-Identifier: MIT
+"""``python -m kvtier status|clients|seqs [--json]``: kvtierctl's views, from Python."""
+import sys
+
+from .ctl import main
+
+sys.exit(main())

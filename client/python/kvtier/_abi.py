@@ -1,0 +1,273 @@
+# SPDX-License-Identifier: MIT
+"""ctypes mirrors of the libkvtier structs and constants (client/include/kvtier.h, proto/*.h).
+
+Every struct here is compared field by field with the C headers by tests/test_abi.py, which
+compiles a probe against them: a layout that drifts fails the tests, never a user's data.
+"""
+from __future__ import annotations
+
+import ctypes
+from ctypes import (
+    c_char,
+    c_char_p,
+    c_double,
+    c_float,
+    c_int32,
+    c_uint8,
+    c_uint16,
+    c_uint32,
+    c_uint64,
+)
+
+ABI_MAJOR = 1
+"""The KVT_ABI_MAJOR these mirrors follow; libkvtier must report the same major."""
+ABI_MINOR = 0
+"""The KVT_ABI_MINOR these mirrors follow (a newer minor only adds)."""
+
+# Opcodes (KVT_OP_*).
+OP_NOP = 0
+OP_SEQ_OPEN = 1
+OP_SEQ_CLOSE = 2
+OP_APPEND = 3
+OP_SCORE_ADD = 4
+OP_RETIER = 5
+OP_FETCH = 6
+OP_TOPK = 7
+OP_SEQ_STAT = 8
+
+DTYPE_F16 = 0
+DTYPE_BF16 = 1
+DTYPE_F32 = 2
+
+POLICY_TIERED = 0
+POLICY_H2O = 1
+POLICY_STREAMING = 2
+POLICY_FULL = 3
+
+SCORE_SUM = 0
+SCORE_MEAN = 1
+
+MAX_LAYERS = 256
+MAX_KV_HEADS = 64
+MAX_HEAD_DIM = 256
+
+T2_F_KEY_CHANNEL = 1 << 0
+T2_KEY_BLOCK = 32
+APPEND_F_T0 = 1 << 0
+FETCH_F_T1 = 1 << 0
+FETCH_F_T2 = 1 << 1
+FETCH_F_LIST = 1 << 2
+TOPK_F_UNION = 1 << 0
+TOPK_F_FETCH = 1 << 1
+TOPK_F_ESTIMATE = 1 << 2
+
+# Control socket (proto/kvt_ctl.h).
+CTL_MAX_MSG = 262144
+CTL_ERROR = 3
+CTL_STATUS = 16
+CTL_CLIENTS = 17
+CTL_SEQS = 18
+CTL_JSON = 19
+
+DEFAULT_SOCKET = "/run/kvtier/kvtierd.sock"
+
+
+class Opts(ctypes.Structure):
+    """struct kvt_opts: connection options."""
+
+    _fields_ = [
+        ("size", c_uint32),
+        ("sq_entries", c_uint32),
+        ("cq_entries", c_uint32),
+        ("spin_us", c_uint32),
+        ("arena_size", c_uint64),
+        ("name", c_char_p),
+        ("abi_major", c_uint32),
+        ("reserved", c_uint32),
+    ]
+
+
+class Sqe(ctypes.Structure):
+    """struct kvt_sqe: one submission entry (64 bytes), filled in place in the ring."""
+
+    _fields_ = [
+        ("opcode", c_uint8),
+        ("flags", c_uint8),
+        ("op_flags", c_uint16),
+        ("seq", c_uint32),
+        ("user_data", c_uint64),
+        ("arena_off", c_uint64),
+        ("arena_len", c_uint32),
+        ("count", c_uint32),
+        ("arg0", c_uint64),
+        ("arg1", c_uint64),
+        ("arg2", c_uint32),
+        ("buf_id", c_uint32),
+        ("stamp", c_uint32),
+        ("reserved", c_uint32),
+    ]
+
+
+class Cqe(ctypes.Structure):
+    """struct kvt_cqe: one completion (32 bytes); ``res`` is >= 0 or a negative errno."""
+
+    _fields_ = [
+        ("user_data", c_uint64),
+        ("res", c_int32),
+        ("stamp", c_uint32),
+        ("aux", c_uint64 * 2),
+    ]
+
+
+class SeqParams(ctypes.Structure):
+    """struct kvt_seq_params: the SEQ_OPEN payload (160 bytes)."""
+
+    _fields_ = [
+        ("size", c_uint32),
+        ("layers", c_uint16),
+        ("kv_heads", c_uint16),
+        ("head_dim", c_uint16),
+        ("dtype", c_uint8),
+        ("policy", c_uint8),
+        ("score_mode", c_uint8),
+        ("protect_prompt", c_uint8),
+        ("q_heads", c_uint16),
+        ("delta", c_uint32),
+        ("sinks", c_uint32),
+        ("window", c_uint32),
+        ("prompt_len", c_uint32),
+        ("hbm_frac", c_float),
+        ("evict_frac", c_float),
+        ("t2_frac", c_float),
+        ("max_tokens", c_uint32),
+        ("t0_buf_id", c_uint32),
+        ("t0_slots", c_uint32),
+        ("t0_base_off", c_uint64),
+        ("t0_slot_stride", c_uint64),
+        ("t0_layer_stride", c_uint64),
+        ("t0_kv_stride", c_uint64),
+        ("stage_buf_id", c_uint32),
+        ("stage_slots", c_uint32),
+        ("stage_base_off", c_uint64),
+        ("stage_slot_stride", c_uint64),
+        ("stage_layer_stride", c_uint64),
+        ("stage_kv_stride", c_uint64),
+        ("ret_update", c_uint32),
+        ("ret_flags", c_uint32),
+        ("t2_flags", c_uint32),
+        ("reserved0", c_uint32),
+        ("reserved", c_uint64 * 2),
+    ]
+
+
+class SlotChange(ctypes.Structure):
+    """struct kvt_slot_change: a T0 slot and the position now in it (-1: free)."""
+
+    _fields_ = [("slot", c_uint32), ("pos", c_int32)]
+
+
+class RetierResultC(ctypes.Structure):
+    """struct kvt_retier_result: the head of a RETIER answer."""
+
+    _fields_ = [
+        ("size", c_uint32),
+        ("n_changes", c_uint32),
+        ("n_free", c_uint32),
+        ("evicted_ratio", c_float),
+        ("n_tokens", c_uint64),
+        ("tier_count", c_uint64 * 4),
+        ("reserved", c_uint64 * 2),
+    ]
+
+
+class SeqStatC(ctypes.Structure):
+    """struct kvt_seq_stat: SEQ_STAT output."""
+
+    _fields_ = [
+        ("size", c_uint32),
+        ("seq", c_uint32),
+        ("n_tokens", c_uint64),
+        ("tier_count", c_uint64 * 4),
+        ("pool_bytes", c_uint64),
+        ("bytes_in", c_uint64),
+        ("bytes_out", c_uint64),
+        ("score_total", c_double),
+        ("reserved", c_uint64 * 4),
+    ]
+
+
+class CtlHdr(ctypes.Structure):
+    """struct kvt_ctl_hdr: the header of every control-socket message."""
+
+    _fields_ = [("type", c_uint32), ("len", c_uint32), ("id", c_uint64)]
+
+
+class CtlError(ctypes.Structure):
+    """struct kvt_ctl_error: the daemon's refusal of a control request."""
+
+    _fields_ = [
+        ("hdr", CtlHdr),
+        ("err", c_int32),
+        ("reserved0", c_uint32),
+        ("msg", c_char * 240),
+    ]
+
+
+STRUCTS: dict[str, type[ctypes.Structure]] = {
+    "kvt_opts": Opts,
+    "kvt_sqe": Sqe,
+    "kvt_cqe": Cqe,
+    "kvt_seq_params": SeqParams,
+    "kvt_slot_change": SlotChange,
+    "kvt_retier_result": RetierResultC,
+    "kvt_seq_stat": SeqStatC,
+    "kvt_ctl_hdr": CtlHdr,
+    "kvt_ctl_error": CtlError,
+}
+"""C struct name -> its mirror, for the layout probe."""
+
+CONSTANTS: dict[str, int] = {
+    "KVT_ABI_MAJOR": ABI_MAJOR,
+    "KVT_ABI_MINOR": ABI_MINOR,
+    "KVT_OP_NOP": OP_NOP,
+    "KVT_OP_SEQ_OPEN": OP_SEQ_OPEN,
+    "KVT_OP_SEQ_CLOSE": OP_SEQ_CLOSE,
+    "KVT_OP_APPEND": OP_APPEND,
+    "KVT_OP_SCORE_ADD": OP_SCORE_ADD,
+    "KVT_OP_RETIER": OP_RETIER,
+    "KVT_OP_FETCH": OP_FETCH,
+    "KVT_OP_TOPK": OP_TOPK,
+    "KVT_OP_SEQ_STAT": OP_SEQ_STAT,
+    "KVT_OP__COUNT": OP_SEQ_STAT + 1,
+    "KVT_DTYPE_F16": DTYPE_F16,
+    "KVT_DTYPE_BF16": DTYPE_BF16,
+    "KVT_DTYPE_F32": DTYPE_F32,
+    "KVT_DTYPE__COUNT": DTYPE_F32 + 1,
+    "KVT_POLICY_TIERED": POLICY_TIERED,
+    "KVT_POLICY_H2O": POLICY_H2O,
+    "KVT_POLICY_STREAMING": POLICY_STREAMING,
+    "KVT_POLICY_FULL": POLICY_FULL,
+    "KVT_POLICY__COUNT": POLICY_FULL + 1,
+    "KVT_SCORE_SUM": SCORE_SUM,
+    "KVT_SCORE_MEAN": SCORE_MEAN,
+    "KVT_SCORE__COUNT": SCORE_MEAN + 1,
+    "KVT_MAX_LAYERS": MAX_LAYERS,
+    "KVT_MAX_KV_HEADS": MAX_KV_HEADS,
+    "KVT_MAX_HEAD_DIM": MAX_HEAD_DIM,
+    "KVT_T2_F_KEY_CHANNEL": T2_F_KEY_CHANNEL,
+    "KVT_T2_KEY_BLOCK": T2_KEY_BLOCK,
+    "KVT_APPEND_F_T0": APPEND_F_T0,
+    "KVT_FETCH_F_T1": FETCH_F_T1,
+    "KVT_FETCH_F_T2": FETCH_F_T2,
+    "KVT_FETCH_F_LIST": FETCH_F_LIST,
+    "KVT_TOPK_F_UNION": TOPK_F_UNION,
+    "KVT_TOPK_F_FETCH": TOPK_F_FETCH,
+    "KVT_TOPK_F_ESTIMATE": TOPK_F_ESTIMATE,
+    "KVT_CTL_MAX_MSG": CTL_MAX_MSG,
+    "KVT_CTL_ERROR": CTL_ERROR,
+    "KVT_CTL_STATUS": CTL_STATUS,
+    "KVT_CTL_CLIENTS": CTL_CLIENTS,
+    "KVT_CTL_SEQS": CTL_SEQS,
+    "KVT_CTL_JSON": CTL_JSON,
+}
+"""C macro/enum name -> the value mirrored here, for the layout probe."""

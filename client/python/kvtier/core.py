@@ -1,0 +1,680 @@
+# SPDX-License-Identifier: MIT
+"""The Pythonic surface over libkvtier: Client, Buffer, Sequence and their results.
+
+Like a struct kvt_client, a Client is used by one thread at a time. Calls block in libkvtier
+with the GIL released; a lost daemon ends them with KvtierError(ECONNRESET), never a hang.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno as _errno
+import os
+import weakref
+from ctypes import byref, c_uint32, c_uint64, c_void_p
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import _abi, _lib
+
+_LIB, LIBRARY_PATH = _lib.load()
+"""The loaded libkvtier and the path it came from."""
+
+_UINT_LIMITS = {
+    ctypes.c_uint8: 0xFF,
+    ctypes.c_uint16: 0xFFFF,
+    ctypes.c_uint32: 0xFFFFFFFF,
+    ctypes.c_uint64: 0xFFFFFFFFFFFFFFFF,
+}
+
+CHANGE_DTYPE = np.dtype([("slot", "<u4"), ("pos", "<i4")])
+"""NumPy dtype of struct kvt_slot_change (RetierResult.changes)."""
+
+DTYPES: dict[str, int] = {
+    "f16": _abi.DTYPE_F16,
+    "float16": _abi.DTYPE_F16,
+    "half": _abi.DTYPE_F16,
+    "bf16": _abi.DTYPE_BF16,
+    "bfloat16": _abi.DTYPE_BF16,
+    "f32": _abi.DTYPE_F32,
+    "float32": _abi.DTYPE_F32,
+    "float": _abi.DTYPE_F32,
+}
+"""Names accepted for kvt_seq_params.dtype (numpy and torch dtypes of those names work too)."""
+
+POLICIES: dict[str, int] = {
+    "tiered": _abi.POLICY_TIERED,
+    "h2o": _abi.POLICY_H2O,
+    "streaming": _abi.POLICY_STREAMING,
+    "full": _abi.POLICY_FULL,
+}
+"""Names accepted for kvt_seq_params.policy."""
+
+SCORE_MODES: dict[str, int] = {"sum": _abi.SCORE_SUM, "mean": _abi.SCORE_MEAN}
+"""Names accepted for kvt_seq_params.score_mode."""
+
+PARAM_FIELDS: tuple[str, ...] = tuple(name for name, _ in _abi.SeqParams._fields_)
+"""Keyword names open_sequence() takes: the fields of struct kvt_seq_params."""
+
+
+def strerror(err: int) -> str:
+    """kvtier's message for an errno (either sign), kvtier meanings first (kvt_strerror)."""
+    return _LIB.kvt_strerror(-abs(int(err))).decode(errors="replace")
+
+
+def abi_version() -> tuple[int, int]:
+    """(major, minor) of the ABI the loaded libkvtier speaks."""
+    v = _LIB.kvt_abi_version()
+    return v >> 16, v & 0xFFFF
+
+
+class KvtierError(OSError):
+    """A failed kvtier call: ``errno`` (positive), ``strerror`` (kvt_strerror), ``call`` (the
+    libkvtier function) and ``daemon_message`` (kvtierd's own explanation, or a hint; may be
+    empty)."""
+
+    def __init__(self, err: int, call: str, daemon_message: str = "") -> None:
+        code = abs(int(err))
+        super().__init__(code, strerror(code))
+        self.call: str = call
+        self.daemon_message: str = daemon_message
+
+    def __str__(self) -> str:
+        name = _errno.errorcode.get(self.errno, str(self.errno))
+        s = f"{self.call}: {self.strerror} ({name})"
+        return f"{s}: {self.daemon_message}" if self.daemon_message else s
+
+
+def _last_error() -> str:
+    return _LIB.kvt_last_error().decode(errors="replace")
+
+
+def _check(r: int, call: str, message: str = "") -> int:
+    if r < 0:
+        raise KvtierError(r, call, message)
+    return r
+
+
+def _uint(name: str, v: Any, ctype: Any = ctypes.c_uint32) -> int:
+    """@v as an unsigned integer of @ctype, refused (EINVAL) where ctypes would truncate."""
+    try:
+        iv = int(v)
+    except (TypeError, ValueError):
+        raise KvtierError(_errno.EINVAL, name, f"{name}={v!r} is not an integer") from None
+    if iv != v and not isinstance(v, (int, np.integer)):
+        raise KvtierError(_errno.EINVAL, name, f"{name}={v!r} is not an integer")
+    if not 0 <= iv <= _UINT_LIMITS[ctype]:
+        raise KvtierError(
+            _errno.EINVAL, name, f"{name}={iv} is outside 0..{_UINT_LIMITS[ctype]}"
+        )
+    return iv
+
+
+def _u32_array(name: str, values: Any) -> np.ndarray:
+    """@values as a contiguous uint32 array, refusing negatives and values past 2**32 - 1."""
+    a = np.asarray(values)
+    if a.dtype != np.uint32:
+        if a.size and (a.dtype.kind not in "iu" or a.min() < 0 or a.max() > 0xFFFFFFFF):
+            raise KvtierError(
+                _errno.EINVAL, name, f"{name} must be integers in 0..2**32-1"
+            )
+        a = a.astype(np.uint32)
+    return np.ascontiguousarray(a.reshape(-1))
+
+
+def _host_bytes(data: Any) -> tuple[int, int, Any]:
+    """(address, length, object to keep alive) of a contiguous host copy of @data: a NumPy
+    array, a CPU torch tensor, bytes or anything with the buffer protocol; zero-copy when it
+    already is contiguous."""
+    if hasattr(data, "data_ptr") and hasattr(data, "element_size"):  # torch.Tensor
+        if data.device.type != "cpu":
+            raise KvtierError(
+                _errno.EINVAL, "rows", f"tensor on {data.device}: pass a CPU tensor"
+            )
+        t = data if data.is_contiguous() else data.contiguous()
+        return t.data_ptr(), t.numel() * t.element_size(), t
+    a = data if isinstance(data, np.ndarray) else np.frombuffer(memoryview(data), np.uint8)
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    return a.ctypes.data, a.nbytes, a
+
+
+def _dtype_code(v: Any) -> int:
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return int(v)
+    name = str(v).rsplit(".", 1)[-1].lower()  # "torch.float16", np.dtype('float16'), "f16"
+    if isinstance(v, type) and issubclass(v, np.generic):
+        name = np.dtype(v).name
+    if name not in DTYPES:
+        raise KvtierError(
+            _errno.EINVAL, "dtype", f"unknown dtype {v!r}; one of {', '.join(DTYPES)}"
+        )
+    return DTYPES[name]
+
+
+def _named(field: str, table: dict[str, int], v: Any) -> int:
+    if isinstance(v, str):
+        if v.lower() not in table:
+            raise KvtierError(
+                _errno.EINVAL, field, f"unknown {field} {v!r}; one of {', '.join(table)}"
+            )
+        return table[v.lower()]
+    return int(v)
+
+
+def make_params(**params: Any) -> _abi.SeqParams:
+    """A struct kvt_seq_params from keyword fields (every field not given is zero, ``size``
+    defaults to the struct's size). Names: PARAM_FIELDS; ``dtype``, ``policy`` and
+    ``score_mode`` also by name (DTYPES, POLICIES, SCORE_MODES); ``t0_buf_id`` and
+    ``stage_buf_id`` also as a Buffer; ``t2_flags`` also as "key_channel". Raises TypeError
+    for an unknown name, KvtierError(EINVAL) for a value the field cannot hold."""
+    p = _abi.SeqParams()
+    p.size = ctypes.sizeof(p)
+    types = dict(_abi.SeqParams._fields_)
+    for name, v in params.items():
+        if name not in types:
+            raise TypeError(
+                f"open_sequence() got an unknown parameter {name!r}; "
+                f"struct kvt_seq_params has {', '.join(PARAM_FIELDS)}"
+            )
+        if name == "dtype":
+            v = _dtype_code(v)
+        elif name == "policy":
+            v = _named("policy", POLICIES, v)
+        elif name == "score_mode":
+            v = _named("score_mode", SCORE_MODES, v)
+        elif name == "t2_flags" and v == "key_channel":
+            v = _abi.T2_F_KEY_CHANNEL
+        elif name in ("t0_buf_id", "stage_buf_id") and isinstance(v, Buffer):
+            v = v.id
+        elif name == "protect_prompt":
+            v = int(bool(v)) if isinstance(v, bool) else v
+        t = types[name]
+        if t is ctypes.c_float:
+            setattr(p, name, float(v))
+        elif name == "reserved":
+            vals = list(v)
+            if len(vals) != 2:
+                raise KvtierError(_errno.EINVAL, name, "reserved holds 2 integers")
+            for i, x in enumerate(vals):
+                p.reserved[i] = _uint(name, x, ctypes.c_uint64)
+        else:
+            setattr(p, name, _uint(name, v, t))
+    return p
+
+
+class AppendResult(NamedTuple):
+    """What an APPEND did: the sequence's token count after it, and the first new position."""
+
+    n_tokens: int
+    first: int
+
+
+class FetchResult(NamedTuple):
+    """What a FETCH staged: rows per (layer, K|V), and their positions in staging-row order."""
+
+    rows: int
+    positions: np.ndarray
+
+
+@dataclass
+class RetierResult:
+    """A parsed RETIER answer (struct kvt_retier_result and what follows it).
+
+    ``changes`` is a NumPy structured array of CHANGE_DTYPE (fields ``slot``, ``pos``; pos -1
+    means the slot is now free), demotions first; ``free_slots`` the T0 slots the next tokens
+    go into; ``tier_count`` tokens in T0..T3 (T3: evicted)."""
+
+    n_changes: int
+    n_free: int
+    evicted_ratio: float
+    n_tokens: int
+    tier_count: tuple[int, int, int, int]
+    changes: np.ndarray
+    free_slots: np.ndarray
+    nbytes: int
+
+
+@dataclass
+class SeqStat:
+    """struct kvt_seq_stat: a sequence's tokens per tier and its byte counters."""
+
+    seq: int
+    n_tokens: int
+    tier_count: tuple[int, int, int, int]
+    pool_bytes: int
+    bytes_in: int
+    bytes_out: int
+    score_total: float
+
+
+@dataclass
+class TopkResult:
+    """A TOPK answer: per kv head h, ``counts[h]`` valid entries of ``positions[h]`` and
+    ``scores[h]`` (arrays of shape (kv_heads, stride)), in descending score."""
+
+    stride: int
+    counts: np.ndarray
+    positions: np.ndarray
+    scores: np.ndarray
+
+    def head(self, h: int) -> tuple[np.ndarray, np.ndarray]:
+        """The valid (positions, scores) of kv head @h."""
+        n = int(self.counts[h])
+        return self.positions[h, :n], self.scores[h, :n]
+
+
+class Buffer:
+    """A host-backend device buffer shared with kvtierd (a sealed memfd), usable as a T0 or
+    staging region. ``array()`` and ``torch()`` are zero-copy views of it: they are valid until
+    ``free()`` or the client's ``close()``, which unmap it, so drop them first."""
+
+    def __init__(self, client: Client, handle: int) -> None:
+        self._client = client
+        self._h: int | None = handle
+        self.id: int = _LIB.kvt_buf_id(handle)
+        """The buffer id that names it in SQEs and sequence parameters."""
+        self.size: int = _LIB.kvt_buf_size(handle)
+        """Bytes."""
+        self.address: int = _LIB.kvt_buf_ptr(handle) or 0
+        """Its address in this process (the device pointer of a CUDA buffer)."""
+        self.cuda: bool = False
+        """True for a buffer registered with Client.register_cuda()."""
+        self._mem: Any = None
+
+    def _live(self) -> int:
+        if self._h is None or self._client._h is None:
+            raise KvtierError(_errno.EBADF, "kvt_buf_ptr", f"buffer {self.id} was freed")
+        return self._h
+
+    def array(self, dtype: Any = np.uint8, shape: Any = None, offset: int = 0) -> np.ndarray:
+        """A zero-copy, writable NumPy view of the buffer from byte @offset: all of what is
+        left as @dtype, or @shape of it."""
+        self._live()
+        if self.cuda:
+            raise KvtierError(_errno.EINVAL, "array", "a CUDA buffer has no host view")
+        if self._mem is None:
+            self._mem = (ctypes.c_uint8 * self.size).from_address(self.address)
+        dt = np.dtype(dtype)
+        count = -1 if shape is None else int(np.prod(shape))
+        a = np.frombuffer(self._mem, dtype=dt, count=count, offset=offset)
+        return a if shape is None else a.reshape(shape)
+
+    def torch(self, dtype: Any = None, shape: Any = None, offset: int = 0) -> Any:
+        """A zero-copy torch tensor over the buffer (needs torch): uint8 bytes from @offset,
+        reinterpreted as @dtype (e.g. torch.bfloat16) and reshaped to @shape when given."""
+        import torch  # optional dependency: the extras "torch"
+
+        t = torch.from_numpy(self.array(np.uint8, offset=offset))
+        if dtype is not None:
+            esz = torch.empty((), dtype=dtype).element_size()
+            t = t[: t.numel() // esz * esz].view(dtype)
+        if shape is not None:
+            t = t[: int(np.prod(shape))].view(*shape) if len(shape) else t
+        return t
+
+    def free(self) -> None:
+        """Unregister and unmap. KvtierError(EBUSY) while an open sequence uses it (nothing
+        changes then); after any other outcome the buffer is gone."""
+        if self._h is None or self._client._h is None:
+            self._h = None
+            return
+        r = _LIB.kvt_buf_free(self._client._h, self._h)
+        if r == -_errno.EBUSY:
+            raise KvtierError(r, "kvt_buf_free", _last_error())
+        self._h = None
+        self._mem = None
+        self._client._bufs.discard(self)
+        _check(r, "kvt_buf_free", _last_error())
+
+    def __repr__(self) -> str:
+        state = "" if self._h is not None else ", freed"
+        return f"<kvtier.Buffer id={self.id} size={self.size}{state}>"
+
+
+class Sequence:
+    """An open sequence of a Client (one per generated stream). Geometry attributes mirror the
+    parameters it was opened with; ``params`` holds them all. A context manager: leaving it
+    closes the sequence."""
+
+    def __init__(self, client: Client, seq_id: int, params: _abi.SeqParams) -> None:
+        self._client = client
+        self.id: int | None = seq_id
+        """The sequence id (None once closed)."""
+        self.params: _abi.SeqParams = params
+        """The struct kvt_seq_params it was opened with."""
+        self.layers: int = params.layers
+        self.kv_heads: int = params.kv_heads
+        self.head_dim: int = params.head_dim
+        self.q_heads: int = params.q_heads or params.kv_heads
+        self.dtype: int = params.dtype
+        self.token_bytes: int = (
+            params.layers * 2 * params.kv_heads * params.head_dim
+            * (4 if params.dtype == _abi.DTYPE_F32 else 2)
+        )
+        """Bytes of one token's rows: layers * 2 * kv_heads * head_dim * dtype size."""
+        self._retier_buf: Any = None
+
+    def _ids(self, call: str) -> tuple[int, int]:
+        if self.id is None:
+            raise KvtierError(_errno.ENOENT, call, "the sequence was closed")
+        return self._client._live(call), self.id
+
+    def append(self, rows: Any, ntok: int | None = None) -> AppendResult:
+        """APPEND tokens whose rows (layout [token][layer][K,V][head][dim] of the dtype) are in
+        @rows: a NumPy array, CPU torch tensor or bytes-like. @ntok defaults to the rows'
+        length over token_bytes."""
+        c, s = self._ids("kvt_append")
+        ptr, nbytes, keep = _host_bytes(rows)
+        if ntok is None:
+            if nbytes == 0 or nbytes % self.token_bytes:
+                raise KvtierError(
+                    _errno.EINVAL, "kvt_append",
+                    f"rows are {nbytes} bytes, not a positive multiple of the "
+                    f"{self.token_bytes} bytes of one token",
+                )
+            ntok = nbytes // self.token_bytes
+        first = c_uint64()
+        r = _LIB.kvt_append(c, s, ptr, nbytes, _uint("ntok", ntok), byref(first))
+        del keep
+        _check(r, "kvt_append")
+        return AppendResult(r, first.value)
+
+    def append_t0(self, slots: Any) -> AppendResult:
+        """APPEND tokens whose rows the client already wrote into these T0 slots (in order)."""
+        c, s = self._ids("kvt_append_t0")
+        a = _u32_array("slots", slots)
+        r = _check(_LIB.kvt_append_t0(c, s, a.ctypes.data, a.size), "kvt_append_t0")
+        return AppendResult(r, r - a.size)
+
+    def score_add(self, first: int, values: Any) -> None:
+        """score[first + i] += values[i] (cumulative attention; finite, >= 0)."""
+        c, s = self._ids("kvt_score_add")
+        v = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+        _check(
+            _LIB.kvt_score_add(c, s, _uint("first", first, ctypes.c_uint64), v.ctypes.data,
+                               v.size),
+            "kvt_score_add",
+        )
+
+    def retier(self, out_len: int | None = None) -> RetierResult:
+        """RETIER (specs/tiering.md). @out_len bounds the answer (default t0_slots * 12 + 72,
+        always enough); KvtierError(ENOSPC) when it is too small, nothing changed then."""
+        c, s = self._ids("kvt_retier")
+        n = self.params.t0_slots * 12 + 72 if out_len is None else int(out_len)
+        buf = self._retier_buf
+        if buf is None or len(buf) < n:
+            buf = self._retier_buf = np.empty(max(n, 72), dtype=np.uint8)
+        r = _check(_LIB.kvt_retier(c, s, buf.ctypes.data, n), "kvt_retier")
+        head = _abi.RetierResultC.from_buffer_copy(buf[:72].tobytes())
+        off = max(head.size, 72)
+        changes = np.frombuffer(buf, CHANGE_DTYPE, head.n_changes, off).copy()
+        off += 8 * head.n_changes
+        free = np.frombuffer(buf, np.uint32, head.n_free, off).copy()
+        return RetierResult(
+            head.n_changes, head.n_free, head.evicted_ratio, head.n_tokens,
+            tuple(head.tier_count), changes, free, r,
+        )
+
+    def fetch(
+        self,
+        flags: int = 0,
+        *,
+        positions: Any = None,
+        layer0: int = 0,
+        nlayers: int | None = None,
+        stage_row: int = 0,
+        capacity: int | None = None,
+    ) -> FetchResult:
+        """FETCH rows of layers [@layer0, @layer0 + @nlayers) (default: all from @layer0) into
+        the staging region from row @stage_row. Either @flags FETCH_F_T1 and/or FETCH_F_T2
+        (every position of those tiers, ascending; room for @capacity positions, default the
+        staging rows left), or @positions (a list, staged in that order)."""
+        c, s = self._ids("kvt_fetch")
+        if nlayers is None:
+            nlayers = max(self.layers - int(layer0), 0)
+        if positions is not None:
+            pos = _u32_array("positions", positions)
+            flags |= _abi.FETCH_F_LIST
+            count = pos.size
+        else:
+            if capacity is None:
+                capacity = max(self.params.stage_slots - int(stage_row), 0)
+            count = _uint("capacity", capacity)
+            pos = np.zeros(max(count, 1), dtype=np.uint32)
+        r = _LIB.kvt_fetch(c, s, _uint("flags", flags), _uint("layer0", layer0),
+                           _uint("nlayers", nlayers), _uint("stage_row", stage_row),
+                           pos.ctypes.data, count)
+        _check(r, "kvt_fetch")
+        return FetchResult(r, pos[:r].copy() if positions is None else pos)
+
+    def topk(self, layer: int, k: int, query: Any, flags: int = 0) -> TopkResult:
+        """TOPK: the @k positions per kv head (per query head with TOPK_F_UNION) most likely
+        to matter to @query (q_heads * head_dim floats, post-RoPE) at @layer. Needs a sequence
+        opened with ret_update > 0. KvtierError(ERANGE): k exceeds the retrieval zone, attend
+        densely."""
+        c, s = self._ids("kvt_topk")
+        q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
+        k = _uint("k", k)
+        H = self.kv_heads
+        stride = k * self.q_heads // H if flags & _abi.TOPK_F_UNION else k
+        out = np.empty(H * 4 + H * stride * 8, dtype=np.uint8)
+        r = _LIB.kvt_topk(c, s, _uint("layer", layer), k, _uint("flags", flags),
+                          q.ctypes.data, q.size, out.ctypes.data, out.nbytes)
+        stride = _check(r, "kvt_topk")
+        counts = np.frombuffer(out, np.uint32, H, 0).copy()
+        pos = np.frombuffer(out, np.uint32, H * stride, H * 4).reshape(H, stride).copy()
+        sc = np.frombuffer(out, np.float32, H * stride, H * 4 + H * stride * 4)
+        return TopkResult(stride, counts, pos, sc.reshape(H, stride).copy())
+
+    def stat(self) -> SeqStat:
+        """SEQ_STAT: tokens per tier, pool bytes, bytes in and out, the score total."""
+        c, s = self._ids("kvt_seq_stat")
+        st = _abi.SeqStatC()
+        _check(_LIB.kvt_seq_stat(c, s, byref(st)), "kvt_seq_stat")
+        return SeqStat(st.seq, st.n_tokens, tuple(st.tier_count), st.pool_bytes,
+                       st.bytes_in, st.bytes_out, st.score_total)
+
+    def close(self) -> None:
+        """SEQ_CLOSE; a no-op when already closed or when the client is."""
+        if self.id is None:
+            return
+        sid, self.id = self.id, None
+        if self._client._h is not None:
+            _check(_LIB.kvt_seq_close(self._client._h, sid), "kvt_seq_close")
+
+    def __enter__(self) -> Sequence:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<kvtier.Sequence id={self.id} layers={self.layers} kv_heads={self.kv_heads}"
+                f" head_dim={self.head_dim}>")
+
+
+class Client:
+    """A session with kvtierd (see connect()). A context manager: leaving it disconnects,
+    which frees every sequence and buffer of the session."""
+
+    def __init__(self, handle: int, socket: str | None) -> None:
+        self._h: int | None = handle
+        self.socket: str | None = socket
+        """The control socket given to connect() (None: $KVTIER_SOCKET or the default)."""
+        self.session_id: int = _LIB.kvt_session_id(handle)
+        """The session id, as kvtierctl shows it."""
+        self._bufs: weakref.WeakSet[Buffer] = weakref.WeakSet()
+        self._seqs: weakref.WeakSet[Sequence] = weakref.WeakSet()
+
+    def _live(self, call: str) -> int:
+        if self._h is None:
+            raise KvtierError(_errno.ENOTCONN, call, "the client was closed")
+        return self._h
+
+    # ---- buffers ----
+
+    def alloc_buffer(self, size: int) -> Buffer:
+        """A host buffer of @size bytes shared with kvtierd (kvt_buf_alloc)."""
+        h = c_void_p()
+        r = _LIB.kvt_buf_alloc(self._live("kvt_buf_alloc"), _uint("size", size, c_uint64),
+                               byref(h))
+        _check(r, "kvt_buf_alloc", _last_error())
+        b = Buffer(self, h.value)
+        self._bufs.add(b)
+        return b
+
+    def register_cuda(self, dev_ptr: int, size: int) -> Buffer:
+        """Share device memory (the start of a cudaMalloc() allocation) with kvtierd
+        (kvt_buf_register_cuda); the memory stays the caller's."""
+        h = c_void_p()
+        r = _LIB.kvt_buf_register_cuda(self._live("kvt_buf_register_cuda"), dev_ptr,
+                                       _uint("size", size, c_uint64), byref(h))
+        _check(r, "kvt_buf_register_cuda", _last_error())
+        b = Buffer(self, h.value)
+        b.cuda = True
+        self._bufs.add(b)
+        return b
+
+    def event_get_cuda(self, device: int = 0) -> int:
+        """The session's interprocess cudaEvent_t on @device, as an integer handle
+        (kvt_event_get_cuda); destroy it with cudaEventDestroy()."""
+        ev = c_void_p()
+        r = _LIB.kvt_event_get_cuda(self._live("kvt_event_get_cuda"), int(device), byref(ev))
+        _check(r, "kvt_event_get_cuda", _last_error())
+        return ev.value or 0
+
+    # ---- sequences ----
+
+    def open_sequence(self, **params: Any) -> Sequence:
+        """SEQ_OPEN with the fields of struct kvt_seq_params as keywords (see make_params();
+        fields not given are zero, so give at least layers, kv_heads, head_dim and delta)."""
+        p = make_params(**params)
+        sid = c_uint32()
+        r = _LIB.kvt_seq_open(self._live("kvt_seq_open"), byref(p), byref(sid))
+        if r == -_errno.EINVAL:
+            raise KvtierError(
+                r, "kvt_seq_open",
+                "kvtierd refused the parameters: layers 1..256, kv_heads 1..64, head_dim "
+                "1..256, delta >= 1, fractions in [0, 1] (tiered: their sum <= 1), reserved "
+                "fields zero, a T0 region needs t0_slots >= sinks + window + delta; "
+                "kvtierd's log names the field",
+            )
+        _check(r, "kvt_seq_open")
+        seq = Sequence(self, sid.value, p)
+        self._seqs.add(seq)
+        return seq
+
+    def nop(self) -> None:
+        """A round trip with no work."""
+        _check(_LIB.kvt_nop(self._live("kvt_nop")), "kvt_nop")
+
+    # ---- asynchronous interface ----
+
+    def arena(self) -> np.ndarray:
+        """A zero-copy NumPy view of the arena, the payload space SQEs name by (arena_off,
+        arena_len). The blocking calls use its start."""
+        size = c_uint64()
+        ptr = _LIB.kvt_arena(self._live("kvt_arena"), byref(size))
+        mem = (ctypes.c_uint8 * size.value).from_address(ptr)
+        return np.frombuffer(mem, dtype=np.uint8)
+
+    def get_sqe(self) -> _abi.Sqe | None:
+        """The next free submission entry, zeroed and writable in place (fill it, then
+        submit()), or None when the SQ is full or the CQ could not hold another completion."""
+        p = _LIB.kvt_get_sqe(self._live("kvt_get_sqe"))
+        return p.contents if p else None
+
+    def submit(self) -> int:
+        """Publish every SQE taken since the last submit; returns how many."""
+        return _check(_LIB.kvt_submit(self._live("kvt_submit")), "kvt_submit")
+
+    def wait_cqe(self) -> _abi.Cqe:
+        """One completion, waiting for it. KvtierError(EAGAIN) when nothing is in flight,
+        ECONNRESET when the daemon is gone."""
+        cqe = _abi.Cqe()
+        _check(_LIB.kvt_wait_cqe(self._live("kvt_wait_cqe"), byref(cqe)), "kvt_wait_cqe",
+               _last_error())
+        return cqe
+
+    def peek_cqe(self) -> _abi.Cqe | None:
+        """One completion if one is ready, else None."""
+        cqe = _abi.Cqe()
+        r = _LIB.kvt_peek_cqe(self._live("kvt_peek_cqe"), byref(cqe))
+        if r == -_errno.EAGAIN:
+            return None
+        _check(r, "kvt_peek_cqe")
+        return cqe
+
+    @property
+    def inflight(self) -> int:
+        """Operations submitted and not yet reaped."""
+        return _LIB.kvt_inflight(self._live("kvt_inflight"))
+
+    # ---- lifetime ----
+
+    def close(self) -> None:
+        """End the session (kvt_disconnect): the daemon frees its sequences and buffers, and
+        views of this client's buffers become invalid. Idempotent."""
+        if self._h is None:
+            return
+        h, self._h = self._h, None
+        for s in list(self._seqs):
+            s.id = None
+        for b in list(self._bufs):
+            b._h = None
+            b._mem = None
+        _LIB.kvt_disconnect(h)
+
+    disconnect = close
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_h", None) is not None:
+            self.close()
+
+    def __repr__(self) -> str:
+        state = f"session={self.session_id}" if self._h is not None else "closed"
+        return f"<kvtier.Client {state}>"
+
+
+def connect(
+    socket: str | os.PathLike[str] | None = None,
+    *,
+    sq_entries: int = 0,
+    cq_entries: int = 0,
+    spin_us: int = 0,
+    arena_size: int = 0,
+    name: str | None = None,
+    abi_major: int = 0,
+) -> Client:
+    """Open a session with kvtierd (kvt_connect). @socket: the control socket; None means
+    $KVTIER_SOCKET, else /run/kvtier/kvtierd.sock. The options are struct kvt_opts' (0: the
+    daemon's default; @abi_major is only for testing mismatch handling)."""
+    o = _abi.Opts()
+    o.size = ctypes.sizeof(o)
+    o.sq_entries = _uint("sq_entries", sq_entries)
+    o.cq_entries = _uint("cq_entries", cq_entries)
+    o.spin_us = _uint("spin_us", spin_us)
+    o.arena_size = _uint("arena_size", arena_size, c_uint64)
+    o.abi_major = _uint("abi_major", abi_major)
+    name_b = name.encode() if name is not None else None
+    o.name = name_b
+    path = os.fsencode(socket) if socket is not None else None
+    h = c_void_p()
+    r = _LIB.kvt_connect(path, byref(o), byref(h))
+    if r < 0:
+        msg = _last_error()
+        where = os.fsdecode(path) if path else os.environ.get("KVTIER_SOCKET") or \
+            _abi.DEFAULT_SOCKET
+        if not msg and r in (-_errno.ENOENT, -_errno.ECONNREFUSED):
+            msg = (f"kvtierd is not running at {where}: start it (systemctl start kvtierd, "
+                   f"or kvtierd --socket {where})")
+        raise KvtierError(r, "kvt_connect", msg)
+    return Client(h.value, os.fsdecode(path) if path else None)
