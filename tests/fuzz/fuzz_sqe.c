@@ -16,7 +16,8 @@
  * that feeds N inputs made by a seeded generator that knows each opcode's fields and payload
  * (mostly well-formed requests against the open sequence, one field in four replaced by an
  * edge-case number, NaN, Inf and negative values in payloads): a deterministic test for ctest
- * under the sanitizers, which prints how many requests of each opcode succeeded.
+ * under the sanitizers, which prints how many requests of each opcode succeeded. An input holds
+ * 1-12 SQEs, 1-$KVT_FUZZ_SQES with that set (tests/fuzz/long.sh).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -39,6 +40,7 @@
 
 static struct kvtd D;
 static unsigned long answered[KVT_OP__COUNT + 1][2]; /* [opcode or other][failed, ok] */
+static unsigned long fuzzed;			     /* SQEs from inputs, not the set-up */
 
 __attribute__((noreturn)) static void
 die(const char *what)
@@ -178,6 +180,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		memcpy(s->arena, data, alen);
 		data += alen;
 		size -= alen;
+		fuzzed++;
 		submit(s, &e);
 	}
 	kvtd_session_destroy(s);
@@ -191,6 +194,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 /* ---- the plain driver: inputs from a generator that knows the layout ---- */
 
 static uint64_t rng;
+static unsigned max_sqes = 12; /* per input; long runs raise it (KVT_FUZZ_SQES) */
 
 static uint32_t
 rnd(void)
@@ -404,7 +408,7 @@ static size_t
 make_input(uint8_t *buf, size_t cap)
 {
 	static uint8_t pay[64 << 10];
-	unsigned nsqe = 1 + rnd() % 12;
+	unsigned nsqe = 1 + rnd() % max_sqes;
 	size_t n = 0;
 
 	for (unsigned k = 0; k < nsqe; k++) {
@@ -442,6 +446,11 @@ main(int argc, char **argv)
 	rng = argc > 2 ? strtoull(argv[2], NULL, 10) : 0x9e3779b97f4a7c15ull;
 	if (!rng)
 		rng = 1;
+	/* Longer sessions: more drained SQEs per set-up (a session, two buffers, 96 tokens). */
+	if (getenv("KVT_FUZZ_SQES"))
+		max_sqes = (unsigned)strtoul(getenv("KVT_FUZZ_SQES"), NULL, 10);
+	if (!max_sqes)
+		max_sqes = 12;
 	for (unsigned long i = 0; i < inputs; i++) {
 		size_t n = make_input(buf, sizeof(buf));
 
@@ -463,7 +472,8 @@ main(int argc, char **argv)
 		printf("fuzz_sqe: %lu inputs written to %s\n", inputs, corpus);
 		return 0;
 	}
-	printf("fuzz_sqe: %lu inputs, every SQE answered, every pool byte back\n", inputs);
+	printf("fuzz_sqe: %lu inputs, %lu fuzzed SQEs, every SQE answered, every pool byte back\n",
+	       inputs, fuzzed);
 	printf("answers (ok / failed) by opcode:");
 	for (int op = 0; op <= KVT_OP__COUNT; op++)
 		printf(" %d: %lu / %lu", op, answered[op][1], answered[op][0]);
