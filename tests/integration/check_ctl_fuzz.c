@@ -7,7 +7,8 @@
  * connection for with exactly one reply carrying the request's id, close only connections
  * that never said HELLO, stay up, serve a well-behaved client between rounds, and hold no
  * session, sequence or pool byte once every connection is gone. Seeded: the same messages every
- * run.
+ * run ($KVT_CTL_FUZZ_SEED and $KVT_CTL_FUZZ_ROUNDS change the seed and the count, for
+ * tests/fuzz/long.sh).
  */
 #define _GNU_SOURCE
 #include <check.h>
@@ -28,7 +29,7 @@
 #include "kvt_ctl.h"
 #include "kvtier.h"
 
-#define ROUNDS 400
+#define ROUNDS 400 /* connections; $KVT_CTL_FUZZ_ROUNDS overrides (tests/fuzz/long.sh) */
 
 static struct kvtd_proc D;
 static uint64_t rng = 0x2545f4914f6cdd1dull;
@@ -225,8 +226,15 @@ START_TEST(t_ctl_fuzz)
 	uint64_t next_id = 1000;
 	unsigned closed_early = 0, replies = 0;
 	uint8_t *buf = malloc(KVT_CTL_MAX_MSG);
+	const char *env = getenv("KVT_CTL_FUZZ_ROUNDS");
+	int rounds = env && atoi(env) > 0 ? atoi(env) : ROUNDS;
+	unsigned long sent_msgs = 0;
 
-	for (int round = 0; round < ROUNDS; round++) {
+	env = getenv("KVT_CTL_FUZZ_SEED"); /* other messages than CI's, same checks */
+	if (env && strtoull(env, NULL, 0))
+		rng = strtoull(env, NULL, 0);
+
+	for (int round = 0; round < rounds; round++) {
 		int sock = raw_connect(), hello = rnd() % 4 != 0, nmsg = 1 + rnd() % 6, session = 0;
 		uint64_t sent[8];
 		int nsent = 0;
@@ -239,6 +247,7 @@ START_TEST(t_ctl_fuzz)
 			int64_t id;
 
 			send_msg(sock, buf, len, is_hello ? 0 : (int)(rnd() % 4));
+			sent_msgs++;
 			/* a message the daemon takes as whole gets its id back */
 			if (len >= sizeof(*h) && h->len == len)
 				sent[nsent++] = next_id;
@@ -276,10 +285,11 @@ START_TEST(t_ctl_fuzz)
 		}
 	}
 	free(buf);
-	printf("check_ctl_fuzz: %d connections, %u replies, %u closed before a session\n", ROUNDS,
-	       replies, closed_early);
+	printf("check_ctl_fuzz: %d connections, %lu messages, %u replies, %u closed before a "
+	       "session\n",
+	       rounds, sent_msgs, replies, closed_early);
 	ck_assert(daemon_alive(&D));
-	ck_assert_uint_gt(replies, ROUNDS);
+	ck_assert_uint_gt(replies, (unsigned)rounds);
 	ck_assert_uint_gt(closed_early, 0);
 	wait_idle(1); /* every connection gone: no session, no pool byte left */
 }
