@@ -119,33 +119,45 @@ export KVTIER_SOCKET=$sock
 ctl="$build/tools/kvtierctl/kvtierctl"
 llm="$build/tools/llm/kvtier-llm"
 if [ -n "$model" ] && [ -x "$llm" ]; then
-	log "main job: two kvtier-llm processes (SmolLM2-135M, tiered KV caches) sharing one kvtierd"
-	prompts=("Explain how rain forms, step by step." "Write a short story about a lighthouse keeper.")
+	# One prompt, three ways: the whole KV cache in the process (the reference), then two
+	# kvtier-llm processes sharing this kvtierd's pool: half the rows offloaded with nothing lost
+	# (identical text), and a lossy budget (a quarter int8, 3 % evicted) with its agreement.
+	prompt="Explain how rain forms, step by step."
+	ntok=256
+	common=(--chat --prompt "$prompt" --max-tokens "$ntok" --json)
+	log "main job 1/2: SmolLM2-135M, $ntok tokens, the whole KV cache in the process (reference)"
+	"$llm" "${common[@]}" >"$rundir/full.json" 2>"$rundir/full.err" ||
+		{ cat "$rundir/full.err" >&2; die "kvtier-llm (full cache) failed"; }
+	log "main job 2/2: two kvtier-llm processes sharing one kvtierd pool"
+	budgets=("--hbm 0.5 --t2 0 --evict 0" "--hbm 0.5 --t2 0.25 --evict 0.03")
 	for i in 0 1; do
-		# Each keeps its sequence open 3 s after generating, for kvtierctl to show it.
-		"$llm" --kv kvtier --chat --prompt "${prompts[$i]}" --max-tokens 384 --window 64 \
-			--hbm 0.5 --evict 0.03 --hold-seconds 3 >"$rundir/llm$i.out" 2>&1 &
+		# Each keeps its sequence open 4 s after generating, for kvtierctl to show it.
+		# shellcheck disable=SC2086 # the budget is a list of options
+		"$llm" "${common[@]}" --kv kvtier ${budgets[$i]} --window 64 --delta 32 \
+			--hold-seconds 4 >"$rundir/kvtier$i.json" 2>"$rundir/kvtier$i.err" &
 		lpids[i]=$!
 	done
-	until grep -q "kvtier session" "$rundir/llm0.out" && grep -q "kvtier session" "$rundir/llm1.out"; do
+	# Each prints its JSON document when done, then holds its sequence open.
+	json_done() { python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$1" 2>/dev/null; }
+	t0=$SECONDS
+	until json_done "$rundir/kvtier0.json" && json_done "$rundir/kvtier1.json"; do
 		for i in 0 1; do
-			if ! kill -0 "${lpids[$i]}" 2>/dev/null && ! grep -q "kvtier session" "$rundir/llm$i.out"; then
-				cat "$rundir/llm$i.out" >&2
+			if ! kill -0 "${lpids[$i]}" 2>/dev/null && ! json_done "$rundir/kvtier$i.json"; then
+				cat "$rundir/kvtier$i.err" >&2
 				die "kvtier-llm $i failed"
 			fi
 		done
-		sleep 0.2
+		[ -t 2 ] && printf '\r    generating through kvtierd ... %ds' $((SECONDS - t0)) >&2
+		sleep 0.5
 	done
-	for i in 0 1; do
-		printf '\n\033[1m--- kvtier-llm %d: %s\033[0m\n' "$i" "${prompts[$i]}"
-		cat "$rundir/llm$i.out"
-	done
-	echo
-	log "kvtierctl status (both sequences still open)"
-	"$ctl" status
-	echo
+	[ -t 2 ] && printf '\n' >&2
+	log "both generated $ntok tokens in $((SECONDS - t0)) s; kvtierctl while their sequences are open"
 	"$ctl" seqs
+	echo
+	"$ctl" status
 	wait "${lpids[@]}"
+	python3 "$root/tools/main-job-report.py" "$rundir/full.json" "$rundir/kvtier0.json" \
+		"$rundir/kvtier1.json"
 else
 	log "main job: kvtier-sim, two client processes sharing one daemon (no model: synthetic trace)"
 	# kvtierctl runs while both clients still hold their sessions and sequences.
