@@ -5,12 +5,18 @@
  * without FETCH, FETCH, buffer registration, sequences opened and closed), are SIGKILLed after
  * a random 0-30 ms, while one well-behaved client decodes through all of it. The daemon must
  * stay up, the survivor must finish with correct results, and once the victims are gone no
- * session, sequence or pool byte of theirs may remain. Seeded: the same delays every run.
+ * session, sequence or pool byte of theirs may remain, and the daemon holds the descriptors and
+ * mappings it held before. Seeded: the same delays every run. $KVT_CHAOS_VICTIMS raises the
+ * count for long runs (tests/integration/chaos_long.sh); the survivor then decodes through
+ * several sequences in turn until the last victim is gone.
  */
 #define _GNU_SOURCE
 #include <check.h>
+#include <dirent.h>
 #include <math.h>
+#include <poll.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -117,9 +123,10 @@ victim(unsigned id, int ready_fd)
 	}
 }
 
-/* The well-behaved client: @steps decode steps, its scores checked at the end. */
+/* The well-behaved client: @steps decode steps in each of its sequences, its scores checked at
+ * the end of each; a new sequence after each until @stop_fd reads EOF. */
 static int
-survivor(int steps)
+survivor(int steps, int stop_fd)
 {
 	struct kvt_opts o = {.size = sizeof(o), .name = "survivor", .spin_us = 10};
 	struct kvt_seq_params p = {.size = sizeof(p),
@@ -134,63 +141,91 @@ survivor(int steps)
 	struct kvt_client *c;
 	uint32_t seq;
 
-	if (kvt_connect(D.sock, &o, &c) < 0 || kvt_seq_open(c, &p, &seq) < 0)
+	if (kvt_connect(D.sock, &o, &c) < 0)
 		return 10;
-	for (int t = 0; t < steps; t++) {
-		float one = 1.0f;
-		uint8_t out[4096];
+	for (;;) {
+		struct pollfd pfd = {.fd = stop_fd, .events = POLLIN};
 
-		if (kvt_append(c, seq, row, sizeof(row), 1, NULL) != t + 1 ||
-		    kvt_score_add(c, seq, (uint64_t)t, &one, 1) < 0)
-			return 11;
-		if (t % 16 == 15 && kvt_retier(c, seq, out, sizeof(out)) < 0)
-			return 12;
+		if (kvt_seq_open(c, &p, &seq) < 0)
+			return 10;
+		for (int t = 0; t < steps; t++) {
+			float one = 1.0f;
+			uint8_t out[4096];
+
+			if (kvt_append(c, seq, row, sizeof(row), 1, NULL) != t + 1 ||
+			    kvt_score_add(c, seq, (uint64_t)t, &one, 1) < 0)
+				return 11;
+			if (t % 16 == 15 && kvt_retier(c, seq, out, sizeof(out)) < 0)
+				return 12;
+		}
+		if (kvt_seq_stat(c, seq, &st) < 0 || st.n_tokens != (uint64_t)steps ||
+		    fabs(st.score_total - steps) > 1e-3 * steps)
+			return 13;
+		if (kvt_seq_close(c, seq) < 0)
+			return 14;
+		if (poll(&pfd, 1, 0) == 1)
+			break;
 	}
-	if (kvt_seq_stat(c, seq, &st) < 0 || st.n_tokens != (uint64_t)steps ||
-	    fabs(st.score_total - steps) > 1e-3 * steps)
-		return 13;
 	kvt_disconnect(c);
 	return 0;
 }
 
-START_TEST(t_chaos)
+/* What the daemon holds: open descriptors, mappings, resident kB. */
+struct usage {
+	long fds, maps, rss_kb;
+};
+
+static struct usage
+daemon_usage(void)
 {
-	uint64_t s = 42;
-	pid_t surv;
-	int st;
+	struct usage u = {0, 0, -1};
+	char path[64], line[512];
+	struct dirent *de;
+	DIR *dir;
+	FILE *f;
 
-	daemon_start(&D, NULL);
-	surv = fork();
-	ck_assert_int_ge(surv, 0);
-	if (surv == 0)
-		_exit(survivor(20000));
-	for (unsigned i = 0; i < VICTIMS; i++) {
-		int p[2];
-		pid_t v;
-		char ch;
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)D.pid);
+	dir = opendir(path);
+	ck_assert_ptr_nonnull(dir);
+	while ((de = readdir(dir)))
+		u.fds += de->d_name[0] != '.';
+	closedir(dir);
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)D.pid);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f))
+		u.maps += strchr(line, '\n') != NULL;
+	fclose(f);
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)D.pid);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, "VmRSS:", 6))
+			u.rss_kb = atol(line + 6);
+	fclose(f);
+	return u;
+}
 
-		ck_assert_int_eq(pipe(p), 0);
-		v = fork();
-		ck_assert_int_ge(v, 0);
-		if (v == 0) {
-			close(p[0]);
-			victim(i, p[1]);
-			_exit(1);
-		}
-		close(p[1]);
-		ck_assert_int_eq(read(p[0], &ch, 1), 1); /* set up, now working */
-		close(p[0]);
-		usleep((useconds_t)(xs(&s) % 30000));
-		kill(v, SIGKILL);
-		ck_assert_int_eq(waitpid(v, &st, 0), v);
-		/* died by the signal, not by a failed request */
-		ck_assert_msg(WIFSIGNALED(st), "victim %u exited with %d", i, WEXITSTATUS(st));
-		ck_assert(daemon_alive(&D));
+/* daemon_usage() once the daemon has closed the admin connections just made (asynchronously,
+ * like sessions): the same fd and map counts twice, 20 ms apart. */
+static struct usage
+settled_usage(void)
+{
+	struct usage a = daemon_usage(), b;
+
+	for (int i = 0; i < 100; i++, a = b) {
+		usleep(20000);
+		b = daemon_usage();
+		if (a.fds == b.fds && a.maps == b.maps)
+			return b;
 	}
-	ck_assert_int_eq(waitpid(surv, &st, 0), surv);
-	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "survivor failed: %d",
-		      WEXITSTATUS(st));
-	/* sessions end asynchronously after the hangup */
+	ck_abort_msg("the daemon's descriptors and mappings never settled");
+}
+
+/* Sessions end asynchronously after the hangup: wait until none is left and the pool is empty. */
+static void
+wait_reclaimed(void)
+{
 	for (int i = 0;; i++) {
 		struct json_object *o = admin_request(D.sock, KVT_CTL_STATUS);
 		int64_t sessions = o ? json_get_i64(o, "sessions") : -1;
@@ -203,6 +238,75 @@ START_TEST(t_chaos)
 			      (long long)sessions, (long long)pool_used(D.sock));
 		usleep(10000);
 	}
+}
+
+/* Forks victim @id, lets it work for a seeded 0-30 ms, SIGKILLs it. */
+static void
+kill_one(unsigned id, uint64_t *s)
+{
+	int p[2], st;
+	pid_t v;
+	char ch;
+
+	ck_assert_int_eq(pipe(p), 0);
+	v = fork();
+	ck_assert_int_ge(v, 0);
+	if (v == 0) {
+		close(p[0]);
+		victim(id, p[1]);
+		_exit(1);
+	}
+	close(p[1]);
+	ck_assert_int_eq(read(p[0], &ch, 1), 1); /* set up, now working */
+	close(p[0]);
+	usleep((useconds_t)(xs(s) % 30000));
+	kill(v, SIGKILL);
+	ck_assert_int_eq(waitpid(v, &st, 0), v);
+	/* died by the signal, not by a failed request */
+	ck_assert_msg(WIFSIGNALED(st), "victim %u exited with %d", id, WEXITSTATUS(st));
+	ck_assert(daemon_alive(&D));
+}
+
+START_TEST(t_chaos)
+{
+	const char *env = getenv("KVT_CHAOS_VICTIMS");
+	unsigned victims = env && atoi(env) > 0 ? (unsigned)atoi(env) : VICTIMS;
+	uint64_t s = 42;
+	struct usage u0, u1;
+	int st, stop[2];
+	pid_t surv;
+
+	daemon_start(&D, NULL);
+	/* The baseline after one victim: the first session's lazily made state (thread arenas,
+	 * scratch) is the daemon's, not a leak. */
+	kill_one(victims, &s);
+	wait_reclaimed();
+	u0 = settled_usage();
+	ck_assert_int_eq(pipe(stop), 0);
+	surv = fork();
+	ck_assert_int_ge(surv, 0);
+	if (surv == 0) {
+		close(stop[1]);
+		_exit(survivor(20000, stop[0]));
+	}
+	close(stop[0]);
+	for (unsigned i = 0; i < victims; i++) {
+		kill_one(i, &s);
+		if (env && i % 500 == 499)
+			fprintf(stderr, "chaos: %u victims SIGKILLed\n", i + 1);
+	}
+	close(stop[1]); /* the survivor ends after its current sequence */
+	ck_assert_int_eq(waitpid(surv, &st, 0), surv);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "survivor failed: %d",
+		      WEXITSTATUS(st));
+	wait_reclaimed();
+	u1 = settled_usage();
+	printf("chaos: %u victims SIGKILLed; daemon fds %ld -> %ld, maps %ld -> %ld, "
+	       "RSS %ld -> %ld kB, pool bytes 0 -> %lld\n",
+	       victims, u0.fds, u1.fds, u0.maps, u1.maps, u0.rss_kb, u1.rss_kb,
+	       (long long)pool_used(D.sock));
+	ck_assert_int_eq(u1.fds, u0.fds);
+	ck_assert_int_eq(u1.maps, u0.maps);
 	ck_assert_int_eq(daemon_stop(&D), 0);
 }
 END_TEST
