@@ -76,7 +76,7 @@ struct kvt_region_hdr {
 };
 _Static_assert(sizeof(struct kvt_region_hdr) == 128, "kvt_region_hdr ABI");
 
-/* Opcodes. Numbers are reserved for every op in DESIGN.md; never reuse one. */
+/* Opcodes. Numbers are part of the ABI (docs/design.md); never reuse one. */
 enum {
 	KVT_OP_NOP = 0,
 	KVT_OP_SEQ_OPEN = 1,
@@ -188,7 +188,7 @@ struct kvt_seq_params {
 	uint64_t stage_slot_stride;
 	uint64_t stage_layer_stride;
 	uint64_t stage_kv_stride;
-	/* Retrieval (TOPK, specs/pariskv.md): sink S = sinks, dense window W = window, update
+	/* Retrieval (TOPK, docs/retrieval.md): sink S = sinks, dense window W = window, update
 	 * buffer U. Keys leaving the dense window are encoded every U tokens. 0: no TOPK. */
 	uint32_t ret_update;
 	uint32_t ret_flags;   /* zero */
@@ -223,7 +223,7 @@ _Static_assert(sizeof(struct kvt_seq_params) == 160, "kvt_seq_params ABI");
  */
 
 /*
- * RETIER: recompute the sequence's tiers (specs/tiering.md) and move the data: demotions free
+ * RETIER: recompute the sequence's tiers (docs/tiering.md) and move the data: demotions free
  * T0 slots without copying, promotions copy rows into the client's T0 slots (all layers, one
  * batch), T1 -> T2 quantizes, evictions free pool slots. Output, in the arena at arena_off
  * (arena_len must hold it all, else -ENOSPC and nothing changes): struct kvt_retier_result,
