@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tier.h - per-sequence re-tiering (specs/tiering.md): which positions live in T0 (device
+ * tier.h - per-sequence re-tiering (docs/tiering.md): which positions live in T0 (device
  * slots), T1 (pool, full precision), T2 (pool, int8) or T3 (evicted), and the plan of data moves
  * that gets a sequence from its current placement to the new one.
  *
@@ -186,7 +186,7 @@ int kvt_tier_score_add(struct kvt_tier_seq *s, uint32_t first, uint32_t count, c
 size_t kvt_tier_ws_bytes(uint32_t n, uint32_t t0_slots, uint32_t delta);
 
 /*
- * kvt_tier_plan - compute the re-tiering plan of @s (specs/tiering.md, RETIER) without changing
+ * kvt_tier_plan - compute the re-tiering plan of @s (docs/tiering.md, RETIER) without changing
  * it.
  * @cfg:	the sequence's configuration (its t0_slots must equal s->t0_slots).
  * @s:		the sequence; not modified.
