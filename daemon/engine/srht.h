@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * srht.h - the fixed random rotation used by ParisKV retrieval (specs/pariskv.md section 1).
+ * srht.h - the fixed random rotation used by ParisKV retrieval (docs/retrieval.md section 1).
  *
  * y = (1/sqrt(d)) * H_d * (D (.) x), with H_d the Sylvester Hadamard matrix
  * (H[i][j] = (-1)^popcount(i & j)) and D a fixed +-1 diagonal. The transform is orthonormal, so
