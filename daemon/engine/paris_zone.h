@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * paris_zone.h - sink / retrieval / dense-window bookkeeping of ParisKV (specs/pariskv.md s. 6).
+ * paris_zone.h - sink / retrieval / dense-window bookkeeping of ParisKV (docs/retrieval.md s. 6).
  *
  * A sequence of total length T (tokens written so far, the current one included) whose prompt
  * had L tokens splits by absolute position into
