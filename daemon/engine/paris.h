@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * paris.h - ParisKV retrieval index for one (sequence, layer, kv head) (specs/pariskv.md).
+ * paris.h - ParisKV retrieval index for one (sequence, layer, kv head) (docs/retrieval.md).
  *
  * Keys are normalised, rotated with the shared SRHT (srht.h) and split into B = D/8 blocks of 8
  * dims. Per key and block the index stores:
