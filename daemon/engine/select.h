@@ -2,7 +2,7 @@
 /*
  * select.h - O(n) top-m / bottom-m selection of f32 scores (radix select, never a full sort).
  *
- * Rank order (specs/tiering.md, re-tiering step 2): a candidate ranks higher when its score is
+ * Rank order (docs/tiering.md, re-tiering step 2): a candidate ranks higher when its score is
  * higher; on equal scores the older token (lower position) ranks lower. Every candidate has a
  * distinct position, so this is a strict total order and the selected set is unique: any
  * correct implementation (a sort included) picks exactly the same positions.
