@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Collision votes (specs/pariskv.md 3.4): one thread per key, the [B][256] vote table in shared
+// Collision votes (docs/retrieval.md 3.4): one thread per key, the [B][256] vote table in shared
 // memory. Ids are read as one byte per block; consecutive threads read consecutive bytes of a
 // block row, so loads coalesce.
 #include "kvt_kernels.h"
