@@ -3,7 +3,8 @@
  * kvt_abi.h - the daemon <-> client data-path contract.
  *
  * Everything here lives in shared memory that both sides map, so it uses fixed-width types
- * only, carries explicit reserved fields that must be zero, and is pinned by _Static_assert.
+ * only, carries explicit reserved fields that must be zero, and is pinned by static assertions.
+ * It compiles as C11 and as C++11 (KVT_STATIC_ASSERT picks the spelling).
  * Readers locate every part of the shared region through the offsets in struct kvt_region_hdr,
  * never through sizeof(), so later minor versions can grow parts without breaking old peers.
  *
@@ -16,6 +17,12 @@
 #include <stdalign.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#ifdef __cplusplus
+#define KVT_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define KVT_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
 
 #define KVT_ABI_MAJOR 1 /* bumped only on incompatible change */
 #define KVT_ABI_MINOR 0 /* bumped on compatible additions */
@@ -44,10 +51,10 @@ struct kvt_ring_hdr {
 	uint32_t entries;      /* power of two, fixed at creation */
 	uint32_t reserved[14]; /* zero */
 };
-_Static_assert(sizeof(struct kvt_ring_hdr) == 192, "kvt_ring_hdr ABI");
-_Static_assert(offsetof(struct kvt_ring_hdr, prod_tail) == 0, "kvt_ring_hdr prod_tail");
-_Static_assert(offsetof(struct kvt_ring_hdr, cons_head) == 64, "kvt_ring_hdr cons_head");
-_Static_assert(offsetof(struct kvt_ring_hdr, flags) == 128, "kvt_ring_hdr flags");
+KVT_STATIC_ASSERT(sizeof(struct kvt_ring_hdr) == 192, "kvt_ring_hdr ABI");
+KVT_STATIC_ASSERT(offsetof(struct kvt_ring_hdr, prod_tail) == 0, "kvt_ring_hdr prod_tail");
+KVT_STATIC_ASSERT(offsetof(struct kvt_ring_hdr, cons_head) == 64, "kvt_ring_hdr cons_head");
+KVT_STATIC_ASSERT(offsetof(struct kvt_ring_hdr, flags) == 128, "kvt_ring_hdr flags");
 
 /*
  * struct kvt_region_hdr - first bytes of every session's shared region.
@@ -74,7 +81,7 @@ struct kvt_region_hdr {
 	uint32_t reserved0;
 	uint64_t reserved[4]; /* zero */
 };
-_Static_assert(sizeof(struct kvt_region_hdr) == 128, "kvt_region_hdr ABI");
+KVT_STATIC_ASSERT(sizeof(struct kvt_region_hdr) == 128, "kvt_region_hdr ABI");
 
 /* Opcodes. Numbers are part of the ABI (docs/design.md); never reuse one. */
 enum {
@@ -121,7 +128,7 @@ struct kvt_sqe {
 	uint32_t stamp;	   /* ring index + 1, stored last (release) by the producer */
 	uint32_t reserved; /* zero */
 };
-_Static_assert(sizeof(struct kvt_sqe) == 64, "kvt_sqe ABI");
+KVT_STATIC_ASSERT(sizeof(struct kvt_sqe) == 64, "kvt_sqe ABI");
 
 /*
  * struct kvt_cqe - one completion, 32 bytes. @res is >= 0 on success (meaning per opcode) or a
@@ -133,7 +140,7 @@ struct kvt_cqe {
 	uint32_t stamp; /* ring index + 1, stored last (release) by the daemon */
 	uint64_t aux[2];
 };
-_Static_assert(sizeof(struct kvt_cqe) == 32, "kvt_cqe ABI");
+KVT_STATIC_ASSERT(sizeof(struct kvt_cqe) == 32, "kvt_cqe ABI");
 
 /* ---- per-opcode payloads ---------------------------------------------------------------- */
 
@@ -196,7 +203,7 @@ struct kvt_seq_params {
 	uint32_t reserved0;   /* zero */
 	uint64_t reserved[2]; /* zero */
 };
-_Static_assert(sizeof(struct kvt_seq_params) == 160, "kvt_seq_params ABI");
+KVT_STATIC_ASSERT(sizeof(struct kvt_seq_params) == 160, "kvt_seq_params ABI");
 
 /*
  * T2 (int8) encodings, kvt_seq_params.t2_flags. By default every (token, layer, K|V, head) has
@@ -235,7 +242,7 @@ struct kvt_slot_change {
 	uint32_t slot;
 	int32_t pos; /* position now in the slot, -1: the slot is free */
 };
-_Static_assert(sizeof(struct kvt_slot_change) == 8, "kvt_slot_change ABI");
+KVT_STATIC_ASSERT(sizeof(struct kvt_slot_change) == 8, "kvt_slot_change ABI");
 
 struct kvt_retier_result {
 	uint32_t size;	    /* sizeof(struct kvt_retier_result) */
@@ -246,7 +253,7 @@ struct kvt_retier_result {
 	uint64_t tier_count[4];
 	uint64_t reserved[2];
 };
-_Static_assert(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI");
+KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI");
 
 /*
  * FETCH: stage rows of layers [arg0, arg0 + arg1) into the staging region, starting at staging
@@ -304,7 +311,7 @@ struct kvt_seq_stat {
 	double score_total;	/* sum of all SCORE_ADD values */
 	uint64_t reserved[4];
 };
-_Static_assert(sizeof(struct kvt_seq_stat) == 112, "kvt_seq_stat ABI");
+KVT_STATIC_ASSERT(sizeof(struct kvt_seq_stat) == 112, "kvt_seq_stat ABI");
 
 static inline uint32_t
 kvt_dtype_size(uint32_t dtype)
