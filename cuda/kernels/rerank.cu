@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// RSQ-IP rerank (specs/pariskv.md 4): one thread per candidate. Each thread reads its key's
+// RSQ-IP rerank (docs/retrieval.md 4): one thread per candidate. Each thread reads its key's
 // codes (4 bytes per block, dim j of the block in bits [4j, 4j+4)) and weights; the rotated
 // query sits in shared memory and the 8 Lloyd-Max levels in constant memory. f32 throughout
 // (the reference accumulates in bf16).
