@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Candidate cut by votes (specs/pariskv.md 3.5) with the host's deterministic order: every key
+// Candidate cut by votes (docs/retrieval.md 3.5) with the host's deterministic order: every key
 // with more votes than the cut tau, plus the lowest-index keys voting exactly tau, in ascending
 // index order. Five small launches: a 97-bin histogram, the cut, per-tile counts, a serial scan
 // over tiles (n / 4096 of them), and an ordered emit with block scans.
