@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// UVA row gather (specs/pariskv.md 7, "UVA gather", generalised): one warp per output row reads
+// UVA row gather (docs/retrieval.md 7, the UVA gather, generalised): one warp per output row reads
 // the source row straight from pinned host memory in 16-byte units, so a batch of scattered
 // rows is one launch instead of one memcpy per row. The int8 variants dequantise on the fly
 // with the source row's f32 scale (the T2 tier), writing f16 or bf16.
