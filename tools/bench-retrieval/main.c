@@ -4,7 +4,7 @@
  * index against an exact fp16 scan and FAISS baselines, on synthetic key sets (gen.h).
  *
  * Methods:
- *   kvtier       ParisKV, the reference ratio schedule (specs/pariskv.md 3.6)
+ *   kvtier       ParisKV, the reference ratio schedule (docs/retrieval.md 3.6)
  *   kvtier-wide  the same index searched with rho_cand 0.2, rho_col 0.5 (a tuned schedule)
  *   kvtier-refine the exact refine stage (paris.h): the 4k best estimates rescored from the
  *                raw f32 keys, with the default refine schedule (rho_cand 0.3, rho_col 0.7)
