@@ -44,7 +44,7 @@ struct kv_kvtier_opts {
 	uint32_t spin_us;    /* libkvtier spin before sleeping on a completion */
 };
 
-/* Defaults of specs/tiering.md: tiered, Δ 64, 4 sinks, window 128, hbm 0.5, evict 0.03. */
+/* Defaults of docs/tiering.md: tiered, Δ 64, 4 sinks, window 128, hbm 0.5, evict 0.03. */
 void kv_kvtier_opts_default(struct kv_kvtier_opts *o);
 
 /*
