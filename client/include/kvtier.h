@@ -182,7 +182,7 @@ int kvt_score_add(struct kvt_client *c, uint32_t seq, uint64_t first, const floa
 int kvt_seq_stat(struct kvt_client *c, uint32_t seq, struct kvt_seq_stat *ret_stat);
 
 /*
- * kvt_retier() - re-tier the sequence (specs/tiering.md). @out receives struct
+ * kvt_retier() - re-tier the sequence (docs/tiering.md). @out receives struct
  * kvt_retier_result, then its n_changes struct kvt_slot_change, then n_free u32 free slots
  * (see kvt_abi.h); @out_len must hold them (t0_slots * 12 + 72 always does).
  * Returns the bytes written, -ENOSPC (@out too small: nothing changed), -ENOMEM/-EDQUOT (no pool
