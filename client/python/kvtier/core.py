@@ -399,7 +399,7 @@ class Sequence:
         )
 
     def retier(self, out_len: int | None = None) -> RetierResult:
-        """RETIER (specs/tiering.md). @out_len bounds the answer (default t0_slots * 12 + 72,
+        """RETIER (docs/tiering.md). @out_len bounds the answer (default t0_slots * 12 + 72,
         always enough); KvtierError(ENOSPC) when it is too small, nothing changed then."""
         c, s = self._ids("kvt_retier")
         n = self.params.t0_slots * 12 + 72 if out_len is None else int(out_len)
