@@ -1,0 +1,87 @@
+# SPDX-License-Identifier: MIT
+"""python -m kvtier status|clients|seqs prints what kvtierctl prints."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import numpy as np
+
+import kvtier
+from kvtier import ctl
+from conftest import PYTHON
+
+
+def pyctl(args, python_env, check=True):
+    r = subprocess.run([PYTHON, "-m", "kvtier", *args], capture_output=True, text=True,
+                       env=python_env, timeout=120)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def drop_line(text, key):
+    return [ln for ln in text.splitlines() if not ln.startswith(key + " ")]
+
+
+def drop_column(text, head):
+    """Rows split on runs of 2+ spaces, without column @head (its width varies with time)."""
+    rows = [re.split(r"\s{2,}", ln.strip()) for ln in text.splitlines()]
+    i = rows[0].index(head)
+    return [r[:i] + r[i + 1:] for r in rows]
+
+
+def compare_all(kvtierd, python_env):
+    sock = ["--socket", kvtierd.socket]
+    ours = pyctl(["status", *sock], python_env).stdout
+    theirs = kvtierd.ctl(["status"]).stdout
+    assert "uptime" in ours and drop_line(ours, "uptime") == drop_line(theirs, "uptime")
+    seqs = pyctl(["seqs", *sock], python_env).stdout
+    assert seqs == kvtierd.ctl(["seqs"]).stdout
+    ours = pyctl(["clients", *sock], python_env).stdout
+    theirs = kvtierd.ctl(["clients"]).stdout
+    if ours.startswith("SESSION"):
+        assert drop_column(ours, "UPTIME") == drop_column(theirs, "UPTIME")
+    else:
+        assert ours == theirs
+    return seqs, ours
+
+
+def test_status_clients_seqs_match_kvtierctl(kvtierd, python_env):
+    with kvtier.connect(kvtierd.socket, name="status-test") as c:
+        with c.open_sequence(layers=2, kv_heads=2, head_dim=64, delta=8, policy="streaming",
+                             sinks=2, window=8) as s:
+            s.append(np.zeros((40, s.token_bytes), np.uint8))
+            s.retier()  # tokens evicted: every tier column has something to show
+            seqs, clients = compare_all(kvtierd, python_env)
+            assert "streaming" in seqs and "status-test" in clients
+    assert compare_all(kvtierd, python_env) == ("no open sequences\n", "no clients connected\n")
+
+
+def test_status_json_is_the_daemons_document(kvtierd, python_env, monkeypatch):
+    python_env["KVTIER_SOCKET"] = kvtierd.socket  # the default socket, as kvtierctl
+    ours = json.loads(pyctl(["status", "--json"], python_env).stdout)
+    theirs = json.loads(kvtierd.ctl(["status", "--json"]).stdout)
+    ours.pop("uptime_s"), theirs.pop("uptime_s")
+    assert ours == theirs and ours["pid"] == kvtierd.pid
+
+
+def test_status_without_daemon_and_bad_usage(tmp_path, python_env):
+    r = pyctl(["status", "-s", str(tmp_path / "none.sock")], python_env, check=False)
+    assert r.returncode == 1 and "kvtierd is not running" in r.stderr and not r.stdout
+    r = pyctl(["frobnicate"], python_env, check=False)
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+    r = pyctl(["status", "--timeout", "0"], python_env, check=False)
+    assert r.returncode == 2
+
+
+def test_formatters_match_kvtierctl_units():
+    assert [ctl.fmt_bytes(b) for b in (0, 1023, 1024, 1536, 256 << 20, 3 << 40, 1 << 60)] == [
+        "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "256.0 MiB", "3.0 TiB", "1024.0 PiB"]
+    assert [ctl.fmt_duration(s) for s in (-1, 12.5, 187, 7500, 356400)] == [
+        "-", "12.5s", "3m07s", "2h05m", "4d03h"]
+    # keys absent or of the wrong type print "-", control characters are replaced
+    text = ctl.fmt_status({"version": "x\x1by", "pool": {"used": 5}, "tiers": [1, "a"]})
+    assert "version        x?y\n" in text and "pool used      5 B\n" in text
+    assert "pid            -\n" in text and "tiers          T0 1  T1 -\n" in text
