@@ -217,17 +217,27 @@ attend(uint32_t m, const uint32_t *pos, const float *const *K, const float *cons
 	}
 }
 
+/* The positions of the last gather_view()'s FETCH, in the order the daemon gave them. */
+static uint32_t staged[STEPS];
+static uint32_t n_staged;
+
 /* Gathers T0 slots + staged T1/T2 rows (layer 0), sorted by position; returns the count. */
 static uint32_t
 gather_view(struct client *k, unsigned flags, uint32_t *pos, const float **K, const float **V)
 {
-	static uint32_t staged[STEPS];
 	int r = kvt_fetch(k->c, k->seq, flags, 0, L, 0, staged, STEPS);
 	uint32_t m = 0, a = 0;
 	const float *byp_k[STEPS] = {0}, *byp_v[STEPS] = {0};
 
 	ck_assert_msg(r >= 0, "FETCH: %s", kvt_strerror(r));
+	n_staged = (uint32_t)r;
 	for (int i = 0; i < r; i++) {
+		/* KVT_FETCH_F_T1/T2 promise ascending positions: the rows are placed by position
+		 * below, so only this catches a daemon that stages them out of order */
+		if (i)
+			ck_assert_msg(staged[i] > staged[i - 1],
+				      "FETCH positions out of order: %u then %u at %d",
+				      staged[i - 1], staged[i], i);
 		ck_assert_uint_lt(staged[i], k->n);
 		byp_k[staged[i]] = stage_row(k, i, 0, 0);
 		byp_v[staged[i]] = stage_row(k, i, 0, 1);
@@ -250,6 +260,27 @@ gather_view(struct client *k, unsigned flags, uint32_t *pos, const float **K, co
 	return m;
 }
 
+/* With nothing evicted, the last FETCH's list (as the daemon wrote it, not re-sorted) is every
+ * position not in a T0 slot, ascending. */
+static void
+staged_is_rest_of_t0(const struct client *k)
+{
+	uint8_t in_t0[STEPS] = {0};
+	uint32_t e = 0;
+
+	for (uint32_t s = 0; s < SLOTS; s++)
+		if (k->slot_pos[s] >= 0)
+			in_t0[k->slot_pos[s]] = 1;
+	for (uint32_t p = 0; p < k->n; p++)
+		if (!in_t0[p]) {
+			ck_assert_uint_lt(e, n_staged);
+			ck_assert_msg(staged[e] == p, "FETCH list entry %u is %u, expected %u", e,
+				      staged[e], p);
+			e++;
+		}
+	ck_assert_uint_eq(e, n_staged);
+}
+
 START_TEST(t_prop1_bit_exact)
 {
 	static const float fracs[] = {0.1f, 0.3f, 0.5f, 0.7f, 1.0f};
@@ -267,6 +298,7 @@ START_TEST(t_prop1_bit_exact)
 			uint32_t m = gather_view(&k, KVT_FETCH_F_T1, pos, K, V);
 
 			ck_assert_uint_eq(m, k.n); /* nothing evicted: every position is there */
+			staged_is_rest_of_t0(&k);
 			for (uint32_t i = 0; i < k.n; i++) {
 				fpos[i] = i;
 				FK[i] = k.ref + (size_t)i * TOK;
