@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -28,13 +29,83 @@ set_need_wakeup(struct kvtd_poller *p, uint32_t flags)
 		kvt_ring_set_flags(p->sessions[i]->sq, flags);
 }
 
-static int
-any_pending(struct kvtd_poller *p)
+struct kvtd_stall {
+	uint32_t head;	   /* the SQ index found unstamped */
+	uint64_t since_ns; /* when; 0: not stuck */
+};
+
+enum session_state { SESSION_IDLE, SESSION_READY, SESSION_CQ_FULL, SESSION_UNSTAMPED };
+
+/*
+ * Published SQEs alone do not make a session ready: the entry at the head must carry its stamp
+ * and the CQ must have room. Without either only the client can unblock it, so the poller may
+ * sleep (park it) rather than spin on it.
+ */
+static enum session_state
+session_state(struct kvtd_session *s)
 {
-	for (unsigned i = 0; i < p->n_sessions; i++)
-		if (kvtd_session_pending(p->sessions[i]))
-			return 1;
-	return 0;
+	uint32_t cq_head;
+
+	if (!kvtd_session_pending(s))
+		return SESSION_IDLE;
+	if (!kvt_ring_load_stamp(&s->sqes[s->sq_head & (s->sq_entries - 1)].stamp, s->sq_head))
+		return SESSION_UNSTAMPED;
+	cq_head = kvt_ring_load_head(s->cq);
+	if (kvt_ring_space(s->cq_entries, cq_head, s->cq_tail) == 0)
+		return SESSION_CQ_FULL;
+	return SESSION_READY; /* a corrupt CQ head too: the drain reports it */
+}
+
+/*
+ * Returns how many sessions can make progress; drops those whose head entry stayed unstamped
+ * for KVTD_STAMP_TIMEOUT_MS, and sets *ret_timeout_ms to the next such deadline (-1: none).
+ * Before sleeping this is the re-check after NEED_WAKEUP is set (kvt_ring.h).
+ */
+static unsigned
+poller_scan(struct kvtd_poller *p, int *ret_timeout_ms)
+{
+	const uint64_t limit_ns = (uint64_t)KVTD_STAMP_TIMEOUT_MS * 1000000;
+	uint64_t now = 0, left_ms;
+	unsigned ready = 0;
+	int timeout = -1;
+
+	for (unsigned i = 0; i < p->n_sessions; i++) {
+		struct kvtd_session *s = p->sessions[i];
+		struct kvtd_stall *st = &p->stalls[i];
+		char why[160];
+
+		switch (session_state(s)) {
+		case SESSION_READY:
+			ready++;
+			/* fallthrough */
+		case SESSION_IDLE:
+		case SESSION_CQ_FULL:
+			st->since_ns = 0;
+			continue;
+		case SESSION_UNSTAMPED:
+			break;
+		}
+		if (!now)
+			now = kvtd_now_ns();
+		if (!st->since_ns || st->head != s->sq_head) {
+			st->head = s->sq_head;
+			st->since_ns = now;
+		}
+		if (now - st->since_ns >= limit_ns) {
+			snprintf(why, sizeof(why),
+				 "SQ entry %u published (prod_tail) but not stamped within %u ms; "
+				 "store the stamp before the tail",
+				 s->sq_head, KVTD_STAMP_TIMEOUT_MS);
+			kvtd_session_break(s, why);
+			st->since_ns = 0;
+			continue;
+		}
+		left_ms = (limit_ns - (now - st->since_ns) + 999999) / 1000000;
+		if (timeout < 0 || left_ms < (uint64_t)timeout)
+			timeout = (int)left_ms;
+	}
+	*ret_timeout_ms = timeout;
+	return ready;
 }
 
 /*
@@ -63,10 +134,11 @@ poller_main(void *arg)
 	struct epoll_event ev[32];
 
 	pthread_mutex_lock(&p->lock);
-	unsigned idle_turns = 0;
+	unsigned idle_turns = 0, busy_turns = 0;
 
 	while (!atomic_load_explicit(&p->stop, memory_order_relaxed)) {
 		unsigned work = 0;
+		int timeout;
 
 		yield_to_waiters(p);
 		/* Sessions sharing the poller take turns of poller_slice_us: one client's
@@ -77,6 +149,9 @@ poller_main(void *arg)
 			    kvtd_session_drain(p->sessions[i], p->n_sessions > 1 ? slice_ns : 0);
 		if (work) {
 			idle_turns = 0;
+			/* Busy with others, the poller still drops an unstamped session in time. */
+			if (!(++busy_turns & 4095))
+				poller_scan(p, &timeout);
 			continue;
 		}
 		/* Spinning: read the clock only every 32 idle turns; it costs more than a turn. */
@@ -90,15 +165,16 @@ poller_main(void *arg)
 		}
 		idle_turns = 0;
 		/* Going to sleep: announce it, then look once more (pairs with the client's
-		 * store-tail, fence, read-flags in kvt_submit()). */
+		 * store-tail, fence, read-flags in kvt_submit()). Parked sessions do not keep
+		 * the poller up; the timeout is the next unstamped entry's deadline. */
 		set_need_wakeup(p, KVT_RING_NEED_WAKEUP);
 		kvt_ring_fence();
-		if (!any_pending(p)) {
+		if (!poller_scan(p, &timeout)) {
 			int n;
 
 			p->asleep = 1;
 			pthread_mutex_unlock(&p->lock);
-			n = epoll_wait(p->epfd, ev, 32, -1);
+			n = epoll_wait(p->epfd, ev, 32, timeout);
 			atomic_fetch_add_explicit(&p->sleeps, 1, memory_order_relaxed);
 			for (int i = 0; i < n; i++) {
 				eventfd_t v;
@@ -140,6 +216,7 @@ poller_free(struct kvtd_poller *p)
 		close(p->wake_efd);
 	pthread_mutex_destroy(&p->lock);
 	free(p->sessions);
+	free(p->stalls);
 	free(p);
 }
 
@@ -217,6 +294,12 @@ kvtd_poller_attach(struct kvtd *d, struct kvtd_session *s)
 			goto out;
 		}
 		p->sessions = n;
+		n = realloc(p->stalls, cap * sizeof(*p->stalls));
+		if (!n) {
+			r = -ENOMEM; /* sessions[] grew: harmless, a later attach grows both */
+			goto out;
+		}
+		p->stalls = n;
 		p->cap = cap;
 	}
 	if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, s->sq_efd, &ev) < 0) {
@@ -226,6 +309,7 @@ kvtd_poller_attach(struct kvtd *d, struct kvtd_session *s)
 	/* NEED_WAKEUP must say what the poller is doing now: left set while it spins, every
 	 * submit would pay a doorbell syscall (a 4x slower round trip, measured). */
 	kvt_ring_set_flags(s->sq, p->asleep ? KVT_RING_NEED_WAKEUP : 0);
+	p->stalls[p->n_sessions].since_ns = 0;
 	p->sessions[p->n_sessions++] = s;
 	s->poller = p;
 out:
@@ -244,6 +328,7 @@ kvtd_poller_detach(struct kvtd_session *s)
 	for (unsigned i = 0; i < p->n_sessions; i++)
 		if (p->sessions[i] == s) {
 			p->sessions[i] = p->sessions[--p->n_sessions];
+			p->stalls[i] = p->stalls[p->n_sessions];
 			break;
 		}
 	epoll_ctl(p->epfd, EPOLL_CTL_DEL, s->sq_efd, NULL);

@@ -3,6 +3,13 @@
  * poller.h - threads that drain session rings. A poller spins while there is work and for
  * spin_us after the last of it, then sets NEED_WAKEUP on its sessions' SQs and sleeps on their
  * doorbells (epoll), so a busy client pays no syscall and an idle daemon burns no CPU.
+ *
+ * Published SQEs do not keep a poller awake by themselves: a session whose next entry is not
+ * stamped yet, or whose CQ the client has not reaped, can only be unblocked by its client, so it
+ * is parked (the poller sleeps as for an idle one) until its doorbell rings. A client that makes
+ * room in a full CQ while SQEs wait must therefore ring the doorbell when NEED_WAKEUP is set, as
+ * after a submit. An entry left unstamped for KVTD_STAMP_TIMEOUT_MS drops its session (-EPROTO):
+ * a producer stores the stamp before the tail, so no correct client is ever in that state.
  */
 #ifndef KVTD_POLLER_H
 #define KVTD_POLLER_H
@@ -11,8 +18,11 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#define KVTD_STAMP_TIMEOUT_MS 2000
+
 struct kvtd;
 struct kvtd_session;
+struct kvtd_stall;
 
 struct kvtd_poller {
 	struct kvtd *d;
@@ -20,6 +30,7 @@ struct kvtd_poller {
 	pthread_t thread;
 	pthread_mutex_t lock; /* guards sessions[] and their sequence/buffer state */
 	struct kvtd_session **sessions;
+	struct kvtd_stall *stalls; /* parallel to sessions[]: when each got stuck unstamped */
 	unsigned n_sessions, cap;
 	int epfd;
 	int wake_efd; /* kicks the poller out of its sleep (new session, stop) */

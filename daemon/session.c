@@ -193,8 +193,8 @@ kvtd_session_buf_unregister(struct kvtd_session *s, uint32_t buf_id)
 
 /* Ring corruption: tell the client why over its socket, then shut the socket so the main loop
  * sees the hangup and tears the session down. Other sessions never notice. */
-static void
-session_break(struct kvtd_session *s, const char *why)
+void
+kvtd_session_break(struct kvtd_session *s, const char *why)
 {
 	struct kvt_ctl_error e;
 
@@ -222,7 +222,7 @@ kvtd_session_pending(struct kvtd_session *s)
 	tail = kvt_ring_load_tail(s->sq);
 	/* Checked here, on the way to sleep, because busy draining never reads the tail. */
 	if (kvt_ring_ready(s->sq_head, tail) > s->sq_entries) {
-		session_break(s, "SQ tail out of range (ring corrupt)");
+		kvtd_session_break(s, "SQ tail out of range (ring corrupt)");
 		return 0;
 	}
 	return tail != s->sq_head;
@@ -243,7 +243,7 @@ kvtd_session_drain(struct kvtd_session *s, uint64_t slice_ns)
 		s->cq_head_seen = kvt_ring_load_head(s->cq);
 		space = kvt_ring_space(s->cq_entries, s->cq_head_seen, s->cq_tail);
 		if (space > s->cq_entries) {
-			session_break(s, "CQ head out of range (ring corrupt)");
+			kvtd_session_break(s, "CQ head out of range (ring corrupt)");
 			return 0;
 		}
 	}

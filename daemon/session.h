@@ -90,5 +90,8 @@ struct kvt_dev_buf *kvtd_session_buf(struct kvtd_session *s, uint32_t buf_id);
 unsigned kvtd_session_drain(struct kvtd_session *s, uint64_t slice_ns);
 /* Poller: are SQEs waiting? */
 int kvtd_session_pending(struct kvtd_session *s);
+/* Poller: the client broke the ring protocol. Sends it -EPROTO with @why, logs @why and shuts
+ * the socket so the main loop drops the session. Later calls do nothing. */
+void kvtd_session_break(struct kvtd_session *s, const char *why);
 
 #endif
