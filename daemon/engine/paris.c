@@ -1350,14 +1350,18 @@ dot_f32(const float *a, const float *b, unsigned int d)
 
 /*
  * The exact refine stage: the @nr best of the @nc estimated candidates in @scr (cand, score)
- * are rescored from the full keys and the top k of those goes out. Returns 0 or -EIO.
+ * are rescored from the full keys and the top k of those goes out; with @nr == @nc every
+ * candidate is, and the estimates are not read. Returns 0 or -EIO.
  */
 static int
 refine_exact(const struct kvt_paris_query *q, const struct kvt_paris_keys *keys, uint32_t nc,
 	     uint32_t nr, uint32_t k, struct kvt_paris_scratch *scr, uint32_t *ret_idx,
 	     float *ret_score)
 {
-	kvt_paris_topk_select(scr->cand, scr->score, nc, nr, scr->ref_idx, scr->ref_score);
+	if (nr < nc)
+		kvt_paris_topk_select(scr->cand, scr->score, nc, nr, scr->ref_idx, scr->ref_score);
+	else /* every candidate is rescored: no estimates needed, index order */
+		memcpy(scr->ref_idx, scr->cand, (size_t)nc * sizeof(*scr->cand));
 	if (keys->prefetch)
 		for (uint32_t i = 0; i < nr && i < KVT_REFINE_PREFETCH; i++)
 			keys->prefetch(keys->ctx, scr->ref_idx[i]);
@@ -1406,9 +1410,18 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 	c = cd >= (double)n ? n : (uint32_t)cd;
 	if (c < k)
 		c = k;
-
-	if (opts->refine)
-		nr = opts->refine < c ? opts->refine : c;
+	/*
+	 * The candidate stage never cuts below the refine budget, and the budget is at least
+	 * KVT_PARIS_REFINE_MIN: when it covers the zone, every key is scored exactly and the
+	 * result is the exact top-k.
+	 */
+	if (opts->refine) {
+		nr = opts->refine > KVT_PARIS_REFINE_MIN ? opts->refine : KVT_PARIS_REFINE_MIN;
+		if (nr > n)
+			nr = n;
+		if (c < nr)
+			c = nr;
+	}
 
 	r = scratch_reserve(scr, c < n ? kvt_paris_votes_len(ix) : 0, c, nr);
 	if (r < 0)
@@ -1434,7 +1447,8 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 		if (!k)
 			return 0;
 	}
-	kvt_paris_rerank(ix, q, scr->cand, nc, scr->score);
+	if (!nr || nr < nc)
+		kvt_paris_rerank(ix, q, scr->cand, nc, scr->score);
 	if (nr) {
 		r = refine_exact(q, opts->keys, nc, nr, k, scr, ret_idx, ret_score);
 		if (r < 0)

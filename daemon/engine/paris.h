@@ -52,6 +52,9 @@
 #define KVT_PARIS_TIERS	    6
 #define KVT_PARIS_MAX_VOTE  (KVT_PARIS_TIERS * KVT_PARIS_MAX_BLK) /* 96 */
 #define KVT_PARIS_PAGE_KEYS 4096u				  /* default keys per page */
+/* With refine on, at least this many keys are rescored (all of a zone this small): the exact
+ * dot products of a short zone cost about what its vote tables do. */
+#define KVT_PARIS_REFINE_MIN 512u
 
 /* Lloyd-Max levels for |u_1|, u uniform on S^7 (u_1^2 ~ Beta(1/2, 7/2)), f32 (section 4). */
 extern const float kvt_paris_theta[7];
@@ -229,8 +232,10 @@ void kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, 
  *	@tmp (dim floats, part of the search's scratch, no alignment promised) and return @tmp. The
  *	result is read before the next call, so it need only stay valid until then. Returning NULL
  *	means the key cannot be read: the search fails with -EIO.
- *	Called on the searching thread, at most opts.refine times per search, with distinct
- *	indices in descending estimated-score order. It must not modify the index.
+ *	Called on the searching thread, at most max(opts.refine, KVT_PARIS_REFINE_MIN) times
+ *	per search, with distinct indices in descending estimated-score order (in ascending
+ *	index order when the refine budget covers every candidate). It must not modify the
+ *	index.
  * @prefetch: NULL, or a hint that @get will soon be called for @idx (the search announces
  *	keys a few calls ahead, so their cache misses overlap; a scattered key read is a miss
  *	per cache line). It must not fail or block.
@@ -288,12 +293,15 @@ struct kvt_paris_search_opts {
 
 /*
  * kvt_paris_search - top-k retrieval-zone indices of one prepared query.
- * C = max(ceil(n * rho_cand), k) clamped to n. (The reference takes min(k, C) results when
- * C < k; we widen C instead so a caller always gets k rows.) A ratio left at 0 comes from
- * kvt_paris_schedule(), or from kvt_paris_schedule_refine() when refine is on.
- * With opts->refine = R > 0, the min(R, C) candidates with the best estimates (score desc,
- * index asc) get the exact score <key, q> = sum_j key_j * q_j in f32 from @opts->keys, and the
- * result is their top k by that score.
+ * C = max(ceil(n * rho_cand), k, R') clamped to n, R' = max(refine, KVT_PARIS_REFINE_MIN) when
+ * refine is on. (The reference takes min(k, C) results when C < k; we widen C instead so a
+ * caller always gets k rows, and the candidate stage never cuts below the refine budget.) A
+ * ratio left at 0 comes from kvt_paris_schedule(), or from kvt_paris_schedule_refine() when
+ * refine is on.
+ * With opts->refine > 0, the min(R', n) candidates with the best estimates (score desc, index
+ * asc) get the exact score <key, q> = sum_j key_j * q_j in f32 from @opts->keys, and the
+ * result is their top k by that score. When R' >= n every key is scored exactly (no votes, no
+ * estimates): the result is the exact top-k.
  * With opts->drop, dropped candidates leave the candidate set before the rerank (the set is
  * not refilled), so fewer than k results come back when fewer than k live candidates remain.
  * @ret_idx, @ret_score: k entries, score descending (ties: index ascending); scores estimate

@@ -689,6 +689,15 @@ src_get(void *ctx, uint32_t idx, float *tmp)
 	return tmp;
 }
 
+/* Keys a search with refine @r reads from a zone of @n. */
+static uint32_t
+refine_reads(uint32_t r, uint32_t n)
+{
+	if (r < KVT_PARIS_REFINE_MIN)
+		r = KVT_PARIS_REFINE_MIN;
+	return r < n ? r : n;
+}
+
 static double
 dot_d(const float *a, const float *b, unsigned int d)
 {
@@ -778,7 +787,7 @@ refine_run(enum dataset ds, unsigned int d, uint32_t n, uint32_t k, uint32_t nq,
 		src.calls = src.pf_calls = 0;
 		src.get_digest = src.pf_digest = 0;
 		ck_assert_int_eq(kvt_paris_search(&ix, &pq, &same, &scr, ref, rsc), (int)k);
-		ck_assert_uint_le(src.calls, 4 * k);
+		ck_assert_uint_le(src.calls, refine_reads(4 * k, n));
 		ck_assert_uint_ge(src.calls, k);
 		/* every key read was announced first, in the same order, and no other */
 		ck_assert_uint_eq(src.pf_calls, src.calls);
@@ -854,14 +863,97 @@ START_TEST(test_refine_all_is_exact)
 	ck_assert_uint_eq(src.calls, n);
 	exact_topk(keys, n, 128, q, k, want);
 	ck_assert_mem_eq(got, want, sizeof(got));
-	/* refine larger than C is clamped to C */
+	/* a candidate ratio below the refine budget is widened to it */
 	so.rho_cand = 0.05;
 	src.calls = 0;
 	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, got, sc), (int)k);
-	ck_assert_uint_eq(src.calls, 150);
+	ck_assert_uint_eq(src.calls, n);
+	ck_assert_mem_eq(got, want, sizeof(got));
 	kvt_paris_scratch_fini(&scr);
 	kvt_paris_index_fini(&ix);
 	free(keys);
+}
+END_TEST
+
+/*
+ * When the refine budget covers the zone, every key is scored exactly: the exact top-k, for
+ * any k and N (small zones, where C = ceil(0.5 N) alone would cut true members). More
+ * generally the candidate set is never smaller than the refine budget: all R reads happen,
+ * and a zone of up to KVT_PARIS_REFINE_MIN keys is read whole.
+ */
+static void
+refine_covers_run(unsigned int d, uint32_t n, uint32_t k, uint64_t seed)
+{
+	const struct kvt_srht *s = d == 64 ? &srht64 : &srht128;
+	float *keys = malloc((size_t)n * d * sizeof(float)), q[4][128], *sc = malloc(k * 4);
+	uint32_t *got = malloc(k * 4), *want = malloc(k * 4);
+	struct key_src src = {.d = d, .n = n, .fail_at = UINT32_MAX};
+	const struct kvt_paris_keys acc = {src_get, &src, src_prefetch};
+	struct kvt_paris_search_opts so = {.k = k, .refine = 4 * k, .keys = &acc};
+	struct kvt_paris_scratch scr = {0};
+	struct kvt_paris_index ix;
+	struct kvt_paris_query pq;
+
+	test_rng_state = seed;
+	make_data(DS_OUTLIER, d, n, 4, keys, &q[0][0]);
+	src.keys = keys;
+	build(&ix, s, keys, n, 64, 17);
+	for (int qi = 0; qi < 4; qi++) {
+		const float *qv = &q[0][0] + (size_t)qi * d;
+
+		kvt_paris_query_prep(s, qv, &pq);
+		exact_topk(keys, n, d, qv, k, want);
+		src.calls = 0;
+		ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, got, sc), (int)k);
+		if (refine_reads(4 * k, n) == n)
+			ck_assert_msg(overlap(got, want, k) == 1.0,
+				      "d %u N %u k %u query %d: recall %.3f", d, n, k, qi,
+				      overlap(got, want, k));
+		ck_assert_uint_eq(src.calls, refine_reads(4 * k, n));
+	}
+	kvt_paris_scratch_fini(&scr);
+	kvt_paris_index_fini(&ix);
+	free(keys);
+	free(sc);
+	free(got);
+	free(want);
+}
+
+START_TEST(test_refine_covers_zone)
+{
+	refine_covers_run(128, 31, 10, 130);
+	refine_covers_run(128, 64, 30, 131);
+	refine_covers_run(128, 128, 10, 132);
+	refine_covers_run(128, 128, 32, 133);
+	refine_covers_run(64, 100, 25, 134);
+	refine_covers_run(128, 400, 100, 135);
+	refine_covers_run(64, 31, 31, 136);
+	/* budget below N but above C = ceil(0.5 N): all 4k reads happen */
+	refine_covers_run(128, 1000, 200, 137);
+	{
+		/* an explicit small candidate ratio is widened to the refine budget too */
+		const uint32_t n = 4096, k = 50;
+		float *keys = malloc((size_t)n * 128 * sizeof(float)), q[128], sc[50];
+		uint32_t got[50];
+		struct key_src src = {.d = 128, .n = n, .fail_at = UINT32_MAX};
+		const struct kvt_paris_keys acc = {src_get, &src, NULL};
+		struct kvt_paris_search_opts so = {
+		    .k = k, .rho_cand = 0.01, .rho_col = 0.2, .refine = 4 * k, .keys = &acc};
+		struct kvt_paris_scratch scr = {0};
+		struct kvt_paris_index ix;
+		struct kvt_paris_query pq;
+
+		test_rng_state = 138;
+		make_data(DS_OUTLIER, 128, n, 1, keys, q);
+		src.keys = keys;
+		build(&ix, &srht128, keys, n, 0, n);
+		kvt_paris_query_prep(&srht128, q, &pq);
+		ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, got, sc), (int)k);
+		ck_assert_uint_eq(src.calls, refine_reads(4 * k, n));
+		kvt_paris_scratch_fini(&scr);
+		kvt_paris_index_fini(&ix);
+		free(keys);
+	}
 }
 END_TEST
 
@@ -953,9 +1045,9 @@ START_TEST(test_refine_bad_input)
 	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, idx, sc), -EINVAL);
 	ck_assert_uint_eq(src.calls, 0);
 	so.keys = &acc;
-	so.refine = 20; /* == k is fine */
+	so.refine = 20; /* == k is fine; a zone this short is read whole */
 	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, idx, sc), 20);
-	ck_assert_uint_eq(src.calls, 20);
+	ck_assert_uint_eq(src.calls, n);
 	/* an unreadable key fails the search */
 	src.fail_at = idx[3];
 	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, idx, sc), -EIO);
@@ -1471,6 +1563,7 @@ paris_suite(void)
 	tcase_add_test(tc, test_recall_drift);
 	tcase_add_test(tc, test_refine_recall);
 	tcase_add_test(tc, test_refine_all_is_exact);
+	tcase_add_test(tc, test_refine_covers_zone);
 	tcase_add_test(tc, test_drop);
 	tcase_add_test(tc, test_refine_bad_input);
 	tcase_add_test(tc, test_search_bad_input);
