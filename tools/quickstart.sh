@@ -32,7 +32,7 @@ esac
 # ---- dependencies ------------------------------------------------------------------------------
 pkgs=(build-essential cmake pkg-config git liburing-dev libnuma-dev check libsystemd-dev
 	libinih-dev libjson-c-dev libicu-dev libfaiss-dev systemd valgrind clang-format python3
-	python3-pip)
+	python3-pip python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -80,6 +80,32 @@ if [ "$mode" = test ]; then
 	configure_build "$build-tsan" -DKVT_SANITIZE=thread -DKVT_CUDA=OFF
 	TSAN_OPTIONS=halt_on_error=1 \
 		ctest --test-dir "$build-tsan" --output-on-failure -j 2 -L 'unit|integration|ctl|fuzz'
+	# The kvtier Python package against the regular build, in a cached virtual environment.
+	# Only what is missing is installed (from PyPI): the first run fetches about 5 GB (torch).
+	venv=${XDG_CACHE_HOME:-$HOME/.cache}/kvtier/venv
+	log "Python tests (client/python) in $venv"
+	[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+	need=$("$venv/bin/python" - <<-'EOF'
+		import importlib.metadata as md
+		want = {"numpy": "", "pytest": "", "torch": "", "transformers": "5.", "gguf": "",
+		        "accelerate": ""}
+		for name, major in want.items():
+		    try:
+		        ok = md.version(name).startswith(major)
+		    except md.PackageNotFoundError:
+		        ok = False
+		    if not ok:
+		        print("transformers>=5,<6" if name == "transformers" else name)
+	EOF
+	)
+	if [ -n "$need" ]; then
+		log "installing into $venv: $(echo $need)"
+		# shellcheck disable=SC2086 # one requirement per word
+		"$venv/bin/python" -m pip install -q $need
+	fi
+	KVTIER_LIB="$build/client/libkvtier.so.0" KVT_BUILD_DIR="$build" \
+		PYTHONPATH="$root/client/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 \
+		"$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/client/python/tests"
 	exit 0
 fi
 
