@@ -128,12 +128,13 @@ conn_close(struct kvtd *d, struct kvtd_conn *c)
 	free(c);
 }
 
-static uint32_t
-pow2_up(uint32_t v)
+/* 64-bit so that no uint32_t from a HELLO can overflow it (2^32 ends the loop). */
+static uint64_t
+pow2_up(uint64_t v)
 {
-	uint32_t p = 1;
+	uint64_t p = 1;
 
-	while (p < v)
+	while (p < v && p < (1ull << 32))
 		p <<= 1;
 	return p;
 }
@@ -144,8 +145,7 @@ handle_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hello *h,
 	const struct kvtd_config *cfg = &d->cfg;
 	struct kvt_ctl_welcome w;
 	struct kvtd_session *s;
-	uint32_t sq, cq;
-	uint64_t arena;
+	uint64_t sq, cq, arena;
 	int r;
 
 	if (len < sizeof(*h)) {
@@ -160,17 +160,24 @@ handle_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hello *h,
 			 h->abi_major, h->abi_minor, KVT_ABI_MAJOR, KVT_ABI_MINOR);
 		return -EPROTO;
 	}
-	sq = pow2_up(h->sq_entries ? h->sq_entries : cfg->default_sq_entries);
-	cq = pow2_up(h->cq_entries ? h->cq_entries : 2 * sq);
-	arena = h->arena_size ? h->arena_size : cfg->default_arena_size;
-	if (h->sq_entries > cfg->max_sq_entries || sq > cfg->max_sq_entries || cq < sq ||
-	    cq > 2 * cfg->max_sq_entries) {
+	/* Limits first, on the values as sent, then rounding: every step is in 64 bits, so no
+	 * field value can wrap a computation (max_sq_entries is a power of two <= 65536). */
+	sq = h->sq_entries;
+	if (!sq) /* the default, within a lowered max_sq_entries */
+		sq = cfg->default_sq_entries < cfg->max_sq_entries ? cfg->default_sq_entries
+								   : cfg->max_sq_entries;
+	if (sq <= cfg->max_sq_entries)
+		sq = pow2_up(sq);
+	cq = h->cq_entries ? h->cq_entries : 2 * sq;
+	if (sq > cfg->max_sq_entries || cq < sq || cq > 2ull * cfg->max_sq_entries) {
 		send_error(c->fd, h->hdr.id, -EINVAL,
 			   "ring size sq %u cq %u outside limits (sq <= %u, sq <= cq <= %u)",
 			   h->sq_entries, h->cq_entries, cfg->max_sq_entries,
 			   2 * cfg->max_sq_entries);
 		return -EINVAL;
 	}
+	cq = pow2_up(cq);
+	arena = h->arena_size ? h->arena_size : cfg->default_arena_size;
 	if (arena > cfg->max_arena_size) {
 		send_error(c->fd, h->hdr.id, -EINVAL, "arena %llu bytes above limit %llu",
 			   (unsigned long long)arena, (unsigned long long)cfg->max_arena_size);
@@ -191,7 +198,7 @@ handle_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hello *h,
 		return -EUSERS;
 	}
 	c->uid_ent->sessions++;
-	r = kvtd_session_create(d, sq, cq, arena, &s);
+	r = kvtd_session_create(d, (uint32_t)sq, (uint32_t)cq, arena, &s);
 	if (r < 0) {
 		send_error(c->fd, h->hdr.id, r, "cannot create session: %s", strerror(-r));
 		return r;
@@ -250,7 +257,8 @@ handle_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hello *h,
 	d->n_sessions++;
 	atomic_fetch_add(&d->cnt.sessions_total, 1);
 	log_info("session %u: pid %d uid %u '%s', sq %u cq %u arena %llu KiB", s->id, (int)c->pid,
-		 (unsigned)c->uid, s->name, sq, cq, (unsigned long long)(arena >> 10));
+		 (unsigned)c->uid, s->name, s->sq_entries, s->cq_entries,
+		 (unsigned long long)(arena >> 10));
 	return 0;
 }
 

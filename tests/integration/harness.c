@@ -3,10 +3,12 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -17,17 +19,22 @@
 #include "kvt_ctl.h"
 
 void
-daemon_start(struct kvtd_proc *p, const char *const *extra)
+daemon_prepare(struct kvtd_proc *p)
+{
+	snprintf(p->dir, sizeof(p->dir), "/tmp/kvt-test-XXXXXX");
+	ck_assert(mkdtemp(p->dir));
+	snprintf(p->sock, sizeof(p->sock), "%s/kvtierd.sock", p->dir);
+	snprintf(p->log, sizeof(p->log), "%s/kvtierd.log", p->dir);
+}
+
+void
+daemon_spawn(struct kvtd_proc *p, const char *const *extra)
 {
 	const char *bin = getenv("KVTIERD");
 	const char *argv[48];
 	int n = 0;
 
 	ck_assert_msg(bin, "KVTIERD is not set");
-	snprintf(p->dir, sizeof(p->dir), "/tmp/kvt-test-XXXXXX");
-	ck_assert(mkdtemp(p->dir));
-	snprintf(p->sock, sizeof(p->sock), "%s/kvtierd.sock", p->dir);
-	snprintf(p->log, sizeof(p->log), "%s/kvtierd.log", p->dir);
 	argv[n++] = bin;
 	argv[n++] = "--config";
 	argv[n++] = "/dev/null";
@@ -46,8 +53,11 @@ daemon_start(struct kvtd_proc *p, const char *const *extra)
 	p->pid = fork();
 	ck_assert(p->pid >= 0);
 	if (p->pid == 0) {
-		int fd = open(p->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		int fd;
 
+		/* a failed test exits without its teardown: take the daemon with it */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		fd = open(p->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 		if (fd >= 0) {
 			dup2(fd, 2);
 			close(fd);
@@ -55,6 +65,13 @@ daemon_start(struct kvtd_proc *p, const char *const *extra)
 		execv(bin, (char *const *)argv);
 		_exit(127);
 	}
+}
+
+void
+daemon_start(struct kvtd_proc *p, const char *const *extra)
+{
+	daemon_prepare(p);
+	daemon_spawn(p, extra);
 	for (int i = 0; i < 500; i++) {
 		struct json_object *o = admin_request(p->sock, KVT_CTL_STATUS);
 
@@ -75,18 +92,83 @@ daemon_alive(struct kvtd_proc *p)
 }
 
 int
-daemon_stop(struct kvtd_proc *p)
+daemon_wait(struct kvtd_proc *p, int timeout_ms)
 {
 	int st = 0;
 
+	for (int waited = 0;; waited += 10) {
+		pid_t r = waitpid(p->pid, &st, WNOHANG);
+
+		if (r < 0)
+			return -1;
+		if (r == p->pid)
+			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+		if (waited >= timeout_ms) { /* a daemon that ignores SIGTERM fails, not hangs */
+			kill(p->pid, SIGKILL);
+			waitpid(p->pid, NULL, 0);
+			return -1;
+		}
+		usleep(10000);
+	}
+}
+
+int
+daemon_stop(struct kvtd_proc *p)
+{
+	int r;
+
 	kill(p->pid, SIGTERM);
-	if (waitpid(p->pid, &st, 0) < 0)
-		return -1;
+	r = daemon_wait(p, 30000);
 	if (getenv("KVT_TEST_KEEP_LOG") == NULL) {
 		unlink(p->log);
 		rmdir(p->dir);
 	}
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	return r;
+}
+
+int
+ctl_raw_connect(const char *sock)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+	if (fd < 0)
+		return -errno;
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int r = -errno;
+
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+ssize_t
+ctl_raw_recv(int fd, void *buf, size_t len, int timeout_ms)
+{
+	union {
+		char b[CMSG_SPACE(8 * sizeof(int))];
+		struct cmsghdr align;
+	} ctl;
+	struct iovec iov = {.iov_base = buf, .iov_len = len};
+	struct msghdr mh = {.msg_iov = &iov,
+			    .msg_iovlen = 1,
+			    .msg_control = ctl.b,
+			    .msg_controllen = sizeof(ctl.b)};
+	struct pollfd pfd = {.fd = fd, .events = POLLIN};
+	ssize_t n;
+
+	if (poll(&pfd, 1, timeout_ms) != 1)
+		return -ETIMEDOUT;
+	n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+	if (n < 0)
+		return -errno;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+			for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
+				close(((int *)CMSG_DATA(cm))[i]);
+	return n;
 }
 
 struct json_object *

@@ -20,13 +20,26 @@ struct kvtd_proc {
 /* Starts kvtierd with "--socket <dir>/kvtierd.sock --pool-size 64M" plus @extra (NULL-ended)
  * and waits until it answers STATUS. Aborts the test on failure. */
 void daemon_start(struct kvtd_proc *p, const char *const *extra);
-/* SIGTERM, wait; returns the exit status (0 for a clean stop). */
+/* The parts of daemon_start(): a temp dir with the socket and log paths; fork and exec kvtierd
+ * with the same arguments, without waiting for it to answer. */
+void daemon_prepare(struct kvtd_proc *p);
+void daemon_spawn(struct kvtd_proc *p, const char *const *extra);
+/* Waits for the daemon to exit: its exit status (128 + signal when killed by one), or -1 when it
+ * is still running after @timeout_ms (it is then SIGKILLed). */
+int daemon_wait(struct kvtd_proc *p, int timeout_ms);
+/* SIGTERM, wait (at most 30 s); returns the exit status (0 for a clean stop), -1 if it hung. */
 int daemon_stop(struct kvtd_proc *p);
 /* Is the process still alive? */
 int daemon_alive(struct kvtd_proc *p);
 
 /* One admin request (KVT_CTL_STATUS/CLIENTS/SEQS); the parsed JSON reply or NULL. */
 struct json_object *admin_request(const char *sock, uint32_t type);
+/* A raw SOCK_SEQPACKET connection to @sock (fd, or -errno), as a client built from proto/ alone
+ * would open it. */
+int ctl_raw_connect(const char *sock);
+/* One message within @timeout_ms; descriptors it carries are closed. Returns its length, 0 at
+ * EOF, -ETIMEDOUT, or -errno (-ECONNRESET: the daemon closed with our message unread). */
+ssize_t ctl_raw_recv(int fd, void *buf, size_t len, int timeout_ms);
 /* status.pool.used, or -1. */
 int64_t pool_used(const char *sock);
 int64_t json_get_i64(struct json_object *o, const char *path);
