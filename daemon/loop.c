@@ -160,6 +160,16 @@ handle_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hello *h,
 			 h->abi_major, h->abi_minor, KVT_ABI_MAJOR, KVT_ABI_MINOR);
 		return -EPROTO;
 	}
+	/* Checked after the ABI major (another major may lay them out otherwise); zero now, so that
+	 * a later minor version can give them meaning. */
+	if (h->reserved0 || h->reserved[0] || h->reserved[1]) {
+		send_error(
+		    c->fd, h->hdr.id, -EINVAL,
+		    "HELLO reserved fields must be zero (reserved0 %u, reserved %#llx %#llx)",
+		    h->reserved0, (unsigned long long)h->reserved[0],
+		    (unsigned long long)h->reserved[1]);
+		return -EINVAL;
+	}
 	/* Limits first, on the values as sent, then rounding: every step is in 64 bits, so no
 	 * field value can wrap a computation (max_sq_entries is a power of two <= 65536). */
 	sq = h->sq_entries;

@@ -3,10 +3,11 @@
  * The control socket against random and malformed messages, from outside: raw SOCK_SEQPACKET
  * connections to a real kvtierd send messages of every type and none, lengths that lie, random
  * payloads, and descriptors of every kind (sealed and unsealed memfds, a pipe, an eventfd, none,
- * several), sometimes after a valid HELLO. The daemon must answer every message it keeps the
- * connection for with exactly one reply carrying the request's id, close only connections
- * that never said HELLO, stay up, serve a well-behaved client between rounds, and hold no
- * session, sequence or pool byte once every connection is gone. Seeded: the same messages every
+ * several), sometimes after a HELLO (sane, or with any ring and arena sizes, features and
+ * reserved fields: those out of limits must be refused). The daemon must answer every message
+ * it keeps the connection for with exactly one reply carrying the request's id, close only
+ * connections that never said HELLO, stay up, serve a well-behaved client between rounds, and hold
+ * no session, sequence or pool byte once every connection is gone. Seeded: the same messages every
  * run ($KVT_CTL_FUZZ_SEED and $KVT_CTL_FUZZ_ROUNDS change the seed and the count, for
  * tests/fuzz/long.sh).
  */
@@ -152,6 +153,35 @@ recv_reply(int sock, uint32_t *ret_type)
 	return (int64_t)h->id;
 }
 
+/* A ring size for a HELLO: an edge of uint32_t, of the daemon's limits (4096, 8192), or any. */
+static uint32_t
+any_u32(void)
+{
+	static const uint32_t edge[] = {
+	    0,	  1,	2,	     3,		  4095,	       4096,	    4097,
+	    8192, 8193, 0x7fffffffu, 0x80000000u, 0x80000001u, 0xfffffffeu, 0xffffffffu};
+
+	switch (rnd() % 3) {
+	case 0:
+		return edge[rnd() % (sizeof(edge) / sizeof(edge[0]))];
+	case 1:
+		return 1u << (rnd() % 32);
+	default:
+		return rnd();
+	}
+}
+
+/* Does a HELLO break a limit of the default config, so that it must be refused? */
+static int
+hello_out_of_limits(const struct kvt_ctl_hello *m)
+{
+	uint32_t sq = m->sq_entries ? m->sq_entries : 256;
+
+	return m->sq_entries > 4096 || m->cq_entries > 8192 ||
+	       (m->cq_entries && m->cq_entries < sq) || m->arena_size > (256ull << 20) ||
+	       m->reserved0 || m->reserved[0] || m->reserved[1];
+}
+
 /* A message of a random type (or none), a random or lying length and a random payload. */
 static size_t
 make_msg(uint8_t *buf, uint64_t id, int hello, int session)
@@ -169,16 +199,30 @@ make_msg(uint8_t *buf, uint64_t id, int hello, int session)
 	struct kvt_ctl_hdr *h = (struct kvt_ctl_hdr *)buf;
 	size_t len;
 
-	if (hello) { /* a valid HELLO with random but sane sizes */
+	if (hello) { /* a well-framed HELLO: sane sizes, or any sizes and flags at all */
 		struct kvt_ctl_hello *m = (struct kvt_ctl_hello *)buf;
 
 		memset(m, 0, sizeof(*m));
 		m->hdr.type = KVT_CTL_HELLO;
 		m->abi_major = KVT_ABI_MAJOR;
 		m->abi_minor = KVT_ABI_MINOR;
-		m->sq_entries = rnd() % 2 ? 0 : 1u << (rnd() % 13); /* 4096 the most */
-		m->arena_size = rnd() % 2 ? 0 : (uint64_t)(1 + rnd() % 64) << 16;
-		snprintf(m->name, sizeof(m->name), "fuzz");
+		if (rnd() % 2) {
+			m->sq_entries = rnd() % 2 ? 0 : 1u << (rnd() % 13); /* 4096 the most */
+			m->arena_size = rnd() % 2 ? 0 : (uint64_t)(1 + rnd() % 64) << 16;
+		} else {
+			m->sq_entries = any_u32();
+			m->cq_entries = any_u32();
+			m->arena_size = rnd() % 2 ? (uint64_t)any_u32() << (rnd() % 33)
+						  : (uint64_t)rnd() << 32 | rnd();
+			m->features = rnd() % 2 ? KVT_FEAT_ALL : (uint64_t)rnd() << 32 | rnd();
+			m->abi_minor = (uint16_t)rnd();
+			if (rnd() % 8 == 0)
+				m->reserved0 = rnd();
+			if (rnd() % 8 == 0)
+				m->reserved[rnd() % 2] = (uint64_t)rnd() << (rnd() % 33);
+		}
+		for (size_t i = 0; i < sizeof(m->name); i++) /* not always NUL-terminated */
+			m->name[i] = rnd() % 4 ? "fuzz"[i % 4] : (char)rnd();
 		len = sizeof(*m);
 	} else {
 		/* no empty message on a session: a 0-byte SEQPACKET reads as the peer's EOF */
@@ -224,7 +268,7 @@ wait_idle(int pool)
 START_TEST(t_ctl_fuzz)
 {
 	uint64_t next_id = 1000;
-	unsigned closed_early = 0, replies = 0;
+	unsigned closed_early = 0, replies = 0, hellos_refused = 0;
 	uint8_t *buf = malloc(KVT_CTL_MAX_MSG);
 	const char *env = getenv("KVT_CTL_FUZZ_ROUNDS");
 	int rounds = env && atoi(env) > 0 ? atoi(env) : ROUNDS;
@@ -263,9 +307,19 @@ START_TEST(t_ctl_fuzz)
 			if (len >= sizeof(*h) && h->len == len)
 				ck_assert_uint_eq((uint64_t)id, sent[nsent - 1]);
 			if (is_hello) {
+				const struct kvt_ctl_hello *hm = (const void *)buf;
+
 				ck_assert_msg(type == KVT_CTL_WELCOME || type == KVT_CTL_ERROR,
 					      "HELLO answered with type %u", type);
+				ck_assert_msg(type == KVT_CTL_ERROR || !hello_out_of_limits(hm),
+					      "HELLO sq %u cq %u arena %llu reserved %u/%llx/%llx "
+					      "welcomed",
+					      hm->sq_entries, hm->cq_entries,
+					      (unsigned long long)hm->arena_size, hm->reserved0,
+					      (unsigned long long)hm->reserved[0],
+					      (unsigned long long)hm->reserved[1]);
 				session = type == KVT_CTL_WELCOME;
+				hellos_refused += type == KVT_CTL_ERROR;
 			}
 		}
 		close(sock);
@@ -286,8 +340,8 @@ START_TEST(t_ctl_fuzz)
 	}
 	free(buf);
 	printf("check_ctl_fuzz: %d connections, %lu messages, %u replies, %u closed before a "
-	       "session\n",
-	       rounds, sent_msgs, replies, closed_early);
+	       "session, %u HELLOs refused\n",
+	       rounds, sent_msgs, replies, closed_early, hellos_refused);
 	ck_assert(daemon_alive(&D));
 	ck_assert_uint_gt(replies, (unsigned)rounds);
 	ck_assert_uint_gt(closed_early, 0);

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * HELLO from a raw client built from proto/ alone: ring sizes at the edges of uint32_t (whose
- * power-of-two rounding must not overflow). Each is refused with -EINVAL and a message, within a
- * short deadline, and the daemon then still serves a session, answers an admin request and stops on
- * SIGTERM.
+ * power-of-two rounding must not overflow), and reserved fields that must be zero. Each is
+ * refused with -EINVAL and a message, within a short deadline, and the daemon then still
+ * serves a session, answers an admin request and stops on SIGTERM.
  */
 #define _GNU_SOURCE
 #include <check.h>
@@ -117,6 +117,26 @@ START_TEST(t_hello_huge_sizes)
 }
 END_TEST
 
+START_TEST(t_hello_reserved_nonzero)
+{
+	for (int i = 0; i < 3; i++) {
+		struct kvt_ctl_hello h;
+		char msg[256];
+		int32_t err;
+
+		hello_init(&h, 2000 + (uint64_t)i);
+		if (i == 0)
+			h.reserved0 = 1;
+		else
+			h.reserved[i - 1] = 1ull << 63;
+		ck_assert_uint_eq(hello_exchange(&h, &err, msg, sizeof(msg)), KVT_CTL_ERROR);
+		ck_assert_int_eq(err, -EINVAL);
+		ck_assert_msg(strstr(msg, "reserved"), "message '%s' does not say reserved", msg);
+	}
+	assert_serving();
+}
+END_TEST
+
 static void
 setup(void)
 {
@@ -141,6 +161,7 @@ main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, t_hello_huge_sizes);
+	tcase_add_test(tc, t_hello_reserved_nonzero);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
