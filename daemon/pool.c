@@ -4,6 +4,7 @@
 #include <numa.h>
 #include <numaif.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -56,9 +57,14 @@ list_add(struct kvtd_pool_chunk **head, struct kvtd_pool_chunk *c)
 	*head = c;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
 struct touch_arg {
 	uint8_t *p;
 	uint64_t len;
+	int err; /* -errno of a failed populate */
 };
 
 static void *
@@ -66,14 +72,23 @@ touch_thread(void *arg)
 {
 	struct touch_arg *t = arg;
 
-	/* A write per page faults it in on this thread's node (first touch). */
+	/* Faulted in on this thread's node (first touch). The kernel's populate reports a page it
+	 * cannot supply as an error (EFAULT where a write would raise SIGBUS: hugetlb pages that
+	 * ran out); only kernels without it (EINVAL) get the write loop. */
+	if (!t->len || madvise(t->p, t->len, MADV_POPULATE_WRITE) == 0)
+		return NULL;
+	if (errno != EINVAL) {
+		t->err = -errno;
+		return NULL;
+	}
 	for (uint64_t off = 0; off < t->len; off += 4096)
 		t->p[off] = 0;
 	return NULL;
 }
 
-/* First touch in parallel: a GiB-sized pool takes seconds to fault in from one thread. */
-static void
+/* First touch in parallel: a GiB-sized pool takes seconds to fault in from one thread.
+ * Returns 0 or the first range's -errno. */
+static int
 pool_touch(uint8_t *p, uint64_t len, uint64_t chunk)
 {
 	enum { MAX_THREADS = 8 };
@@ -93,6 +108,7 @@ pool_touch(uint8_t *p, uint64_t len, uint64_t chunk)
 
 		args[i].p = p + off;
 		args[i].len = off >= len ? 0 : (len - off < per ? len - off : per);
+		args[i].err = 0;
 		if (pthread_create(&th[i], NULL, touch_thread, &args[i]) == 0)
 			started++;
 		else
@@ -104,6 +120,99 @@ pool_touch(uint8_t *p, uint64_t len, uint64_t chunk)
 		pthread_join(th[i], NULL);
 	for (unsigned i = started; i < n; i++)
 		touch_thread(&args[i]);
+	for (unsigned i = 0; i < n; i++)
+		if (args[i].err)
+			return args[i].err;
+	return 0;
+}
+
+/* A /proc/meminfo field (KiB, or a count for HugePages_*); -1 when absent. */
+static long long
+meminfo_get(const char *key)
+{
+	char line[256];
+	size_t klen = strlen(key);
+	long long v = -1;
+	FILE *f = fopen("/proc/meminfo", "re");
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, key, klen) && line[klen] == ':') {
+			v = atoll(line + klen + 1);
+			break;
+		}
+	fclose(f);
+	return v;
+}
+
+/* A number from one sysfs file; -1 when unreadable. */
+static long long
+sysfs_get(const char *path)
+{
+	long long v = -1;
+	FILE *f = fopen(path, "re");
+
+	if (!f)
+		return -1;
+	if (fscanf(f, "%lld", &v) != 1)
+		v = -1;
+	fclose(f);
+	return v;
+}
+
+/*
+ * Are there enough free huge pages of the default size (what MAP_HUGETLB draws from), on
+ * @node when the pool is bound to one? Without them the mapping's first touch dies of SIGBUS,
+ * so this is checked before mapping, and the message says how to reserve them.
+ */
+static int
+hugetlb_check(uint64_t size, int node)
+{
+	long long page_kb = meminfo_get("Hugepagesize"), total = meminfo_get("HugePages_Total");
+	long long avail = meminfo_get("HugePages_Free") - meminfo_get("HugePages_Rsvd");
+	unsigned long long need;
+	char path[128];
+
+	if (page_kb <= 0 || total < 0) {
+		log_err("pool: hugetlb = yes, but this kernel reports no huge pages "
+			"(/proc/meminfo); set [pool] hugetlb = no");
+		return -EOPNOTSUPP;
+	}
+	if (size % ((uint64_t)page_kb << 10)) {
+		log_err("pool: size %llu KiB is not a multiple of the huge page size (%lld KiB)",
+			(unsigned long long)(size >> 10), page_kb);
+		return -EINVAL;
+	}
+	need = size / ((uint64_t)page_kb << 10);
+	if (node >= 0) {
+		long long node_free;
+
+		snprintf(
+		    path, sizeof(path),
+		    "/sys/devices/system/node/node%d/hugepages/hugepages-%lldkB/free_hugepages",
+		    node, page_kb);
+		node_free = sysfs_get(path);
+		if (node_free >= 0 && node_free < avail)
+			avail = node_free;
+	}
+	if (avail < 0)
+		avail = 0;
+	if ((unsigned long long)avail >= need)
+		return 0;
+	if (node >= 0)
+		log_err("pool: hugetlb = yes needs %llu huge pages of %lld KiB on NUMA node %d, "
+			"%lld are free there: reserve them (echo N > %.*snr_hugepages, N at least "
+			"%llu more than now; or sysctl vm.nr_hugepages) or set [pool] hugetlb = no",
+			need, page_kb, node, avail, (int)(strrchr(path, '/') - path + 1), path,
+			need - (unsigned long long)avail);
+	else
+		log_err("pool: hugetlb = yes needs %llu huge pages of %lld KiB, %lld are free: "
+			"reserve them (sysctl vm.nr_hugepages=%llu, or hugepages=N on the kernel "
+			"command line) or set [pool] hugetlb = no",
+			need, page_kb, avail,
+			(unsigned long long)total + need - (unsigned long long)avail);
+	return -ENOMEM;
 }
 
 int
@@ -122,12 +231,17 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 	pthread_mutex_init(&pool->lock, NULL);
 
 	if (cfg->hugetlb) {
-		pool->base =
-		    mmap(NULL, pool->size, PROT_READ | PROT_WRITE, flags | MAP_HUGETLB, -1, 0);
+		r = hugetlb_check(pool->size, cfg->numa_node);
+		if (r < 0)
+			goto err_lock;
+		/* Reserved (no MAP_NORESERVE): pages taken since the check fail the mmap with
+		 * ENOMEM instead of the first touch with SIGBUS. */
+		pool->base = mmap(NULL, pool->size, PROT_READ | PROT_WRITE,
+				  MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
 		if (pool->base == MAP_FAILED) {
 			r = -errno;
-			log_err("pool: hugetlb mapping of %llu MiB failed: %s (reserve pages in "
-				"/proc/sys/vm/nr_hugepages or set hugetlb = no)",
+			log_err("pool: hugetlb mapping of %llu MiB failed: %s (reserve more huge "
+				"pages: sysctl vm.nr_hugepages=N; or set [pool] hugetlb = no)",
 				(unsigned long long)(pool->size >> 20), strerror(-r));
 			goto err_lock;
 		}
@@ -155,7 +269,15 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 		numa_tonode_memory(pool->base, pool->size, cfg->numa_node);
 		pool->numa_node = cfg->numa_node;
 	}
-	pool_touch(pool->base, pool->size, pool->chunk_size);
+	r = pool_touch(pool->base, pool->size, pool->chunk_size);
+	if (r < 0) {
+		log_err("pool: faulting in %llu MiB failed: %s%s",
+			(unsigned long long)(pool->size >> 20), strerror(-r),
+			cfg->hugetlb ? " (huge pages ran out: reserve more with sysctl "
+				       "vm.nr_hugepages=N, or set [pool] hugetlb = no)"
+				     : "");
+		goto err_unmap;
+	}
 	if (cfg->lock) {
 		if (mlock(pool->base, pool->size) < 0) {
 			r = -errno;
