@@ -267,8 +267,9 @@ class TopkResult:
 
 class Buffer:
     """A host-backend device buffer shared with kvtierd (a sealed memfd), usable as a T0 or
-    staging region. ``array()`` and ``torch()`` are zero-copy views of it: they are valid until
-    ``free()`` or the client's ``close()``, which unmap it, so drop them first."""
+    staging region. ``array()`` and ``torch()`` are zero-copy views of it; a live view keeps
+    the buffer and its client from being collected, but an explicit ``free()`` or the client's
+    ``close()`` unmaps the memory, so drop the views before either."""
 
     def __init__(self, client: Client, handle: int) -> None:
         self._client = client
@@ -296,6 +297,7 @@ class Buffer:
             raise KvtierError(_errno.EINVAL, "array", "a CUDA buffer has no host view")
         if self._mem is None:
             self._mem = (ctypes.c_uint8 * self.size).from_address(self.address)
+            self._mem.owner = self  # a live view keeps the buffer (and its client) mapped
         dt = np.dtype(dtype)
         count = -1 if shape is None else int(np.prod(shape))
         a = np.frombuffer(self._mem, dtype=dt, count=count, offset=offset)
@@ -578,6 +580,7 @@ class Client:
         size = c_uint64()
         ptr = _LIB.kvt_arena(self._live("kvt_arena"), byref(size))
         mem = (ctypes.c_uint8 * size.value).from_address(ptr)
+        mem.owner = self  # a live view keeps the session (and the arena) mapped
         return np.frombuffer(mem, dtype=np.uint8)
 
     def get_sqe(self) -> _abi.Sqe | None:

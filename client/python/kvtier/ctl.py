@@ -17,6 +17,9 @@ from typing import Any, TextIO
 
 from . import _abi
 
+__all__ = ["CtlError", "FORMATTERS", "default_socket", "fmt_bytes", "fmt_clients",
+           "fmt_duration", "fmt_seqs", "fmt_status", "main", "request"]
+
 _REQUESTS = {"status": _abi.CTL_STATUS, "clients": _abi.CTL_CLIENTS, "seqs": _abi.CTL_SEQS}
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -475,3 +476,46 @@ def test_daemon_killed_mid_call_raises_econnreset(kvtierd, python_env):
             p.wait()
     assert p.returncode == 0, err
     assert out.splitlines() == ["ECONNRESET ''"] * 3
+
+
+def test_views_keep_their_buffer_and_session_alive(kvtierd, python_env):
+    """A view outlives every name for its buffer and client: the memory stays mapped (the
+    child would crash on an unmapped page) and the session stays open until the view goes."""
+    child = textwrap.dedent("""
+        import gc, sys, kvtier
+        def make():
+            c = kvtier.connect(sys.argv[1])
+            return c.alloc_buffer(1 << 20).array(), c.arena()
+        view, arena = make()
+        gc.collect()
+        view[:] = 7
+        arena[:16] = 1
+        print(int(view.sum()), int(arena[:16].sum()), flush=True)
+        sys.stdin.readline()
+        del view, arena
+        gc.collect()
+        print("dropped", flush=True)
+        sys.stdin.readline()
+    """)
+    p = subprocess.Popen([PYTHON, "-c", child, kvtierd.socket], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=python_env)
+    try:
+        assert p.stdout.readline() == f"{7 << 20} 16\n", p.stderr.read()
+        assert kvtierd.doc("status")["sessions"] == 1
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == "dropped\n"
+        # the client went with its last view (the daemon sees the hangup a moment later)
+        for _ in range(6000):
+            if kvtierd.doc("status")["sessions"] == 0:
+                break
+            time.sleep(0.01)
+        assert kvtierd.doc("status")["sessions"] == 0
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.wait(timeout=120) == 0, p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
