@@ -146,11 +146,12 @@ kvt_paris_encode_key(const struct kvt_srht *srht, const float *key, uint8_t *ret
 		     uint8_t *ret_code, float *ret_w)
 {
 	unsigned int d = srht->dim, nb = d / KVT_PARIS_M;
-	float y[KVT_SRHT_MAX_DIM] = {0}, nrm2 = 0.0f, nrm, den;
+	float y[KVT_SRHT_MAX_DIM] = {0}, nrm, den;
+	double nrm2 = 0.0; /* f32 squares overflow from 1.8e19 and underflow below 1e-19 */
 
 	for (unsigned int i = 0; i < d; i++)
-		nrm2 += key[i] * key[i];
-	nrm = sqrtf(nrm2);
+		nrm2 += (double)key[i] * key[i];
+	nrm = (float)sqrt(nrm2);
 	den = fmaxf(nrm, 1e-8f);
 	for (unsigned int i = 0; i < d; i++)
 		y[i] = key[i] / den;
@@ -259,17 +260,19 @@ void
 kvt_paris_query_prep(const struct kvt_srht *srht, const float *q, struct kvt_paris_query *ret_q)
 {
 	unsigned int d = srht->dim;
-	float nrm2 = 0.0f, den;
+	double nrm2 = 0.0;
 
+	/* In double: the square of any finite float, and a sum of 128 of them, neither overflows
+	 * nor underflows, so the unit query is the same at every scale (up to the input's own
+	 * rounding). */
 	for (unsigned int i = 0; i < d; i++)
-		nrm2 += q[i] * q[i];
-	memcpy(ret_q->x, q, d * sizeof(float));
+		nrm2 += (double)q[i] * q[i];
 	ret_q->dim = d;
-	ret_q->norm = sqrtf(nrm2);
-	den = fmaxf(ret_q->norm, 1e-8f);
+	ret_q->dnorm = sqrt(nrm2);
+	ret_q->norm = (float)ret_q->dnorm;
 	for (unsigned int i = 0; i < d; i++)
-		ret_q->y[i] = q[i] / den;
-	kvt_srht_apply(srht, ret_q->y, ret_q->y);
+		ret_q->x[i] = ret_q->dnorm > 0.0 ? (float)(q[i] / ret_q->dnorm) : 0.0f;
+	kvt_srht_apply(srht, ret_q->x, ret_q->y);
 }
 
 /*
@@ -719,7 +722,7 @@ kvt_paris_select(const uint8_t *votes, uint32_t n, uint32_t c, const uint32_t *h
 }
 
 static void
-rerank_scalar(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+rerank_scalar(const struct kvt_paris_index *ix, const struct kvt_paris_query *q, float norm,
 	      const uint32_t *cand, uint32_t nc, float *ret_score)
 {
 	uint32_t nb = ix->nblk;
@@ -744,7 +747,7 @@ rerank_scalar(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
 			}
 			s += w[b] * acc;
 		}
-		ret_score[k] = q->norm * s;
+		ret_score[k] = norm * s;
 	}
 }
 
@@ -829,7 +832,7 @@ rerank_rec(const uint8_t *code, const __m256 *qe, const __m256 *qo, const __m256
 /* Candidates go four at a time: four independent FMA chains, and one transposing reduction
  * (three vhaddps and an add) for the four sums instead of four horizontal sums. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void
-rerank_avx2_nb(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+rerank_avx2_nb(const struct kvt_paris_index *ix, const struct kvt_paris_query *q, float norm,
 	       const uint32_t *cand, uint32_t nc, float *ret_score, const uint32_t NB)
 {
 	__m256 qe[KVT_PARIS_MAX_BLK / 2], qo[KVT_PARIS_MAX_BLK / 2];
@@ -858,18 +861,18 @@ rerank_avx2_nb(const struct kvt_paris_index *ix, const struct kvt_paris_query *q
 		rerank_next4(ix, cand, k, nc, NB, rec);
 		for (uint32_t j = 0; j < 4; j++)
 			a[j] = rerank_rec(rec[j], qe, qo, wsel, NB);
-		rerank_store4(a, q->norm, k, nc, ret_score);
+		rerank_store4(a, norm, k, nc, ret_score);
 	}
 }
 
 __attribute__((target("avx2,fma"))) static void
-rerank_avx2(const struct kvt_paris_index *ix, const struct kvt_paris_query *q, const uint32_t *cand,
-	    uint32_t nc, float *ret_score)
+rerank_avx2(const struct kvt_paris_index *ix, const struct kvt_paris_query *q, float norm,
+	    const uint32_t *cand, uint32_t nc, float *ret_score)
 {
 	if (ix->nblk == 16)
-		rerank_avx2_nb(ix, q, cand, nc, ret_score, 16);
+		rerank_avx2_nb(ix, q, norm, cand, nc, ret_score, 16);
 	else
-		rerank_avx2_nb(ix, q, cand, nc, ret_score, 8);
+		rerank_avx2_nb(ix, q, norm, cand, nc, ret_score, 8);
 }
 
 /*
@@ -909,7 +912,7 @@ rerank_rec512(const uint8_t *code, const __m512 *qe, const __m512 *qo, const __m
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"), always_inline)) static inline void
-rerank_avx512_nb(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+rerank_avx512_nb(const struct kvt_paris_index *ix, const struct kvt_paris_query *q, float norm,
 		 const uint32_t *cand, uint32_t nc, float *ret_score, const uint32_t NB)
 {
 	__m512 qe[KVT_PARIS_MAX_BLK / 4], qo[KVT_PARIS_MAX_BLK / 4], lev;
@@ -941,36 +944,45 @@ rerank_avx512_nb(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 		rerank_next4(ix, cand, k, nc, NB, rec);
 		for (uint32_t j = 0; j < 4; j++)
 			a[j] = rerank_rec512(rec[j], qe, qo, lev, wsel, NB);
-		rerank_store4(a, q->norm, k, nc, ret_score);
+		rerank_store4(a, norm, k, nc, ret_score);
 	}
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) static void
-rerank_avx512(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+rerank_avx512(const struct kvt_paris_index *ix, const struct kvt_paris_query *q, float norm,
 	      const uint32_t *cand, uint32_t nc, float *ret_score)
 {
 	if (ix->nblk == 16)
-		rerank_avx512_nb(ix, q, cand, nc, ret_score, 16);
+		rerank_avx512_nb(ix, q, norm, cand, nc, ret_score, 16);
 	else
-		rerank_avx512_nb(ix, q, cand, nc, ret_score, 8);
+		rerank_avx512_nb(ix, q, norm, cand, nc, ret_score, 8);
 }
 #endif
+
+/* The estimates for a query of norm @norm: the search passes 1 and ranks the unit query's
+ * estimates, which neither overflow nor underflow whatever the query's scale. */
+static void
+rerank_norm(const struct kvt_paris_index *ix, const struct kvt_paris_query *q, float norm,
+	    const uint32_t *cand, uint32_t nc, float *ret_score)
+{
+#if defined(__x86_64__)
+	if (kvt_simd_level() >= KVT_SIMD_AVX512) {
+		rerank_avx512(ix, q, norm, cand, nc, ret_score);
+		return;
+	}
+	if (kvt_simd_level() >= KVT_SIMD_AVX2) {
+		rerank_avx2(ix, q, norm, cand, nc, ret_score);
+		return;
+	}
+#endif
+	rerank_scalar(ix, q, norm, cand, nc, ret_score);
+}
 
 void
 kvt_paris_rerank(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
 		 const uint32_t *cand, uint32_t nc, float *ret_score)
 {
-#if defined(__x86_64__)
-	if (kvt_simd_level() >= KVT_SIMD_AVX512) {
-		rerank_avx512(ix, q, cand, nc, ret_score);
-		return;
-	}
-	if (kvt_simd_level() >= KVT_SIMD_AVX2) {
-		rerank_avx2(ix, q, cand, nc, ret_score);
-		return;
-	}
-#endif
-	rerank_scalar(ix, q, cand, nc, ret_score);
+	rerank_norm(ix, q, q->norm, cand, nc, ret_score);
 }
 
 /*
@@ -1448,13 +1460,18 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 			return 0;
 	}
 	if (!nr || nr < nc)
-		kvt_paris_rerank(ix, q, scr->cand, nc, scr->score);
+		rerank_norm(ix, q, 1.0f, scr->cand, nc, scr->score);
 	if (nr) {
 		r = refine_exact(q, opts->keys, nc, nr, k, scr, ret_idx, ret_score);
 		if (r < 0)
 			return r;
-		return (int)k;
+	} else {
+		kvt_paris_topk_select(scr->cand, scr->score, nc, k, ret_idx, ret_score);
 	}
-	kvt_paris_topk_select(scr->cand, scr->score, nc, k, ret_idx, ret_score);
+	/* Ranked on the unit query; the scores go out for q itself. A finite score times a
+	 * finite norm is never NaN (it saturates to +-inf past FLT_MAX). */
+	for (uint32_t i = 0; i < k; i++)
+		if (ret_score[i] != 0.0f)
+			ret_score[i] = (float)(ret_score[i] * q->dnorm);
 	return (int)k;
 }

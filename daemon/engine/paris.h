@@ -160,15 +160,18 @@ void kvt_paris_schedule_refine(uint32_t n, double *ret_rho_cand, double *ret_rho
 /* struct kvt_paris_query - one prepared query (kvt_paris_query_prep()). */
 struct kvt_paris_query {
 	uint32_t dim;
-	float norm;		   /* |q| (the GQA mean when built by the seq layer) */
-	float y[KVT_SRHT_MAX_DIM]; /* SRHT(q / max(|q|, 1e-8)) */
-	float x[KVT_SRHT_MAX_DIM]; /* q itself, unrotated: the exact refine stage's <k, q> */
+	float norm;		   /* |q| rounded to f32 (+inf past FLT_MAX) */
+	double dnorm;		   /* |q|, finite for any finite q */
+	float y[KVT_SRHT_MAX_DIM]; /* SRHT(q / |q|) (0 for q = 0) */
+	float x[KVT_SRHT_MAX_DIM]; /* q / |q| unrotated: the exact refine stage's <k, q / |q|> */
 };
 
 /*
- * kvt_paris_query_prep - normalise and rotate @q (dim floats) into @ret_q (and keep a copy of
- * @q for the refine stage). The arithmetic is the
- * same at every SIMD level, so votes do not depend on it. Thread-safe.
+ * kvt_paris_query_prep - normalise and rotate @q (dim floats) into @ret_q. |q| is accumulated
+ * in double, so any finite @q (1e-30 or 1e19 per element alike) gives the same unit query up to
+ * @q's own rounding, and a search the same positions. (The spec divides by max(|q|, 1e-8); the
+ * floor only scaled the estimates, which kvt_paris_search() now forms for the unit query.) The
+ * arithmetic is the same at every SIMD level, so votes do not depend on it. Thread-safe.
  */
 void kvt_paris_query_prep(const struct kvt_srht *srht, const float *q,
 			  struct kvt_paris_query *ret_q);
@@ -210,8 +213,8 @@ uint32_t kvt_paris_select(const uint8_t *votes, uint32_t n, uint32_t c, const ui
 
 /*
  * kvt_paris_rerank - RSQ-IP estimates s_i = |q| sum_b w_b sum_j y_j (2 sigma_j - 1) a[t_j] for
- * @nc candidates (indices < n), dispatched on kvt_simd_level(). Variants may differ in the last
- * bits (summation order). @ret_score: @nc floats. Thread-safe.
+ * @nc candidates (indices < n), dispatched on kvt_simd_level(), |q| being q->norm in f32.
+ * Variants may differ in the last bits (summation order). @ret_score: @nc floats. Thread-safe.
  */
 void kvt_paris_rerank(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
 		      const uint32_t *cand, uint32_t nc, float *ret_score);
@@ -305,7 +308,10 @@ struct kvt_paris_search_opts {
  * With opts->drop, dropped candidates leave the candidate set before the rerank (the set is
  * not refilled), so fewer than k results come back when fewer than k live candidates remain.
  * @ret_idx, @ret_score: k entries, score descending (ties: index ascending); scores estimate
- * <key, q> (not divided by sqrt(d)), or are that exact product with refine.
+ * <key, q> (not divided by sqrt(d)), or are that exact product with refine. Both are ranked
+ * for the unit query q / |q| and go out multiplied by |q| (q->dnorm) in double and rounded to
+ * f32: positions do not depend on the query's scale, a score is never NaN for finite keys and
+ * query, and it saturates to +-inf where <key, q> passes FLT_MAX.
  * Returns the number of results (k, or fewer with opts->drop), or -EINVAL (k == 0, a ratio outside
  * (0, 1], dim mismatch, 0 < refine < k, refine without keys or keys->get), -ERANGE (k > n, which
  * includes an empty index), -ENOMEM (scratch growth), -EIO (keys->get returned NULL). Thread-safe

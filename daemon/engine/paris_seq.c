@@ -250,14 +250,16 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 			if (tot && !ret_count[h])
 				return -ENOMEM;
 		} else {
-			float mean[KVT_SRHT_MAX_DIM] = {0};
+			double sum[KVT_SRHT_MAX_DIM] = {0};
+			float mean[KVT_SRHT_MAX_DIM];
 
-			/* GQA: the group's queries are averaged into one retrieval query */
+			/* GQA: the group's queries are averaged into one retrieval query, summed
+			 * in double: an f32 sum of finite queries can overflow */
 			for (uint32_t j = 0; j < grp; j++)
 				for (uint32_t i = 0; i < d; i++)
-					mean[i] += qh[(size_t)j * d + i];
+					sum[i] += qh[(size_t)j * d + i];
 			for (uint32_t i = 0; i < d; i++)
-				mean[i] /= (float)grp;
+				mean[i] = (float)(sum[i] / grp);
 			kvt_paris_query_prep(&seq->srht, mean, &pq);
 			r = kvt_paris_search(&row[h], &pq, &so, scr, op, os);
 			if (r < 0)

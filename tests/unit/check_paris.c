@@ -717,6 +717,7 @@ spec_pipeline(const struct kvt_paris_index *ix, const struct kvt_paris_query *pq
 	uint8_t *votes = malloc(kvt_paris_votes_len(ix));
 	uint32_t *cand = malloc(ix->n * sizeof(*cand)), c, nc;
 	float *sc = malloc(ix->n * sizeof(*sc));
+	struct kvt_paris_query unit;
 	double rc, rl;
 
 	kvt_paris_schedule(ix->n, &rc, &rl);
@@ -725,8 +726,14 @@ spec_pipeline(const struct kvt_paris_index *ix, const struct kvt_paris_query *pq
 	ck_assert_int_eq(kvt_paris_vote_tables(ix, pq, rl, tab), 0);
 	kvt_paris_votes(ix, (const uint8_t(*)[256])tab, votes, NULL);
 	nc = kvt_paris_select(votes, ix->n, c, NULL, cand);
-	kvt_paris_rerank(ix, pq, cand, nc, sc);
+	/* ranked for the unit query, scores scaled by |q| on the way out */
+	unit = *pq;
+	unit.norm = 1.0f;
+	kvt_paris_rerank(ix, &unit, cand, nc, sc);
 	kvt_paris_topk_select(cand, sc, nc, k, ret_idx, ret_score);
+	for (uint32_t i = 0; i < k; i++)
+		if (ret_score[i] != 0.0f)
+			ret_score[i] = (float)(ret_score[i] * pq->dnorm);
 	free(tab);
 	free(votes);
 	free(cand);
@@ -1545,6 +1552,113 @@ START_TEST(test_seq_topk)
 }
 END_TEST
 
+/*
+ * Top-k by inner product does not depend on the query's scale: at 1e-30 and 1e19 (whose
+ * squares leave f32's range) a search returns the positions it returns at scale 1, with the
+ * scores scaled and never NaN, on the estimate path and with refine.
+ */
+START_TEST(test_query_scale)
+{
+	static const float scale[] = {1e-30f, 1e-19f, 1e19f, 1e25f};
+	const uint32_t n = 6000, k = 50;
+	const unsigned int d = _i ? 64 : 128;
+	const struct kvt_srht *s = _i ? &srht64 : &srht128;
+	float *keys = malloc((size_t)n * d * sizeof(float)), q[4][128], qs[128];
+	struct key_src src = {.d = d, .n = n, .fail_at = UINT32_MAX};
+	const struct kvt_paris_keys acc = {src_get, &src, NULL};
+	struct kvt_paris_scratch scr = {0};
+	struct kvt_paris_index ix;
+	struct kvt_paris_query pq;
+
+	test_rng_state = 140 + _i;
+	make_data(DS_OUTLIER, d, n, 4, keys, &q[0][0]);
+	src.keys = keys;
+	build(&ix, s, keys, n, 0, n);
+	for (int qi = 0; qi < 4; qi++) {
+		const float *q1 = &q[0][0] + (size_t)qi * d;
+
+		for (int refine = 0; refine < 2; refine++) {
+			struct kvt_paris_search_opts so = {
+			    .k = k, .refine = refine ? 4 * k : 0, .keys = &acc};
+			uint32_t pos1[50], pos[50];
+			float sc1[50], sc[50];
+
+			kvt_paris_query_prep(s, q1, &pq);
+			ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, pos1, sc1), (int)k);
+			for (unsigned int si = 0; si < sizeof(scale) / sizeof(scale[0]); si++) {
+				for (unsigned int j = 0; j < d; j++)
+					qs[j] = q1[j] * scale[si];
+				kvt_paris_query_prep(s, qs, &pq);
+				ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, pos, sc),
+						 (int)k);
+				ck_assert_msg(!memcmp(pos, pos1, sizeof(pos)),
+					      "d %u query %d refine %d scale %g: recall %.3f", d,
+					      qi, refine, scale[si], overlap(pos, pos1, k));
+				for (uint32_t i = 0; i < k; i++) {
+					double want = (double)sc1[i] * scale[si];
+
+					ck_assert(!isnan(sc[i]));
+					ck_assert_msg(fabs(sc[i] - want) <=
+							  1e-5 * fabs((double)sc1[0] * scale[si]),
+						      "score %g want %g", sc[i], want);
+				}
+			}
+		}
+	}
+	kvt_paris_scratch_fini(&scr);
+	kvt_paris_index_fini(&ix);
+	free(keys);
+}
+END_TEST
+
+/* The GQA mean of 8 query heads near FLT_MAX (an f32 sum overflows) retrieves what the same
+ * heads at scale 1 do, without NaN. */
+START_TEST(test_seq_query_scale)
+{
+	const struct kvt_paris_geom g = {.layers = 1, .q_heads = 8, .kv_heads = 1, .head_dim = 128};
+	const struct kvt_paris_zone_cfg z = {.sink = 4, .local = 64, .update = 32};
+	const uint32_t L = 3000, n = L - 68, k = 40;
+	struct kvt_paris_seq seq;
+	struct kvt_paris_scratch scr = {0};
+	float *tok = malloc((size_t)L * 128 * sizeof(float)), q[8][128], qb[8][128], amax = 0.0f;
+	struct seq_src ss = {
+	    .tok = tok, .hkv = 1, .d = 128, .lo = 4, .hi = 4 + n, .fail = UINT32_MAX};
+	const struct kvt_paris_seq_keys sk = {seq_get, &ss, NULL};
+	uint32_t pos1[40], pos[40], cnt;
+	float sc1[40], sc[40];
+
+	test_rng_state = 145;
+	make_data(DS_OUTLIER, 128, L, 8, tok, &q[0][0]);
+	ck_assert_int_eq(kvt_paris_seq_init(&seq, &g, &z, &srht128, 0, NULL), 0);
+	ck_assert_int_eq(kvt_paris_seq_append(&seq, 0, 4, n, tok + 4 * 128, 128), (int)n);
+	for (int h = 0; h < 8; h++) /* one head repeated, plus noise: the sum grows 8x */
+		for (int i = 0; i < 128; i++) {
+			q[h][i] = q[0][i] + 0.1f * q[h][i];
+			amax = fmaxf(amax, fabsf(q[h][i]));
+		}
+	for (int refine = 0; refine < 2; refine++) {
+		struct kvt_paris_topk_opts o = {.k = k, .refine = refine ? 4 * k : 0, .keys = &sk};
+
+		ck_assert_int_eq(
+		    kvt_paris_seq_topk(&seq, 0, &q[0][0], 8 * 128, &o, &scr, pos1, sc1, &cnt), 1);
+		ck_assert_uint_eq(cnt, k);
+		for (int h = 0; h < 8; h++)
+			for (int i = 0; i < 128; i++)
+				qb[h][i] = q[h][i] * (1e38f / amax);
+		ck_assert_int_eq(
+		    kvt_paris_seq_topk(&seq, 0, &qb[0][0], 8 * 128, &o, &scr, pos, sc, &cnt), 1);
+		ck_assert_uint_eq(cnt, k);
+		ck_assert_msg(!memcmp(pos, pos1, sizeof(pos)), "refine %d: recall %.3f", refine,
+			      overlap(pos, pos1, k));
+		for (uint32_t i = 0; i < k; i++)
+			ck_assert(!isnan(sc[i]));
+	}
+	kvt_paris_scratch_fini(&scr);
+	kvt_paris_seq_fini(&seq);
+	free(tok);
+}
+END_TEST
+
 static Suite *
 paris_suite(void)
 {
@@ -1572,6 +1686,8 @@ paris_suite(void)
 	tcase_add_test(tc, test_custom_alloc);
 	tcase_add_test(tc, test_zones);
 	tcase_add_test(tc, test_seq_topk);
+	tcase_add_loop_test(tc, test_query_scale, 0, 2);
+	tcase_add_test(tc, test_seq_query_scale);
 	suite_add_tcase(s, tc);
 	return s;
 }
