@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -209,6 +210,8 @@ config_set(struct kvtd_config *cfg, const char *section, const char *key, const 
 		return parse_bool(val, &cfg->hugetlb);
 	} else if (KEY("pool", "lock")) {
 		return parse_bool(val, &cfg->lock);
+	} else if (KEY("pool", "overcommit")) {
+		return parse_bool(val, &cfg->overcommit);
 	} else if (KEY("pool", "numa_node")) {
 		if (!strcmp(val, "auto"))
 			cfg->numa_node = -2;
@@ -283,7 +286,8 @@ config_load_file(struct kvtd_config *cfg, char *err, size_t errlen)
 {
 	struct ini_ctx ctx = {cfg, err, errlen, 0};
 	FILE *f = fopen(cfg->config_path, "re");
-	int r;
+	struct stat st;
+	int r, rerr;
 
 	if (!f) {
 		if (errno == ENOENT && !cfg->config_explicit)
@@ -292,8 +296,21 @@ config_load_file(struct kvtd_config *cfg, char *err, size_t errlen)
 			 strerror(errno));
 		return -EINVAL;
 	}
+	/* fopen() takes a directory, and reading it fails like an empty file */
+	if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+		fclose(f);
+		snprintf(err, errlen, "config %s is a directory: give the path of an INI file (%s)",
+			 cfg->config_path, KVTD_DEFAULT_CONFIG);
+		return -EINVAL;
+	}
 	r = ini_parse_file(f, ini_on_value, &ctx);
+	rerr = ferror(f) ? errno : 0;
 	fclose(f);
+	if (rerr) {
+		snprintf(err, errlen, "cannot read config %s: %s", cfg->config_path,
+			 strerror(rerr));
+		return -EINVAL;
+	}
 	if (ctx.failed) {
 		char msg[400];
 
@@ -323,6 +340,7 @@ static const struct option long_opts[] = {
     {"numa-node", required_argument, NULL, 'n'},
     {"hugetlb", required_argument, NULL, 'H'},
     {"lock", required_argument, NULL, 'L'},
+    {"pool-overcommit", required_argument, NULL, 'O'},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
     {0},
@@ -359,6 +377,8 @@ flag_key(int c)
 		return "hugetlb";
 	case 'L':
 		return "lock";
+	case 'O':
+		return "overcommit";
 	}
 	return NULL;
 }
@@ -383,6 +403,7 @@ usage(void)
 	       "  -n, --numa-node N          auto | none | node number\n"
 	       "  -H, --hugetlb yes|no       back the pool with hugetlb pages\n"
 	       "  -L, --lock yes|no          mlock the pool (default yes)\n"
+	       "      --pool-overcommit yes|no  start with a pool above MemAvailable (default no)\n"
 	       "  -h, --help, -V, --version\n",
 	       KVTD_DEFAULT_CONFIG, KVTD_DEFAULT_SOCKET);
 }
