@@ -55,6 +55,9 @@ struct kvtd {
 	/* main thread only */
 	struct io_uring *ring;
 	int listen_fd, signal_fd, timer_fd;
+	int lock_fd;	/* flock on "<socket>.lock": one daemon per socket path */
+	dev_t sock_dev; /* the socket file bound, so exit unlinks that one only */
+	ino_t sock_ino;
 	int metrics_fd;	       /* HTTP /metrics (metrics.c), -1 when off */
 	unsigned metrics_port; /* the port it listens on */
 	int stopping;

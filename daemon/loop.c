@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <json-c/json.h>
 #include <liburing.h>
@@ -10,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -612,33 +614,142 @@ on_signal(struct kvtd *d)
 	}
 }
 
+static const char *
+file_kind(mode_t m)
+{
+	return S_ISREG(m)    ? "a regular file"
+	       : S_ISDIR(m)  ? "a directory"
+	       : S_ISLNK(m)  ? "a symbolic link"
+	       : S_ISFIFO(m) ? "a FIFO"
+	       : S_ISCHR(m)  ? "a character device"
+	       : S_ISBLK(m)  ? "a block device"
+			     : "not a regular file";
+}
+
+/* One daemon per socket path: an flock on "<socket>.lock", taken before the path is looked at,
+ * so that two daemons starting together cannot both take a stale socket for theirs. */
+static int
+socket_lock(struct kvtd *d)
+{
+	char lock[sizeof(d->cfg.socket_path) + 8];
+	int fd, r;
+
+	snprintf(lock, sizeof(lock), "%s.lock", d->cfg.socket_path);
+	for (int tries = 0; tries < 64; tries++) {
+		struct stat a, b;
+
+		/* O_NOFOLLOW: a link planted in the runtime directory is not followed */
+		fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+		if (fd < 0) {
+			r = -errno;
+			log_err("cannot open the lock file %s: %s", lock, strerror(-r));
+			return r;
+		}
+		if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+			r = -errno;
+			close(fd);
+			if (r == -EWOULDBLOCK) {
+				log_err("another kvtierd holds %s: it serves %s (stop it first, or "
+					"give this one another --socket)",
+					lock, d->cfg.socket_path);
+				return -EADDRINUSE;
+			}
+			log_err("cannot lock %s: %s", lock, strerror(-r));
+			return r;
+		}
+		/* The holder before us unlinks the file at exit, maybe between our open and our
+		 * lock: then we hold an orphan, and start over on what the path names now. */
+		if (fstat(fd, &a) == 0 && stat(lock, &b) == 0 && a.st_dev == b.st_dev &&
+		    a.st_ino == b.st_ino) {
+			d->lock_fd = fd;
+			return 0;
+		}
+		close(fd);
+	}
+	log_err("cannot lock %s: it keeps being replaced", lock);
+	return -EAGAIN;
+}
+
+/* What is at the socket path may go only if it is a socket nobody listens on (a crashed
+ * daemon's). Anything else is refused, with the path named, and left as it is. */
+static int
+socket_path_free(const char *path, const struct sockaddr_un *sa)
+{
+	struct stat st;
+	int fd, r;
+
+	if (lstat(path, &st) < 0) {
+		if (errno == ENOENT)
+			return 0;
+		r = -errno;
+		log_err("cannot check the socket path %s: %s", path, strerror(-r));
+		return r;
+	}
+	if (!S_ISSOCK(st.st_mode)) {
+		log_err("%s exists and is not a socket (%s): refusing to replace it; remove it or "
+			"give kvtierd another --socket",
+			path, file_kind(st.st_mode));
+		return -EEXIST;
+	}
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	r = connect(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0 ? 0 : -errno;
+	close(fd);
+	if (r == 0 || r == -EAGAIN) { /* EAGAIN: a live listener with a full backlog */
+		log_err("another kvtierd is listening on %s", path);
+		return -EADDRINUSE;
+	}
+	if (r != -ECONNREFUSED) {
+		log_err("%s: cannot tell whether something listens there (connect: %s): refusing "
+			"to replace it",
+			path, strerror(-r));
+		return r;
+	}
+	if (unlink(path) < 0 && errno != ENOENT) {
+		r = -errno;
+		log_err("cannot remove the stale socket %s: %s", path, strerror(-r));
+		return r;
+	}
+	log_notice("removed the stale socket %s (nothing listened on it)", path);
+	return 0;
+}
+
 static int
 socket_bind(struct kvtd *d)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	const char *path = d->cfg.socket_path;
+	struct stat st;
 	int fd, r;
 
 	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	r = socket_lock(d);
+	if (r < 0)
+		return r;
+	r = socket_path_free(path, &sa);
+	if (r < 0)
+		return r;
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;
-	/* A stale socket file from a crash is removed; a live daemon behind it is not. */
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-		close(fd);
-		log_err("another kvtierd is listening on %s", path);
-		return -EADDRINUSE;
-	}
-	unlink(path);
 	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 		r = -errno;
 		log_err("bind %s: %s", path, strerror(-r));
 		goto err;
 	}
+	if (lstat(path, &st) < 0) {
+		r = -errno;
+		log_err("%s vanished after bind: %s", path, strerror(-r));
+		goto err;
+	}
+	d->sock_dev = st.st_dev;
+	d->sock_ino = st.st_ino;
+	d->listen_fd = fd;
 	if (chmod(path, d->cfg.socket_mode) < 0) {
 		r = -errno;
 		log_err("chmod %s: %s", path, strerror(-r));
-		goto err_unlink;
+		return r;
 	}
 	if (d->cfg.socket_group[0]) {
 		struct group *g = getgrnam(d->cfg.socket_group);
@@ -647,20 +758,49 @@ socket_bind(struct kvtd *d)
 			r = g ? -errno : -ENOENT;
 			log_err("chown %s to group %s: %s", path, d->cfg.socket_group,
 				strerror(-r));
-			goto err_unlink;
+			return r;
 		}
 	}
 	if (listen(fd, 128) < 0) {
 		r = -errno;
-		goto err_unlink;
+		log_err("listen %s: %s", path, strerror(-r));
+		return r;
 	}
-	d->listen_fd = fd;
 	return 0;
-err_unlink:
-	unlink(path);
 err:
 	close(fd);
 	return r;
+}
+
+/* Closes the listener; the socket file goes only if it is still the one bound (an operator or
+ * another daemon may have put something else there since), then the lock file, still locked. */
+static void
+socket_release(struct kvtd *d)
+{
+	struct stat st;
+
+	if (d->listen_fd >= 0) {
+		close(d->listen_fd);
+		d->listen_fd = -1;
+		if (lstat(d->cfg.socket_path, &st) == 0 && S_ISSOCK(st.st_mode) &&
+		    st.st_dev == d->sock_dev && st.st_ino == d->sock_ino)
+			unlink(d->cfg.socket_path);
+	}
+	if (d->lock_fd >= 0) {
+		char lock[sizeof(d->cfg.socket_path) + 8];
+
+		snprintf(lock, sizeof(lock), "%s.lock", d->cfg.socket_path);
+		unlink(lock);
+		close(d->lock_fd);
+		d->lock_fd = -1;
+	}
+}
+
+int
+kvtd_loop_listen(struct kvtd *d)
+{
+	d->listen_fd = d->signal_fd = d->timer_fd = d->metrics_fd = d->lock_fd = -1;
+	return socket_bind(d);
 }
 
 int
@@ -671,7 +811,6 @@ kvtd_loop_init(struct kvtd *d)
 	sigset_t mask;
 	int r;
 
-	d->listen_fd = d->signal_fd = d->timer_fd = d->metrics_fd = -1;
 	sigemptyset(&mask);
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
@@ -700,9 +839,6 @@ kvtd_loop_init(struct kvtd *d)
 		log_err("io_uring_queue_init: %s", strerror(-r));
 		return r;
 	}
-	r = socket_bind(d);
-	if (r < 0)
-		return r;
 	r = kvtd_metrics_init(d);
 	if (r < 0)
 		return r;
@@ -773,10 +909,7 @@ kvtd_loop_fini(struct kvtd *d)
 {
 	while (d->conns)
 		conn_close(d, d->conns);
-	if (d->listen_fd >= 0) {
-		close(d->listen_fd);
-		unlink(d->cfg.socket_path);
-	}
+	socket_release(d);
 	if (d->ring) {
 		io_uring_queue_exit(d->ring);
 		free(d->ring);

@@ -41,11 +41,16 @@ main(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
+	/* The socket first: a second daemon on a taken socket (or a path that is no socket) is
+	 * refused before it opens a device or allocates and pins a pool. */
+	r = kvtd_loop_listen(&d);
+	if (r < 0)
+		goto err_listen;
 	r = kvt_dev_open(d.cfg.backend, &d.dev);
 	if (r < 0) {
 		log_err("device backend '%s' unavailable: %s",
 			d.cfg.backend == KVT_DEV_CUDA ? "cuda" : "auto", strerror(-r));
-		return 1;
+		goto err_listen;
 	}
 	log_notice("kvtierd %s starting: backend %s", KVTIER_VERSION, kvt_dev_name(d.dev));
 	r = kvtd_pool_init(&d.pool, &d.cfg, d.dev);
@@ -67,10 +72,16 @@ main(int argc, char **argv)
 err_pollers:
 	kvtd_loop_fini(&d);
 	kvtd_pollers_stop(&d);
+	kvtd_pool_fini(&d.pool);
+	kvt_dev_close(d.dev);
+	log_notice("kvtierd stopped");
+	return r < 0 ? 1 : 0;
 err_loop:
 	kvtd_pool_fini(&d.pool);
 err_dev:
 	kvt_dev_close(d.dev);
+err_listen:
+	kvtd_loop_fini(&d);
 	log_notice("kvtierd stopped");
-	return r < 0 ? 1 : 0;
+	return 1;
 }
