@@ -36,8 +36,9 @@ struct kvtd_config {
 	uint64_t pool_size;
 	uint64_t chunk_size;
 	int hugetlb;
-	int numa_node; /* -1: no binding; -2: auto (node of the GPU, else local) */
-	int lock;      /* mlock the pool; failure is fatal */
+	int numa_node;	/* -1: no binding; -2: auto (node of the GPU, else local) */
+	int lock;	/* mlock the pool; failure is fatal */
+	int overcommit; /* start even when the pool is larger than MemAvailable */
 	/* [limits] */
 	unsigned sessions_per_uid;
 	unsigned max_sessions;

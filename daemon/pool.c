@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -215,6 +216,59 @@ hugetlb_check(uint64_t size, int node)
 	return -ENOMEM;
 }
 
+/* Does the process hold CAP_IPC_LOCK (mlock beyond RLIMIT_MEMLOCK)? */
+static int
+has_cap_ipc_lock(void)
+{
+	unsigned long long eff = 0;
+	char line[256];
+	FILE *f = fopen("/proc/self/status", "re");
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "CapEff: %llx", &eff) == 1)
+			break;
+	fclose(f);
+	return (eff >> 14) & 1; /* CAP_IPC_LOCK, linux/capability.h */
+}
+
+/*
+ * Can this host hold the pool? Checked before the mapping is touched: past MemAvailable the
+ * touch grows until the OOM killer acts (and the unit's OOMScoreAdjust makes it pick other
+ * processes first); past RLIMIT_MEMLOCK the mlock after the touch fails anyway. hugetlb pages
+ * are not in MemAvailable: hugetlb_check() counts them.
+ */
+static int
+pool_fit_check(const struct kvtd_config *cfg)
+{
+	struct rlimit rl;
+
+	if (!cfg->hugetlb && !cfg->overcommit) {
+		long long avail_kb = meminfo_get("MemAvailable");
+
+		if (avail_kb >= 0 && cfg->pool_size > (uint64_t)avail_kb << 10) {
+			log_err("pool: size %llu MiB is more than this host's available memory "
+				"(MemAvailable %llu MiB in /proc/meminfo): lower [pool] size "
+				"(--pool-size), free memory, or set [pool] overcommit = yes "
+				"(--pool-overcommit yes) to start anyway",
+				(unsigned long long)(cfg->pool_size >> 20),
+				(unsigned long long)avail_kb >> 10);
+			return -ENOMEM;
+		}
+	}
+	if (cfg->lock && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+	    cfg->pool_size > rl.rlim_cur && !has_cap_ipc_lock()) {
+		log_err("pool: size %llu MiB is above the locked-memory limit (RLIMIT_MEMLOCK %llu "
+			"KiB) and kvtierd lacks CAP_IPC_LOCK: raise LimitMEMLOCK= (systemd) or "
+			"ulimit -l, grant CAP_IPC_LOCK, or set [pool] lock = no",
+			(unsigned long long)(cfg->pool_size >> 20),
+			(unsigned long long)(rl.rlim_cur >> 10));
+		return -EPERM;
+	}
+	return 0;
+}
+
 int
 kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *dev)
 {
@@ -230,6 +284,9 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 	pool->numa_node = -1;
 	pthread_mutex_init(&pool->lock, NULL);
 
+	r = pool_fit_check(cfg);
+	if (r < 0)
+		goto err_lock;
 	if (cfg->hugetlb) {
 		r = hugetlb_check(pool->size, cfg->numa_node);
 		if (r < 0)

@@ -59,9 +59,13 @@ struct kvtd_pool {
 };
 
 /*
- * kvtd_pool_init() - map, bind, touch, lock and register the pool.
- * Returns 0, -ENOMEM (mmap or hugetlb pages), -EPERM (mlock refused: raise LimitMEMLOCK or grant
- * CAP_IPC_LOCK), -EINVAL (size not a multiple of the chunk size), or a device error.
+ * kvtd_pool_init() - map, bind, touch, lock and register the pool. What the host cannot back is
+ * refused before the mapping is touched, with a message saying what to change.
+ * Returns 0, -ENOMEM (size above MemAvailable without cfg->overcommit, too few free hugetlb
+ * pages, mmap or populate failed), -EPERM (mlock refused or size above RLIMIT_MEMLOCK without
+ * CAP_IPC_LOCK: raise LimitMEMLOCK or grant CAP_IPC_LOCK), -EINVAL (size not a multiple of the
+ * chunk size, or of the huge page size with hugetlb), -EOPNOTSUPP (hugetlb without kernel
+ * support), or a device error.
  */
 int kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *dev);
 void kvtd_pool_fini(struct kvtd_pool *pool);

@@ -19,7 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define RSS_LIMIT_KB (256 * 1024) /* far below every pool the tests ask for */
+#define RSS_LIMIT_KB (128 * 1024) /* far below every pool the tests ask for */
 
 struct run {
 	int status;	    /* from wait4() */
@@ -108,8 +108,14 @@ run_kvtierd(const char *const *extra, long memlock_kb, struct run *ret)
 			close(fd);
 		}
 		if (memlock_kb >= 0) {
-			struct rlimit rl = {(rlim_t)memlock_kb << 10, (rlim_t)memlock_kb << 10};
+			struct rlimit rl;
 
+			/* Lowering needs no privilege; never above the hard limit already in force
+			 */
+			getrlimit(RLIMIT_MEMLOCK, &rl);
+			if (rl.rlim_max > (rlim_t)memlock_kb << 10)
+				rl.rlim_max = (rlim_t)memlock_kb << 10;
+			rl.rlim_cur = rl.rlim_max;
 			if (setrlimit(RLIMIT_MEMLOCK, &rl) < 0)
 				_exit(120);
 			/* Root keeps CAP_IPC_LOCK through exec unless the bounding set loses it;
@@ -165,6 +171,18 @@ assert_refused(const struct run *r, const char *needle)
 	ck_assert_msg(WIFEXITED(r->status) && WEXITSTATUS(r->status) != 0,
 		      "kvtierd did not fail (status %d); log:\n%s", r->status, r->log);
 	ck_assert_msg(strstr(r->log, needle), "message lacks '%s'; log:\n%s", needle, r->log);
+	ck_assert_msg(r->peak_rss_kb < RSS_LIMIT_KB, "kvtierd grew to %ld MiB before failing",
+		      r->peak_rss_kb >> 10);
+}
+
+/* A pool size above what /proc/meminfo calls available, in whole GiB. */
+static void
+size_above_available(char *buf, size_t len)
+{
+	long long avail_kb = meminfo_kb("MemAvailable");
+
+	ck_assert_int_gt(avail_kb, 0);
+	snprintf(buf, len, "%lluG", (unsigned long long)(avail_kb >> 20) + 4);
 }
 
 /* --hugetlb yes with fewer free huge pages than the pool needs (none reserved on most hosts). */
@@ -193,6 +211,70 @@ START_TEST(t_hugetlb_without_pages)
 }
 END_TEST
 
+/* A pool larger than the memory available: refused before a page of it is touched. */
+START_TEST(t_pool_above_memavailable)
+{
+	char size[32];
+	struct run r;
+
+	size_above_available(size, sizeof(size));
+	{
+		const char *extra[] = {"--pool-size", size, "--lock", "no", NULL};
+
+		run_kvtierd(extra, -1, &r);
+	}
+	assert_refused(&r, "MemAvailable");
+	ck_assert_msg(strstr(r.log, "overcommit"), "the override is not named; log:\n%s", r.log);
+}
+END_TEST
+
+/* A locked pool above RLIMIT_MEMLOCK without CAP_IPC_LOCK: mlock would fail, after the whole
+ * pool was faulted in; refused first instead. */
+START_TEST(t_pool_above_memlock)
+{
+	const char *extra[] = {"--pool-size", "512M", "--lock", "yes", NULL};
+	struct run r;
+
+	run_kvtierd(extra, 16 << 10, &r);
+	assert_refused(&r, "RLIMIT_MEMLOCK");
+	ck_assert_msg(strstr(r.log, "LimitMEMLOCK"), "log:\n%s", r.log);
+}
+END_TEST
+
+/* The override, as a flag or as [pool] overcommit in the file, skips the MemAvailable check
+ * only: the lock limit still stops the same pool, again before it is touched. */
+START_TEST(t_overcommit_skips_memavailable)
+{
+	char size[32], conf[64];
+	struct run r;
+	FILE *f;
+
+	size_above_available(size, sizeof(size));
+	{
+		const char *extra[] = {"--pool-size",	    size,  "--lock", "yes",
+				       "--pool-overcommit", "yes", NULL};
+
+		run_kvtierd(extra, 16 << 10, &r);
+	}
+	assert_refused(&r, "RLIMIT_MEMLOCK");
+	ck_assert_msg(!strstr(r.log, "MemAvailable"), "override ignored; log:\n%s", r.log);
+
+	snprintf(conf, sizeof(conf), "/tmp/kvt-overcommit-%d.conf", (int)getpid());
+	f = fopen(conf, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "[pool]\novercommit = yes\nlock = yes\n");
+	fclose(f);
+	{
+		const char *extra[] = {"--config", conf, "--pool-size", size, NULL};
+
+		run_kvtierd(extra, 16 << 10, &r);
+	}
+	unlink(conf);
+	assert_refused(&r, "RLIMIT_MEMLOCK");
+	ck_assert_msg(!strstr(r.log, "MemAvailable"), "override ignored; log:\n%s", r.log);
+}
+END_TEST
+
 static Suite *
 suite(void)
 {
@@ -201,6 +283,9 @@ suite(void)
 
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, t_hugetlb_without_pages);
+	tcase_add_test(tc, t_pool_above_memavailable);
+	tcase_add_test(tc, t_pool_above_memlock);
+	tcase_add_test(tc, t_overcommit_skips_memavailable);
 	suite_add_tcase(s, tc);
 	return s;
 }
