@@ -93,6 +93,16 @@ class Kvtierd:
         """The daemon's STATUS, CLIENTS or SEQS document ("status", "clients", "seqs")."""
         return kvtier_ctl.request(self.socket, [kind])[kind]
 
+    def wait_sessions(self, n: int) -> int:
+        """Wait until the daemon counts @n sessions (it sees a client's hangup a moment after
+        the client leaves); returns the count it ended with, after at most a minute."""
+        deadline = time.monotonic() + 60
+        while True:
+            got = self.doc("status")["sessions"]
+            if got == n or time.monotonic() > deadline:
+                return got
+            time.sleep(0.01)
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send @sig to the daemon (SIGKILL: it is gone without cleaning up)."""
         if self.proc.poll() is None:

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -59,7 +58,7 @@ def test_connect_names_the_session(kvtierd):
         rows = kvtierd.doc("clients")["clients"]
         assert [(r["session"], r["name"], r["pid"]) for r in rows] == [
             (c.session_id, "pytest-binding", os.getpid())]
-    assert kvtierd.doc("status")["sessions"] == 0
+    assert kvtierd.wait_sessions(0) == 0
 
 
 def test_connect_uses_kvtier_socket_env(kvtierd, monkeypatch):
@@ -506,12 +505,7 @@ def test_views_keep_their_buffer_and_session_alive(kvtierd, python_env):
         p.stdin.write("\n")
         p.stdin.flush()
         assert p.stdout.readline() == "dropped\n"
-        # the client went with its last view (the daemon sees the hangup a moment later)
-        for _ in range(6000):
-            if kvtierd.doc("status")["sessions"] == 0:
-                break
-            time.sleep(0.01)
-        assert kvtierd.doc("status")["sessions"] == 0
+        assert kvtierd.wait_sessions(0) == 0  # the client went with its last view
         p.stdin.write("\n")
         p.stdin.flush()
         assert p.wait(timeout=120) == 0, p.stderr.read()

@@ -25,4 +25,4 @@ def test_readme_python_example_runs(kvtierd, python_env, tmp_path):
                        cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "is in T0 slot" in r.stdout and "SeqStat(" in r.stdout
-    assert kvtierd.doc("status")["sessions"] == 0  # it disconnected
+    assert kvtierd.wait_sessions(0) == 0  # it disconnected

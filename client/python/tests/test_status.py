@@ -56,6 +56,7 @@ def test_status_clients_seqs_match_kvtierctl(kvtierd, python_env):
             s.retier()  # tokens evicted: every tier column has something to show
             seqs, clients = compare_all(kvtierd, python_env)
             assert "streaming" in seqs and "status-test" in clients
+    assert kvtierd.wait_sessions(0) == 0
     assert compare_all(kvtierd, python_env) == ("no open sequences\n", "no clients connected\n")
 
 
