@@ -32,6 +32,7 @@ kvtd_config_defaults(struct kvtd_config *cfg)
 	cfg->poller_slice_us = 200;
 	cfg->spin_us = 50;
 	cfg->hello_timeout_ms = 5000;
+	cfg->admin_idle_timeout_ms = 60000;
 	cfg->backend = KVT_DEV_AUTO;
 	cfg->log_level = KVTD_LOG_INFO;
 	cfg->pool_size = 256ull << 20;
@@ -40,6 +41,7 @@ kvtd_config_defaults(struct kvtd_config *cfg)
 	cfg->lock = 1;
 	cfg->sessions_per_uid = 64;
 	cfg->max_sessions = 256;
+	cfg->max_connections = 512;
 	cfg->seqs_per_session = 64;
 	cfg->buffers_per_session = 16;
 	cfg->max_sq_entries = 4096;
@@ -166,6 +168,8 @@ config_set(struct kvtd_config *cfg, const char *section, const char *key, const 
 		return parse_id_list(val, (unsigned *)cfg->allowed_uids, &cfg->n_allowed_uids);
 	} else if (KEY("daemon", "allowed_gids")) {
 		return parse_id_list(val, (unsigned *)cfg->allowed_gids, &cfg->n_allowed_gids);
+	} else if (KEY("daemon", "admin_gids")) {
+		return parse_id_list(val, (unsigned *)cfg->admin_gids, &cfg->n_admin_gids);
 	} else if (KEY("daemon", "pollers")) {
 		return parse_uint(val, 1, 64, &cfg->pollers);
 	} else if (KEY("daemon", "metrics_listen")) {
@@ -183,6 +187,8 @@ config_set(struct kvtd_config *cfg, const char *section, const char *key, const 
 		return parse_uint(val, 0, 1000000, &cfg->spin_us);
 	} else if (KEY("daemon", "hello_timeout_ms")) {
 		return parse_uint(val, 1, 600000, &cfg->hello_timeout_ms);
+	} else if (KEY("daemon", "admin_idle_timeout_ms")) {
+		return parse_uint(val, 1, 86400000, &cfg->admin_idle_timeout_ms);
 	} else if (KEY("daemon", "backend")) {
 		if (!strcmp(val, "auto"))
 			cfg->backend = KVT_DEV_AUTO;
@@ -225,6 +231,8 @@ config_set(struct kvtd_config *cfg, const char *section, const char *key, const 
 		return parse_uint(val, 1, 65536, &cfg->sessions_per_uid);
 	} else if (KEY("limits", "max_sessions")) {
 		return parse_uint(val, 1, 65536, &cfg->max_sessions);
+	} else if (KEY("limits", "max_connections")) {
+		return parse_uint(val, 1, 1u << 20, &cfg->max_connections);
 	} else if (KEY("limits", "seqs_per_session")) {
 		return parse_uint(val, 1, 65536, &cfg->seqs_per_session);
 	} else if (KEY("limits", "buffers_per_session")) {

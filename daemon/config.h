@@ -23,13 +23,16 @@ struct kvtd_config {
 	uint32_t socket_mode;
 	uid_t allowed_uids[KVTD_MAX_IDS];
 	unsigned n_allowed_uids; /* 0 with n_allowed_gids 0: any local user */
-	gid_t allowed_gids[KVTD_MAX_IDS];
+	gid_t allowed_gids[KVTD_MAX_IDS]; /* primary or supplementary group of the peer */
 	unsigned n_allowed_gids;
+	gid_t admin_gids[KVTD_MAX_IDS]; /* see every session (root and our uid always do) */
+	unsigned n_admin_gids;
 	unsigned pollers;
 	unsigned poller_slice_us; /* a session's turn on a shared poller; 0: drain it all */
 	char metrics_listen[64];  /* "127.0.0.1:9464": HTTP /metrics; empty: off */
 	unsigned spin_us;
 	unsigned hello_timeout_ms;
+	unsigned admin_idle_timeout_ms; /* an admin connection silent this long is closed */
 	int backend; /* enum kvt_dev_kind */
 	int log_level;
 	/* [pool] */
@@ -42,6 +45,7 @@ struct kvtd_config {
 	/* [limits] */
 	unsigned sessions_per_uid;
 	unsigned max_sessions;
+	unsigned max_connections; /* control connections at once, sessions included */
 	unsigned seqs_per_session;
 	unsigned buffers_per_session;
 	unsigned max_sq_entries;

@@ -62,6 +62,9 @@ struct kvtd {
 	unsigned metrics_port; /* the port it listens on */
 	int stopping;
 	struct kvtd_conn *conns;
+	unsigned n_conns;  /* bounded by cfg.max_connections */
+	int listen_armed;  /* a poll on listen_fd is in flight */
+	int listen_paused; /* not accepting: LISTEN_FULL or LISTEN_NOFD (loop.c) */
 	unsigned n_sessions;
 	uint32_t next_session_id;
 	struct kvtd_uid *uids; /* cfg.max_sessions entries; accounts updated under the pool lock */

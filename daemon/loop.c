@@ -33,7 +33,14 @@
 /* user_data of the fixed sources; connections use their (aligned, larger) address. */
 enum { SRC_LISTEN = 1, SRC_SIGNAL = 2, SRC_TIMER = 3, SRC_METRICS = 4 };
 
+/*
+ * CONN_NEW: accepted, nothing said yet (closed past hello_timeout_ms).
+ * CONN_ADMIN: said an admin request (closed when idle past admin_idle_timeout_ms).
+ */
 enum { CONN_NEW, CONN_SESSION, CONN_ADMIN };
+
+/* Why the listener is not polled (d->listen_paused). */
+enum { LISTEN_FULL = 1, LISTEN_NOFD = 2 };
 
 struct kvtd_conn {
 	struct kvtd_conn *next, *prev;
@@ -42,7 +49,7 @@ struct kvtd_conn {
 	pid_t pid;
 	uid_t uid;
 	gid_t gid;
-	uint64_t deadline_ns; /* CONN_NEW: closed when silent past this */
+	uint64_t deadline_ns; /* NEW, ADMIN: closed when silent past this; 0: closing */
 	struct kvtd_session *s;
 	struct kvtd_uid *uid_ent;
 };
@@ -104,6 +111,20 @@ uid_get(struct kvtd *d, uid_t uid)
 	return free_ent;
 }
 
+/* Polls the listener again after a pause, once there may be room for a connection. */
+static void
+listen_resume(struct kvtd *d)
+{
+	if (!d->listen_paused || d->listen_armed || d->stopping || d->listen_fd < 0 ||
+	    d->n_conns >= d->cfg.max_connections)
+		return;
+	/* listen_paused stays until do_accept() gets to EAGAIN: a pause is logged once */
+	if (arm_poll(d, d->listen_fd, SRC_LISTEN) == 0)
+		d->listen_armed = 1;
+	else
+		d->listen_paused = LISTEN_NOFD; /* the timer tries again */
+}
+
 static void
 conn_close(struct kvtd *d, struct kvtd_conn *c)
 {
@@ -128,6 +149,8 @@ conn_close(struct kvtd *d, struct kvtd_conn *c)
 		c->next->prev = c->prev;
 	close(c->fd);
 	free(c);
+	d->n_conns--;
+	listen_resume(d); /* a slot and a descriptor are free again */
 }
 
 /* 64-bit so that no uint32_t from a HELLO can overflow it (2^32 ends the loop). */
@@ -411,6 +434,16 @@ handle_event_get(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_event
 	send(c->fd, &ev, sizeof(ev), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
+/* An admin request: the connection is an admin one, idle from now. */
+static void
+admin_touch(struct kvtd *d, struct kvtd_conn *c)
+{
+	if (c->state == CONN_NEW)
+		c->state = CONN_ADMIN;
+	if (c->state == CONN_ADMIN)
+		c->deadline_ns = kvtd_now_ns() + (uint64_t)d->cfg.admin_idle_timeout_ms * 1000000;
+}
+
 /* One message. Returns < 0 to drop the connection. */
 static int
 handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, int fd)
@@ -430,14 +463,16 @@ handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, 
 		}
 		return handle_hello(d, c, (const void *)buf, len);
 	case KVT_CTL_STATUS:
+		admin_touch(d, c);
+		reply_json(c, h->id, kvtd_stats_status(d));
+		return 0;
 	case KVT_CTL_CLIENTS:
+		admin_touch(d, c);
+		reply_json(c, h->id, kvtd_stats_clients(d));
+		return 0;
 	case KVT_CTL_SEQS:
-		if (c->state == CONN_NEW)
-			c->state = CONN_ADMIN;
-		reply_json(c, h->id,
-			   h->type == KVT_CTL_STATUS	? kvtd_stats_status(d)
-			   : h->type == KVT_CTL_CLIENTS ? kvtd_stats_clients(d)
-							: kvtd_stats_seqs(d));
+		admin_touch(d, c);
+		reply_json(c, h->id, kvtd_stats_seqs(d));
 		return 0;
 	case KVT_CTL_BUF_REGISTER:
 	case KVT_CTL_BUF_UNREGISTER:
@@ -522,18 +557,36 @@ peer_allowed(const struct kvtd_config *cfg, uid_t uid, gid_t gid)
 	return 0;
 }
 
+/*
+ * Accepts while there is room. The listener is left unpolled (connections wait in its backlog,
+ * and a client's own timeout applies) when max_connections are open, until one closes, and when
+ * accept4() finds no descriptor left, until a connection closes or the next timer tick: polling
+ * a listener that stays readable would spin the loop.
+ */
 static void
 do_accept(struct kvtd *d)
 {
-	for (;;) {
+	while (d->n_conns < d->cfg.max_connections) {
 		struct ucred cred;
 		socklen_t clen = sizeof(cred);
 		struct kvtd_conn *c;
 		int fd = accept4(d->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		int sndbuf = 2 * KVT_CTL_MAX_MSG;
 
-		if (fd < 0)
+		if (fd < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if (errno == EAGAIN)
+				break;
+			if (d->listen_paused != LISTEN_NOFD) /* once per pause */
+				log_warn(
+				    "accept on %s: %s, with %u connections open: not accepting "
+				    "until a descriptor frees (raise LimitNOFILE or lower "
+				    "max_connections)",
+				    d->cfg.socket_path, strerror(errno), d->n_conns);
+			d->listen_paused = LISTEN_NOFD;
 			return;
+		}
 		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0) {
 			close(fd);
 			continue;
@@ -563,9 +616,23 @@ do_accept(struct kvtd *d)
 		if (d->conns)
 			d->conns->prev = c;
 		d->conns = c;
+		d->n_conns++;
 		if (arm_poll(d, fd, (uint64_t)(uintptr_t)c) < 0)
 			conn_close(d, c);
 	}
+	if (d->n_conns >= d->cfg.max_connections) {
+		if (d->listen_paused != LISTEN_FULL) /* once per pause */
+			log_warn("%u control connections open (max_connections): new ones wait "
+				 "until one closes",
+				 d->n_conns);
+		d->listen_paused = LISTEN_FULL;
+		return;
+	}
+	d->listen_paused = 0;
+	if (arm_poll(d, d->listen_fd, SRC_LISTEN) == 0)
+		d->listen_armed = 1;
+	else
+		d->listen_paused = LISTEN_NOFD;
 }
 
 static void
@@ -576,18 +643,30 @@ on_timer(struct kvtd *d)
 	if (read(d->timer_fd, &ticks, sizeof(ticks)) < 0)
 		return;
 	sd_notify(0, "WATCHDOG=1");
-	/* A connection that never said anything is shut down; its armed poll then reports the
+	/* A connection silent past its deadline is shut down; its armed poll then reports the
 	 * hangup and the normal close path frees it. */
-	for (struct kvtd_conn *c = d->conns; c; c = c->next)
-		if (c->state == CONN_NEW && c->deadline_ns && now > c->deadline_ns) {
+	for (struct kvtd_conn *c = d->conns; c; c = c->next) {
+		if (c->state == CONN_SESSION || !c->deadline_ns || now <= c->deadline_ns)
+			continue;
+		if (c->state == CONN_ADMIN) {
+			log_debug("pid %d: admin connection idle for %u ms: closing", (int)c->pid,
+				  d->cfg.admin_idle_timeout_ms);
+			send_error(
+			    c->fd, 0, -ETIMEDOUT,
+			    "admin connection idle for %u ms (admin_idle_timeout_ms): closed",
+			    d->cfg.admin_idle_timeout_ms);
+		} else {
 			atomic_fetch_add(&d->cnt.refused_hello_timeout, 1);
 			log_info("pid %d said nothing in %u ms: closing", (int)c->pid,
 				 d->cfg.hello_timeout_ms);
 			send_error(c->fd, 0, -ETIMEDOUT, "no HELLO within %u ms",
 				   d->cfg.hello_timeout_ms);
-			shutdown(c->fd, SHUT_RDWR);
-			c->deadline_ns = 0;
 		}
+		shutdown(c->fd, SHUT_RDWR);
+		c->deadline_ns = 0;
+	}
+	if (d->listen_paused == LISTEN_NOFD) /* descriptors may have freed outside our conns */
+		listen_resume(d);
 }
 
 static void
@@ -806,7 +885,10 @@ kvtd_loop_listen(struct kvtd *d)
 int
 kvtd_loop_init(struct kvtd *d)
 {
-	unsigned tick_ms = d->cfg.hello_timeout_ms / 4;
+	unsigned tick_ms = (d->cfg.hello_timeout_ms < d->cfg.admin_idle_timeout_ms
+				? d->cfg.hello_timeout_ms
+				: d->cfg.admin_idle_timeout_ms) /
+			   4;
 	struct itimerspec its = {0};
 	sigset_t mask;
 	int r;
@@ -845,7 +927,8 @@ kvtd_loop_init(struct kvtd *d)
 	d->uids = calloc(d->cfg.max_sessions, sizeof(*d->uids));
 	if (!d->uids)
 		return -ENOMEM;
-	arm_poll(d, d->listen_fd, SRC_LISTEN);
+	d->listen_armed = arm_poll(d, d->listen_fd, SRC_LISTEN) == 0;
+	d->listen_paused = d->listen_armed ? 0 : LISTEN_NOFD; /* else the timer arms it */
 	arm_poll(d, d->signal_fd, SRC_SIGNAL);
 	arm_poll(d, d->timer_fd, SRC_TIMER);
 	if (d->metrics_fd >= 0)
@@ -876,8 +959,8 @@ kvtd_loop_run(struct kvtd *d)
 		io_uring_cqe_seen(d->ring, cqe);
 		switch (ud) {
 		case SRC_LISTEN:
-			do_accept(d);
-			arm_poll(d, d->listen_fd, SRC_LISTEN);
+			d->listen_armed = 0;
+			do_accept(d); /* re-arms the poll, unless it pauses the listener */
 			break;
 		case SRC_SIGNAL:
 			on_signal(d);
