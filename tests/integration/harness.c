@@ -72,6 +72,12 @@ daemon_start(struct kvtd_proc *p, const char *const *extra)
 {
 	daemon_prepare(p);
 	daemon_spawn(p, extra);
+	daemon_wait_ready(p);
+}
+
+void
+daemon_wait_ready(struct kvtd_proc *p)
+{
 	for (int i = 0; i < 500; i++) {
 		struct json_object *o = admin_request(p->sock, KVT_CTL_STATUS);
 

@@ -24,6 +24,8 @@ void daemon_start(struct kvtd_proc *p, const char *const *extra);
  * with the same arguments, without waiting for it to answer. */
 void daemon_prepare(struct kvtd_proc *p);
 void daemon_spawn(struct kvtd_proc *p, const char *const *extra);
+/* Waits until the spawned daemon answers STATUS; aborts the test if it exits or stays silent. */
+void daemon_wait_ready(struct kvtd_proc *p);
 /* Waits for the daemon to exit: its exit status (128 + signal when killed by one), or -1 when it
  * is still running after @timeout_ms (it is then SIGKILLed). */
 int daemon_wait(struct kvtd_proc *p, int timeout_ms);
