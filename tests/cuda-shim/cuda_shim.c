@@ -42,6 +42,7 @@ struct obj {
 	int fd;		 /* OBJ_DEVMEM: the memfd */
 	uint64_t serial; /* OBJ_DEVMEM / OBJ_IPCMAP: the allocation's id "pid.serial" */
 	int pid;
+	int dev; /* OBJ_DEVMEM: the device it was allocated on */
 };
 
 struct ipc_mem {
@@ -54,6 +55,7 @@ struct ipc_ev {
 	uint64_t magic;
 	int32_t pid;
 	uint32_t interprocess;
+	uint64_t serial; /* the event's id "pid.serial" */
 };
 
 struct arm {
@@ -507,6 +509,7 @@ cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned flags)
 	e->magic = MAGIC;
 	e->pid = getpid();
 	e->interprocess = !!(flags & cudaEventInterprocess);
+	e->serial = next_serial++;
 	*ev = (cudaEvent_t)e;
 	LEAVE(cudaSuccess);
 }
@@ -662,6 +665,7 @@ cudaMalloc(void **ret, size_t len)
 	o->fd = fd;
 	o->pid = getpid();
 	o->serial = next_serial++;
+	o->dev = cur_device;
 	*ret = p;
 	LEAVE(cudaSuccess);
 }
@@ -693,7 +697,7 @@ cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p)
 	o = obj_find(p, 1, 1u << OBJ_DEVMEM | 1u << OBJ_IPCMAP);
 	if (o) {
 		a->type = cudaMemoryTypeDevice;
-		a->device = 0;
+		a->device = o->dev;
 		a->devicePointer = (void *)p;
 	} else if (obj_find(p, 1, 1u << OBJ_REGISTERED | 1u << OBJ_HOSTALLOC)) {
 		a->type = cudaMemoryTypeHost;
@@ -891,4 +895,513 @@ cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t sh
 		memmove(dst, src, d[i].len);
 	}
 	LEAVE(cudaSuccess);
+}
+
+/* ---- driver entry points ---------------------------------------------------------------------
+ *
+ * What libkvtier calls, through dlopen of this library (KVTIER_LIBCUDA), by the versioned names
+ * the driver exports. They share the emulated objects above, as the real driver's state is the
+ * runtime's: a cudaMalloc pointer is known to cuMemGetAddressRange, a cuMemAlloc handle opens
+ * with cudaIpcOpenMemHandle in kvtierd. Modelled as the driver does it: nothing before cuInit;
+ * memory, IPC and event calls need a current context (a thread-local stack of the devices'
+ * primary contexts); the plural cuPointerGetAttributes answers CUDA_SUCCESS with default values
+ * for a pointer it does not know; a stream belongs to a context, and NULL, CU_STREAM_LEGACY and
+ * CU_STREAM_PER_THREAD name the current context's. Failures are injected with kvt_shim_fail()
+ * by symbol name ("cuMemAlloc_v2") and a CUresult.
+ */
+
+#define SHIM_MAX_DEVICES 16
+
+struct shim_ctx {
+	uint64_t magic;
+	int dev;
+	unsigned refs;
+};
+
+struct shim_stream {
+	struct shim_stream *next;
+	struct shim_ctx *ctx;
+};
+
+static int drv_inited;
+static struct shim_stream *streams; /* created by cuStreamCreate */
+static struct shim_ctx primaries[SHIM_MAX_DEVICES];
+static _Thread_local struct shim_ctx *ctx_stack[16];
+static _Thread_local unsigned ctx_depth;
+
+static const char *
+cu_name(CUresult e)
+{
+	switch (e) {
+	case CUDA_SUCCESS:
+		return "CUDA_SUCCESS";
+	case CUDA_ERROR_INVALID_VALUE:
+		return "CUDA_ERROR_INVALID_VALUE";
+	case CUDA_ERROR_OUT_OF_MEMORY:
+		return "CUDA_ERROR_OUT_OF_MEMORY";
+	case CUDA_ERROR_NOT_INITIALIZED:
+		return "CUDA_ERROR_NOT_INITIALIZED";
+	case CUDA_ERROR_DEINITIALIZED:
+		return "CUDA_ERROR_DEINITIALIZED";
+	case CUDA_ERROR_STUB_LIBRARY:
+		return "CUDA_ERROR_STUB_LIBRARY";
+	case CUDA_ERROR_DEVICE_UNAVAILABLE:
+		return "CUDA_ERROR_DEVICE_UNAVAILABLE";
+	case CUDA_ERROR_NO_DEVICE:
+		return "CUDA_ERROR_NO_DEVICE";
+	case CUDA_ERROR_INVALID_DEVICE:
+		return "CUDA_ERROR_INVALID_DEVICE";
+	case CUDA_ERROR_INVALID_CONTEXT:
+		return "CUDA_ERROR_INVALID_CONTEXT";
+	case CUDA_ERROR_INVALID_HANDLE:
+		return "CUDA_ERROR_INVALID_HANDLE";
+	case CUDA_ERROR_NOT_FOUND:
+		return "CUDA_ERROR_NOT_FOUND";
+	case CUDA_ERROR_ILLEGAL_ADDRESS:
+		return "CUDA_ERROR_ILLEGAL_ADDRESS";
+	case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+		return "CUDA_ERROR_CONTEXT_IS_DESTROYED";
+	case CUDA_ERROR_NOT_PERMITTED:
+		return "CUDA_ERROR_NOT_PERMITTED";
+	case CUDA_ERROR_NOT_SUPPORTED:
+		return "CUDA_ERROR_NOT_SUPPORTED";
+	case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH:
+		return "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH";
+	case CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE:
+		return "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE";
+	case CUDA_ERROR_UNKNOWN:
+		return "CUDA_ERROR_UNKNOWN";
+	default:
+		return NULL;
+	}
+}
+
+/* Count and log a driver call; its armed failure (or CUDA_SUCCESS). Lock held. */
+static CUresult
+drv_enter(const char *fn, const char *fmt, ...)
+{
+	struct counter *c = counter_of(fn);
+	CUresult err = CUDA_SUCCESS;
+	char args[160] = "";
+	va_list ap;
+
+	c->n++;
+	for (unsigned i = 0; i < n_arms; i++)
+		if (!strcmp(arms[i].fn, fn) && --arms[i].k == 0) {
+			err = (CUresult)arms[i].err;
+			arms[i] = arms[--n_arms];
+			break;
+		}
+	va_start(ap, fmt);
+	vsnprintf(args, sizeof(args), fmt, ap);
+	va_end(ap);
+	if (err)
+		log_line("%s %s -> %s (injected)", fn, args, cu_name(err) ? cu_name(err) : "?");
+	else
+		log_line("%s %s", fn, args);
+	if (!err && !drv_inited && strcmp(fn, "cuInit"))
+		err = CUDA_ERROR_NOT_INITIALIZED;
+	return err;
+}
+
+#define DENTER(...)                                                                                \
+	do {                                                                                       \
+		CUresult e_;                                                                       \
+		pthread_mutex_lock(&lock);                                                         \
+		e_ = drv_enter(__func__, __VA_ARGS__);                                             \
+		if (e_) {                                                                          \
+			pthread_mutex_unlock(&lock);                                               \
+			return e_;                                                                 \
+		}                                                                                  \
+	} while (0)
+#define DLEAVE(e)                                                                                  \
+	do {                                                                                       \
+		CUresult e2_ = (e);                                                                \
+		if (e2_)                                                                           \
+			log_line("  -> %s", cu_name(e2_));                                         \
+		pthread_mutex_unlock(&lock);                                                       \
+		return e2_;                                                                        \
+	} while (0)
+#define NEED_CTX()                                                                                 \
+	do {                                                                                       \
+		if (!ctx_depth)                                                                    \
+			DLEAVE(CUDA_ERROR_INVALID_CONTEXT);                                        \
+	} while (0)
+
+static struct shim_ctx *
+ctx_valid(CUcontext c)
+{
+	struct shim_ctx *x = (struct shim_ctx *)c;
+
+	return x && x >= primaries && x < primaries + SHIM_MAX_DEVICES && x->magic == MAGIC &&
+		       x->refs
+		   ? x
+		   : NULL;
+}
+
+/* The context of @s, or NULL: a stream of ours, or the current context's default streams. */
+static struct shim_ctx *
+stream_ctx(CUstream s)
+{
+	if (!s || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+		return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
+	for (struct shim_stream *x = streams; x; x = x->next)
+		if (x == (struct shim_stream *)s)
+			return x->ctx;
+	return NULL;
+}
+
+static struct ipc_ev *
+event_valid(CUevent ev)
+{
+	struct ipc_ev *e = (struct ipc_ev *)ev;
+
+	return e && e->magic == MAGIC ? e : NULL;
+}
+
+SHIM_EXPORT CUresult
+cuGetErrorName(CUresult e, const char **s)
+{
+	*s = cu_name(e);
+	return *s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+SHIM_EXPORT CUresult
+cuGetErrorString(CUresult e, const char **s)
+{
+	*s = cu_name(e) ? "injected or emulated failure (kvt cuda shim)" : NULL;
+	if (e == CUDA_SUCCESS)
+		*s = "no error";
+	return *s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+SHIM_EXPORT CUresult
+cuInit(unsigned flags)
+{
+	DENTER("%u", flags);
+	if (flags)
+		DLEAVE(CUDA_ERROR_INVALID_VALUE);
+	if (n_devices <= 0)
+		DLEAVE(CUDA_ERROR_NO_DEVICE);
+	drv_inited = 1;
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuDeviceGet(CUdevice *d, int ordinal)
+{
+	DENTER("%d", ordinal);
+	if (ordinal < 0 || ordinal >= n_devices || ordinal >= SHIM_MAX_DEVICES)
+		DLEAVE(CUDA_ERROR_INVALID_DEVICE);
+	*d = ordinal;
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice d)
+{
+	char u[32];
+
+	DENTER("%d", d);
+	if (d < 0 || d >= n_devices)
+		DLEAVE(CUDA_ERROR_INVALID_DEVICE);
+	snprintf(u, sizeof(u), "KVTSHIMGPU%06u", (unsigned)d % 1000000); /* as the runtime's */
+	memcpy(uuid->bytes, u, 16);
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuDevicePrimaryCtxRetain(CUcontext *ret, CUdevice d)
+{
+	DENTER("%d", d);
+	if (d < 0 || d >= n_devices || d >= SHIM_MAX_DEVICES)
+		DLEAVE(CUDA_ERROR_INVALID_DEVICE);
+	primaries[d].magic = MAGIC;
+	primaries[d].dev = d;
+	primaries[d].refs++;
+	*ret = (CUcontext)&primaries[d];
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuDevicePrimaryCtxRelease_v2(CUdevice d)
+{
+	DENTER("%d", d);
+	if (d < 0 || d >= n_devices || d >= SHIM_MAX_DEVICES)
+		DLEAVE(CUDA_ERROR_INVALID_DEVICE);
+	if (!primaries[d].refs)
+		DLEAVE(CUDA_ERROR_INVALID_CONTEXT);
+	primaries[d].refs--;
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuCtxPushCurrent_v2(CUcontext c)
+{
+	struct shim_ctx *x;
+
+	DENTER("%p", (void *)c);
+	x = ctx_valid(c);
+	if (!x)
+		DLEAVE(CUDA_ERROR_INVALID_CONTEXT);
+	if (ctx_depth == sizeof(ctx_stack) / sizeof(ctx_stack[0]))
+		DLEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+	ctx_stack[ctx_depth++] = x;
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuCtxPopCurrent_v2(CUcontext *ret)
+{
+	DENTER("");
+	if (!ctx_depth)
+		DLEAVE(CUDA_ERROR_INVALID_CONTEXT);
+	ctx_depth--;
+	if (ret)
+		*ret = (CUcontext)ctx_stack[ctx_depth];
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuCtxGetDevice(CUdevice *d)
+{
+	DENTER("");
+	NEED_CTX();
+	*d = ctx_stack[ctx_depth - 1]->dev;
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuPointerGetAttributes(unsigned n, CUpointer_attribute *attrs, void **data, CUdeviceptr p)
+{
+	struct obj *o;
+	int dev = 0;
+
+	DENTER("n=%u p=%p", n, (void *)(uintptr_t)p);
+	o = obj_find((void *)(uintptr_t)p, 1, 0xf);
+	if (o && o->kind == OBJ_DEVMEM)
+		dev = o->dev;
+	for (unsigned i = 0; i < n; i++) {
+		int dm = o && (o->kind == OBJ_DEVMEM || o->kind == OBJ_IPCMAP);
+
+		switch (attrs[i]) {
+		case CU_POINTER_ATTRIBUTE_CONTEXT:
+			*(CUcontext *)data[i] =
+			    dm && primaries[dev].refs ? (CUcontext)&primaries[dev] : NULL;
+			break;
+		case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+			*(unsigned *)data[i] = !o   ? 0
+					       : dm ? CU_MEMORYTYPE_DEVICE
+						    : CU_MEMORYTYPE_HOST;
+			break;
+		case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+			*(int *)data[i] = o ? dev : -2;
+			break;
+		default:
+			DLEAVE(CUDA_ERROR_INVALID_VALUE);
+		}
+	}
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+	struct obj *o;
+
+	DENTER("%p", (void *)(uintptr_t)p);
+	NEED_CTX();
+	o = obj_find((void *)(uintptr_t)p, 1, 1u << OBJ_DEVMEM | 1u << OBJ_IPCMAP);
+	if (!o)
+		DLEAVE(CUDA_ERROR_NOT_FOUND);
+	if (base)
+		*base = (CUdeviceptr)(uintptr_t)o->p;
+	if (size)
+		*size = o->len;
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuMemAlloc_v2(CUdeviceptr *ret, size_t len)
+{
+	struct obj *o;
+	void *p;
+	int fd;
+
+	DENTER("len=%zu", len);
+	NEED_CTX();
+	if (!len)
+		DLEAVE(CUDA_ERROR_INVALID_VALUE);
+	fd = memfd_create("kvt-shim-devmem", 0); /* kept open: see the IPC handle */
+	if (fd < 0 || ftruncate(fd, (off_t)len) < 0) {
+		if (fd >= 0)
+			close(fd);
+		DLEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+	}
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		close(fd);
+		DLEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+	}
+	o = obj_add(OBJ_DEVMEM, p, len);
+	if (!o) {
+		munmap(p, len);
+		close(fd);
+		DLEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+	}
+	o->fd = fd;
+	o->pid = getpid();
+	o->serial = next_serial++;
+	o->dev = ctx_stack[ctx_depth - 1]->dev;
+	*ret = (CUdeviceptr)(uintptr_t)p;
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuMemFree_v2(CUdeviceptr p)
+{
+	struct obj *o;
+
+	DENTER("%p", (void *)(uintptr_t)p);
+	NEED_CTX();
+	o = obj_at((void *)(uintptr_t)p, OBJ_DEVMEM);
+	if (!o)
+		DLEAVE(CUDA_ERROR_INVALID_VALUE);
+	munmap(o->p, o->len);
+	close(o->fd);
+	obj_del(o);
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
+{
+	struct ipc_mem m;
+	struct obj *o;
+
+	DENTER("%p", (void *)(uintptr_t)p);
+	NEED_CTX();
+	o = obj_find((void *)(uintptr_t)p, 1, 1u << OBJ_DEVMEM);
+	if (!o)
+		DLEAVE(CUDA_ERROR_INVALID_VALUE);
+	m = (struct ipc_mem){MAGIC, o->pid, o->fd, o->len, o->serial};
+	memset(h, 0, sizeof(*h));
+	memcpy(h->reserved, &m, sizeof(m));
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuIpcOpenEventHandle(CUevent *ret, CUipcEventHandle h)
+{
+	struct ipc_ev in, *e;
+
+	memcpy(&in, h.reserved, sizeof(in));
+	DENTER("id=%d.%llu", (int)in.pid, (unsigned long long)in.serial);
+	NEED_CTX();
+	if (in.magic != MAGIC || !in.interprocess)
+		DLEAVE(CUDA_ERROR_INVALID_HANDLE);
+	e = malloc(sizeof(*e));
+	if (!e)
+		DLEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+	*e = in;
+	*ret = (CUevent)e;
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuEventDestroy_v2(CUevent ev)
+{
+	struct ipc_ev *e = event_valid(ev);
+
+	DENTER("id=%d.%llu", e ? (int)e->pid : -1, e ? (unsigned long long)e->serial : 0ull);
+	if (!e)
+		DLEAVE(CUDA_ERROR_INVALID_HANDLE);
+	e->magic = 0;
+	free(e);
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuStreamCreate(CUstream *ret, unsigned flags)
+{
+	struct shim_stream *x;
+
+	DENTER("flags=%u", flags);
+	NEED_CTX();
+	x = calloc(1, sizeof(*x));
+	if (!x)
+		DLEAVE(CUDA_ERROR_OUT_OF_MEMORY);
+	x->ctx = ctx_stack[ctx_depth - 1];
+	x->next = streams;
+	streams = x;
+	*ret = (CUstream)x;
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuStreamDestroy_v2(CUstream s)
+{
+	DENTER("%p", (void *)s);
+	for (struct shim_stream **pp = &streams; *pp; pp = &(*pp)->next)
+		if (*pp == (struct shim_stream *)s) {
+			struct shim_stream *x = *pp;
+
+			*pp = x->next;
+			free(x);
+			DLEAVE(CUDA_SUCCESS);
+		}
+	DLEAVE(CUDA_ERROR_INVALID_HANDLE);
+}
+
+SHIM_EXPORT CUresult
+cuStreamGetCtx(CUstream s, CUcontext *ret)
+{
+	struct shim_ctx *x;
+
+	DENTER("%p", (void *)s);
+	x = stream_ctx(s);
+	if (!x)
+		DLEAVE(s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD
+			   ? CUDA_ERROR_INVALID_HANDLE
+			   : CUDA_ERROR_INVALID_CONTEXT);
+	*ret = (CUcontext)x;
+	DLEAVE(CUDA_SUCCESS);
+}
+
+SHIM_EXPORT CUresult
+cuStreamWaitEvent(CUstream s, CUevent ev, unsigned flags)
+{
+	struct ipc_ev *e = event_valid(ev);
+	struct shim_ctx *x;
+
+	DENTER("stream=%p ev=%d.%llu flags=%u", (void *)s, e ? (int)e->pid : -1,
+	       e ? (unsigned long long)e->serial : 0ull, flags);
+	x = stream_ctx(s);
+	if (!x)
+		DLEAVE(s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD
+			   ? CUDA_ERROR_INVALID_HANDLE
+			   : CUDA_ERROR_INVALID_CONTEXT);
+	if (!e)
+		DLEAVE(CUDA_ERROR_INVALID_HANDLE);
+	if (flags & ~1u) /* CU_EVENT_WAIT_DEFAULT, CU_EVENT_WAIT_EXTERNAL */
+		DLEAVE(CUDA_ERROR_INVALID_VALUE);
+	DLEAVE(CUDA_SUCCESS); /* work runs when queued: the wait is already satisfied */
+}
+
+SHIM_EXPORT int
+kvt_shim_event_id(void *ev, int *ret_pid, unsigned long long *ret_serial)
+{
+	struct ipc_ev *e = event_valid(ev);
+
+	if (!e)
+		return -1;
+	*ret_pid = e->pid;
+	*ret_serial = e->serial;
+	return 0;
+}
+
+SHIM_EXPORT unsigned
+kvt_shim_ctx_depth(void)
+{
+	return ctx_depth;
 }

@@ -14,6 +14,12 @@
  *   cudaLibraryGetKernel), is run on the host from its descriptors.
  * It records every call in order and can fail the k-th call of a chosen function.
  *
+ * It also exports the CUDA driver entry points libkvtier uses (cuInit, cuMemAlloc_v2,
+ * cuMemGetAddressRange_v2, cuIpcGetMemHandle, cuIpcOpenEventHandle, cuStreamWaitEvent, ...),
+ * under the versioned names the real libcuda.so.1 exports, over the same emulated objects:
+ * libkvtier loads them through KVTIER_LIBCUDA=<path of this library>. See the driver section
+ * of cuda_shim.c for what is modelled (contexts, the plural pointer query, streams).
+ *
  * Environment (read at load): KVT_SHIM_DEVICES=n (default 1; 0 = no device),
  * KVT_SHIM_FAIL="fn:k:err[,fn:k:err...]" (fail the k-th call of fn, counted from load, with
  * cudaError_t err), KVT_SHIM_LOG=path (also append every call, one line each, to that file:
@@ -36,5 +42,10 @@ const char *kvt_shim_log(void);
 /* Live emulated objects: IPC mappings open, host ranges registered, host allocations. */
 unsigned kvt_shim_ipc_open(void);
 unsigned kvt_shim_registered(void);
+/* The id "pid.serial" of an event (the creating process and its serial there): 0, or -1 when
+ * @ev is not an event of the shim. */
+int kvt_shim_event_id(void *ev, int *ret_pid, unsigned long long *ret_serial);
+/* Driver contexts pushed on the calling thread's stack. */
+unsigned kvt_shim_ctx_depth(void);
 
 #endif /* KVT_CUDA_SHIM_H */
