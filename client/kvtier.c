@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +31,10 @@ struct kvt_buf {
 	struct kvt_buf *next;
 	uint32_t id;
 	uint64_t size;
-	void *map; /* our mapping, or the device pointer of a CUDA buffer */
-	int ipc;   /* CUDA buffer: the memory is the caller's, nothing to unmap */
+	void *map;	 /* our mapping, or the device pointer of a CUDA buffer */
+	int ipc;	 /* CUDA buffer: the memory is the caller's, nothing to unmap */
+	uint64_t offset; /* CUDA buffer: where it starts in the allocation the daemon maps */
+	void *mem;	 /* device memory kvt_buf_alloc_cuda() allocated, freed with the buffer */
 };
 
 struct kvt_client {
@@ -59,6 +62,7 @@ struct kvt_client {
 	unsigned stash_n;
 	uint64_t next_msg_id;
 	struct kvt_buf *bufs;
+	void *cuda; /* kvtier_cuda.c's per-session state (the opened event), NULL until used */
 };
 
 static _Thread_local char last_error[256];
@@ -67,6 +71,22 @@ static void
 set_last_error(const char *msg)
 {
 	snprintf(last_error, sizeof(last_error), "%s", msg);
+}
+
+void
+kvtc_set_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(last_error, sizeof(last_error), fmt, ap);
+	va_end(ap);
+}
+
+void **
+kvtc_cuda_state(struct kvt_client *c)
+{
+	return &c->cuda;
 }
 
 KVT_EXPORT const char *
@@ -159,8 +179,10 @@ client_free(struct kvt_client *c)
 		c->bufs = b->next;
 		if (!b->ipc)
 			munmap(b->map, b->size);
+		kvtc_cuda_mem_free(b->mem); /* after close(sock): the daemon has let go of it */
 		free(b);
 	}
+	kvtc_cuda_fini(c->cuda);
 	free(c->stash);
 	free(c);
 }
@@ -458,13 +480,20 @@ kvt_buf_free(struct kvt_client *c, struct kvt_buf *buf)
 		}
 	if (!buf->ipc)
 		munmap(buf->map, buf->size);
+	if (buf->mem) {
+		int fr = kvtc_cuda_mem_free(buf->mem);
+
+		if (r == 0)
+			r = fr;
+	}
 	free(buf);
 	return r;
 }
 
 int
 kvtc_buf_register_ipc(struct kvt_client *c, const uint8_t handle[64], const uint8_t uuid[16],
-		      void *ptr, uint64_t size, struct kvt_buf **ret_buf)
+		      void *ptr, uint64_t offset, uint64_t size, void *mem,
+		      struct kvt_buf **ret_buf)
 {
 	struct kvt_ctl_buf_register m;
 	union {
@@ -480,7 +509,7 @@ kvtc_buf_register_ipc(struct kvt_client *c, const uint8_t handle[64], const uint
 	memset(&m, 0, sizeof(m));
 	m.hdr.type = KVT_CTL_BUF_REGISTER;
 	m.kind = KVT_BUF_CUDA_IPC;
-	m.size = size;
+	m.size = offset + size; /* the daemon maps the allocation and addresses it from its start */
 	memcpy(m.ipc_handle, handle, sizeof(m.ipc_handle));
 	memcpy(m.device_uuid, uuid, sizeof(m.device_uuid));
 	r = ctl_request(c, &m, sizeof(m), -1, &reply, sizeof(reply));
@@ -494,6 +523,8 @@ kvtc_buf_register_ipc(struct kvt_client *c, const uint8_t handle[64], const uint
 	b->size = size;
 	b->map = ptr;
 	b->ipc = 1;
+	b->offset = offset;
+	b->mem = mem;
 	b->next = c->bufs;
 	c->bufs = b;
 	*ret_buf = b;
@@ -537,6 +568,12 @@ KVT_EXPORT uint64_t
 kvt_buf_size(const struct kvt_buf *buf)
 {
 	return buf->size;
+}
+
+KVT_EXPORT uint64_t
+kvt_buf_offset(const struct kvt_buf *buf)
+{
+	return buf->offset;
 }
 
 /* ---- ring ------------------------------------------------------------------------------- */
@@ -752,13 +789,39 @@ kvt_nop(struct kvt_client *c)
 	return e ? run_one(c, e, NULL) : r;
 }
 
+/* A CUDA buffer registered inside an allocation is, to the daemon, the allocation from its
+ * start: layouts in it move by the buffer's offset. */
+static int
+seq_params_rebase(const struct kvt_client *c, struct kvt_seq_params *q)
+{
+	for (const struct kvt_buf *b = c->bufs; b; b = b->next) {
+		if (!b->offset)
+			continue;
+		if (b->id == q->t0_buf_id) {
+			if (q->t0_base_off > UINT64_MAX - b->offset)
+				return -ERANGE;
+			q->t0_base_off += b->offset;
+		}
+		if (b->id == q->stage_buf_id) {
+			if (q->stage_base_off > UINT64_MAX - b->offset)
+				return -ERANGE;
+			q->stage_base_off += b->offset;
+		}
+	}
+	return 0;
+}
+
 KVT_EXPORT int
 kvt_seq_open(struct kvt_client *c, const struct kvt_seq_params *p, uint32_t *ret_seq)
 {
+	struct kvt_seq_params q = *p;
 	int r;
 	struct kvt_sqe *e;
 
-	e = payload_sqe(c, KVT_OP_SEQ_OPEN, 0, p, sizeof(*p), &r);
+	r = seq_params_rebase(c, &q);
+	if (r < 0)
+		return r;
+	e = payload_sqe(c, KVT_OP_SEQ_OPEN, 0, &q, sizeof(q), &r);
 	if (!e)
 		return r;
 	r = run_one(c, e, NULL);

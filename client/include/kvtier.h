@@ -88,36 +88,82 @@ void *kvt_arena(const struct kvt_client *c, uint64_t *ret_size);
  * (the daemon runs the CUDA backend: use kvt_buf_register_cuda()), -ECONNRESET.
  */
 int kvt_buf_alloc(struct kvt_client *c, uint64_t size, struct kvt_buf **ret_buf);
-/* Unregisters and unmaps. Returns 0, -EBUSY (an open sequence uses it; nothing changes),
- * -ECONNRESET. NULL is fine (0). */
+/* Unregisters and unmaps (frees the device memory of kvt_buf_alloc_cuda()). Returns 0, -EBUSY
+ * (an open sequence uses it; nothing changes), -ECONNRESET, or the CUDA driver's failure to
+ * free (as kvt_buf_alloc_cuda(); the buffer is gone all the same). NULL is fine (0). */
 int kvt_buf_free(struct kvt_client *c, struct kvt_buf *buf);
 void *kvt_buf_ptr(const struct kvt_buf *buf);
 
 /*
+ * CUDA buffers and events. libkvtier reaches CUDA through the driver API, loaded at run time
+ * (libcuda.so.1, or the file $KVTIER_LIBCUDA names: a seam for tests and debugging), never
+ * through a CUDA runtime, so it lives in a process that has loaded a runtime of any version
+ * (PyTorch's) and the caller links no CUDA either. Pointers, streams and events are the
+ * runtime's and the driver's alike (a cudaStream_t is a CUstream, a cudaEvent_t a CUevent).
+ * Thread safety: as the client; the calling thread's current CUDA context does not matter and
+ * is left as it was. Errors of every call below, besides those listed with it: -EOPNOTSUPP (no
+ * CUDA driver on this machine, one older than CUDA 11.4, or a stub; kvt_last_error() says
+ * which), and a failed driver call as CUresult -> errno: out of memory -ENOMEM; invalid value,
+ * handle or context, not found -EINVAL; no or invalid device -ENODEV; device unavailable
+ * (exclusive compute mode) -EBUSY; not permitted -EPERM; not supported -EOPNOTSUPP; anything
+ * else -EIO. kvt_last_error() then names the call and the CUresult.
+ */
+
+/*
  * kvt_buf_register_cuda() - share device memory with kvtierd as a device buffer (T0 or staging
- * region on the CUDA backend). @dev_ptr must be the start of a cudaMalloc() allocation of at
- * least @size bytes; libkvtier exports it with cudaIpcGetMemHandle() and names its device by
- * UUID, and the daemon opens the handle on that device. The memory stays the caller's: free it
- * only after kvt_buf_free() (or kvt_disconnect()). kvt_buf_ptr() returns @dev_ptr.
- * Returns 0, -EINVAL (not device memory, not an allocation's start, @size 0 or too large; the
- * daemon's refusals: wrong size, bad handle), -ENODEV (the daemon has no such device),
- * -EOPNOTSUPP (libkvtier built without CUDA, or the daemon runs the host backend),
- * -EMFILE (buffers_per_session), -ENOMEM, -EIO (CUDA error), -ECONNRESET.
- * Thread safety: as the client; the calling thread's current CUDA device does not matter.
+ * region on the CUDA backend): the @size bytes at @dev_ptr, anywhere inside a cudaMalloc() /
+ * cuMemAlloc() allocation (a PyTorch tensor's data_ptr() is fine). libkvtier exports the whole
+ * allocation (cuMemGetAddressRange, cuIpcGetMemHandle), names its device by UUID, and the daemon
+ * opens the handle on that device and addresses the allocation from its start; kvt_seq_open()
+ * adds the buffer's offset in it (kvt_buf_offset()) to t0_base_off / stage_base_off, so layouts
+ * are relative to @dev_ptr as for any buffer. A SEQ_OPEN built by hand (kvt_prep_seq_open())
+ * must add kvt_buf_offset() itself. The memory stays the caller's: free it only after
+ * kvt_buf_free() (or kvt_disconnect()). kvt_buf_ptr() returns @dev_ptr, kvt_buf_size() @size.
+ * Returns 0, -EINVAL (NULL, not device memory, @size 0 or past the allocation's end, memory
+ * that legacy CUDA IPC cannot export (cuMemMap); the daemon's refusals: bad handle), -ENODEV
+ * (the daemon has no such device), -EOPNOTSUPP (also: the daemon runs the host backend),
+ * -EMFILE (buffers_per_session), -ENOMEM, -ECONNRESET.
  */
 int kvt_buf_register_cuda(struct kvt_client *c, void *dev_ptr, uint64_t size,
 			  struct kvt_buf **ret_buf);
 
 /*
- * kvt_event_get_cuda() - the session's interprocess CUDA event on device @device (ordinal in
- * this process), a cudaEvent_t returned as void * so this header needs no CUDA types. kvtierd
- * records it after the copies of each op that moves rows and before that op's CQE: after
- * reaping the CQE, cudaStreamWaitEvent(stream, ev, 0) orders the stream after the op's copies
- * with no CPU wait. Asking again returns a new handle to the same event; destroy each with
- * cudaEventDestroy(). Returns 0, -EOPNOTSUPP (no CUDA here, or the daemon's host backend, where
- * copies are complete when the CQE is posted), -ENODEV, -EIO, -ECONNRESET.
+ * kvt_buf_alloc_cuda() - a device buffer of @size bytes that libkvtier allocates (cuMemAlloc in
+ * the primary context of device @device, ordinal in this process) and registers as
+ * kvt_buf_register_cuda() does. kvt_buf_ptr() is its device address, for the caller to wrap
+ * (DLPack, __cuda_array_interface__); kvt_buf_free() (or kvt_disconnect()) frees it.
+ * Returns 0, -EINVAL (@size 0), -ENODEV (no device @device here, or the daemon has none of that
+ * UUID), -ENOMEM, and kvt_buf_register_cuda()'s errors.
+ */
+int kvt_buf_alloc_cuda(struct kvt_client *c, int device, uint64_t size, struct kvt_buf **ret_buf);
+
+/* Where a CUDA buffer starts in the allocation the daemon maps: 0 for a buffer registered at an
+ * allocation's start, for kvt_buf_alloc_cuda() and for host buffers. */
+uint64_t kvt_buf_offset(const struct kvt_buf *buf);
+
+/*
+ * kvt_event_get_cuda() - the session's interprocess CUDA event, opened in the primary context
+ * of device @device (ordinal in this process): a CUevent (= cudaEvent_t) returned as void * so
+ * this header needs no CUDA types. kvtierd records it after the copies of each op that moves
+ * rows and before that op's CQE: after reaping the CQE, cudaStreamWaitEvent(stream, ev, 0)
+ * orders the stream after the op's copies with no CPU wait (kvt_cuda_stream_wait() does this
+ * for you). Asking again returns a new handle to the same event; destroy each with
+ * cudaEventDestroy() / cuEventDestroy(). Returns 0, -EOPNOTSUPP (also: the daemon's host
+ * backend, where copies are complete when the CQE is posted), -ENODEV, -ECONNRESET.
  */
 int kvt_event_get_cuda(struct kvt_client *c, int device, void **ret_event);
+
+/*
+ * kvt_cuda_stream_wait() - order @stream (a cudaStream_t / CUstream; NULL is the current
+ * context's default stream) after kvtierd's last recorded event for this session, i.e. after
+ * the copies of every op whose CQE has been reaped: cuStreamWaitEvent(), no CPU wait. The first
+ * call opens the session's event (in the primary context of the stream's device) and keeps it
+ * until kvt_disconnect(). On the host backend it returns 0 and does nothing (copies are
+ * complete when the CQE is posted), so the same code runs on both backends.
+ * Returns 0, -EINVAL (not a stream, or NULL with no current context), -ENODEV (the daemon has
+ * no device of that UUID), -ENOMEM, -ECONNRESET.
+ */
+int kvt_cuda_stream_wait(struct kvt_client *c, void *stream);
 uint32_t kvt_buf_id(const struct kvt_buf *buf);
 uint64_t kvt_buf_size(const struct kvt_buf *buf);
 

@@ -102,7 +102,7 @@ START_TEST(cuda_daemon_append_fetch_bit_exact)
 	ck_assert_int_eq(kvt_buf_register_cuda(c, t0p, t0_len, &t0), 0);
 	ck_assert_int_eq(kvt_buf_register_cuda(c, stp, st_len, &st), 0);
 	ck_assert_ptr_eq(kvt_buf_ptr(t0), t0p);
-	ck_assert_int_eq(kvt_buf_register_cuda(c, t0p + 64, 64, &t0), -EINVAL); /* not a start */
+	ck_assert_int_eq(kvt_buf_register_cuda(c, t0p + 64, t0_len, &t0), -EINVAL); /* past the end */
 	ck_assert_int_eq(kvt_event_get_cuda(c, 0, &ev), 0);
 	ck_assert_ptr_nonnull(ev);
 	cudaEventDestroy(ev);
