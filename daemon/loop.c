@@ -35,9 +35,12 @@ enum { SRC_LISTEN = 1, SRC_SIGNAL = 2, SRC_TIMER = 3, SRC_METRICS = 4 };
 
 /*
  * CONN_NEW: accepted, nothing said yet (closed past hello_timeout_ms).
+ * CONN_REFUSED: a peer allowed_uids/allowed_gids turn away; its first message is read and
+ * answered -EACCES before the close, so the refusal is what it reads (a close with its HELLO
+ * unread would reach it as ECONNRESET instead).
  * CONN_ADMIN: said an admin request (closed when idle past admin_idle_timeout_ms).
  */
-enum { CONN_NEW, CONN_SESSION, CONN_ADMIN };
+enum { CONN_NEW, CONN_REFUSED, CONN_SESSION, CONN_ADMIN };
 
 /* Why the listener is not polled (d->listen_paused). */
 enum { LISTEN_FULL = 1, LISTEN_NOFD = 2 };
@@ -49,7 +52,7 @@ struct kvtd_conn {
 	pid_t pid;
 	uid_t uid;
 	gid_t gid;
-	uint64_t deadline_ns; /* NEW, ADMIN: closed when silent past this; 0: closing */
+	uint64_t deadline_ns; /* NEW, REFUSED, ADMIN: closed when silent past this; 0: closing */
 	struct kvtd_session *s;
 	struct kvtd_uid *uid_ent;
 };
@@ -450,6 +453,13 @@ handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, 
 {
 	const struct kvt_ctl_hdr *h = (const struct kvt_ctl_hdr *)buf;
 
+	if (c->state == CONN_REFUSED) {
+		send_error(c->fd, len >= sizeof(*h) ? h->id : 0, -EACCES,
+			   "uid %u is not allowed to use kvtierd (allowed_uids / allowed_gids in "
+			   "kvtierd.conf)",
+			   (unsigned)c->uid);
+		return -EACCES;
+	}
 	if (len < sizeof(*h) || h->len != len) {
 		send_error(c->fd, len >= sizeof(*h) ? h->id : 0, -EINVAL,
 			   "malformed control message (%zu bytes)", len);
@@ -542,19 +552,54 @@ conn_ready(struct kvtd *d, struct kvtd_conn *c, int revents)
 }
 
 static int
-peer_allowed(const struct kvtd_config *cfg, uid_t uid, gid_t gid)
+gid_listed(const gid_t *list, unsigned n, gid_t g)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (list[i] == g)
+			return 1;
+	return 0;
+}
+
+/* Is the peer's primary group, or one of its supplementary groups (SO_PEERGROUPS, taken at
+ * connect() like SO_PEERCRED), in @list? */
+static int
+peer_in_groups(int fd, gid_t gid, const gid_t *list, unsigned n)
+{
+	gid_t small[64], *g = small;
+	socklen_t len = sizeof(small);
+	int found = 0;
+
+	if (!n)
+		return 0;
+	if (gid_listed(list, n, gid))
+		return 1;
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) < 0) {
+		if (errno != ERANGE) /* e.g. a kernel before 4.13: the primary group only */
+			return 0;
+		g = malloc(len); /* len now says how much the peer's groups take */
+		if (!g || getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) < 0) {
+			free(g);
+			return 0;
+		}
+	}
+	for (size_t i = 0; i < len / sizeof(gid_t) && !found; i++)
+		found = gid_listed(list, n, g[i]);
+	if (g != small)
+		free(g);
+	return found;
+}
+
+static int
+peer_allowed(const struct kvtd_config *cfg, int fd, const struct ucred *cred)
 {
 	if (!cfg->n_allowed_uids && !cfg->n_allowed_gids)
 		return 1;
-	if (uid == 0 || uid == geteuid())
+	if (cred->uid == 0 || cred->uid == geteuid())
 		return 1;
 	for (unsigned i = 0; i < cfg->n_allowed_uids; i++)
-		if (cfg->allowed_uids[i] == uid)
+		if (cfg->allowed_uids[i] == cred->uid)
 			return 1;
-	for (unsigned i = 0; i < cfg->n_allowed_gids; i++)
-		if (cfg->allowed_gids[i] == gid)
-			return 1;
-	return 0;
+	return peer_in_groups(fd, cred->gid, cfg->allowed_gids, cfg->n_allowed_gids);
 }
 
 /*
@@ -571,7 +616,7 @@ do_accept(struct kvtd *d)
 		socklen_t clen = sizeof(cred);
 		struct kvtd_conn *c;
 		int fd = accept4(d->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-		int sndbuf = 2 * KVT_CTL_MAX_MSG;
+		int sndbuf = 2 * KVT_CTL_MAX_MSG, allowed;
 
 		if (fd < 0) {
 			if (errno == EINTR || errno == ECONNABORTED)
@@ -591,26 +636,23 @@ do_accept(struct kvtd *d)
 			close(fd);
 			continue;
 		}
-		if (!peer_allowed(&d->cfg, cred.uid, cred.gid)) {
-			atomic_fetch_add(&d->cnt.refused_auth, 1);
-			log_warn("refused pid %d uid %u gid %u: not in allowed_uids/allowed_gids",
-				 (int)cred.pid, (unsigned)cred.uid, (unsigned)cred.gid);
-			send_error(fd, 0, -EACCES, "uid %u is not allowed to use kvtierd",
-				   (unsigned)cred.uid);
-			close(fd);
-			continue;
-		}
 		c = calloc(1, sizeof(*c));
 		if (!c) {
 			close(fd);
 			continue;
+		}
+		allowed = peer_allowed(&d->cfg, fd, &cred);
+		if (!allowed) {
+			atomic_fetch_add(&d->cnt.refused_auth, 1);
+			log_warn("refused pid %d uid %u gid %u: not in allowed_uids/allowed_gids",
+				 (int)cred.pid, (unsigned)cred.uid, (unsigned)cred.gid);
 		}
 		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
 		c->fd = fd;
 		c->pid = cred.pid;
 		c->uid = cred.uid;
 		c->gid = cred.gid;
-		c->state = CONN_NEW;
+		c->state = allowed ? CONN_NEW : CONN_REFUSED;
 		c->deadline_ns = kvtd_now_ns() + (uint64_t)d->cfg.hello_timeout_ms * 1000000;
 		c->next = d->conns;
 		if (d->conns)
@@ -655,6 +697,9 @@ on_timer(struct kvtd *d)
 			    c->fd, 0, -ETIMEDOUT,
 			    "admin connection idle for %u ms (admin_idle_timeout_ms): closed",
 			    d->cfg.admin_idle_timeout_ms);
+		} else if (c->state == CONN_REFUSED) {
+			send_error(c->fd, 0, -EACCES, "uid %u is not allowed to use kvtierd",
+				   (unsigned)c->uid);
 		} else {
 			atomic_fetch_add(&d->cnt.refused_hello_timeout, 1);
 			log_info("pid %d said nothing in %u ms: closing", (int)c->pid,
