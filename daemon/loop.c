@@ -53,6 +53,7 @@ struct kvtd_conn {
 	uid_t uid;
 	gid_t gid;
 	uint64_t deadline_ns; /* NEW, REFUSED, ADMIN: closed when silent past this; 0: closing */
+	int privileged;	      /* root, our uid or in admin_gids: sees every session */
 	struct kvtd_session *s;
 	struct kvtd_uid *uid_ent;
 };
@@ -447,6 +448,38 @@ admin_touch(struct kvtd *d, struct kvtd_conn *c)
 		c->deadline_ns = kvtd_now_ns() + (uint64_t)d->cfg.admin_idle_timeout_ms * 1000000;
 }
 
+/* Is session @id one of @uid's? */
+static int
+session_of(const struct kvtd *d, uint64_t id, uid_t uid)
+{
+	for (const struct kvtd_conn *c = d->conns; c; c = c->next)
+		if (c->s && c->s->id == id)
+			return c->uid == uid;
+	return 0;
+}
+
+/* A peer that is not privileged sees only its own uid's sessions in a CLIENTS or SEQS document
+ * (every entry names its "session"): pids, names and sizes of other users' processes are not
+ * its business. */
+static struct json_object *
+keep_visible(struct kvtd *d, const struct kvtd_conn *c, struct json_object *doc, const char *key)
+{
+	struct json_object *all, *own;
+
+	if (c->privileged || !json_object_object_get_ex(doc, key, &all))
+		return doc;
+	own = json_object_new_array();
+	for (size_t i = 0; i < json_object_array_length(all); i++) {
+		struct json_object *e = json_object_array_get_idx(all, i), *sid;
+
+		if (json_object_object_get_ex(e, "session", &sid) &&
+		    session_of(d, json_object_get_uint64(sid), c->uid))
+			json_object_array_add(own, json_object_get(e));
+	}
+	json_object_object_add(doc, key, own);
+	return doc;
+}
+
 /* One message. Returns < 0 to drop the connection. */
 static int
 handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, int fd)
@@ -478,11 +511,11 @@ handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, 
 		return 0;
 	case KVT_CTL_CLIENTS:
 		admin_touch(d, c);
-		reply_json(c, h->id, kvtd_stats_clients(d));
+		reply_json(c, h->id, keep_visible(d, c, kvtd_stats_clients(d), "clients"));
 		return 0;
 	case KVT_CTL_SEQS:
 		admin_touch(d, c);
-		reply_json(c, h->id, kvtd_stats_seqs(d));
+		reply_json(c, h->id, keep_visible(d, c, kvtd_stats_seqs(d), "seqs"));
 		return 0;
 	case KVT_CTL_BUF_REGISTER:
 	case KVT_CTL_BUF_UNREGISTER:
@@ -602,6 +635,14 @@ peer_allowed(const struct kvtd_config *cfg, int fd, const struct ucred *cred)
 	return peer_in_groups(fd, cred->gid, cfg->allowed_gids, cfg->n_allowed_gids);
 }
 
+/* May the peer see other users' sessions? */
+static int
+peer_privileged(const struct kvtd_config *cfg, int fd, const struct ucred *cred)
+{
+	return cred->uid == 0 || cred->uid == geteuid() ||
+	       peer_in_groups(fd, cred->gid, cfg->admin_gids, cfg->n_admin_gids);
+}
+
 /*
  * Accepts while there is room. The listener is left unpolled (connections wait in its backlog,
  * and a client's own timeout applies) when max_connections are open, until one closes, and when
@@ -653,6 +694,7 @@ do_accept(struct kvtd *d)
 		c->uid = cred.uid;
 		c->gid = cred.gid;
 		c->state = allowed ? CONN_NEW : CONN_REFUSED;
+		c->privileged = allowed && peer_privileged(&d->cfg, fd, &cred);
 		c->deadline_ns = kvtd_now_ns() + (uint64_t)d->cfg.hello_timeout_ms * 1000000;
 		c->next = d->conns;
 		if (d->conns)

@@ -6,7 +6,9 @@
  *
  * - A refused peer reads -EACCES and a message every time (its HELLO is read before the close,
  *   which would otherwise reach it as ECONNRESET).
- * - allowed_gids honours supplementary groups (SO_PEERGROUPS).
+ * - allowed_gids and admin_gids honour supplementary groups (SO_PEERGROUPS).
+ * - CLIENTS and SEQS show a peer only its own uid's sessions, unless it is root, the daemon's
+ *   uid or in admin_gids.
  *
  * Needs root (to take another uid); as any other user the test fails and says so.
  */
@@ -227,6 +229,50 @@ START_TEST(t_allowed_gids_supplementary)
 }
 END_TEST
 
+/* A root session with one sequence, and the view of each kind of peer. */
+START_TEST(t_sessions_visible_to_owner_and_admins)
+{
+	struct kvt_opts o = {.size = sizeof(o), .name = "root-secret"};
+	struct kvt_seq_params p = {.size = sizeof(p),
+				   .layers = 1,
+				   .kv_heads = 1,
+				   .head_dim = 16,
+				   .dtype = KVT_DTYPE_F32,
+				   .delta = 8,
+				   .hbm_frac = 0.5f};
+	struct json_object *j, *a;
+	struct kvt_client *c;
+	struct result r;
+	uint32_t seq;
+
+	start_with_config("admin_gids = 4343\n");
+	ck_assert_int_eq(kvt_connect(D.sock, &o, &c), 0);
+	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+
+	/* nobody: its own session only, none of root's, no sequence */
+	r = as_nobody(0, DO_OWN_SESSION_AND_LOOK);
+	ck_assert_int_eq(r.welcome, 1);
+	ck_assert_msg(!r.saw_root, "an unprivileged peer sees root's session");
+	ck_assert_int_eq(r.clients, 1);
+	ck_assert(r.own_uid_only);
+	ck_assert_int_eq(r.seqs, 0);
+
+	/* nobody in admin_gids by a supplementary group: everything */
+	r = as_nobody(GROUP_ADMIN, DO_LOOK);
+	ck_assert(r.saw_root);
+	ck_assert_int_ge(r.clients, 1); /* the last child's session may still be ending */
+	ck_assert_int_eq(r.seqs, 1);
+
+	/* root: everything */
+	j = admin_request(D.sock, KVT_CTL_SEQS);
+	ck_assert(j && json_object_object_get_ex(j, "seqs", &a));
+	ck_assert_int_eq(json_object_array_length(a), 1);
+	json_object_put(j);
+	kvt_disconnect(c);
+	stop();
+}
+END_TEST
+
 int
 main(void)
 {
@@ -238,6 +284,7 @@ main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, t_refused_uid_reads_eacces);
 	tcase_add_test(tc, t_allowed_gids_supplementary);
+	tcase_add_test(tc, t_sessions_visible_to_owner_and_admins);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
