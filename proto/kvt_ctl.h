@@ -11,7 +11,11 @@
  * Session clients send HELLO first; the daemon answers WELCOME with three fds: the sealed region
  * memfd, the SQ doorbell (client writes), the CQ doorbell (daemon writes). Admin clients
  * (kvtierctl) send STATUS/CLIENTS/SEQS without HELLO; those replies carry a JSON document.
- * A connection that sends nothing within the daemon's hello timeout is closed.
+ * CLIENTS and SEQS list only the peer's own uid's sessions unless the peer is root, the
+ * daemon's uid or in its admin_gids. A connection that sends nothing within the daemon's hello
+ * timeout is closed, an admin connection idle past admin_idle_timeout_ms too (each after an
+ * ERROR -ETIMEDOUT). A peer the daemon does not allow gets ERROR -EACCES in reply to its first
+ * message, then the close.
  */
 #ifndef KVT_CTL_H
 #define KVT_CTL_H
@@ -50,8 +54,8 @@ struct kvt_ctl_hello {
 	uint16_t abi_major; /* KVT_ABI_MAJOR of the client: must equal the daemon's */
 	uint16_t abi_minor;
 	uint32_t sq_entries; /* requested, 0 = daemon default; rounded up to a power of two */
-	uint32_t cq_entries; /* 0 = 2 * sq_entries */
-	uint32_t reserved0;
+	uint32_t cq_entries; /* 0 = 2 * sq_entries; at least sq_entries, at most 2 * the limit */
+	uint32_t reserved0;  /* must be zero, as must reserved[]: -EINVAL otherwise */
 	uint64_t arena_size; /* requested bytes, 0 = daemon default */
 	uint64_t features;   /* KVT_FEAT_* the client understands */
 	char name[32];	     /* NUL-terminated label shown by kvtierctl */
