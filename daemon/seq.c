@@ -398,6 +398,10 @@ retrieval_flush(struct kvtd_seq *q)
 			r = kvt_paris_seq_append(q->paris, l, pos, k, q->keybuf, n);
 			if (r < 0)
 				return r;
+			/* evicted while still dense: encoded as zeros, dropped at once */
+			for (uint32_t i = 0; i < k; i++)
+				if (!q->slot[pos + i])
+					kvt_paris_seq_drop(q->paris, pos + i);
 			pos += k;
 			count -= k;
 		}
@@ -990,6 +994,10 @@ kvtd_seq_retier(struct kvtd_session *s, struct kvtd_seq *q, void *out, uint64_t 
 	quantize_positions(s, q, plan.quant_pos, &qr);
 	quant_room_put(s, q, &qr, true);
 	free_positions(s, q, plan.evict_pos, plan.n_evict);
+	/* Evicted keys leave the retrieval index, so that TOPK ranks only live keys and returns
+	 * min(k, live) per head (topk_dropped() stays as the backstop). */
+	for (uint32_t i = 0; q->paris && i < plan.n_evict; i++)
+		kvt_paris_seq_drop(q->paris, plan.evict_pos[i]);
 	r = kvt_tier_commit(&q->ts, &plan);
 	if (r < 0)
 		return r;

@@ -101,9 +101,11 @@ kvt_paris_index_fini(struct kvt_paris_index *ix)
 	for (uint32_t p = 0; p < ix->npages; p++)
 		ix->alloc.page_put(ix->alloc.ctx, ix->pages[p], ix->page_bytes);
 	free(ix->pages);
+	free(ix->dead);
 	ix->pages = NULL;
+	ix->dead = NULL;
 	ix->npages = ix->max_pages = 0;
-	ix->n = 0;
+	ix->n = ix->ndead = 0;
 }
 
 int
@@ -116,6 +118,7 @@ kvt_paris_index_reserve(struct kvt_paris_index *ix, uint32_t nkeys)
 	want = (uint32_t)(((uint64_t)nkeys + ix->page_keys - 1) >> ix->page_shift);
 	if (want > ix->max_pages) {
 		uint32_t m = ix->max_pages ? ix->max_pages : 4;
+		uint64_t *nd;
 		void **np;
 
 		while (m < want)
@@ -124,6 +127,13 @@ kvt_paris_index_reserve(struct kvt_paris_index *ix, uint32_t nkeys)
 		if (!np)
 			return -ENOMEM;
 		ix->pages = np;
+		/* the dropped-key bitmap covers every page slot: a drop never allocates */
+		nd = realloc(ix->dead, ((size_t)m << ix->page_shift) / 64 * sizeof(*nd));
+		if (!nd)
+			return -ENOMEM;
+		memset(nd + ((size_t)ix->max_pages << ix->page_shift) / 64, 0,
+		       ((size_t)(m - ix->max_pages) << ix->page_shift) / 64 * sizeof(*nd));
+		ix->dead = nd;
 		ix->max_pages = m;
 	}
 	while (ix->npages < want) {
@@ -214,6 +224,30 @@ kvt_paris_index_append(struct kvt_paris_index *ix, const struct kvt_srht *srht, 
 	}
 	ix->n += count;
 	return (int)ix->n;
+}
+
+int
+kvt_paris_index_drop(struct kvt_paris_index *ix, uint32_t i)
+{
+	uint32_t p = i >> ix->page_shift, off = i & (ix->page_keys - 1);
+	const uint8_t *cid;
+
+	if (i >= ix->n)
+		return -ERANGE;
+	if (ix->dead[i / 64] >> (i % 64) & 1)
+		return 0;
+	ix->dead[i / 64] |= 1ull << (i % 64);
+	ix->ndead++;
+	cid = page_cid(ix, p) + off;
+	for (uint32_t b = 0; b < ix->nblk; b++)
+		ix->hist[b][cid[(size_t)b * ix->page_keys]]--;
+	return 1;
+}
+
+static inline bool
+key_dead(const struct kvt_paris_index *ix, uint32_t i)
+{
+	return ix->dead[i / 64] >> (i % 64) & 1;
 }
 
 int
@@ -342,7 +376,7 @@ kvt_paris_vote_tables(const struct kvt_paris_index *ix, const struct kvt_paris_q
 	if (q->dim != ix->dim || !(rho_col > 0.0 && rho_col <= 1.0))
 		return -EINVAL;
 	for (int t = 0; t < KVT_PARIS_TIERS; t++)
-		budget[t] = ceil(((double)ix->n * rho_col) * tier_frac[t]);
+		budget[t] = ceil(((double)kvt_paris_index_live(ix) * rho_col) * tier_frac[t]);
 
 	for (uint32_t b = 0; b < ix->nblk; b++) {
 		const float *yb = q->y + KVT_PARIS_M * b;
@@ -410,6 +444,26 @@ hist_add(const uint8_t *votes, uint32_t n, uint32_t *hist)
 		hist[v] += h[0][v] + h[1][v] + h[2][v] + h[3][v];
 }
 
+/*
+ * Dropped keys of the page at @base (@valid keys) vote 0, before the page's votes are counted:
+ * every dropped key lands in bin 0, which kvt_paris_votes() then takes them out of. Whole
+ * words of 64 dropped keys (evicted runs) go at once.
+ */
+static void
+votes_mask(const struct kvt_paris_index *ix, uint32_t base, uint32_t valid, uint8_t *votes)
+{
+	for (uint32_t w = base / 64; w < (base + valid + 63) / 64; w++) {
+		uint64_t m = ix->dead[w];
+
+		if (m == ~0ull) {
+			memset(votes + (size_t)w * 64, 0, 64);
+			continue;
+		}
+		for (; m; m &= m - 1)
+			votes[(size_t)w * 64 + (uint32_t)__builtin_ctzll(m)] = 0;
+	}
+}
+
 static void
 votes_scalar(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_t *ret_votes,
 	     uint32_t *ret_hist)
@@ -429,6 +483,8 @@ votes_scalar(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_
 				v += tab[b][cid[(size_t)b * P + i]];
 			ret_votes[base + i] = (uint8_t)v;
 		}
+		if (ix->ndead)
+			votes_mask(ix, base, valid, ret_votes);
 		if (ret_hist)
 			hist_add(ret_votes + base, valid, ret_hist);
 	}
@@ -517,6 +573,8 @@ votes_avx2_nb(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8
 		}
 		/* counted while the page's votes are in L1; scalar work beside a vector-bound loop
 		 */
+		if (ix->ndead)
+			votes_mask(ix, base, valid, ret_votes);
 		if (ret_hist)
 			hist_add(ret_votes + base, valid, ret_hist);
 	}
@@ -569,6 +627,8 @@ votes_avx512(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uint8_
 			}
 			_mm512_storeu_si512(ret_votes + base + i, acc);
 		}
+		if (ix->ndead)
+			votes_mask(ix, base, valid, ret_votes);
 		if (ret_hist)
 			hist_add(ret_votes + base, valid, ret_hist);
 	}
@@ -582,16 +642,15 @@ kvt_paris_votes(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uin
 	if (ret_hist)
 		memset(ret_hist, 0, (KVT_PARIS_MAX_VOTE + 1) * sizeof(*ret_hist));
 #if defined(__x86_64__)
-	if (kvt_simd_level() >= KVT_SIMD_AVX512) {
+	if (kvt_simd_level() >= KVT_SIMD_AVX512)
 		votes_avx512(ix, tab, ret_votes, ret_hist);
-		return;
-	}
-	if (kvt_simd_level() >= KVT_SIMD_AVX2) {
+	else if (kvt_simd_level() >= KVT_SIMD_AVX2)
 		votes_avx2(ix, tab, ret_votes, ret_hist);
-		return;
-	}
+	else
 #endif
-	votes_scalar(ix, tab, ret_votes, ret_hist);
+		votes_scalar(ix, tab, ret_votes, ret_hist);
+	if (ret_hist) /* every dropped key voted 0 */
+		ret_hist[0] -= ix->ndead;
 }
 
 /* The cut vote tau and how many keys voting exactly tau are taken (the lowest-index ones). */
@@ -719,6 +778,39 @@ kvt_paris_select(const uint8_t *votes, uint32_t n, uint32_t c, const uint32_t *h
 		return select_emit_avx2(votes, n, c, tau, eq, ret_cand);
 #endif
 	return select_emit_scalar(votes, 0, n, tau, &eq, ret_cand, 0);
+}
+
+/*
+ * kvt_paris_select() over the live keys of @ix: @hist leaves the dropped ones out and they vote
+ * 0, so they can only be reached when the cut falls at vote 0, where they are skipped. With
+ * c >= live (no votes taken), every live key.
+ */
+static uint32_t
+select_live(const struct kvt_paris_index *ix, const uint8_t *votes, uint32_t c,
+	    const uint32_t *hist, uint32_t *ret_cand)
+{
+	uint32_t n = ix->n, live = kvt_paris_index_live(ix), tau, eq, o = 0;
+
+	if (!ix->ndead)
+		return kvt_paris_select(votes, n, c, hist, ret_cand);
+	if (c >= live) {
+		for (uint32_t i = 0; i < n; i++)
+			if (!key_dead(ix, i))
+				ret_cand[o++] = i;
+		return o;
+	}
+	select_cut(hist, c, &tau, &eq);
+	if (tau)
+		return kvt_paris_select(votes, n, c, hist, ret_cand);
+	for (uint32_t i = 0; i < n; i++) {
+		if (votes[i]) {
+			ret_cand[o++] = i;
+		} else if (eq && !key_dead(ix, i)) {
+			ret_cand[o++] = i;
+			eq--;
+		}
+	}
+	return o;
 }
 
 static void
@@ -1410,6 +1502,12 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 		return -EINVAL;
 	if (k > n)
 		return -ERANGE;
+	/* Dropped keys are out of the zone: ratios, budgets and C apply to the live ones. */
+	n = kvt_paris_index_live(ix);
+	if (k > n)
+		k = n;
+	if (!k)
+		return 0;
 	if (opts->refine)
 		kvt_paris_schedule_refine(n, &rho_cand, &rho_col);
 	else
@@ -1420,17 +1518,17 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 		rho_col = opts->rho_col;
 	cd = ceil((double)n * rho_cand);
 	c = cd >= (double)n ? n : (uint32_t)cd;
-	if (c < k)
-		c = k;
+	/* at least 4k candidates (or all): on a short zone C = k would leave the estimate no
+	 * choice, the vote alone would pick the result */
+	if ((uint64_t)c < 4ull * k)
+		c = 4ull * k < n ? 4 * k : n;
 	/*
-	 * The candidate stage never cuts below the refine budget, and the budget is at least
-	 * KVT_PARIS_REFINE_MIN: when it covers the zone, every key is scored exactly and the
-	 * result is the exact top-k.
+	 * The candidate stage never cuts below the refine budget, and a short zone is read
+	 * whole: when the budget covers the zone, every key is scored exactly and the result is
+	 * the exact top-k.
 	 */
 	if (opts->refine) {
-		nr = opts->refine > KVT_PARIS_REFINE_MIN ? opts->refine : KVT_PARIS_REFINE_MIN;
-		if (nr > n)
-			nr = n;
+		nr = opts->refine >= n || n <= KVT_PARIS_REFINE_ALL ? n : opts->refine;
 		if (c < nr)
 			c = nr;
 	}
@@ -1444,7 +1542,7 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 			return r;
 		kvt_paris_votes(ix, (const uint8_t(*)[256])scr->tab, scr->votes, scr->hist);
 	}
-	nc = kvt_paris_select(scr->votes, n, c, c < n ? scr->hist : NULL, scr->cand);
+	nc = select_live(ix, scr->votes, c, c < n ? scr->hist : NULL, scr->cand);
 	if (opts->drop) {
 		uint32_t live = 0;
 

@@ -10,7 +10,11 @@
  *     dim 2j+1 in the high nibble, so the 4 bytes read as a little-endian u32 hold dim j in bits
  *     [4j, 4j+4) (section 7);
  *   - a calibration weight w_b = |k| * r_b / alpha_b as f32 (section 4);
- * and per block a histogram of centroid ids (u32 [B][256]).
+ * and per block a histogram of centroid ids (u32 [B][256]) over the live keys.
+ *
+ * Dropped keys (evicted tokens, kvt_paris_index_drop()) keep their codes and index but leave
+ * the histograms, vote 0 and are never candidates: a search ranks the live keys as an index of
+ * only those would (tier budgets and C from the live count) and returns min(k, live) of them.
  *
  * A search ranks the 256 centroids of every block by flip cost against the rotated query, gives
  * each key a 6-tier collision vote (0..6 per block, 0..6B in all) from the key-mass prefix of its
@@ -52,9 +56,10 @@
 #define KVT_PARIS_TIERS	    6
 #define KVT_PARIS_MAX_VOTE  (KVT_PARIS_TIERS * KVT_PARIS_MAX_BLK) /* 96 */
 #define KVT_PARIS_PAGE_KEYS 4096u				  /* default keys per page */
-/* With refine on, at least this many keys are rescored (all of a zone this small): the exact
- * dot products of a short zone cost about what its vote tables do. */
-#define KVT_PARIS_REFINE_MIN 512u
+/* With refine on, a zone of at most this many live keys is scored whole (exact top-k): its
+ * exact dot products cost about what its vote, rerank and refine stages do (under 2x at 2048),
+ * and the estimate's recall with R = 4k is lowest on short zones (0.93 at 1.6K keys). */
+#define KVT_PARIS_REFINE_ALL 2048u
 
 /* Lloyd-Max levels for |u_1|, u uniform on S^7 (u_1^2 ~ Beta(1/2, 7/2)), f32 (section 4). */
 extern const float kvt_paris_theta[7];
@@ -85,7 +90,9 @@ struct kvt_paris_index {
 	size_t page_bytes;
 	void **pages;
 	struct kvt_paris_alloc alloc;
-	uint32_t hist[KVT_PARIS_MAX_BLK][256]; /* centroid id counts, never decremented */
+	uint64_t *dead;			       /* capacity bits: key i dropped */
+	uint32_t ndead;			       /* dropped keys among the n */
+	uint32_t hist[KVT_PARIS_MAX_BLK][256]; /* centroid id counts of the live keys */
 };
 
 /*
@@ -106,7 +113,8 @@ size_t kvt_paris_page_bytes(unsigned int dim, unsigned int page_keys);
 
 /*
  * kvt_paris_index_reserve - make room for at least @nkeys keys in all, taking pages from the
- * allocator. Capacity never shrinks.
+ * allocator (and growing the dropped-key bitmap, so that a drop never allocates). Capacity
+ * never shrinks.
  * Returns the capacity in keys, or -ENOMEM (allocator or page table failure; the index keeps the
  * pages it already had), -EOVERFLOW when @nkeys passes 2^31.
  */
@@ -130,6 +138,21 @@ int kvt_paris_index_append(struct kvt_paris_index *ix, const struct kvt_srht *sr
  */
 void kvt_paris_encode_key(const struct kvt_srht *srht, const float *key, uint8_t *ret_cid,
 			  uint8_t *ret_code, float *ret_w);
+
+/*
+ * kvt_paris_index_drop - drop key @i (its token was evicted): it leaves the histograms, votes
+ * 0, and no search returns or reads it. Final: a dropped key stays dropped.
+ * Returns 1 when the key was live, 0 when it was already dropped, -ERANGE for @i >= n.
+ * Never allocates; one writer, as append.
+ */
+int kvt_paris_index_drop(struct kvt_paris_index *ix, uint32_t i);
+
+/* kvt_paris_index_live - keys not dropped: n - ndead. */
+static inline uint32_t
+kvt_paris_index_live(const struct kvt_paris_index *ix)
+{
+	return ix->n - ix->ndead;
+}
 
 /*
  * kvt_paris_key_codes - pointers to key @i's stored bytes (i < n).
@@ -180,7 +203,8 @@ void kvt_paris_query_prep(const struct kvt_srht *srht, const float *q,
  * kvt_paris_vote_tables - per block and centroid the collision vote omega_b(c) in 0..6
  * (section 3.1-3.3). Centroids are ranked by ascending flip cost sum_{j flipped} |y_j| (the top
  * centroid is the query's sign pattern), ties broken by the smaller flip mask; tier budgets
- * T_t = ceil(n * rho_col * r_t), r = (.05, .15, .30, .50, .75, 1), evaluated in double.
+ * T_t = ceil(live * rho_col * r_t), r = (.05, .15, .30, .50, .75, 1), evaluated in double, live
+ * the keys not dropped (n when none is).
  * @rho_col: in (0, 1].
  * @ret_tab: [nblk][256] bytes.
  * Returns 0, or -EINVAL for a bad @rho_col or dim mismatch. Thread-safe against searches.
@@ -191,9 +215,11 @@ int kvt_paris_vote_tables(const struct kvt_paris_index *ix, const struct kvt_par
 /*
  * kvt_paris_votes - cnt_i = sum_b tab[b][cid_i,b] for every key, dispatched on
  * kvt_simd_level(); every level gives the same bytes.
+ * Dropped keys vote 0.
  * @ret_votes: at least kvt_paris_votes_len(ix) bytes; entries >= n are scratch.
- * @ret_hist: NULL, or KVT_PARIS_MAX_VOTE + 1 counts of each vote over the n keys (for
- *	kvt_paris_select(); counted in the same pass, while the votes are in cache).
+ * @ret_hist: NULL, or KVT_PARIS_MAX_VOTE + 1 counts of each vote over the n keys, dropped ones
+ *	left out (for kvt_paris_select(); counted in the same pass, while the votes are in
+ *	cache).
  */
 void kvt_paris_votes(const struct kvt_paris_index *ix, const uint8_t (*tab)[256],
 		     uint8_t *ret_votes, uint32_t *ret_hist);
@@ -235,7 +261,7 @@ void kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, 
  *	@tmp (dim floats, part of the search's scratch, no alignment promised) and return @tmp. The
  *	result is read before the next call, so it need only stay valid until then. Returning NULL
  *	means the key cannot be read: the search fails with -EIO.
- *	Called on the searching thread, at most max(opts.refine, KVT_PARIS_REFINE_MIN) times
+ *	Called on the searching thread, at most max(opts.refine, KVT_PARIS_REFINE_ALL) times
  *	per search, with distinct indices in descending estimated-score order (in ascending
  *	index order when the refine budget covers every candidate). It must not modify the
  *	index.
@@ -276,8 +302,10 @@ void kvt_paris_scratch_fini(struct kvt_paris_scratch *s);
  * refine = 0 (with keys unused) is the spec's pipeline, bit for bit.
  */
 /*
- * struct kvt_paris_drop - keys appended but dropped by the caller since (evicted tokens): the
- * index keeps their codes, a search never returns or reads them.
+ * struct kvt_paris_drop - a caller's own test for keys it no longer has, checked for every
+ * candidate: a search never returns or reads them. Such keys still compete for the candidate
+ * set, so fewer than k results can come back: drop them from the index
+ * (kvt_paris_index_drop()) to keep the count and the recall; this is the backstop.
  * @dropped: true when key @idx is dropped; called on the searching thread for each candidate.
  */
 struct kvt_paris_drop {
@@ -296,26 +324,28 @@ struct kvt_paris_search_opts {
 
 /*
  * kvt_paris_search - top-k retrieval-zone indices of one prepared query.
- * C = max(ceil(n * rho_cand), k, R') clamped to n, R' = max(refine, KVT_PARIS_REFINE_MIN) when
- * refine is on. (The reference takes min(k, C) results when C < k; we widen C instead so a
- * caller always gets k rows, and the candidate stage never cuts below the refine budget.) A
- * ratio left at 0 comes from kvt_paris_schedule(), or from kvt_paris_schedule_refine() when
- * refine is on.
- * With opts->refine > 0, the min(R', n) candidates with the best estimates (score desc, index
- * asc) get the exact score <key, q> = sum_j key_j * q_j in f32 from @opts->keys, and the
+ * n below counts the live keys. C = max(ceil(n * rho_cand), 4k, R') clamped to n, where R' is 0
+ * without refine, n when refine >= n or n <= KVT_PARIS_REFINE_ALL, else refine. (The reference
+ * takes min(k, C) results when C < k; we widen C instead so a caller always gets k rows, and to
+ * 4k so that the estimate still chooses among more keys than it returns; the candidate stage
+ * never cuts below the refine budget.) A ratio left at 0 comes from kvt_paris_schedule(), or
+ * from kvt_paris_schedule_refine() when refine is on.
+ * With opts->refine > 0, the R' candidates with the best estimates (score desc, index asc) get
+ * the exact score <key, q> = sum_j key_j * q_j in f32 from @opts->keys, and the
  * result is their top k by that score. When R' >= n every key is scored exactly (no votes, no
  * estimates): the result is the exact top-k.
- * With opts->drop, dropped candidates leave the candidate set before the rerank (the set is
- * not refilled), so fewer than k results come back when fewer than k live candidates remain.
+ * Keys dropped from the index (kvt_paris_index_drop()) are not candidates: the ratios apply to
+ * the live count, and min(k, live) results come back. opts->drop is a further filter: the
+ * candidates it names leave the set before the rerank (the set is not refilled).
  * @ret_idx, @ret_score: k entries, score descending (ties: index ascending); scores estimate
  * <key, q> (not divided by sqrt(d)), or are that exact product with refine. Both are ranked
  * for the unit query q / |q| and go out multiplied by |q| (q->dnorm) in double and rounded to
  * f32: positions do not depend on the query's scale, a score is never NaN for finite keys and
  * query, and it saturates to +-inf where <key, q> passes FLT_MAX.
- * Returns the number of results (k, or fewer with opts->drop), or -EINVAL (k == 0, a ratio outside
- * (0, 1], dim mismatch, 0 < refine < k, refine without keys or keys->get), -ERANGE (k > n, which
- * includes an empty index), -ENOMEM (scratch growth), -EIO (keys->get returned NULL). Thread-safe
- * per the file comment, as long as keys->get is.
+ * Returns the number of results (min(k, live), or fewer with opts->drop), or -EINVAL (k == 0,
+ * a ratio outside (0, 1], dim mismatch, 0 < refine < k, refine without keys or keys->get),
+ * -ERANGE (k > n keys appended, which includes an empty index), -ENOMEM (scratch growth), -EIO
+ * (keys->get returned NULL). Thread-safe per the file comment, as long as keys->get is.
  */
 int kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
 		     const struct kvt_paris_search_opts *opts, struct kvt_paris_scratch *scr,

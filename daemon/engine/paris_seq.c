@@ -94,6 +94,27 @@ kvt_paris_seq_append(struct kvt_paris_seq *seq, uint32_t layer, uint32_t pos, ui
 	return r;
 }
 
+int
+kvt_paris_seq_drop(struct kvt_paris_seq *seq, uint32_t pos)
+{
+	uint32_t hkv = seq->g.kv_heads;
+	int dropped = 0;
+
+	if (pos < seq->zone.sink)
+		return 0;
+	for (uint32_t l = 0; l < seq->g.layers; l++) {
+		struct kvt_paris_index *row = &seq->ix[(size_t)l * hkv];
+		int r = 0;
+
+		if (pos - seq->zone.sink >= row[0].n)
+			continue;
+		for (uint32_t h = 0; h < hkv; h++)
+			r |= kvt_paris_index_drop(&row[h], pos - seq->zone.sink) > 0;
+		dropped += r;
+	}
+	return dropped;
+}
+
 uint32_t
 kvt_paris_seq_topk_stride(const struct kvt_paris_seq *seq, const struct kvt_paris_topk_opts *opts)
 {

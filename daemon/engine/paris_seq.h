@@ -111,6 +111,15 @@ int kvt_paris_seq_index(const struct kvt_paris_seq *seq, uint32_t layer, uint32_
 int kvt_paris_seq_append(struct kvt_paris_seq *seq, uint32_t layer, uint32_t pos, uint32_t count,
 			 const float *keys, size_t token_stride);
 
+/*
+ * kvt_paris_seq_drop - absolute position @pos was evicted: drop it from the index of every
+ * (layer, kv head) whose retrieval zone holds it (kvt_paris_index_drop()), so that TOPK ranks
+ * only live keys and returns min(k, live) per head. A position outside every zone (sink, dense
+ * window, not yet flushed) is left alone: drop it again once it is flushed.
+ * Returns the number of layers it was newly dropped from (0 when none). Never allocates.
+ */
+int kvt_paris_seq_drop(struct kvt_paris_seq *seq, uint32_t pos);
+
 /* kvt_paris_seq_topk_stride - entries per kv head in topk outputs: k, or k * q_heads/kv_heads
  * with KVT_PARIS_F_UNION. */
 uint32_t kvt_paris_seq_topk_stride(const struct kvt_paris_seq *seq,
@@ -126,8 +135,9 @@ uint32_t kvt_paris_seq_topk_stride(const struct kvt_paris_seq *seq,
  * @ret_pos, @ret_score: [kv_heads][stride] with stride = kvt_paris_seq_topk_stride(); absolute
  *     positions (S + retrieval index) and estimated <k, q_h> in descending score order (exact
  *     <k, q_h> in f32 with refine; q_h is the GQA mean without KVT_PARIS_F_UNION).
- * @ret_count: [kv_heads] entries used: k, or with KVT_PARIS_F_UNION the size of the union
- *     (k .. stride); fewer (down to 0) when dropped positions leave fewer live candidates.
+ * @ret_count: [kv_heads] entries used: min(k, live keys) (kvt_paris_seq_drop()), or with
+ *     KVT_PARIS_F_UNION the size of the union (that .. stride); fewer (down to 0) where
+ *     opts->dropped names positions the index still holds live.
  * Returns the number of kv heads, or -ERANGE (bad layer, k > N, N == 0), -EINVAL (k == 0,
  * @q_len wrong, unknown flags, ratio outside [0, 1], 0 < refine < k, refine without keys or
  * keys->get), -ENOMEM, -EIO (keys->get returned NULL). Outputs are undefined on failure.
