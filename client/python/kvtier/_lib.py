@@ -81,10 +81,26 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvt_topk": (c_int, [P, c_uint32, c_uint32, c_uint32, c_uint, P, c_uint32, P, c_uint64]),
         "kvt_strerror": (c_char_p, [c_int]),
     }
+    # Added within ABI major 1: declared where the library has them (see has()).
+    optional: dict[str, tuple[object, list[object]]] = {
+        "kvt_buf_alloc_cuda": (c_int, [P, c_int, c_uint64, POINTER(P)]),
+        "kvt_buf_offset": (c_uint64, [P]),
+        "kvt_cuda_stream_wait": (c_int, [P, P]),
+    }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
+    for name, (res, args) in optional.items():
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = res
+            fn.argtypes = args
+
+
+def has(lib: ctypes.CDLL, name: str) -> bool:
+    """Whether @lib exports @name (calls added after the first release of an ABI major)."""
+    return getattr(lib, name, None) is not None
 
 
 def check_abi(lib: ctypes.CDLL, path: str) -> None:

@@ -281,8 +281,29 @@ class Buffer:
         self.address: int = _LIB.kvt_buf_ptr(handle) or 0
         """Its address in this process (the device pointer of a CUDA buffer)."""
         self.cuda: bool = False
-        """True for a buffer registered with Client.register_cuda()."""
+        """True for device memory (Client.alloc_cuda_buffer(), Client.register_cuda())."""
+        self.device: int | None = None
+        """The CUDA device ordinal of a buffer from Client.alloc_cuda_buffer()."""
         self._mem: Any = None
+
+    @property
+    def offset(self) -> int:
+        """Where a CUDA buffer starts in the allocation the daemon maps (kvt_buf_offset); 0
+        for host buffers and buffers at an allocation's start."""
+        h = self._live()
+        if not _lib.has(_LIB, "kvt_buf_offset"):
+            return 0
+        return _LIB.kvt_buf_offset(h)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The buffer as bytes of device memory (CUDA Array Interface v3), for
+        torch.as_tensor(buf, device="cuda"), CuPy or Numba; host buffers have none."""
+        self._live()
+        if not self.cuda:
+            raise AttributeError("a host buffer has no __cuda_array_interface__: use array()")
+        return {"shape": (self.size,), "typestr": "|u1", "data": (self.address, False),
+                "version": 3, "strides": None}
 
     def _live(self) -> int:
         if self._h is None or self._client._h is None:
@@ -304,11 +325,16 @@ class Buffer:
         return a if shape is None else a.reshape(shape)
 
     def torch(self, dtype: Any = None, shape: Any = None, offset: int = 0) -> Any:
-        """A zero-copy torch tensor over the buffer (needs torch): uint8 bytes from @offset,
-        reinterpreted as @dtype (e.g. torch.bfloat16) and reshaped to @shape when given."""
+        """A zero-copy torch tensor over the buffer (needs torch; a CUDA tensor for device
+        memory): uint8 bytes from @offset, reinterpreted as @dtype (e.g. torch.bfloat16) and
+        reshaped to @shape when given."""
         import torch  # optional dependency: the extras "torch"
 
-        t = torch.from_numpy(self.array(np.uint8, offset=offset))
+        if self.cuda:
+            dev = "cuda" if self.device is None else f"cuda:{self.device}"
+            t = torch.as_tensor(self, device=dev)[offset:]
+        else:
+            t = torch.from_numpy(self.array(np.uint8, offset=offset))
         if dtype is not None:
             esz = torch.empty((), dtype=dtype).element_size()
             t = t[: t.numel() // esz * esz].view(dtype)
@@ -538,6 +564,34 @@ class Client:
         b.cuda = True
         self._bufs.add(b)
         return b
+
+    def alloc_cuda_buffer(self, size: int, device: int = 0) -> Buffer:
+        """A device buffer of @size bytes on CUDA device @device that libkvtier allocates and
+        registers (kvt_buf_alloc_cuda); ``torch()`` and ``__cuda_array_interface__`` expose it,
+        ``free()`` releases it."""
+        c = self._live("kvt_buf_alloc_cuda")
+        if not _lib.has(_LIB, "kvt_buf_alloc_cuda"):
+            raise KvtierError(_errno.EOPNOTSUPP, "kvt_buf_alloc_cuda",
+                              f"{LIBRARY_PATH} predates kvt_buf_alloc_cuda()")
+        h = c_void_p()
+        r = _LIB.kvt_buf_alloc_cuda(c, int(device), _uint("size", size, c_uint64), byref(h))
+        _check(r, "kvt_buf_alloc_cuda", _last_error())
+        b = Buffer(self, h.value)
+        b.cuda, b.device = True, int(device)
+        self._bufs.add(b)
+        return b
+
+    def cuda_stream_wait(self, stream: Any = None) -> None:
+        """Order a CUDA stream (a torch.cuda.Stream, a cudaStream_t as int, or None for the
+        current context's default stream) after the copies of every op whose completion was
+        reaped (kvt_cuda_stream_wait); no CPU wait, and nothing to do on the host backend."""
+        c = self._live("kvt_cuda_stream_wait")
+        if not _lib.has(_LIB, "kvt_cuda_stream_wait"):
+            raise KvtierError(_errno.EOPNOTSUPP, "kvt_cuda_stream_wait",
+                              f"{LIBRARY_PATH} predates kvt_cuda_stream_wait()")
+        handle = getattr(stream, "cuda_stream", stream)
+        _check(_LIB.kvt_cuda_stream_wait(c, handle or None), "kvt_cuda_stream_wait",
+               _last_error())
 
     def event_get_cuda(self, device: int = 0) -> int:
         """The session's interprocess cudaEvent_t on @device, as an integer handle

@@ -164,13 +164,22 @@ def test_buffer_limits(kvtierd):
 
 def test_cuda_calls_refused_without_a_device(kvtierd):
     with kvtier.connect(kvtierd.socket) as c:
-        # EOPNOTSUPP from a host-only libkvtier or the daemon, ENODEV from a CUDA libkvtier
-        # on a machine without a device; EINVAL: host memory is not device memory.
-        for call in (lambda: c.event_get_cuda(0),
+        # EOPNOTSUPP from libkvtier without a CUDA driver or from the host-backend daemon,
+        # ENODEV without a device; EINVAL: host memory is not device memory.
+        for call in (lambda: c.event_get_cuda(0), lambda: c.alloc_cuda_buffer(4096),
                      lambda: c.register_cuda(c.alloc_buffer(4096).address, 4096)):
             with pytest.raises(kvtier.KvtierError) as ei:
                 call()
             assert ei.value.errno in (errno.EOPNOTSUPP, errno.ENODEV, errno.EINVAL)
+            assert ei.value.daemon_message  # libkvtier or kvtierd says why
+        try:  # with a driver, a no-op on the host backend
+            c.cuda_stream_wait(None)
+        except kvtier.KvtierError as e:
+            assert e.errno in (errno.EOPNOTSUPP, errno.ENODEV) and e.daemon_message
+        b = c.alloc_buffer(4096)
+        assert b.offset == 0 and not b.cuda
+        with pytest.raises(AttributeError):
+            b.__cuda_array_interface__
         c.nop()
 
 
