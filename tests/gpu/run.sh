@@ -4,7 +4,8 @@
 # tests/gpu/run.sh - the GPU checks of kvtier in one go, for a machine with an NVIDIA GPU
 # (sized to finish within 8 minutes on an H200 with 16 cores):
 #   1. exit 77 (skipped) when nvidia-smi is missing or lists no device;
-#   2. configure and build with CUDA for the GPU's own architecture (build-gpu/, or $KVT_GPU_BUILD);
+#   2. configure and build with CUDA for the GPU's own architecture (build-gpu/, or $KVT_GPU_BUILD),
+#      and check that libkvtier.so has no CUDA library in NEEDED (it loads the driver at run time);
 #   3. run the ctest label "gpu": real CUDA IPC between the client and kvtierd, the CUDA backend
 #      bit for bit against the host backend (promotions, int8 rows, FETCH), the session event,
 #      and the retrieval kernels against the CPU engine when cuda/kernels/ is in the tree;
@@ -43,6 +44,10 @@ cmake -S "$root" -B "$build" -DKVT_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
 step "build (-j$jobs)"
 timeout 240 cmake --build "$build" -j"$jobs" >"$build/run-build.log" 2>&1 ||
 	{ tail -n 60 "$build/run-build.log"; echo "run.sh: build failed"; exit 1; }
+
+step "libkvtier links no CUDA runtime (it dlopens libcuda.so.1)"
+sh "$root/tests/cuda-shim/check_no_cudart.sh" "$build/client/libkvtier.so" ||
+	{ echo "run.sh: libkvtier.so has a CUDA library in NEEDED"; exit 1; }
 
 step "GPU tests"
 timeout 240 ctest --test-dir "$build" -L gpu --output-on-failure --no-tests=error
