@@ -5,7 +5,9 @@
  * slots, scores, RETIER with promotions, demotions and int8 rows, FETCH of T1/T2 and of position
  * lists). The CUDA side's T0 and staging regions are cudaMalloc memory shared with the daemon by
  * CUDA IPC (two processes); after every step they must equal the host side's byte for byte, and
- * every RETIER answer must be identical. Also: the session event orders a stream after a FETCH.
+ * every RETIER answer must be identical. Also: the session event orders a stream after a FETCH;
+ * libkvtier's driver-API side on the real driver (a T0 region inside an allocation, a staging
+ * region from kvt_buf_alloc_cuda(), kvt_cuda_stream_wait() on a runtime stream).
  * Exits 77 without a device.
  */
 #define _GNU_SOURCE
@@ -257,6 +259,83 @@ START_TEST(gpu_session_event_orders_stream)
 }
 END_TEST
 
+/* libkvtier reaches CUDA through the driver it dlopens, next to this process's runtime: T0 at
+ * an offset inside a cudaMalloc allocation, staging allocated by libkvtier, the stream ordered
+ * by kvt_cuda_stream_wait(); the staged row is read on that stream. */
+START_TEST(gpu_client_driver_api)
+{
+	static const char *const dev[] = {"--backend", "cuda", NULL};
+	struct kvt_opts o = {.size = sizeof(o)};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	size_t pad = 1 << 16;
+	uint8_t row[ROW], *a, *back, *guard;
+	struct kvtd_proc d;
+	struct kvt_client *c;
+	struct kvt_buf *t0, *st;
+	uint32_t seq, slot = 2, pos = 0;
+	cudaStream_t s;
+
+	daemon_start(&d, dev);
+	ck_assert_int_eq(kvt_connect(d.sock, &o, &c), 0);
+	ck_assert_int_eq(cudaMalloc((void **)&a, pad + t0_len + pad), cudaSuccess);
+	ck_assert_int_eq(cudaMemset(a, 0x5a, pad + t0_len + pad), cudaSuccess);
+	ck_assert_int_eq(kvt_buf_register_cuda(c, a + pad, t0_len, &t0), 0);
+	ck_assert_uint_eq(kvt_buf_offset(t0), pad);
+	ck_assert_int_eq(kvt_buf_alloc_cuda(c, 0, st_len, &st), 0);
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_TIERED;
+	p.delta = 2;
+	p.window = 2;
+	p.hbm_frac = 0.5f;
+	p.t0_buf_id = kvt_buf_id(t0);
+	p.t0_slots = SLOTS;
+	p.t0_slot_stride = ROW;
+	p.t0_kv_stride = (uint64_t)SLOTS * ROW;
+	p.t0_layer_stride = 2ull * SLOTS * ROW;
+	p.stage_buf_id = kvt_buf_id(st);
+	p.stage_slots = STAGE;
+	p.stage_slot_stride = ROW;
+	p.stage_kv_stride = (uint64_t)STAGE * ROW;
+	p.stage_layer_stride = 2ull * STAGE * ROW;
+	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+	for (int i = 0; i < ROW; i++)
+		row[i] = (uint8_t)(i * 29 + 1);
+	for (uint32_t l = 0; l < L; l++)
+		for (uint32_t kv = 0; kv < 2; kv++)
+			ck_assert_int_eq(
+			    cudaMemcpy(a + pad + (size_t)(2 * l * SLOTS + kv * SLOTS + slot) * ROW,
+				       row, ROW, cudaMemcpyHostToDevice),
+			    cudaSuccess);
+	ck_assert_int_eq(kvt_append_t0(c, seq, &slot, 1), 1);
+	ck_assert_int_eq(kvt_fetch(c, seq, KVT_FETCH_F_LIST, 0, 1, 7, &pos, 1), 1);
+	ck_assert_int_eq(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+	ck_assert_int_eq(kvt_cuda_stream_wait(c, s), 0);
+	ck_assert_int_eq(cudaMallocHost((void **)&back, ROW), cudaSuccess);
+	ck_assert_int_eq(cudaMemcpyAsync(back, (uint8_t *)kvt_buf_ptr(st) + 7 * ROW, ROW,
+					 cudaMemcpyDeviceToHost, s),
+			 cudaSuccess);
+	ck_assert_int_eq(cudaStreamSynchronize(s), cudaSuccess);
+	ck_assert_mem_eq(back, row, ROW);
+	/* The bytes around the T0 region are as they were: the daemon wrote nothing there. */
+	guard = malloc(pad);
+	ck_assert_int_eq(cudaMemcpy(guard, a, pad, cudaMemcpyDeviceToHost), cudaSuccess);
+	for (size_t i = 0; i < pad; i++)
+		ck_assert_uint_eq(guard[i], 0x5a);
+	free(guard);
+	cudaFreeHost(back);
+	cudaStreamDestroy(s);
+	ck_assert_int_eq(kvt_seq_close(c, seq), 0);
+	ck_assert_int_eq(kvt_buf_free(c, st), 0);
+	ck_assert_int_eq(kvt_buf_free(c, t0), 0);
+	kvt_disconnect(c);
+	cudaFree(a);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -272,6 +351,7 @@ main(void)
 	tcase_set_timeout(t, 240);
 	tcase_add_test(t, gpu_matches_host_backend);
 	tcase_add_test(t, gpu_session_event_orders_stream);
+	tcase_add_test(t, gpu_client_driver_api);
 	suite_add_tcase(su, t);
 	sr = srunner_create(su);
 	/* No fork: a CUDA context does not survive fork(); each test uses its own daemons. */
