@@ -1,0 +1,748 @@
+# SPDX-License-Identifier: MIT
+"""Hugging Face transformers generating through kvtierd: ``KvtierCache`` and the ``"kvtier"``
+attention function.
+
+::
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from kvtier.transformers import KvtierCache
+
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f)
+    cache = KvtierCache(model, socket=None, policy="tiered", hbm_frac=0.5, evict_frac=0.03)
+    out = model.generate(**inputs, past_key_values=cache, max_new_tokens=64, do_sample=False)
+    cache.stats()   # tier counts, evicted ratio, bytes moved
+    cache.close()
+
+The cache mirrors kvtier-llm's kvtierd backend (tools/llm/kv_kvtier.c; docs/python.md):
+
+- one host buffer shared with kvtierd holds, per layer and K|V, the T0 region (``t0_slots``
+  rows: the tokens resident on the "device") followed by the staging region (rows FETCH
+  fills with the T1/T2 tokens); rows are ``[kv_head][head_dim]`` of the model's dtype;
+- each forward pass writes its new tokens' rows into free T0 slots, and at its end queues ONE
+  APPEND (KVT_APPEND_F_T0, all layers) and ONE SCORE_ADD: the pass's softmax weights, averaged
+  over layers and heads (summed over its queries), per attended position;
+- the queue goes to kvtierd in one submit before each RETIER (every ``delta`` tokens, and when
+  the prompt ends), after which one FETCH stages every T1/T2 row of all layers;
+- attention at a layer runs over the resident T0 rows plus the staged rows, gathered in
+  position order into one contiguous tensor, so with nothing evicted it is the same
+  arithmetic on the same tensor as with ``DynamicCache`` (Proposition 1 of docs/tiering.md).
+
+Constructing a ``KvtierCache`` switches the model to ``attn_implementation="kvtier"``
+(``model.set_attn_implementation("kvtier")``); that function is transformers' eager attention
+plus the capture of the weights, and with any other cache it is plain eager attention, so
+the model stays usable with ``DynamicCache``. Load with ``attn_implementation="kvtier"`` to
+have it from the start (import this module first: importing it registers the name).
+
+Batch size 1, CPU tensors (the GPU path is designed in docs/python.md). transformers 5.x only.
+"""
+from __future__ import annotations
+
+import errno as _errno
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import _abi
+from .core import POLICIES, Client, KvtierError, connect
+
+SUPPORTED_TRANSFORMERS = (5, 6)
+"""transformers majors supported: [5, 6), as pinned by the package's "transformers" extra."""
+
+ATTN_IMPLEMENTATION = "kvtier"
+"""The name the attention function is registered under (AttentionInterface)."""
+
+
+def check_transformers_version(version: str) -> None:
+    """Raise ImportError unless @version is a transformers release this module supports."""
+    try:
+        major = int(version.split(".", 1)[0])
+    except ValueError:
+        major = -1
+    lo, hi = SUPPORTED_TRANSFORMERS
+    if not lo <= major < hi:
+        raise ImportError(
+            f"kvtier.transformers supports transformers >={lo},<{hi} (its Cache and "
+            f"AttentionInterface API); found transformers {version}. Install a supported one: "
+            f"pip install 'transformers>={lo},<{hi}' (or pip install 'kvtier[transformers]')"
+        )
+
+
+try:
+    import torch
+    import transformers as _tf
+except ImportError as _e:  # pragma: no cover - the message is the point
+    raise ImportError(
+        f"kvtier.transformers needs torch and transformers ({_e}); "
+        "pip install 'kvtier[transformers]'"
+    ) from _e
+
+check_transformers_version(_tf.__version__)
+
+from transformers import AttentionInterface  # noqa: E402
+from transformers.cache_utils import Cache, CacheLayerMixin  # noqa: E402
+
+_TORCH_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+# user_data of the queued ops (the blocking calls use small numbers), | the new n.
+_UD_APPEND = 1 << 63
+_UD_SCORE = (1 << 63) | (1 << 62)
+
+# The cache whose update() produced the key tensor the attention function is about to see.
+_tls = threading.local()
+
+
+def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(batch, kv_heads, n, dim) -> (batch, kv_heads * n_rep, n, dim), as transformers' Llama."""
+    if n_rep == 1:
+        return x
+    b, h, n, d = x.shape
+    return x[:, :, None, :, :].expand(b, h, n_rep, n, d).reshape(b, h * n_rep, n, d)
+
+
+def _causal_mask(q: int, kl: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """Additive (q, kl) mask: query i sees keys j <= kl - q + i (the last q keys are the
+    queries' own tokens, everything before them is the past). 0 or finfo.min, as eager_mask."""
+    i = torch.arange(q, device=device).unsqueeze(1)
+    j = torch.arange(kl, device=device).unsqueeze(0)
+    allowed = j <= (kl - q) + i
+    return torch.where(allowed, torch.tensor(0.0, dtype=dtype, device=device),
+                       torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device))
+
+
+def kvtier_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' eager attention (modeling_llama.eager_attention_forward, same operations
+    in the same order) that also hands the softmax weights to the KvtierCache which produced
+    @key. With no 4D mask given (transformers builds none for this name) it applies the causal
+    mask itself when several queries run at once; a single decode query sees every key."""
+    n_rep = getattr(module, "num_key_value_groups", query.shape[1] // key.shape[1])
+    key_states = _repeat_kv(key, n_rep)
+    value_states = _repeat_kv(value, n_rep)
+
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask[:, :, :, : key_states.shape[-2]]
+    elif query.shape[2] > 1:
+        attn_weights = attn_weights + _causal_mask(query.shape[2], key.shape[2],
+                                                   attn_weights.dtype, query.device)
+
+    attn_weights = torch.nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(
+        query.dtype)
+    attn_weights = torch.nn.functional.dropout(attn_weights, p=dropout,
+                                               training=module.training)
+    attn_output = torch.matmul(attn_weights, value_states)
+    attn_output = attn_output.transpose(1, 2).contiguous()
+
+    cache = getattr(_tls, "cache", None)
+    if cache is not None and _tls.key is key:
+        _tls.cache = _tls.key = None
+        cache._observe(attn_weights)
+    return attn_output, attn_weights
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, kvtier_attention)
+
+
+@dataclass
+class KvtierStats:
+    """What ``KvtierCache.stats()`` reports. Tier counts and the evicted ratio are the
+    daemon's (SEQ_STAT); the rest is counted by the cache."""
+
+    n_tokens: int = 0
+    tier_count: tuple[int, int, int, int] = (0, 0, 0, 0)
+    """Tokens in T0 (resident), T1 (pool, full precision), T2 (pool, int8), T3 (evicted)."""
+    evicted_ratio: float = 0.0
+    bytes_in: int = 0
+    """Bytes kvtierd copied from the T0 region into its pool (APPEND)."""
+    bytes_out: int = 0
+    """Bytes kvtierd copied from its pool into the T0 and staging regions (RETIER, FETCH)."""
+    pool_bytes: int = 0
+    steps: int = 0
+    """Forward passes (prefill and decode steps)."""
+    appends: int = 0
+    score_adds: int = 0
+    retiers: int = 0
+    fetches: int = 0
+    rows_staged: int = 0
+    kvtier_s: float = 0.0
+    """Seconds spent in the cache: row copies, gathers, weight sums, queueing, RETIER,
+    FETCH and their waits (the binding included)."""
+    retier_s: float = 0.0
+    fetch_s: float = 0.0
+    t0_slots: int = 0
+    stage_rows: int = 0
+    session: int = 0
+    seq: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stats as a plain dict (JSON-ready)."""
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+class _KvtierLayer(CacheLayerMixin):
+    """Per-layer face of a KvtierCache for transformers' bookkeeping; the rows live in the
+    cache's shared buffer, so keys/values stay None."""
+
+    is_sliding = False
+    is_croppable = False
+    supports_early_init = False
+
+    def __init__(self, cache: KvtierCache) -> None:
+        super().__init__()
+        self._cache = cache
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        raise RuntimeError("KvtierCache layers are updated through KvtierCache.update()")
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self._cache._vn + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self._cache._n
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        pass
+
+    def offload(self) -> None:
+        pass
+
+    def prefetch(self) -> None:
+        pass
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise NotImplementedError("KvtierCache holds one sequence: no beam search")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("KvtierCache cannot crop: kvtierd's positions only grow")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if repeats != 1:
+            raise NotImplementedError("KvtierCache holds one sequence (batch size 1)")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if len(indices) != 1:
+            raise NotImplementedError("KvtierCache holds one sequence (batch size 1)")
+
+
+def _t0_slots_for(policy: str, hbm_frac: float, max_tokens: int, sinks: int, window: int,
+                  prompt_len: int, delta: int) -> int:
+    """The T0 budget at max_tokens plus delta free slots, as kvtier-llm sizes it: the
+    protected set (sinks or prompt, and the window) always fits."""
+    prot = max(sinks, prompt_len) + window
+    if policy == "full":
+        budget = max_tokens
+    elif policy == "streaming":
+        budget = prot
+    else:
+        budget = math.ceil(hbm_frac * max_tokens)
+    budget = max(min(budget, max_tokens), prot)
+    return budget + delta
+
+
+class KvtierCache(Cache):
+    """A transformers ``Cache`` whose KV rows are tiered by kvtierd (see the module docs).
+
+    @model: the causal LM (its config gives the geometry, its dtype the row dtype; batch 1,
+    CPU). @socket: kvtierd's control socket (None: $KVTIER_SOCKET, else the default).
+    @policy: "tiered", "h2o", "streaming" or "full"; @hbm_frac, @evict_frac, @t2_frac: the
+    tier budgets as fractions of the tokens (docs/tiering.md). @delta: re-tier period;
+    @sinks, @window: always-resident first and last tokens; @protect_prompt: the prompt (the
+    first forward pass) stays resident. @max_tokens: positions the sequence may hold (prompt
+    plus generated; sizes the T0 and staging regions); @t2_keys "head" or "channel" (int8 key
+    scales). @set_attn_implementation: switch the model to the "kvtier" attention function.
+
+    One cache is one sequence: use a new cache per generate() call (or call ``close()``).
+    Errors from kvtierd raise ``kvtier.KvtierError``; after one the cache refuses further
+    steps with the same error.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        socket: str | None = None,
+        policy: str = "tiered",
+        hbm_frac: float = 0.5,
+        evict_frac: float = 0.03,
+        t2_frac: float = 0.0,
+        *,
+        delta: int = 64,
+        sinks: int = 4,
+        window: int = 128,
+        protect_prompt: bool = True,
+        max_tokens: int = 2048,
+        t2_keys: str = "head",
+        spin_us: int = 20,
+        name: str = "kvtier.transformers",
+        set_attn_implementation: bool = True,
+    ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
+        for nm, v in (("hbm_frac", hbm_frac), ("evict_frac", evict_frac), ("t2_frac", t2_frac)):
+            if not 0.0 <= float(v) <= 1.0:
+                raise ValueError(f"{nm}={v} is outside [0, 1]")
+        if policy == "tiered" and hbm_frac + evict_frac + t2_frac > 1.0 + 1e-6:
+            raise ValueError("hbm_frac + evict_frac + t2_frac exceeds 1")
+        if t2_keys not in ("head", "channel"):
+            raise ValueError(f"t2_keys must be 'head' or 'channel', not {t2_keys!r}")
+        if delta < 1 or max_tokens < 1 or sinks < 0 or window < 0:
+            raise ValueError("delta and max_tokens must be >= 1, sinks and window >= 0")
+        cfg = model.config.get_text_config(decoder=True)
+        layer_types = getattr(cfg, "layer_types", None)
+        if layer_types and any(t != "full_attention" for t in layer_types):
+            raise ValueError("KvtierCache supports models whose layers all use full attention; "
+                             f"this one has {sorted(set(layer_types))}")
+        self.num_layers: int = int(cfg.num_hidden_layers)
+        self.kv_heads: int = int(getattr(cfg, "num_key_value_heads", None)
+                                 or cfg.num_attention_heads)
+        self.q_heads: int = int(cfg.num_attention_heads)
+        self.head_dim: int = int(getattr(cfg, "head_dim", None)
+                                 or cfg.hidden_size // cfg.num_attention_heads)
+        dtype = getattr(model, "dtype", torch.float32)
+        if dtype not in _TORCH_DTYPES:
+            raise ValueError(f"model dtype {dtype} not supported; kvtier stores f32, f16, bf16")
+        self.dtype: torch.dtype = dtype
+        limit = getattr(cfg, "max_position_embeddings", None)
+        if limit:
+            max_tokens = min(max_tokens, int(limit))
+        self.policy = policy
+        self.hbm_frac, self.evict_frac, self.t2_frac = float(hbm_frac), float(evict_frac), \
+            float(t2_frac)
+        self.delta, self.sinks, self.window = int(delta), int(sinks), int(window)
+        self.protect_prompt = bool(protect_prompt)
+        self.max_tokens = int(max_tokens)
+        self.t2_keys = t2_keys
+        super().__init__(layers=[_KvtierLayer(self) for _ in range(self.num_layers)])
+
+        if set_attn_implementation and \
+                getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
+            model.set_attn_implementation(ATTN_IMPLEMENTATION)
+
+        self._client: Client | None = connect(socket, spin_us=spin_us, name=name)
+        self._seq: Any = None
+        self._buf: Any = None
+        self._err: BaseException | None = None
+        self._st = KvtierStats(session=self._client.session_id)
+        self._n = 0  # positions appended (and scored) so far
+        self._vn = 0  # entries of the view (resident + staged positions), by position
+        self._prompt_len = 0
+        self._closed = False
+        # per-forward state
+        self._q = 0
+        self._step_slots: np.ndarray | None = None
+        self._step_slots_t: torch.Tensor | None = None
+        self._step_layer = -1
+        self._weights: list[torch.Tensor] = []
+        self._arena_used = 0
+        self._inflight = 0
+
+    # ---- sequence setup -----------------------------------------------------------------
+
+    def _open(self, q: int, device: Any) -> None:
+        """SEQ_OPEN at the first forward pass: its @q tokens are the prompt."""
+        if device.type != "cpu":
+            raise NotImplementedError(
+                f"KvtierCache runs on CPU tensors; the model is on {device} (the CUDA path "
+                "is designed in docs/python.md, not implemented yet)")
+        if q > self.max_tokens:
+            raise ValueError(f"the prompt has {q} tokens, more than max_tokens="
+                             f"{self.max_tokens}; pass a larger max_tokens")
+        c = self._client
+        assert c is not None
+        self._prompt_len = q
+        ts = _t0_slots_for(self.policy, self.hbm_frac, self.max_tokens, self.sinks,
+                           self.window, q if self.protect_prompt else 0, self.delta)
+        ts = min(ts, self.max_tokens + self.delta)
+        ts = max(ts, q)  # the prompt lands in T0 in one pass
+        ss = self.max_tokens
+        esz = torch.empty((), dtype=self.dtype).element_size()
+        row = self.kv_heads * self.head_dim * esz
+        rows = ts + ss
+        L = self.num_layers
+        self._buf = c.alloc_buffer(L * 2 * rows * row)
+        # One buffer, [layer][K,V][T0 slots, then staging rows][kv_head][head_dim]: a layer's
+        # resident and staged rows are gathered by one index_select.
+        self._kv = self._buf.torch(self.dtype, (L, 2, rows, self.kv_heads, self.head_dim))
+        self._kv_hr = self._kv.permute(0, 1, 3, 2, 4)  # [L][2][kv_head][row][dim] view
+        self.t0_slots, self.stage_rows = ts, ss
+        self._seq = c.open_sequence(
+            layers=L, kv_heads=self.kv_heads, head_dim=self.head_dim,
+            dtype=_TORCH_DTYPES[self.dtype], policy=self.policy, score_mode="sum",
+            protect_prompt=self.protect_prompt, q_heads=self.q_heads, delta=self.delta,
+            sinks=self.sinks, window=self.window, prompt_len=q, hbm_frac=self.hbm_frac,
+            evict_frac=self.evict_frac, t2_frac=self.t2_frac, max_tokens=self.max_tokens,
+            t2_flags=_abi.T2_F_KEY_CHANNEL if self.t2_keys == "channel" else 0,
+            t0_buf_id=self._buf.id, t0_slots=ts, t0_base_off=0, t0_slot_stride=row,
+            t0_kv_stride=rows * row, t0_layer_stride=2 * rows * row,
+            stage_buf_id=self._buf.id, stage_slots=ss, stage_base_off=ts * row,
+            stage_slot_stride=row, stage_kv_stride=rows * row, stage_layer_stride=2 * rows * row,
+        )
+        self._st.seq = self._seq.id
+        self._st.t0_slots, self._st.stage_rows = ts, ss
+        self._arena = c.arena()
+        self._arena_f32 = self._arena[: self._arena.size // 4 * 4].view(np.float32)
+        self._arena_u32 = self._arena[: self._arena.size // 4 * 4].view(np.uint32)
+        # Client-side mirror of the tiers (kv_kvtier.c): slot -> position, position -> row
+        # of the shared buffer (a T0 slot, or ts + staging row; -1 evicted), the free slots
+        # the last RETIER handed out, and the view: rows of resident + staged positions.
+        self._slot_pos = np.full(ts, -1, dtype=np.int64)
+        self._where = np.full(self.max_tokens, -1, dtype=np.int64)
+        self._free = np.arange(ts, dtype=np.int64)  # before any RETIER every slot is free
+        self._next_free = 0
+        self._view_pos = np.empty(self.max_tokens, dtype=np.int64)
+        self._view_idx = torch.empty(self.max_tokens, dtype=torch.int64)
+        self._vn = 0
+
+    # ---- the daemon ---------------------------------------------------------------------
+
+    def _fail(self, e: BaseException) -> BaseException:
+        if self._err is None:
+            self._err = e
+        return e
+
+    def _reap(self) -> None:
+        """Submit what is queued and check every completion (kv_kvtier.c's reap())."""
+        if not self._inflight:
+            return
+        c = self._client
+        assert c is not None
+        c.submit()
+        while self._inflight:
+            cqe = c.wait_cqe()
+            self._inflight -= 1
+            if cqe.res < 0:
+                what = "SCORE_ADD" if cqe.user_data & _UD_SCORE == _UD_SCORE else "APPEND"
+                raise KvtierError(cqe.res, f"queued {what}",
+                                  f"kvtierd refused the {what} of step {cqe.user_data & 0xFFFFFFFF}")
+            if cqe.user_data & _UD_SCORE == _UD_APPEND:
+                pos = cqe.user_data & 0xFFFFFFFF
+                if cqe.res != pos:
+                    raise KvtierError(_errno.EPROTO, "queued APPEND",
+                                      f"kvtierd answered n={cqe.res} after appending up to "
+                                      f"{pos}")
+        self._arena_used = 0
+
+    def _queue(self, nbytes: int) -> tuple[Any, int]:
+        """An SQE and the arena offset of its @nbytes payload; reaps first when the SQ or the
+        arena is full."""
+        c = self._client
+        assert c is not None
+        need = (nbytes + 63) & ~63
+        if need > self._arena.size:
+            raise KvtierError(_errno.E2BIG, "KvtierCache",
+                              f"a {nbytes}-byte payload exceeds the {self._arena.size}-byte arena")
+        if self._arena_used + need > self._arena.size:
+            self._reap()
+        e = c.get_sqe()
+        if e is None and self._inflight:
+            self._reap()
+            e = c.get_sqe()
+        if e is None:
+            raise KvtierError(_errno.ECONNRESET, "kvt_get_sqe", "the session refuses entries")
+        off = self._arena_used
+        self._arena_used += need
+        self._inflight += 1
+        return e, off
+
+    def _retier(self) -> None:
+        """RETIER, follow the slot changes, take the free slots, FETCH every T1/T2 row of all
+        layers and rebuild the view; checks that every live position is in exactly one
+        place (kv_kvtier.c's retier())."""
+        t0 = time.perf_counter()
+        self._reap()
+        n = self._n
+        r = self._seq.retier()
+        if r.n_tokens != n or r.n_free == 0:
+            raise KvtierError(_errno.EPROTO, "kvt_retier",
+                              f"RETIER answered n={r.n_tokens}, {r.n_free} free slots at n={n}")
+        ch = r.changes
+        if ch.size:
+            slots = ch["slot"].astype(np.int64)
+            pos = ch["pos"].astype(np.int64)
+            if slots.max() >= self.t0_slots or pos.max() >= n or pos.min() < -1:
+                raise KvtierError(_errno.EPROTO, "kvt_retier", "slot change out of range")
+            dem = pos < 0
+            self._slot_pos[slots[dem]] = -1  # demotions come first
+            self._slot_pos[slots[~dem]] = pos[~dem]
+        free = r.free_slots.astype(np.int64)
+        if free.max() >= self.t0_slots or (self._slot_pos[free] != -1).any():
+            raise KvtierError(_errno.EPROTO, "kvt_retier", "a free slot is not free")
+        self._free, self._next_free = free, 0
+        st = self._st
+        st.retiers += 1
+        t1 = time.perf_counter()
+        st.retier_s += t1 - t0
+
+        where = self._where
+        where[:n] = -1
+        staged = 0
+        if r.tier_count[1] + r.tier_count[2]:
+            f = self._seq.fetch(_abi.FETCH_F_T1 | _abi.FETCH_F_T2, stage_row=0,
+                                capacity=self.stage_rows)
+            staged = f.rows
+            p = f.positions.astype(np.int64)
+            if staged and (p.max() >= n or (np.diff(p) <= 0).any()):
+                raise KvtierError(_errno.EPROTO, "kvt_fetch", "staged positions not ascending")
+            where[p] = self.t0_slots + np.arange(staged, dtype=np.int64)
+            st.fetches += 1
+            st.rows_staged += staged
+        st.fetch_s += time.perf_counter() - t1
+        res = self._slot_pos >= 0
+        rp = self._slot_pos[res]
+        if (where[rp] != -1).any():
+            raise KvtierError(_errno.EPROTO, "kvt_retier", "a position is resident and staged")
+        where[rp] = np.nonzero(res)[0]
+        vp = np.nonzero(where[:n] >= 0)[0]
+        if vp.size != n - r.tier_count[3] or vp.size != rp.size + staged:
+            raise KvtierError(_errno.EPROTO, "kvt_retier",
+                              f"{vp.size} positions visible, {n - r.tier_count[3]} live")
+        self._vn = vn = vp.size
+        self._view_pos[:vn] = vp
+        self._view_idx[:vn] = torch.from_numpy(where[vp])
+
+    # ---- one forward pass ---------------------------------------------------------------
+
+    def _begin(self, q: int, device: Any) -> None:
+        """Layer 0 of a forward pass of @q tokens: open or re-tier as needed, take q slots."""
+        if self._seq is None:
+            self._open(q, device)
+        elif self._step_layer != -1:
+            raise self._fail(RuntimeError(
+                "KvtierCache: the attention of the last forward pass never reached the cache; "
+                "the model must run attn_implementation='kvtier' "
+                "(model.set_attn_implementation('kvtier'))"))
+        n = self._n
+        if n + q > self.max_tokens:
+            raise KvtierError(_errno.ENOSPC, "KvtierCache",
+                              f"{n} + {q} tokens exceed max_tokens={self.max_tokens}; "
+                              "create the cache with a larger max_tokens")
+        # Re-tier when the handed-out slots are used up, and when the prompt ends.
+        if n > 0 and (self._next_free + q > self._free.size or n == self._prompt_len):
+            self._retier()
+        take = self._free[self._next_free:self._next_free + q]
+        if take.size < q:
+            # A pass longer than the free slots RETIER handed out (the prompt, or a long
+            # continuation): any slot free right now will do.
+            extra = np.setdiff1d(np.nonzero(self._slot_pos < 0)[0], take)
+            take = np.concatenate([take, extra[: q - take.size]])
+            if take.size < q:
+                raise KvtierError(_errno.ENOSPC, "KvtierCache",
+                                  f"a forward pass of {q} tokens needs {q} free T0 slots, "
+                                  f"{take.size} are free; raise max_tokens or hbm_frac, or "
+                                  "feed the tokens in shorter passes")
+            self._free = np.concatenate([self._free[:self._next_free], take])
+        self._next_free += q
+        self._slot_pos[take] = np.arange(n, n + q)
+        self._where[n:n + q] = take
+        vn = self._vn
+        self._view_pos[vn:vn + q] = np.arange(n, n + q)
+        tt = torch.from_numpy(take)
+        self._view_idx[vn:vn + q] = tt
+        self._step_slots, self._step_slots_t = take, tt
+        self._q = q
+        self._weights = []
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the pass's new rows of @layer_idx in their T0 slots and return this layer's
+        keys and values: resident and staged rows in position order, then the new ones."""
+        if self._err is not None:
+            raise self._err
+        if self._closed:
+            raise RuntimeError("KvtierCache was closed; create a new one per sequence")
+        t0 = time.perf_counter()
+        try:
+            if key_states.shape[0] != 1:
+                raise ValueError(f"KvtierCache holds one sequence: batch size "
+                                 f"{key_states.shape[0]}, expected 1 (one cache per row)")
+            q = key_states.shape[2]
+            if layer_idx == 0:
+                self._begin(q, key_states.device)
+            elif layer_idx != self._step_layer + 1 or q != self._q:
+                raise RuntimeError(f"KvtierCache: layer {layer_idx} updated out of order "
+                                   "(or the previous layer's attention was not 'kvtier')")
+            self._step_layer = layer_idx
+            kv = self._kv_hr[layer_idx]  # [2][kv_head][row][dim]
+            if q == 1:
+                s = int(self._step_slots[0])
+                kv[0, :, s].copy_(key_states[0, :, 0])
+                kv[1, :, s].copy_(value_states[0, :, 0])
+            else:
+                kv[0].index_copy_(1, self._step_slots_t, key_states[0])
+                kv[1].index_copy_(1, self._step_slots_t, value_states[0])
+            out = kv.index_select(2, self._view_idx[: self._vn + q])  # [2][kv_head][n][dim]
+            keys, values = out[0:1], out[1:2]
+            _tls.cache, _tls.key = self, keys
+        except BaseException as e:
+            raise self._fail(e)
+        finally:
+            self._st.kvtier_s += time.perf_counter() - t0
+        return keys, values
+
+    def _observe(self, attn_weights: torch.Tensor) -> None:
+        """The attention function's weights for the layer just updated; at the last layer,
+        end the pass: queue its APPEND and SCORE_ADD."""
+        t0 = time.perf_counter()
+        try:
+            self._weights.append(attn_weights)
+            if self._step_layer == self.num_layers - 1:
+                self._end_step()
+        except BaseException as e:
+            raise self._fail(e)
+        finally:
+            self._st.kvtier_s += time.perf_counter() - t0
+
+    def _end_step(self) -> None:
+        q, n, vn = self._q, self._n, self._vn
+        # Mean over layers and heads (summed over the pass's queries) per attended position.
+        w = torch.stack(self._weights).sum(dim=(0, 1, 2, 3), dtype=torch.float32)
+        w = (w * (1.0 / (self.num_layers * self.q_heads))).numpy()
+        self._weights = []
+        pos = self._view_pos[: vn + q]
+        first = int(pos[0])
+        length = n + q - first
+        seq_id = self._seq.id
+
+        e, off = self._queue(4 * q)
+        self._arena_u32[off // 4: off // 4 + q] = self._step_slots
+        e.opcode = _abi.OP_APPEND
+        e.op_flags = _abi.APPEND_F_T0
+        e.seq = seq_id
+        e.user_data = _UD_APPEND | (n + q)  # and the n kvtierd answers
+        e.arena_off = off
+        e.arena_len = 4 * q
+        e.count = q
+
+        e, off = self._queue(4 * length)
+        dense = self._arena_f32[off // 4: off // 4 + length]
+        if length == vn + q:  # no holes: the view is every position from first on
+            dense[:] = w
+        else:
+            dense[:] = 0.0
+            dense[pos - first] = w
+        e.opcode = _abi.OP_SCORE_ADD
+        e.seq = seq_id
+        e.user_data = _UD_SCORE | (n + q)
+        e.arena_off = off
+        e.arena_len = 4 * length
+        e.count = length
+        e.arg0 = first
+
+        self._n = n + q
+        self._vn = vn + q
+        self._step_layer = -1
+        st = self._st
+        st.steps += 1
+        st.appends += 1
+        st.score_adds += 1
+
+    # ---- transformers' Cache surface ----------------------------------------------------
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Positions so far, evicted ones included (the next token's position)."""
+        return self._n
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        return self._vn + query_length, 0
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1
+
+    @property
+    def is_initialized(self) -> bool:  # type: ignore[override]
+        return self._seq is not None
+
+    @property
+    def batch_size(self) -> int:  # type: ignore[override]
+        return 1
+
+    def reset(self) -> None:
+        raise NotImplementedError("KvtierCache holds one sequence: create a new cache")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("KvtierCache cannot crop: kvtierd's positions only grow")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise NotImplementedError("KvtierCache holds one sequence: no beam search")
+
+    # ---- results and lifetime -----------------------------------------------------------
+
+    def stats(self) -> KvtierStats:
+        """Tier counts, evicted ratio and bytes moved (kvtierd's SEQ_STAT, after submitting
+        what is queued), with the cache's own counters."""
+        st = self._st
+        if self._seq is not None and self._seq.id is not None and self._err is None:
+            t0 = time.perf_counter()
+            self._reap()
+            s = self._seq.stat()
+            st.kvtier_s += time.perf_counter() - t0
+            st.n_tokens = s.n_tokens
+            st.tier_count = tuple(int(x) for x in s.tier_count)  # type: ignore[assignment]
+            st.evicted_ratio = s.tier_count[3] / s.n_tokens if s.n_tokens else 0.0
+            st.bytes_in, st.bytes_out, st.pool_bytes = s.bytes_in, s.bytes_out, s.pool_bytes
+        return KvtierStats(**st.__dict__)
+
+    @property
+    def seq_id(self) -> int | None:
+        """kvtierd's id of the sequence (None before the first forward pass)."""
+        return self._seq.id if self._seq is not None else None
+
+    @property
+    def session_id(self) -> int:
+        """kvtierd's id of the session, as kvtierctl shows it."""
+        return self._st.session
+
+    def close(self) -> None:
+        """Submit what is queued, close the sequence and the session. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        c, self._client = self._client, None
+        if c is None:
+            return
+        try:
+            if self._seq is not None and self._err is None:
+                self._reap()
+                self._seq.close()
+        finally:
+            self._kv = self._kv_hr = None  # views of the buffer: gone with the session
+            self._arena = self._arena_f32 = self._arena_u32 = None
+            c.close()
+
+    def __enter__(self) -> KvtierCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return (f"KvtierCache(policy={self.policy!r}, hbm_frac={self.hbm_frac}, "
+                f"evict_frac={self.evict_frac}, t2_frac={self.t2_frac}, n={self._n})")
+
+
+__all__ = ["ATTN_IMPLEMENTATION", "KvtierCache", "KvtierStats", "SUPPORTED_TRANSFORMERS",
+           "check_transformers_version", "kvtier_attention"]
