@@ -746,37 +746,28 @@ run_one(struct kvt_client *c, struct kvt_sqe *e, struct kvt_cqe *ret)
 	return cqe.res;
 }
 
+/* An SQE for a blocking op; one that uses the arena owns all of it, so nothing may be in flight. */
 static struct kvt_sqe *
-sync_sqe(struct kvt_client *c, uint8_t opcode, uint32_t seq, int uses_arena, int *ret_err)
+sync_sqe(struct kvt_client *c, int uses_arena, int *ret_err)
 {
-	struct kvt_sqe *e;
-
 	*ret_err = c->dead ? c->dead : -EBUSY;
 	if (c->dead || (uses_arena && c->inflight))
 		return NULL;
-	e = kvt_get_sqe(c);
-	if (!e)
-		return NULL;
-	e->opcode = opcode;
-	e->seq = seq;
-	return e;
+	return kvt_get_sqe(c);
 }
 
-/* A blocking op whose payload is @len bytes of @data at the start of the arena. */
+/* As sync_sqe(), with @len bytes of @data copied to the start of the arena. */
 static struct kvt_sqe *
-payload_sqe(struct kvt_client *c, uint8_t opcode, uint32_t seq, const void *data, uint64_t len,
-	    int *ret_err)
+payload_sqe(struct kvt_client *c, const void *data, uint64_t len, int *ret_err)
 {
 	struct kvt_sqe *e;
 
 	*ret_err = -E2BIG;
 	if (len > c->arena_size || len > UINT32_MAX)
 		return NULL;
-	e = sync_sqe(c, opcode, seq, 1, ret_err);
-	if (!e)
-		return NULL;
-	memcpy(c->arena, data, len);
-	e->arena_len = (uint32_t)len;
+	e = sync_sqe(c, 1, ret_err);
+	if (e)
+		memcpy(c->arena, data, len);
 	return e;
 }
 
@@ -784,9 +775,12 @@ KVT_EXPORT int
 kvt_nop(struct kvt_client *c)
 {
 	int r;
-	struct kvt_sqe *e = sync_sqe(c, KVT_OP_NOP, 0, 0, &r);
+	struct kvt_sqe *e = sync_sqe(c, 0, &r);
 
-	return e ? run_one(c, e, NULL) : r;
+	if (!e)
+		return r;
+	kvt_prep_nop(e);
+	return run_one(c, e, NULL);
 }
 
 /* A CUDA buffer registered inside an allocation is, to the daemon, the allocation from its
@@ -821,9 +815,10 @@ kvt_seq_open(struct kvt_client *c, const struct kvt_seq_params *p, uint32_t *ret
 	r = seq_params_rebase(c, &q);
 	if (r < 0)
 		return r;
-	e = payload_sqe(c, KVT_OP_SEQ_OPEN, 0, &q, sizeof(q), &r);
+	e = payload_sqe(c, &q, sizeof(q), &r);
 	if (!e)
 		return r;
+	kvt_prep_seq_open(e, 0);
 	r = run_one(c, e, NULL);
 	if (r > 0) {
 		*ret_seq = (uint32_t)r;
@@ -836,9 +831,12 @@ KVT_EXPORT int
 kvt_seq_close(struct kvt_client *c, uint32_t seq)
 {
 	int r;
-	struct kvt_sqe *e = sync_sqe(c, KVT_OP_SEQ_CLOSE, seq, 0, &r);
+	struct kvt_sqe *e = sync_sqe(c, 0, &r);
 
-	return e ? run_one(c, e, NULL) : r;
+	if (!e)
+		return r;
+	kvt_prep_seq_close(e, seq);
+	return run_one(c, e, NULL);
 }
 
 KVT_EXPORT int64_t
@@ -849,10 +847,10 @@ kvt_append(struct kvt_client *c, uint32_t seq, const void *rows, uint64_t len, u
 	struct kvt_sqe *e;
 	int r;
 
-	e = payload_sqe(c, KVT_OP_APPEND, seq, rows, len, &r);
+	e = payload_sqe(c, rows, len, &r);
 	if (!e)
 		return r;
-	e->count = ntok;
+	kvt_prep_append(e, seq, 0, (uint32_t)len, ntok);
 	r = run_one(c, e, &cqe);
 	if (r >= 0 && ret_first)
 		*ret_first = cqe.aux[0];
@@ -865,11 +863,10 @@ kvt_append_t0(struct kvt_client *c, uint32_t seq, const uint32_t *slots, uint32_
 	struct kvt_sqe *e;
 	int r;
 
-	e = payload_sqe(c, KVT_OP_APPEND, seq, slots, (uint64_t)ntok * sizeof(uint32_t), &r);
+	e = payload_sqe(c, slots, (uint64_t)ntok * sizeof(uint32_t), &r);
 	if (!e)
 		return r;
-	e->op_flags = KVT_APPEND_F_T0;
-	e->count = ntok;
+	kvt_prep_append_t0(e, seq, 0, ntok);
 	return run_one(c, e, NULL);
 }
 
@@ -879,11 +876,10 @@ kvt_score_add(struct kvt_client *c, uint32_t seq, uint64_t first, const float *v
 	struct kvt_sqe *e;
 	int r;
 
-	e = payload_sqe(c, KVT_OP_SCORE_ADD, seq, values, (uint64_t)n * sizeof(float), &r);
+	e = payload_sqe(c, values, (uint64_t)n * sizeof(float), &r);
 	if (!e)
 		return r;
-	e->count = n;
-	e->arg0 = first;
+	kvt_prep_score_add(e, seq, first, 0, n);
 	return run_one(c, e, NULL);
 }
 
@@ -893,10 +889,10 @@ kvt_seq_stat(struct kvt_client *c, uint32_t seq, struct kvt_seq_stat *ret_stat)
 	struct kvt_sqe *e = NULL;
 	int r;
 
-	e = sync_sqe(c, KVT_OP_SEQ_STAT, seq, 1, &r);
+	e = sync_sqe(c, 1, &r);
 	if (!e)
 		return r;
-	e->arena_len = sizeof(*ret_stat);
+	kvt_prep_seq_stat(e, seq, 0);
 	r = run_one(c, e, NULL);
 	if (r >= 0) {
 		memcpy(ret_stat, c->arena, sizeof(*ret_stat));
@@ -915,10 +911,10 @@ kvt_retier(struct kvt_client *c, uint32_t seq, void *out, uint64_t out_len)
 		out_len = c->arena_size;
 	if (out_len > UINT32_MAX)
 		out_len = UINT32_MAX & ~7u;
-	e = sync_sqe(c, KVT_OP_RETIER, seq, 1, &r);
+	e = sync_sqe(c, 1, &r);
 	if (!e)
 		return r;
-	e->arena_len = (uint32_t)out_len;
+	kvt_prep_retier(e, seq, 0, (uint32_t)out_len);
 	r = run_one(c, e, NULL);
 	if (r > 0)
 		memcpy(out, c->arena, (size_t)r);
@@ -937,18 +933,12 @@ kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer0, u
 		len = c->arena_size & ~3ull; /* as many positions as the arena holds */
 	if ((flags & KVT_FETCH_F_LIST) && len != (uint64_t)count * sizeof(uint32_t))
 		return -E2BIG;
-	e = sync_sqe(c, KVT_OP_FETCH, seq, 1, &r);
+	e = sync_sqe(c, 1, &r);
 	if (!e)
 		return r;
-	if (flags & KVT_FETCH_F_LIST) {
+	if (flags & KVT_FETCH_F_LIST)
 		memcpy(c->arena, pos, len);
-		e->count = count;
-	}
-	e->op_flags = (uint16_t)flags;
-	e->arena_len = (uint32_t)len;
-	e->arg0 = layer0;
-	e->arg1 = nlayers;
-	e->arg2 = stage_row;
+	kvt_prep_fetch(e, seq, flags, layer0, nlayers, stage_row, 0, (uint32_t)(len / 4));
 	r = run_one(c, e, NULL);
 	if (r > 0 && !(flags & KVT_FETCH_F_LIST))
 		memcpy(pos, c->arena, (size_t)r * sizeof(uint32_t));
@@ -965,16 +955,11 @@ kvt_topk(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigne
 
 	if (out_off > c->arena_size || out_len > c->arena_size - out_off || out_len > UINT32_MAX)
 		return -E2BIG;
-	e = sync_sqe(c, KVT_OP_TOPK, seq, 1, &r);
+	e = sync_sqe(c, 1, &r);
 	if (!e)
 		return r;
 	memcpy(c->arena, query, qbytes);
-	e->op_flags = (uint16_t)flags;
-	e->arena_len = (uint32_t)qbytes;
-	e->count = k;
-	e->arg0 = layer;
-	e->arg1 = out_off;
-	e->arg2 = (uint32_t)out_len;
+	kvt_prep_topk(e, seq, layer, k, flags, 0, q_len, out_off, (uint32_t)out_len);
 	r = run_one(c, e, NULL);
 	if (r > 0)
 		memcpy(out, c->arena + out_off, out_len);

@@ -1,11 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * ops.c - the data-path handlers. The SQE is a private copy, but the arena is still shared: a
- * payload that steers control flow (sequence parameters, slot lists) is copied before it is
- * checked; bulk data (rows, scores) is read once and its content cannot hurt the daemon.
+ * ops.c - the data path: one handler per opcode and one table row (kvtd_op_defs) naming the
+ * SQE fields, flags and sequence it needs; kvtd_op_run() checks those for every opcode alike.
+ * To add an opcode: its number and payload in proto/kvt_abi.h, a kvt_prep_*() in kvtier.h,
+ * one row and one handler here.
+ *
+ * The SQE is a private copy, but the arena is still shared: a payload that steers control flow
+ * (sequence parameters, slot lists) is copied before it is checked; bulk data (rows, scores) is
+ * read once and its content cannot hurt the daemon.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kvtd.h"
@@ -22,28 +28,19 @@ arena_range(struct kvtd_session *s, uint64_t off, uint64_t len, unsigned align)
 	return s->arena + off;
 }
 
-/* Fields an opcode does not use must be zero (so they can be given meaning later). */
 static int
-unused_zero(const struct kvt_sqe *e, int arena, int count, int args, int buf)
+op_nop(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
 {
-	if (!arena && (e->arena_off || e->arena_len))
-		return 0;
-	if (!count && e->count)
-		return 0;
-	if (!args && (e->arg0 || e->arg1 || e->arg2))
-		return 0;
-	if (!buf && e->buf_id)
-		return 0;
-	return 1;
+	return 0;
 }
 
 static int
-op_seq_open(struct kvtd_session *s, const struct kvt_sqe *e)
+op_seq_open(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
 {
 	struct kvt_seq_params p;
 	const void *src;
 
-	if (e->seq || e->op_flags || !unused_zero(e, 1, 0, 0, 0) || e->arena_len < sizeof(p))
+	if (e->arena_len < sizeof(p))
 		return -EINVAL;
 	src = arena_range(s, e->arena_off, e->arena_len, 8);
 	if (!src)
@@ -59,24 +56,24 @@ op_append(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, s
 	const void *src;
 	int64_t r;
 
-	if (!e->count || (e->op_flags & ~KVT_APPEND_F_T0) || !unused_zero(e, 1, 1, 0, 0))
+	if (!e->ntok)
 		return -EINVAL;
 	if (e->op_flags & KVT_APPEND_F_T0) {
-		len = (uint64_t)e->count * sizeof(uint32_t);
+		len = (uint64_t)e->ntok * sizeof(uint32_t);
 		if (e->arena_len != len)
 			return -EINVAL;
 		src = arena_range(s, e->arena_off, len, 4);
 		if (!src)
 			return -EINVAL;
-		r = kvtd_seq_append_t0(s, q, src, e->count);
+		r = kvtd_seq_append_t0(s, q, src, e->ntok);
 	} else {
-		len = (uint64_t)e->count * q->token_bytes;
+		len = (uint64_t)e->ntok * q->token_bytes;
 		if (e->arena_len != len)
 			return -EINVAL;
 		src = arena_range(s, e->arena_off, len, 1);
 		if (!src)
 			return -EINVAL;
-		r = kvtd_seq_append_rows(s, q, src, e->count);
+		r = kvtd_seq_append_rows(s, q, src, e->ntok);
 	}
 	if (r < 0)
 		return (int)r;
@@ -85,18 +82,16 @@ op_append(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, s
 }
 
 static int
-op_score_add(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q)
+op_score_add(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
 {
 	const float *v;
 
-	if (e->op_flags || !e->count || e->arg1 || e->arg2 || e->buf_id)
-		return -EINVAL;
-	if (e->arena_len != (uint64_t)e->count * sizeof(float))
+	if (!e->npos || e->arena_len != (uint64_t)e->npos * sizeof(float))
 		return -EINVAL;
 	v = arena_range(s, e->arena_off, e->arena_len, 4);
 	if (!v)
 		return -EINVAL;
-	return kvtd_seq_score_add(q, e->arg0, e->count, v);
+	return kvtd_seq_score_add(q, e->first_pos, e->npos, v);
 }
 
 static int
@@ -106,8 +101,6 @@ op_retier(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, s
 	void *out;
 	int r;
 
-	if (e->op_flags || !unused_zero(e, 1, 0, 0, 0))
-		return -EINVAL;
 	out = arena_range(s, e->arena_off, e->arena_len, 8);
 	if (!out)
 		return -EINVAL;
@@ -117,20 +110,19 @@ op_retier(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, s
 }
 
 static int
-op_fetch(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q)
+op_fetch(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
 {
 	void *list;
 
-	if (e->buf_id || e->arg0 > UINT32_MAX || e->arg1 > UINT32_MAX || (e->arena_len & 3))
+	if (e->layer0 > UINT32_MAX || e->nlayers > UINT32_MAX || (e->arena_len & 3))
 		return -EINVAL;
-	if ((e->op_flags & KVT_FETCH_F_LIST) ? e->arena_len != (uint64_t)e->count * 4
-					     : e->count != 0)
+	if ((e->op_flags & KVT_FETCH_F_LIST) ? e->arena_len != (uint64_t)e->npos * 4 : e->npos != 0)
 		return -EINVAL;
 	list = arena_range(s, e->arena_off, e->arena_len, 4);
 	if (!list)
 		return -EINVAL;
-	return kvtd_seq_fetch(s, q, e->op_flags, (uint32_t)e->arg0, (uint32_t)e->arg1, e->arg2,
-			      list, e->arena_len / 4, e->count);
+	return kvtd_seq_fetch(s, q, e->op_flags, (uint32_t)e->layer0, (uint32_t)e->nlayers,
+			      e->stage_row, list, e->arena_len / 4, e->npos);
 }
 
 static int
@@ -141,25 +133,31 @@ op_topk(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, str
 	uint64_t n = 0;
 	int r;
 
-	if (e->buf_id || e->arg0 > UINT32_MAX || (e->arena_len & 3))
+	if (e->layer > UINT32_MAX || (e->arena_len & 3))
 		return -EINVAL;
 	query = arena_range(s, e->arena_off, e->arena_len, 4);
-	out = arena_range(s, e->arg1, e->arg2, 8);
+	out = arena_range(s, e->out_off, e->out_len, 8);
 	if (!query || !out)
 		return -EINVAL;
-	r = kvtd_seq_topk(s, q, (uint32_t)e->arg0, e->count, e->op_flags, query, e->arena_len / 4,
-			  out, e->arg2, &n);
+	r = kvtd_seq_topk(s, q, (uint32_t)e->layer, e->k, e->op_flags, query, e->arena_len / 4, out,
+			  e->out_len, &n);
 	c->aux[0] = n;
 	return r;
 }
 
 static int
-op_seq_stat(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q)
+op_seq_close(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
+{
+	return kvtd_seq_close(s, q->id);
+}
+
+static int
+op_seq_stat(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
 {
 	struct kvt_seq_stat st;
 	void *dst;
 
-	if (e->op_flags || !unused_zero(e, 1, 0, 0, 0) || e->arena_len < sizeof(st))
+	if (e->arena_len < sizeof(st))
 		return -EINVAL;
 	dst = arena_range(s, e->arena_off, sizeof(st), 8);
 	if (!dst)
@@ -178,72 +176,98 @@ op_seq_stat(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q)
 	return sizeof(st);
 }
 
+/* SQE fields an opcode reads (struct kvtd_op_def.fields); every other one must be zero. */
+enum {
+	F_ARENA = 1 << 0, /* arena_off, arena_len */
+	F_COUNT = 1 << 1,
+	F_ARG0 = 1 << 2,
+	F_ARG1 = 1 << 3,
+	F_ARG2 = 1 << 4,
+	F_BUF = 1 << 5,
+};
+
+/*
+ * struct kvtd_op_def - everything the dispatcher checks before an opcode's handler runs.
+ * @fields: F_* the opcode reads; the others must be zero, so they can take a meaning later.
+ * @op_flags: the KVT_<OP>_F_* bits it accepts.
+ * @needs_seq: it names an open sequence (out of range: -EINVAL, not open: -ENOENT); if not,
+ *	seq must be 0 and the handler gets q == NULL.
+ * @run: validates what only the opcode knows (lengths, ranges) and acts. Returns the CQE res;
+ *	may set c->aux.
+ */
+struct kvtd_op_def {
+	const char *name;
+	uint8_t fields;
+	uint16_t op_flags;
+	bool needs_seq;
+	int (*run)(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q,
+		   struct kvt_cqe *c);
+};
+
+static const struct kvtd_op_def kvtd_op_defs[] = {
+    [KVT_OP_NOP] = {"nop", 0, 0, false, op_nop},
+    [KVT_OP_SEQ_OPEN] = {"seq_open", F_ARENA, 0, false, op_seq_open},
+    [KVT_OP_SEQ_CLOSE] = {"seq_close", 0, 0, true, op_seq_close},
+    [KVT_OP_APPEND] = {"append", F_ARENA | F_COUNT, KVT_APPEND_F_T0, true, op_append},
+    [KVT_OP_SCORE_ADD] = {"score_add", F_ARENA | F_COUNT | F_ARG0, 0, true, op_score_add},
+    [KVT_OP_RETIER] = {"retier", F_ARENA, 0, true, op_retier},
+    [KVT_OP_FETCH] = {"fetch", F_ARENA | F_COUNT | F_ARG0 | F_ARG1 | F_ARG2,
+		      KVT_FETCH_F_T1 | KVT_FETCH_F_T2 | KVT_FETCH_F_LIST, true, op_fetch},
+    [KVT_OP_TOPK] = {"topk", F_ARENA | F_COUNT | F_ARG0 | F_ARG1 | F_ARG2,
+		     KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH | KVT_TOPK_F_ESTIMATE, true, op_topk},
+    [KVT_OP_SEQ_STAT] = {"seq_stat", F_ARENA, 0, true, op_seq_stat},
+};
+_Static_assert(sizeof(kvtd_op_defs) / sizeof(kvtd_op_defs[0]) == KVT_OP__COUNT,
+	       "one kvtd_op_defs row per opcode");
+
+const char *
+kvtd_op_name(unsigned opcode)
+{
+	return opcode < KVT_OP__COUNT && kvtd_op_defs[opcode].name ? kvtd_op_defs[opcode].name
+								   : "unknown";
+}
+
+/* Fields outside @fields are zero. */
+static bool
+unused_zero(const struct kvt_sqe *e, unsigned fields)
+{
+	if (!(fields & F_ARENA) && (e->arena_off || e->arena_len))
+		return false;
+	if (!(fields & F_COUNT) && e->count)
+		return false;
+	if ((!(fields & F_ARG0) && e->arg0) || (!(fields & F_ARG1) && e->arg1) ||
+	    (!(fields & F_ARG2) && e->arg2))
+		return false;
+	return (fields & F_BUF) || !e->buf_id;
+}
+
 void
 kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 {
+	const struct kvtd_op_def *def;
 	struct kvtd_seq *q = NULL;
-	int r;
+	int r = -EINVAL;
 
 	c->res = 0;
 	c->aux[0] = c->aux[1] = 0;
-	if (e->flags & ~KVT_SQE_F_ALL || e->reserved) {
-		r = -EINVAL;
+	if (e->flags & ~KVT_SQE_F_ALL || e->reserved || e->opcode >= KVT_OP__COUNT)
+		goto out;
+	def = &kvtd_op_defs[e->opcode];
+	if (def->needs_seq) {
+		/* Out of range is -EINVAL; a valid id with no open sequence behind it, -ENOENT. */
+		if (!e->seq || e->seq > s->max_seqs)
+			goto out;
+		q = kvtd_seq_get(s, e->seq);
+		if (!q) {
+			r = -ENOENT;
+			goto out;
+		}
+	} else if (e->seq) {
 		goto out;
 	}
-	switch (e->opcode) {
-	case KVT_OP_NOP:
-		r = (e->seq || e->op_flags || !unused_zero(e, 0, 0, 0, 0)) ? -EINVAL : 0;
+	if ((e->op_flags & ~def->op_flags) || !unused_zero(e, def->fields))
 		goto out;
-	case KVT_OP_SEQ_OPEN:
-		r = op_seq_open(s, e);
-		goto out;
-	case KVT_OP_SEQ_CLOSE:
-	case KVT_OP_APPEND:
-	case KVT_OP_SCORE_ADD:
-	case KVT_OP_RETIER:
-	case KVT_OP_FETCH:
-	case KVT_OP_TOPK:
-	case KVT_OP_SEQ_STAT:
-		break;
-	default:
-		r = -EINVAL;
-		goto out;
-	}
-	/* Every remaining opcode names an open sequence. Out of range is -EINVAL; a valid id with
-	 * no open sequence behind it is -ENOENT. */
-	if (!e->seq || e->seq > s->max_seqs) {
-		r = -EINVAL;
-		goto out;
-	}
-	q = kvtd_seq_get(s, e->seq);
-	if (!q) {
-		r = -ENOENT;
-		goto out;
-	}
-	switch (e->opcode) {
-	case KVT_OP_SEQ_CLOSE:
-		r = (e->op_flags || !unused_zero(e, 0, 0, 0, 0)) ? -EINVAL
-								 : kvtd_seq_close(s, e->seq);
-		break;
-	case KVT_OP_APPEND:
-		r = op_append(s, e, q, c);
-		break;
-	case KVT_OP_SCORE_ADD:
-		r = op_score_add(s, e, q);
-		break;
-	case KVT_OP_RETIER:
-		r = op_retier(s, e, q, c);
-		break;
-	case KVT_OP_FETCH:
-		r = op_fetch(s, e, q);
-		break;
-	case KVT_OP_TOPK:
-		r = op_topk(s, e, q, c);
-		break;
-	default: /* KVT_OP_SEQ_STAT */
-		r = op_seq_stat(s, e, q);
-		break;
-	}
+	r = def->run(s, e, q, c);
 out:
 	c->res = r;
 	/* Per-session counters only: the hot path touches no shared cache line. The daemon

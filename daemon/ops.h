@@ -16,4 +16,7 @@ struct kvtd_session;
  */
 void kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *sqe, struct kvt_cqe *cqe);
 
+/* The opcode's name for logs and metrics ("unknown" outside the table). */
+const char *kvtd_op_name(unsigned opcode);
+
 #endif

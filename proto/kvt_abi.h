@@ -104,7 +104,10 @@ enum {
  * struct kvt_sqe - one submission, 64 bytes.
  *
  * @seq names a sequence opened by this session (the CQE of SEQ_OPEN gives it). Arena payloads are
- * named by (arena_off, arena_len). Every field not used by an opcode must be zero.
+ * named by (arena_off, arena_len). The per-opcode fields have a name for each opcode that uses
+ * them (anonymous unions, as in io_uring's SQE) and a generic one (count, arg0..arg2) for code
+ * that treats every opcode alike; libkvtier's kvt_prep_*() helpers fill them. Every field not
+ * used by an opcode must be zero.
  *
  * @stamp makes an entry self-announcing: the producer fills the entry, then stores
  * stamp = (its free-running ring index) + 1 with release semantics, then advances prod_tail. A
@@ -118,17 +121,46 @@ struct kvt_sqe {
 	uint16_t op_flags;  /* per-opcode flags, KVT_<OP>_F_* */
 	uint32_t seq;	    /* sequence id, or 0 where unused */
 	uint64_t user_data; /* returned untouched in the CQE */
-	uint64_t arena_off; /* payload in the arena */
+	uint64_t arena_off; /* payload in the arena (input or output, per opcode) */
 	uint32_t arena_len;
-	uint32_t count;	   /* tokens / positions / rows, per opcode */
-	uint64_t arg0;	   /* per opcode */
-	uint64_t arg1;	   /* per opcode */
-	uint32_t arg2;	   /* per opcode */
-	uint32_t buf_id;   /* registered device buffer, per opcode */
+	union {
+		uint32_t count; /* generic name */
+		uint32_t ntok;	/* APPEND: tokens appended */
+		uint32_t npos;	/* SCORE_ADD: values; FETCH with KVT_FETCH_F_LIST: positions */
+		uint32_t k;	/* TOPK: results per kv head (per query head with F_UNION) */
+	};
+	union {
+		uint64_t arg0;	    /* generic name */
+		uint64_t first_pos; /* SCORE_ADD: position of the first value */
+		uint64_t layer0;    /* FETCH: first layer staged */
+		uint64_t layer;	    /* TOPK: the layer searched */
+	};
+	union {
+		uint64_t arg1;	  /* generic name */
+		uint64_t nlayers; /* FETCH: layers staged */
+		uint64_t out_off; /* TOPK: arena offset of the output, 8-byte aligned */
+	};
+	union {
+		uint32_t arg2;	    /* generic name */
+		uint32_t stage_row; /* FETCH: first staging row written */
+		uint32_t out_len;   /* TOPK: output length in bytes */
+	};
+	uint32_t buf_id;   /* registered device buffer, per opcode (none uses it yet) */
 	uint32_t stamp;	   /* ring index + 1, stored last (release) by the producer */
 	uint32_t reserved; /* zero */
 };
 KVT_STATIC_ASSERT(sizeof(struct kvt_sqe) == 64, "kvt_sqe ABI");
+KVT_STATIC_ASSERT(offsetof(struct kvt_sqe, arena_off) == 16, "kvt_sqe arena_off");
+KVT_STATIC_ASSERT(offsetof(struct kvt_sqe, count) == 28 && offsetof(struct kvt_sqe, k) == 28,
+		  "kvt_sqe count");
+KVT_STATIC_ASSERT(offsetof(struct kvt_sqe, arg0) == 32 && offsetof(struct kvt_sqe, layer) == 32,
+		  "kvt_sqe arg0");
+KVT_STATIC_ASSERT(offsetof(struct kvt_sqe, arg1) == 40 && offsetof(struct kvt_sqe, out_off) == 40,
+		  "kvt_sqe arg1");
+KVT_STATIC_ASSERT(offsetof(struct kvt_sqe, arg2) == 48 && offsetof(struct kvt_sqe, out_len) == 48,
+		  "kvt_sqe arg2");
+KVT_STATIC_ASSERT(offsetof(struct kvt_sqe, buf_id) == 52, "kvt_sqe buf_id");
+KVT_STATIC_ASSERT(offsetof(struct kvt_sqe, stamp) == 56, "kvt_sqe stamp");
 
 /*
  * struct kvt_cqe - one completion, 32 bytes. @res is >= 0 on success (meaning per opcode) or a
@@ -216,17 +248,17 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_seq_params) == 160, "kvt_seq_params ABI");
 #define KVT_T2_KEY_BLOCK     32
 
 /*
- * APPEND: @count tokens are appended at positions n..n+count-1.
+ * APPEND: @ntok tokens are appended at positions n..n+ntok-1.
  *   op_flags 0: rows come from the arena, layout [token][layer][K,V][head][dim], arena_len must be
- *               exactly count * token_bytes.
- *   KVT_APPEND_F_T0: rows come from the sequence's T0 region; the arena holds count u32 slot ids.
+ *               exactly ntok * token_bytes.
+ *   KVT_APPEND_F_T0: rows come from the sequence's T0 region; the arena holds ntok u32 slot ids.
  * CQE res: the new n.  aux[0]: first position appended.
  */
 #define KVT_APPEND_F_T0 (1u << 0)
 
 /*
- * SCORE_ADD: the arena holds @count f32 values; score[arg0 + i] += value[i]. arg0 + count must not
- * pass n. CQE res: 0.
+ * SCORE_ADD: the arena holds @npos f32 values; score[first_pos + i] += value[i]. first_pos + npos
+ * must not pass n. CQE res: 0.
  */
 
 /*
@@ -237,6 +269,7 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_seq_params) == 160, "kvt_seq_params ABI");
  * then n_changes struct kvt_slot_change (demotions first), then n_free u32 slot ids, the free
  * slots the client writes its next tokens into. CQE res: bytes written; aux[0]: n_changes.
  * Errors: -ENOMEM / -EDQUOT (no pool room for int8 rows: nothing changed).
+ * KVT_RETIER_OUT_SIZE(t0_slots) bytes always hold the output.
  */
 struct kvt_slot_change {
 	uint32_t slot;
@@ -256,12 +289,20 @@ struct kvt_retier_result {
 KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI");
 
 /*
- * FETCH: stage rows of layers [arg0, arg0 + arg1) into the staging region, starting at staging
- * row arg2: row i of layer l, K or V, lands at stage_base_off + l * stage_layer_stride +
- * kv * stage_kv_stride + (arg2 + i) * stage_slot_stride.
+ * Bytes that always hold a RETIER output. With d demotions, p promotions and f free slots
+ * before, the output is 8 (d + p) + 4 (f + d - p) bytes past the header; p <= f + d and
+ * d <= t0_slots - f make the worst case every slot demoted and refilled: 16 bytes a slot.
+ */
+#define KVT_RETIER_OUT_SIZE(t0_slots)                                                              \
+	(sizeof(struct kvt_retier_result) + (uint64_t)(t0_slots)*2 * sizeof(struct kvt_slot_change))
+
+/*
+ * FETCH: stage rows of layers [layer0, layer0 + nlayers) into the staging region, starting at
+ * staging row stage_row: row i of layer l, K or V, lands at stage_base_off + l *
+ * stage_layer_stride + kv * stage_kv_stride + (stage_row + i) * stage_slot_stride.
  *   KVT_FETCH_F_T1 and/or KVT_FETCH_F_T2: every T1 and/or T2 position, ascending (T2 rows
  *     dequantized); their positions are written to the arena (u32 each).
- *   KVT_FETCH_F_LIST: the @count positions the arena holds, in that order (any live tier).
+ *   KVT_FETCH_F_LIST: the @npos positions the arena holds, in that order (any live tier).
  * CQE res: rows staged per (layer, K|V). Errors: -ENOSPC (staging region or arena too small:
  * nothing staged), -EINVAL (no staging region, layers out of range, a position >= n),
  * -ENOENT (a listed position was evicted).
@@ -274,8 +315,9 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
  * TOPK: the positions most likely to matter to a query, per kv head (ParisKV retrieval over the
  * keys that left the dense window). Needs ret_update > 0 and head_dim 64 or 128.
  *   arena_off, arena_len: the query, q_heads * head_dim f32 (post-RoPE), 4-byte aligned.
- *   arg0: layer.  count: k per kv head (per query head with KVT_TOPK_F_UNION).
- *   arg1: arena offset of the output (8-byte aligned), arg2: its length in bytes:
+ *   layer: the layer.  k: results per kv head (per query head with KVT_TOPK_F_UNION).
+ *   out_off: arena offset of the output (8-byte aligned), out_len: its length in bytes,
+ *   KVT_TOPK_OUT_SIZE(kv_heads, stride):
  *     u32 n[kv_heads], then u32 pos[kv_heads][stride], then f32 score[kv_heads][stride],
  *     stride = k, or k * q_heads / kv_heads with KVT_TOPK_F_UNION; positions absolute,
  *     in descending score; n[h] <= stride, fewer when positions evicted since they were
@@ -295,6 +337,10 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
 #define KVT_TOPK_F_UNION    (1u << 0)
 #define KVT_TOPK_F_FETCH    (1u << 1)
 #define KVT_TOPK_F_ESTIMATE (1u << 2)
+
+/* TOPK output bytes: n[kv_heads], pos[kv_heads][stride], score[kv_heads][stride]. */
+#define KVT_TOPK_OUT_SIZE(kv_heads, stride)                                                        \
+	((uint64_t)(kv_heads)*4 + (uint64_t)(kv_heads) * (stride)*8)
 
 /*
  * struct kvt_seq_stat - SEQ_STAT output, written to the arena at arena_off (arena_len >= size).

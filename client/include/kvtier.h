@@ -194,6 +194,115 @@ int kvt_wait_cqe(struct kvt_client *c, struct kvt_cqe *ret_cqe);
 /* Operations submitted and not yet reaped. */
 unsigned kvt_inflight(const struct kvt_client *c);
 
+/* ---- prep helpers: one per opcode ------------------------------------------------------ */
+/*
+ * Each fills every field of an SQE from kvt_get_sqe() for one opcode except user_data (the
+ * caller's) and stamp (kvt_submit()'s), as liburing's io_uring_prep_*() do; payloads live in
+ * the arena (kvt_arena()) at offsets the caller manages. Field meanings and errors: kvt_abi.h.
+ * The blocking wrappers below are these plus kvt_submit() and a wait for the one CQE.
+ */
+static inline void
+kvt_prep_rw(struct kvt_sqe *e, uint8_t opcode, uint32_t seq, unsigned op_flags, uint64_t arena_off,
+	    uint32_t arena_len, uint32_t count, uint64_t arg0, uint64_t arg1, uint32_t arg2)
+{
+	e->opcode = opcode;
+	e->flags = 0;
+	e->op_flags = (uint16_t)op_flags;
+	e->seq = seq;
+	e->arena_off = arena_off;
+	e->arena_len = arena_len;
+	e->count = count;
+	e->arg0 = arg0;
+	e->arg1 = arg1;
+	e->arg2 = arg2;
+	e->buf_id = 0;
+	e->reserved = 0;
+}
+
+static inline void
+kvt_prep_nop(struct kvt_sqe *e)
+{
+	kvt_prep_rw(e, KVT_OP_NOP, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+
+/* @params_off: a struct kvt_seq_params in the arena. CQE res: the sequence id. */
+static inline void
+kvt_prep_seq_open(struct kvt_sqe *e, uint64_t params_off)
+{
+	kvt_prep_rw(e, KVT_OP_SEQ_OPEN, 0, 0, params_off, sizeof(struct kvt_seq_params), 0, 0, 0,
+		    0);
+}
+
+static inline void
+kvt_prep_seq_close(struct kvt_sqe *e, uint32_t seq)
+{
+	kvt_prep_rw(e, KVT_OP_SEQ_CLOSE, seq, 0, 0, 0, 0, 0, 0, 0);
+}
+
+/* @ntok tokens' rows, @rows_len bytes at @rows_off. CQE res: new n; aux[0]: first position. */
+static inline void
+kvt_prep_append(struct kvt_sqe *e, uint32_t seq, uint64_t rows_off, uint32_t rows_len,
+		uint32_t ntok)
+{
+	kvt_prep_rw(e, KVT_OP_APPEND, seq, 0, rows_off, rows_len, ntok, 0, 0, 0);
+}
+
+/* @ntok tokens the client wrote into T0 slots, whose u32 ids are at @slots_off. */
+static inline void
+kvt_prep_append_t0(struct kvt_sqe *e, uint32_t seq, uint64_t slots_off, uint32_t ntok)
+{
+	kvt_prep_rw(e, KVT_OP_APPEND, seq, KVT_APPEND_F_T0, slots_off,
+		    ntok * (uint32_t)sizeof(uint32_t), ntok, 0, 0, 0);
+}
+
+/* score[first_pos + i] += values[i], @n f32 values at @values_off. */
+static inline void
+kvt_prep_score_add(struct kvt_sqe *e, uint32_t seq, uint64_t first_pos, uint64_t values_off,
+		   uint32_t n)
+{
+	kvt_prep_rw(e, KVT_OP_SCORE_ADD, seq, 0, values_off, n * (uint32_t)sizeof(float), n,
+		    first_pos, 0, 0);
+}
+
+/* struct kvt_seq_stat written at @out_off. */
+static inline void
+kvt_prep_seq_stat(struct kvt_sqe *e, uint32_t seq, uint64_t out_off)
+{
+	kvt_prep_rw(e, KVT_OP_SEQ_STAT, seq, 0, out_off, sizeof(struct kvt_seq_stat), 0, 0, 0, 0);
+}
+
+/* Output at @out_off, @out_len bytes (KVT_RETIER_OUT_SIZE(t0_slots) always suffices). */
+static inline void
+kvt_prep_retier(struct kvt_sqe *e, uint32_t seq, uint64_t out_off, uint32_t out_len)
+{
+	kvt_prep_rw(e, KVT_OP_RETIER, seq, 0, out_off, out_len, 0, 0, 0, 0);
+}
+
+/*
+ * Stage layers [@layer0, @layer0 + @nlayers) from staging row @stage_row. @pos_off: u32
+ * positions in the arena, @npos of them: the list to stage with KVT_FETCH_F_LIST, else room
+ * for the staged positions the daemon writes there.
+ */
+static inline void
+kvt_prep_fetch(struct kvt_sqe *e, uint32_t seq, unsigned flags, uint32_t layer0, uint32_t nlayers,
+	       uint32_t stage_row, uint64_t pos_off, uint32_t npos)
+{
+	kvt_prep_rw(e, KVT_OP_FETCH, seq, flags, pos_off, npos * (uint32_t)sizeof(uint32_t),
+		    (flags & KVT_FETCH_F_LIST) ? npos : 0, layer0, nlayers, stage_row);
+}
+
+/*
+ * Top-@k of layer @layer for the query of @q_len f32 at @query_off; output at @out_off (8-byte
+ * aligned), @out_len bytes (KVT_TOPK_OUT_SIZE(kv_heads, stride)).
+ */
+static inline void
+kvt_prep_topk(struct kvt_sqe *e, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
+	      uint64_t query_off, uint32_t q_len, uint64_t out_off, uint32_t out_len)
+{
+	kvt_prep_rw(e, KVT_OP_TOPK, seq, flags, query_off, q_len * (uint32_t)sizeof(float), k,
+		    layer, out_off, out_len);
+}
+
 /* ---- blocking wrappers ------------------------------------------------------------------ */
 /*
  * Each submits one operation and waits for it, keeping any other completion for a later
@@ -230,7 +339,7 @@ int kvt_seq_stat(struct kvt_client *c, uint32_t seq, struct kvt_seq_stat *ret_st
 /*
  * kvt_retier() - re-tier the sequence (docs/tiering.md). @out receives struct
  * kvt_retier_result, then its n_changes struct kvt_slot_change, then n_free u32 free slots
- * (see kvt_abi.h); @out_len must hold them (t0_slots * 12 + 72 always does).
+ * (see kvt_abi.h); @out_len must hold them (KVT_RETIER_OUT_SIZE(t0_slots) always does).
  * Returns the bytes written, -ENOSPC (@out too small: nothing changed), -ENOMEM/-EDQUOT (no pool
  * room for int8 rows: nothing changed), or the errors above.
  */
