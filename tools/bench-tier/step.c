@@ -131,7 +131,7 @@ bench_step(uint32_t n0, uint32_t steps, struct step_result *ret)
 	r = kvt_seq_open(S.c, &p, &S.seq);
 	if (r < 0)
 		goto out_client;
-	S.rbuf_len = sizeof(struct kvt_retier_result) + 12ull * S.t0_slots;
+	S.rbuf_len = KVT_RETIER_OUT_SIZE(S.t0_slots);
 	S.rbuf = malloc(S.rbuf_len);
 	S.free_slots = malloc(sizeof(uint32_t) * S.t0_slots);
 	S.pos = malloc(sizeof(uint32_t) * (n0 + steps));

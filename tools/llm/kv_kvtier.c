@@ -536,7 +536,7 @@ kv_kvtier_create(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
 	kk->row = (uint32_t)row;
 	kk->t0_slots = t0_slots_for(o);
 	kk->stage_slots = o->max_tokens;
-	kk->rbuf_len = sizeof(struct kvt_retier_result) + 12ull * kk->t0_slots;
+	kk->rbuf_len = KVT_RETIER_OUT_SIZE(kk->t0_slots);
 	kk->slot_pos = malloc(sizeof(*kk->slot_pos) * kk->t0_slots);
 	kk->free_slots = malloc(sizeof(*kk->free_slots) * kk->t0_slots);
 	kk->rbuf = malloc(kk->rbuf_len);

@@ -277,7 +277,7 @@ run_config(const struct sim_opts *o, const struct sim_cfg *cf, struct kvt_client
 	r = kvt_seq_open(c, &p, &R.seq);
 	if (r < 0)
 		return r;
-	R.rbuf_len = sizeof(struct kvt_retier_result) + 12ull * R.t0_slots;
+	R.rbuf_len = KVT_RETIER_OUT_SIZE(R.t0_slots);
 	R.rbuf = malloc(R.rbuf_len);
 	R.slot_pos = malloc(sizeof(int32_t) * R.t0_slots);
 	R.free_slots = malloc(sizeof(uint32_t) * R.t0_slots);

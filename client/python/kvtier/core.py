@@ -427,10 +427,11 @@ class Sequence:
         )
 
     def retier(self, out_len: int | None = None) -> RetierResult:
-        """RETIER (docs/tiering.md). @out_len bounds the answer (default t0_slots * 12 + 72,
-        always enough); KvtierError(ENOSPC) when it is too small, nothing changed then."""
+        """RETIER (docs/tiering.md). @out_len bounds the answer (default KVT_RETIER_OUT_SIZE,
+        72 + 16 * t0_slots, always enough); KvtierError(ENOSPC) when it is too small, nothing
+        changed then."""
         c, s = self._ids("kvt_retier")
-        n = self.params.t0_slots * 12 + 72 if out_len is None else int(out_len)
+        n = 72 + 16 * self.params.t0_slots if out_len is None else int(out_len)
         buf = self._retier_buf
         if buf is None or len(buf) < n:
             buf = self._retier_buf = np.empty(max(n, 72), dtype=np.uint8)
