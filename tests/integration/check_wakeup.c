@@ -11,21 +11,32 @@
  *    gap drawn around the poller's spin time;
  *  - several threads, each with its own client (a struct kvt_client is used by one thread at a
  *    time, kvtier.h), on two pollers, batches of mixed ops with idle gaps: every CQE carries a
- *    user_data that is in flight and the res that op must give.
+ *    user_data that is in flight and the res that op must give;
+ *  - a client preempted between stamping its entries and publishing the tail (kvt_submit()
+ *    does both, in that order): the poller consumes the entries by their stamps, then finds the
+ *    tail behind its head on its way to sleep; that is a submit in progress, not a corrupt
+ *    ring, and the session must live on (a raw client holds the tail back on purpose).
  */
 #define _GNU_SOURCE
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
+#include "kvt_ctl.h"
+#include "kvt_ring.h"
 #include "kvtier.h"
 
 #define DEADLINE_S 5
@@ -208,6 +219,135 @@ START_TEST(t_submit_races_sleep)
 	/* the gaps did straddle the threshold */
 	ck_assert_uint_gt(slept, 1000);
 	kvt_disconnect(c);
+}
+END_TEST
+
+/* ---- a tail published after the poller took the stamped entries ------------------------- */
+
+struct raw {
+	int sock, sq_efd;
+	uint8_t *region;
+	uint64_t size;
+	struct kvt_ring_hdr *sq, *cq;
+	struct kvt_sqe *sqes;
+	struct kvt_cqe *cqes;
+	uint32_t sq_entries, cq_entries;
+};
+
+static void
+raw_connect(struct raw *r)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct kvt_ctl_hello h = {.hdr = {.type = KVT_CTL_HELLO, .len = sizeof(h), .id = 1}};
+	struct kvt_ctl_welcome w;
+	union {
+		char b[CMSG_SPACE(3 * sizeof(int))];
+		struct cmsghdr align;
+	} ctl;
+	struct iovec iov = {&w, sizeof(w)};
+	struct msghdr mh = {.msg_iov = &iov,
+			    .msg_iovlen = 1,
+			    .msg_control = ctl.b,
+			    .msg_controllen = sizeof(ctl.b)};
+	const struct kvt_region_hdr *reg;
+	int fds[3];
+
+	r->sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", D.sock);
+	ck_assert_int_eq(connect(r->sock, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	h.abi_major = KVT_ABI_MAJOR;
+	h.abi_minor = KVT_ABI_MINOR;
+	h.sq_entries = 8;
+	h.features = KVT_FEAT_ALL;
+	ck_assert_int_eq(send(r->sock, &h, sizeof(h), 0), sizeof(h));
+	ck_assert_int_eq(recvmsg(r->sock, &mh, MSG_CMSG_CLOEXEC), sizeof(w));
+	ck_assert_uint_eq(w.hdr.type, KVT_CTL_WELCOME);
+	memcpy(fds, CMSG_DATA(CMSG_FIRSTHDR(&mh)), sizeof(fds));
+	r->size = w.region_size;
+	r->region = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	ck_assert(r->region != MAP_FAILED);
+	close(fds[0]);
+	close(fds[2]);
+	r->sq_efd = fds[1];
+	reg = (const void *)r->region;
+	r->sq = (void *)(r->region + reg->sq_ring_off);
+	r->cq = (void *)(r->region + reg->cq_ring_off);
+	r->sqes = (void *)(r->region + reg->sq_entries_off);
+	r->cqes = (void *)(r->region + reg->cq_entries_off);
+	r->sq_entries = reg->sq_entries;
+	r->cq_entries = reg->cq_entries;
+}
+
+/* The CQE of index @i within the deadline, reaped; its user_data. */
+static uint64_t
+raw_reap(struct raw *r, uint32_t i)
+{
+	const struct kvt_cqe *e = &r->cqes[i & (r->cq_entries - 1)];
+	uint64_t end = now_ns() + DEADLINE_S * 1000000000ull, ud;
+
+	while (!kvt_ring_load_stamp(&e->stamp, i)) {
+		ck_assert_msg(now_ns() < end, "CQE %u not posted within %d s", i, DEADLINE_S);
+		usleep(100);
+	}
+	ud = e->user_data;
+	kvt_ring_store_head(r->cq, i + 1);
+	return ud;
+}
+
+/* The daemon has not given up on the session: no ERROR and no hangup on its socket. */
+static void
+raw_alive(struct raw *r)
+{
+	struct pollfd pfd = {.fd = r->sock, .events = POLLIN | POLLRDHUP};
+	struct kvt_ctl_error e = {0};
+
+	if (poll(&pfd, 1, 0) == 1) {
+		ssize_t n = recv(r->sock, &e, sizeof(e), MSG_DONTWAIT);
+
+		ck_abort_msg("the daemon dropped the session (%zd bytes: \"%.*s\")", n,
+			     (int)sizeof(e.msg), n == (ssize_t)sizeof(e) ? e.msg : "");
+	}
+}
+
+START_TEST(t_tail_after_stamps)
+{
+	struct raw r;
+	uint64_t one = 1;
+
+	for (uint32_t i = 0; i < 10; i++) {
+		struct kvt_sqe *e;
+
+		if (i == 0)
+			raw_connect(&r);
+		e = &r.sqes[i & (r.sq_entries - 1)];
+		memset(e, 0, offsetof(struct kvt_sqe, stamp));
+		e->opcode = KVT_OP_NOP;
+		e->user_data = 500 + i;
+		/* kvt_submit()'s first half: the stamp; then the doorbell, whatever the flags say,
+		 * so that the poller is up and takes the entry by its stamp */
+		kvt_ring_store_stamp(&e->stamp, i);
+		ck_assert_int_eq(write(r.sq_efd, &one, 8), 8);
+		ck_assert_uint_eq(raw_reap(&r, i), 500 + i);
+		/* the poller goes idle, then to sleep, re-checking the tail on its way */
+		wait_pollers_asleep();
+		raw_alive(&r);
+		/* kvt_submit()'s second half, late */
+		kvt_ring_store_tail(r.sq, i + 1);
+		kvt_ring_fence();
+	}
+	/* and an ordinary submit after all that */
+	r.sqes[10 & (r.sq_entries - 1)].opcode = KVT_OP_NOP;
+	r.sqes[10 & (r.sq_entries - 1)].user_data = 999;
+	kvt_ring_store_stamp(&r.sqes[10 & (r.sq_entries - 1)].stamp, 10);
+	kvt_ring_store_tail(r.sq, 11);
+	kvt_ring_fence();
+	if (kvt_ring_needs_wakeup(r.sq))
+		ck_assert_int_eq(write(r.sq_efd, &one, 8), 8);
+	ck_assert_uint_eq(raw_reap(&r, 10), 999);
+	raw_alive(&r);
+	munmap(r.region, r.size);
+	close(r.sq_efd);
+	close(r.sock);
 }
 END_TEST
 
@@ -457,6 +597,7 @@ main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, t_join_sleeping_poller);
 	tcase_add_test(tc, t_submit_races_sleep);
+	tcase_add_test(tc, t_tail_after_stamps);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("threads");
 	tcase_add_checked_fixture(tc, up, down);
