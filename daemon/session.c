@@ -220,8 +220,14 @@ kvtd_session_pending(struct kvtd_session *s)
 	if (s->broken)
 		return 0;
 	tail = kvt_ring_load_tail(s->sq);
-	/* Checked here, on the way to sleep, because busy draining never reads the tail. */
+	/* Checked here, on the way to sleep, because busy draining never reads the tail. The drain
+	 * follows stamps, and a producer stamps its entries before it publishes the tail: one
+	 * preempted in between leaves the tail up to sq_entries behind our head. That is a submit
+	 * in progress (its tail store, fence and NEED_WAKEUP check are still to come), not a
+	 * corrupt ring. */
 	if (kvt_ring_ready(s->sq_head, tail) > s->sq_entries) {
+		if (kvt_ring_ready(tail, s->sq_head) <= s->sq_entries)
+			return 0;
 		kvtd_session_break(s, "SQ tail out of range (ring corrupt)");
 		return 0;
 	}
