@@ -94,7 +94,7 @@ nop_deadline(struct kvt_client *c, uint64_t ud, const char *what)
 	ck_assert_int_eq(kvt_submit(c), 1);
 	ck_assert_msg(reap_deadline(c, &cqe) == 0,
 		      "%s: NOP %llu not completed within %d s (a lost wakeup: the poller sleeps "
-		      "with it pending)",
+		      "with it pending; or the session was dropped: see the daemon log)",
 		      what, (unsigned long long)ud, DEADLINE_S);
 	ck_assert_uint_eq(cqe.user_data, ud);
 	ck_assert_int_eq(cqe.res, 0);
@@ -394,7 +394,8 @@ op_deadline(struct kvt_client *c, uint8_t opcode, uint32_t seq, const void *in, 
 	return cqe.user_data == 1ull << 63 ? cqe.res : -EPROTO;
 }
 
-#define LOST "no CQE within the deadline (lost wakeup)"
+#define LOSTWHY "a lost wakeup, or the session dropped: see the daemon log"
+#define LOST	"no CQE within the deadline (" LOSTWHY ")"
 #define FAIL(w, ...)                                                                               \
 	do {                                                                                       \
 		snprintf((w)->err, sizeof((w)->err), __VA_ARGS__);                                 \
@@ -493,7 +494,7 @@ worker_main(void *arg)
 			struct inflight *f;
 
 			if (reap_deadline(c, &cqe) < 0)
-				FAIL(w, "no CQE within %d s, %u in flight (lost wakeup)",
+				FAIL(w, "no CQE within %d s, %u in flight (" LOSTWHY ")",
 				     DEADLINE_S, kvt_inflight(c));
 			w->cqes++;
 			if (cqe.user_data >> 48 != w->id ||
@@ -523,7 +524,7 @@ worker_main(void *arg)
 		struct kvt_cqe cqe;
 
 		if (reap_deadline(c, &cqe) < 0)
-			FAIL(w, "no CQE within %d s at the end (lost wakeup)", DEADLINE_S);
+			FAIL(w, "no CQE within %d s at the end (" LOSTWHY ")", DEADLINE_S);
 		w->cqes++;
 		if (cqe.res != fl[cqe.user_data & 0xffff].res)
 			FAIL(w, "res %d for %#llx", cqe.res, (unsigned long long)cqe.user_data);
