@@ -10,7 +10,7 @@
 #include "rows.h"
 
 extern "C" __global__ void __launch_bounds__(256)
-kvt_rows_copy(const struct kvt_row_desc *d, unsigned n)
+    kvt_rows_copy(const struct kvt_row_desc *d, unsigned n)
 {
 	for (unsigned r = blockIdx.x; r < n; r += gridDim.x) {
 		const struct kvt_row_desc row = d[r];

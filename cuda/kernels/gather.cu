@@ -45,7 +45,8 @@ gather_i8(const int8_t *src, size_t sstride, const float *scale, const uint32_t 
 			const int8_t *b = (const int8_t *)&v;
 
 			if (BF16) {
-				__nv_bfloat16 *d = (__nv_bfloat16 *)(dst + (size_t)r * dstride) + 8 * j;
+				__nv_bfloat16 *d =
+				    (__nv_bfloat16 *)(dst + (size_t)r * dstride) + 8 * j;
 
 				for (int e = 0; e < 8; e++)
 					d[e] = __float2bfloat16((float)b[e] * sc);
@@ -87,9 +88,9 @@ kvt_k_gather(const void *h_src, size_t src_stride, const float *h_scale, const u
 							       h_scale, d_idx, nrows,
 							       (uint8_t *)d_dst, dst_stride, elems);
 		else
-			gather_i8<false><<<blocks, 256, 0, s>>>((const int8_t *)h_src, src_stride,
-								h_scale, d_idx, nrows,
-								(uint8_t *)d_dst, dst_stride, elems);
+			gather_i8<false><<<blocks, 256, 0, s>>>(
+			    (const int8_t *)h_src, src_stride, h_scale, d_idx, nrows,
+			    (uint8_t *)d_dst, dst_stride, elems);
 		break;
 	default:
 		return -EINVAL;

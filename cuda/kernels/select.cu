@@ -9,10 +9,10 @@
 #include "kvt_kernels.h"
 #include "kvt_kernels_int.cuh"
 
-#define NBINS	 97 // votes 0..96
-#define TILE	 4096
-#define THREADS	 256
-#define PER	 (TILE / THREADS)
+#define NBINS	97 // votes 0..96
+#define TILE	4096
+#define THREADS 256
+#define PER	(TILE / THREADS)
 
 struct sel_hdr {
 	uint32_t hist[NBINS];
@@ -48,8 +48,7 @@ sel_hist(const uint8_t *__restrict__ votes, uint32_t n, struct sel_hdr *h)
 	for (uint32_t i = threadIdx.x; i < NBINS; i += blockDim.x)
 		sh[i] = 0;
 	__syncthreads();
-	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-	     i += gridDim.x * blockDim.x)
+	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
 		atomicAdd(&sh[votes[i] < NBINS ? votes[i] : NBINS - 1], 1u);
 	__syncthreads();
 	for (uint32_t i = threadIdx.x; i < NBINS; i += blockDim.x)
@@ -74,8 +73,8 @@ sel_cut(struct sel_hdr *h, uint32_t c)
 }
 
 __global__ void
-sel_count(const uint8_t *__restrict__ votes, uint32_t n, const struct sel_hdr *h,
-	  uint32_t *tile_gt, uint32_t *tile_eq)
+sel_count(const uint8_t *__restrict__ votes, uint32_t n, const struct sel_hdr *h, uint32_t *tile_gt,
+	  uint32_t *tile_eq)
 {
 	typedef cub::BlockReduce<uint32_t, THREADS> Red;
 	__shared__ typename Red::TempStorage t1, t2;
@@ -95,8 +94,8 @@ sel_count(const uint8_t *__restrict__ votes, uint32_t n, const struct sel_hdr *h
 
 // Serial over tiles: at 1M keys that is 256 iterations, cheaper than another scan launch chain.
 __global__ void
-sel_scan(const struct sel_hdr *h, uint32_t tiles, const uint32_t *tile_gt,
-	 const uint32_t *tile_eq, uint32_t *tile_off, uint32_t *tile_eqq)
+sel_scan(const struct sel_hdr *h, uint32_t tiles, const uint32_t *tile_gt, const uint32_t *tile_eq,
+	 uint32_t *tile_off, uint32_t *tile_eqq)
 {
 	uint32_t off = 0, eq_left = h->eq;
 
@@ -131,7 +130,8 @@ sel_emit(const uint8_t *__restrict__ votes, uint32_t n, const struct sel_hdr *h,
 	__syncthreads();
 	{
 		uint32_t quota = tile_eqq[blockIdx.x];
-		uint32_t my_eq = eq_before >= quota ? 0 : (quota - eq_before < eq ? quota - eq_before : eq);
+		uint32_t my_eq =
+		    eq_before >= quota ? 0 : (quota - eq_before < eq ? quota - eq_before : eq);
 
 		Scan(s2).ExclusiveSum(gt + my_eq, out_before);
 		uint32_t o = tile_off[blockIdx.x] + out_before;

@@ -96,7 +96,8 @@ topk_kernel(const uint32_t *__restrict__ idx, const float *__restrict__ score, u
 				if (j > i) {
 					bool desc = (i & size) == 0;
 					// "a before b": higher score, then lower index
-					bool j_first = ss[j] > ss[i] || (ss[j] == ss[i] && si[j] < si[i]);
+					bool j_first =
+					    ss[j] > ss[i] || (ss[j] == ss[i] && si[j] < si[i]);
 
 					if (j_first == desc) {
 						float tf = ss[i];
@@ -119,8 +120,8 @@ topk_kernel(const uint32_t *__restrict__ idx, const float *__restrict__ score, u
 }
 
 extern "C" int
-kvt_k_topk(const uint32_t *d_idx, const float *d_score, uint32_t n, uint32_t k,
-	   uint32_t *d_ret_idx, float *d_ret_score, void *stream)
+kvt_k_topk(const uint32_t *d_idx, const float *d_score, uint32_t n, uint32_t k, uint32_t *d_ret_idx,
+	   float *d_ret_score, void *stream)
 {
 	if (!k || k > TK_MAX || k > n)
 		return -EINVAL;

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
-#include "quant.h"
+#include "llm_quant.h"
 
 /* ---- a minimal GGUF writer --------------------------------------------------------------- */
 

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "gguf.h"
-#include "quant.h"
+#include "llm_quant.h"
 #include "simd.h"
 
 START_TEST(test_f16_all)

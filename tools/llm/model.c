@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "model.h"
-#include "pool.h"
+#include "llm_pool.h"
 #include "simd.h"
 
 /* ---- loading ------------------------------------------------------------------------------ */

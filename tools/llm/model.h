@@ -23,7 +23,7 @@
 
 #include "gguf.h"
 #include "kv.h"
-#include "quant.h"
+#include "llm_quant.h"
 
 /* Largest head dimension accepted; kvtier's limit (KVT_MAX_HEAD_DIM in proto/kvt_abi.h). */
 #define KVT_LLM_MAX_HEAD_DIM 256

@@ -4,7 +4,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
-#include "pool.h"
+#include "llm_pool.h"
 
 struct llm_pool {
 	uint32_t n;

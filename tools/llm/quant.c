@@ -7,7 +7,7 @@
 #endif
 
 #include "gguf.h"
-#include "quant.h"
+#include "llm_quant.h"
 #include "simd.h"
 
 float

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * quant.h - ggml weight formats: dequantization and quantized matrix-vector products.
+ * llm_quant.h - ggml weight formats: dequantization and quantized matrix-vector products.
  *
  * Supported weight types: F32, F16, Q4_0, Q4_1, Q8_0 (SmolLM2-135M-Instruct.Q4_1.gguf uses F32
  * norms, Q4_1 projections and a Q8_0 token embedding). Blocks as ggml lays them out:

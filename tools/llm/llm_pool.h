@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * pool.h - a fork-join pool of @n threads (the caller is thread 0) for the forward pass.
+ * llm_pool.h - a fork-join pool of @n threads (the caller is thread 0) for the forward pass.
  *
  * llm_pool_run() runs fn(arg, t, n) on every thread t in [0, n) and returns when all are done.
  * Workers sleep on a condition variable between jobs rather than spin: the machines this runs on
