@@ -184,6 +184,23 @@ cu_errno(kcu_result e)
 	}
 }
 
+/* Our own words for the codes mapped above, for a driver that has none (a stub answers every
+ * call, cuGetErrorName included, with CUDA_ERROR_STUB_LIBRARY). */
+static const char *
+cu_own_name(kcu_result e)
+{
+	switch (e) {
+	case KCU_ERROR_STUB_LIBRARY:
+		return "CUDA_ERROR_STUB_LIBRARY";
+	case KCU_ERROR_NO_DEVICE:
+		return "CUDA_ERROR_NO_DEVICE";
+	case KCU_ERROR_OUT_OF_MEMORY:
+		return "CUDA_ERROR_OUT_OF_MEMORY";
+	default:
+		return "unknown CUresult";
+	}
+}
+
 /* The one wrapper every driver call goes through: maps a failure to -errno and says which call
  * failed, and how, in kvt_last_error(). */
 static int
@@ -194,9 +211,9 @@ cu_check(const char *fn, kcu_result e)
 	if (e == KCU_SUCCESS)
 		return 0;
 	if (drv.cuGetErrorName(e, &name) != KCU_SUCCESS || !name)
-		name = "unknown CUresult";
+		name = cu_own_name(e);
 	if (drv.cuGetErrorString(e, &text) != KCU_SUCCESS || !text)
-		text = "";
+		text = e == KCU_ERROR_STUB_LIBRARY ? "a stub libcuda, not the NVIDIA driver" : "";
 	kvtc_set_error("libkvtier: %s failed: %s %d (%s)", fn, name, e, text);
 	return cu_errno(e);
 }

@@ -492,8 +492,20 @@ START_TEST(default_driver)
 }
 END_TEST
 
+/* The toolkit's stub libcuda.so (for linking only): every call answers
+ * CUDA_ERROR_STUB_LIBRARY, which is no driver. Run as "check_cuda_client stub <path>". */
+static const char *stub_path;
+
+START_TEST(stub_driver)
+{
+	setenv("KVTIER_LIBCUDA", stub_path, 1);
+	expect_no_driver("CUDA_ERROR_STUB_LIBRARY");
+	ck_assert_ptr_nonnull(strstr(kvt_last_error(), "cuInit"));
+}
+END_TEST
+
 int
-main(void)
+main(int argc, char **argv)
 {
 	Suite *s = suite_create("cuda_client");
 	TCase *t = tcase_create("client");
@@ -501,6 +513,11 @@ main(void)
 	int failed;
 
 	tcase_set_timeout(t, 60);
+	if (argc == 3 && !strcmp(argv[1], "stub")) {
+		stub_path = argv[2];
+		tcase_add_test(t, stub_driver);
+		goto run;
+	}
 	tcase_add_test(t, register_at_start_and_inside);
 	tcase_add_test(t, register_inside_offset_wrap);
 	tcase_add_test(t, alloc_cuda_round_trip);
@@ -511,6 +528,7 @@ main(void)
 	tcase_add_test(t, no_driver_library);
 	tcase_add_test(t, not_a_driver);
 	tcase_add_test(t, default_driver);
+run:
 	suite_add_tcase(s, t);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
