@@ -283,10 +283,10 @@ kvt_paris_schedule(uint32_t n, double *ret_rho_cand, double *ret_rho_col)
 }
 
 void
-kvt_paris_schedule_refine(uint32_t n, double *ret_rho_cand, double *ret_rho_col)
+kvt_paris_schedule_refine(uint32_t n, unsigned int dim, double *ret_rho_cand, double *ret_rho_col)
 {
 	kvt_paris_schedule(n, ret_rho_cand, ret_rho_col);
-	*ret_rho_cand = fmax(*ret_rho_cand, 0.30);
+	*ret_rho_cand = fmax(*ret_rho_cand, dim == 64 ? 0.50 : 0.30);
 	*ret_rho_col = fmax(*ret_rho_col, 0.70);
 }
 
@@ -1509,7 +1509,7 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 	if (!k)
 		return 0;
 	if (opts->refine)
-		kvt_paris_schedule_refine(n, &rho_cand, &rho_col);
+		kvt_paris_schedule_refine(n, ix->dim, &rho_cand, &rho_col);
 	else
 		kvt_paris_schedule(n, &rho_cand, &rho_col);
 	if (opts->rho_cand > 0.0)
