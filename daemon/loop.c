@@ -792,6 +792,23 @@ file_kind(mode_t m)
 			     : "not a regular file";
 }
 
+/* A missing socket directory is the usual first start by hand: /run/kvtier is made by the unit
+ * (RuntimeDirectory=) or tmpfiles with its owner and mode, so the daemon says so and does not
+ * make it. */
+static void
+log_socket_dir_missing(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	int len = !slash ? 1 : slash == path ? 1 : (int)(slash - path);
+
+	log_err("cannot create the control socket %s: its directory %.*s does not exist. "
+		"Run kvtierd as a service (systemctl start kvtierd: the unit creates "
+		"/run/kvtier), create the directory with systemd-tmpfiles --create kvtier.conf "
+		"or mkdir (owned by the user kvtierd runs as), or give --socket a path in an "
+		"existing directory",
+		path, len, slash ? path : ".");
+}
+
 /* One daemon per socket path: an flock on "<socket>.lock", taken before the path is looked at,
  * so that two daemons starting together cannot both take a stale socket for theirs. */
 static int
@@ -808,7 +825,10 @@ socket_lock(struct kvtd *d)
 		fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
 		if (fd < 0) {
 			r = -errno;
-			log_err("cannot open the lock file %s: %s", lock, strerror(-r));
+			if (r == -ENOENT)
+				log_socket_dir_missing(d->cfg.socket_path);
+			else
+				log_err("cannot open the lock file %s: %s", lock, strerror(-r));
 			return r;
 		}
 		if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
@@ -901,7 +921,10 @@ socket_bind(struct kvtd *d)
 		return -errno;
 	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 		r = -errno;
-		log_err("bind %s: %s", path, strerror(-r));
+		if (r == -ENOENT)
+			log_socket_dir_missing(path);
+		else
+			log_err("bind %s: %s", path, strerror(-r));
 		goto err;
 	}
 	if (lstat(path, &st) < 0) {
