@@ -16,7 +16,7 @@
  * different clients are independent. Nothing here logs.
  *
  * The wire structs (struct kvt_sqe, kvt_cqe, kvt_seq_params, kvt_seq_stat, KVT_OP_*) come from
- * kvt_abi.h, installed beside this header.
+ * kvtier/kvt_abi.h, installed under this header's directory.
  */
 #ifndef KVTIER_H
 #define KVTIER_H
@@ -24,7 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvt_abi.h"
+#include "kvtier/kvt_abi.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -24,8 +24,13 @@ def compile_c(tmp_path: Path, name: str, src: str, shared: bool = False) -> Path
     c.write_text(src)
     out = tmp_path / (f"lib{name}.so" if shared else name)
     flags = ["-shared", "-fPIC"] if shared else []
+    # kvtier.h includes "kvtier/kvt_abi.h", the installed layout: lay proto/kvt_abi.h out so.
+    inc = tmp_path / "include" / "kvtier"
+    inc.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(REPO / "proto" / "kvt_abi.h", inc / "kvt_abi.h")
     r = subprocess.run([CC, "-std=c11", "-Wall", "-Werror", *flags,
-                        "-I", str(REPO / "client" / "include"), "-I", str(REPO / "proto"),
+                        "-I", str(REPO / "client" / "include"), "-I", str(tmp_path / "include"),
+                        "-I", str(REPO / "proto"),
                         "-o", str(out), str(c)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return out
