@@ -362,8 +362,10 @@ START_TEST(t_cq_never_reaped)
 	assert_poller_parked("a full CQ");
 	for (int i = 0; i < 100; i++)
 		ck_assert_int_eq(kvt_nop(good), 0);
-	/* Parked and asleep: the flag tells the client to ring after it makes room. */
-	usleep(50 * 1000);
+	/* Parked and asleep (once the poller has finished with the NOPs above): the flag tells
+	 * the client to ring after it makes room. */
+	for (int i = 0; i < 5000 && !kvt_ring_needs_wakeup(r.sq); i++)
+		usleep(1000);
 	ck_assert(kvt_ring_needs_wakeup(r.sq));
 	for (uint32_t i = 0; i < 8; i++) {
 		struct kvt_cqe *e = raw_wait_cqe(&r, i);
