@@ -12,7 +12,6 @@
  */
 #define _GNU_SOURCE
 #include <check.h>
-#include <dirent.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -170,62 +169,6 @@ survivor(int steps, int stop_fd)
 	return 0;
 }
 
-/* What the daemon holds: open descriptors, mappings, resident kB; sanitized: whether it runs
- * with a sanitizer runtime, whose allocator maps size classes on first use. */
-struct usage {
-	long fds, maps, rss_kb;
-	int sanitized;
-};
-
-static struct usage
-daemon_usage(void)
-{
-	struct usage u = {0, 0, -1, 0};
-	char path[64], line[512];
-	struct dirent *de;
-	DIR *dir;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/fd", (int)D.pid);
-	dir = opendir(path);
-	ck_assert_ptr_nonnull(dir);
-	while ((de = readdir(dir)))
-		u.fds += de->d_name[0] != '.';
-	closedir(dir);
-	snprintf(path, sizeof(path), "/proc/%d/maps", (int)D.pid);
-	f = fopen(path, "r");
-	ck_assert_ptr_nonnull(f);
-	while (fgets(line, sizeof(line), f)) {
-		u.maps += strchr(line, '\n') != NULL;
-		u.sanitized |= strstr(line, "/libasan.") || strstr(line, "/libtsan.");
-	}
-	fclose(f);
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)D.pid);
-	f = fopen(path, "r");
-	ck_assert_ptr_nonnull(f);
-	while (fgets(line, sizeof(line), f))
-		if (!strncmp(line, "VmRSS:", 6))
-			u.rss_kb = atol(line + 6);
-	fclose(f);
-	return u;
-}
-
-/* daemon_usage() once the daemon has closed the admin connections just made (asynchronously,
- * like sessions): the same fd and map counts twice, 20 ms apart. */
-static struct usage
-settled_usage(void)
-{
-	struct usage a = daemon_usage(), b;
-
-	for (int i = 0; i < 100; i++, a = b) {
-		usleep(20000);
-		b = daemon_usage();
-		if (a.fds == b.fds && a.maps == b.maps)
-			return b;
-	}
-	ck_abort_msg("the daemon's descriptors and mappings never settled");
-}
-
 /* Sessions end asynchronously after the hangup: wait until none is left and the pool is empty. */
 static void
 wait_reclaimed(void)
@@ -276,7 +219,7 @@ START_TEST(t_chaos)
 	const char *env = getenv("KVT_CHAOS_VICTIMS");
 	unsigned victims = env && atoi(env) > 0 ? (unsigned)atoi(env) : VICTIMS;
 	uint64_t s = 42;
-	struct usage u0, u1;
+	struct kvtd_usage u0, u1;
 	int st, stop[2];
 	pid_t surv;
 
@@ -285,7 +228,7 @@ START_TEST(t_chaos)
 	 * scratch) is the daemon's, not a leak. */
 	kill_one(victims, &s);
 	wait_reclaimed();
-	u0 = settled_usage();
+	u0 = daemon_usage(&D);
 	ck_assert_int_eq(pipe(stop), 0);
 	surv = fork();
 	ck_assert_int_ge(surv, 0);
@@ -304,7 +247,7 @@ START_TEST(t_chaos)
 	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "survivor failed: %d",
 		      WEXITSTATUS(st));
 	wait_reclaimed();
-	u1 = settled_usage();
+	u1 = daemon_usage(&D);
 	printf("chaos: %u victims SIGKILLed; daemon fds %ld -> %ld, maps %ld -> %ld, "
 	       "RSS %ld -> %ld kB, pool bytes 0 -> %lld\n",
 	       victims, u0.fds, u1.fds, u0.maps, u1.maps, u0.rss_kb, u1.rss_kb,

@@ -269,6 +269,8 @@ START_TEST(t_ctl_fuzz)
 {
 	uint64_t next_id = 1000;
 	unsigned closed_early = 0, replies = 0, hellos_refused = 0;
+	struct kvtd_usage u0 = {0}, u1;
+	int have_u0 = 0;
 	uint8_t *buf = malloc(KVT_CTL_MAX_MSG);
 	const char *env = getenv("KVT_CTL_FUZZ_ROUNDS");
 	int rounds = env && atoi(env) > 0 ? atoi(env) : ROUNDS;
@@ -336,6 +338,11 @@ START_TEST(t_ctl_fuzz)
 			ck_assert_int_eq(kvt_buf_alloc(c, 1 << 20, &b), 0);
 			ck_assert_int_eq(kvt_buf_free(c, b), 0);
 			kvt_disconnect(c);
+			if (!have_u0) { /* after the first sessions' lazily made state */
+				wait_idle(1);
+				u0 = daemon_usage(&D);
+				have_u0 = 1;
+			}
 		}
 	}
 	free(buf);
@@ -345,7 +352,16 @@ START_TEST(t_ctl_fuzz)
 	ck_assert(daemon_alive(&D));
 	ck_assert_uint_gt(replies, (unsigned)rounds);
 	ck_assert_uint_gt(closed_early, 0);
-	wait_idle(1); /* every connection gone: no session, no pool byte left */
+	wait_idle(1);  /* every connection gone: no session, no pool byte left */
+	if (have_u0) { /* and the descriptors and mappings of the first 50 rounds' end */
+		u1 = daemon_usage(&D);
+		printf("check_ctl_fuzz: daemon after round 50 -> end: fds %ld -> %ld, maps %ld -> "
+		       "%ld, RSS %ld -> %ld kB\n",
+		       u0.fds, u1.fds, u0.maps, u1.maps, u0.rss_kb, u1.rss_kb);
+		ck_assert_int_eq(u1.fds, u0.fds);
+		if (!u1.sanitized)
+			ck_assert_int_eq(u1.maps, u0.maps);
+	}
 }
 END_TEST
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #define _GNU_SOURCE
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -225,4 +226,51 @@ pool_used(const char *sock)
 	v = json_get_i64(o, "pool.used");
 	json_object_put(o);
 	return v;
+}
+
+static struct kvtd_usage
+usage_once(const struct kvtd_proc *p)
+{
+	struct kvtd_usage u = {0, 0, -1, 0};
+	char path[64], line[512];
+	struct dirent *de;
+	DIR *dir;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)p->pid);
+	dir = opendir(path);
+	ck_assert_ptr_nonnull(dir);
+	while ((de = readdir(dir)))
+		u.fds += de->d_name[0] != '.';
+	closedir(dir);
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)p->pid);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f)) {
+		u.maps += strchr(line, '\n') != NULL;
+		u.sanitized |= strstr(line, "/libasan.") || strstr(line, "/libtsan.");
+	}
+	fclose(f);
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)p->pid);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, "VmRSS:", 6))
+			u.rss_kb = atol(line + 6);
+	fclose(f);
+	return u;
+}
+
+struct kvtd_usage
+daemon_usage(const struct kvtd_proc *p)
+{
+	struct kvtd_usage a = usage_once(p), b;
+
+	for (int i = 0; i < 100; i++, a = b) {
+		usleep(20000);
+		b = usage_once(p);
+		if (a.fds == b.fds && a.maps == b.maps)
+			return b;
+	}
+	ck_abort_msg("the daemon's descriptors and mappings never settled");
 }

@@ -46,4 +46,15 @@ ssize_t ctl_raw_recv(int fd, void *buf, size_t len, int timeout_ms);
 int64_t pool_used(const char *sock);
 int64_t json_get_i64(struct json_object *o, const char *path);
 
+/* What a daemon holds, from /proc: open descriptors, mappings, resident kB; @sanitized: it
+ * runs a sanitizer runtime, whose allocator maps size classes as they are first used (so its
+ * map count grows without a leak). */
+struct kvtd_usage {
+	long fds, maps, rss_kb;
+	int sanitized;
+};
+/* The daemon's usage once it has closed the connections just made (it does so asynchronously):
+ * the same fd and map counts twice, 20 ms apart. Aborts the test if they never settle. */
+struct kvtd_usage daemon_usage(const struct kvtd_proc *p);
+
 #endif
