@@ -560,8 +560,6 @@ conn_ready(struct kvtd *d, struct kvtd_conn *c, int revents)
 
 		if (n < 0)
 			return errno == EAGAIN ? 0 : -errno;
-		if (n == 0)
-			return -ECONNRESET; /* EOF: the client is gone */
 		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
 			if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
 				int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
@@ -570,6 +568,13 @@ conn_ready(struct kvtd *d, struct kvtd_conn *c, int revents)
 					memcpy(&fds[nfds++], CMSG_DATA(cm) + i * sizeof(int),
 					       sizeof(int));
 			}
+		if (n == 0) {
+			/* EOF, or an empty SEQPACKET message, which may still carry descriptors:
+			 * either way the client is done */
+			for (int i = 0; i < nfds; i++)
+				close(fds[i]);
+			return -ECONNRESET;
+		}
 		if (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
 			send_error(c->fd, 0, -EMSGSIZE, "control message too large");
 			r = c->state == CONN_NEW ? -EMSGSIZE : 0;
