@@ -17,6 +17,8 @@
 #include "faiss_peer.h"
 
 struct fpeer {
+	enum fpeer_kind kind;
+	size_t nlist;				 // IVFPQ
 	std::unique_ptr<faiss::Index> quantizer; // IVF coarse quantizer, owned here
 	std::unique_ptr<faiss::Index> index;
 	std::string desc;
@@ -42,6 +44,8 @@ fpeer_build(enum fpeer_kind kind, const float *keys, size_t n, unsigned int d, s
 		std::unique_ptr<fpeer> p(new fpeer);
 
 		omp_set_num_threads(1); // the benchmark compares single-thread costs
+		p->kind = kind;
+		p->nlist = 0;
 		switch (kind) {
 		case FPEER_FLAT:
 			p->index.reset(new faiss::IndexFlatIP(d));
@@ -62,6 +66,7 @@ fpeer_build(enum fpeer_kind kind, const float *keys, size_t n, unsigned int d, s
 			ivf->train((faiss::Index::idx_t)ntrain, keys);
 			ivf->add((faiss::Index::idx_t)n, keys);
 			ivf->nprobe = nlist / 8;
+			p->nlist = nlist;
 			p->desc = "IndexIVFPQ nlist " + std::to_string(nlist) + " M " +
 				  std::to_string(d / 4) + "x8 nprobe " + std::to_string(nlist / 8);
 			break;
@@ -102,6 +107,33 @@ fpeer_search(struct fpeer *p, const float *q, unsigned int k, int64_t *ret_ids)
 		std::fprintf(stderr, "faiss: %s\n", e.what());
 		return -EIO;
 	}
+}
+
+extern "C" int
+fpeer_knob(struct fpeer *p, unsigned int value)
+{
+	if (p->kind == FPEER_IVFPQ) {
+		auto *ivf = static_cast<faiss::IndexIVFPQ *>(p->index.get());
+
+		ivf->nprobe = value < 1 ? 1 : value > p->nlist ? p->nlist : value;
+		p->desc = "IndexIVFPQ nlist " + std::to_string(p->nlist) + " M " +
+			  std::to_string(ivf->pq.M) + "x8 nprobe " + std::to_string(ivf->nprobe);
+		return (int)ivf->nprobe;
+	}
+	if (p->kind == FPEER_HNSW) {
+		auto *h = static_cast<faiss::IndexHNSWFlat *>(p->index.get());
+
+		h->hnsw.efSearch = (int)value;
+		p->desc = "IndexHNSWFlat M 32 efC 40 efS " + std::to_string(value);
+		return (int)value;
+	}
+	return -EINVAL;
+}
+
+extern "C" unsigned int
+fpeer_knob_max(const struct fpeer *p)
+{
+	return p->kind == FPEER_IVFPQ ? (unsigned int)p->nlist : 0;
 }
 
 extern "C" const char *

@@ -36,6 +36,15 @@ int fpeer_build(enum fpeer_kind kind, const float *keys, size_t n, unsigned int 
  */
 int fpeer_search(struct fpeer *p, const float *q, unsigned int k, int64_t *ret_ids);
 
+/*
+ * fpeer_knob - the search-time knob: IVFPQ nprobe (clamped to nlist), HNSW efSearch.
+ * Returns the value set, or -EINVAL (a flat index has none). fpeer_describe() follows it.
+ */
+int fpeer_knob(struct fpeer *p, unsigned int value);
+
+/* fpeer_knob_max - the largest useful knob value: IVFPQ nlist; 0 for HNSW and flat. */
+unsigned int fpeer_knob_max(const struct fpeer *p);
+
 /* fpeer_describe - one line naming the index parameters (static storage per peer). */
 const char *fpeer_describe(const struct fpeer *p);
 

@@ -54,10 +54,11 @@ struct row {
 	const char *data;
 	uint32_t n, k;
 	const char *method;
+	char param[80]; /* the knob setting, e.g. "rho_cand 0.30 rho_col 0.70 refine 400" */
 	double recall, recall_p5, us, build_s;
 };
 
-static struct row rows[256];
+static struct row rows[1024];
 static int nrows;
 /* HNSW builds above this many keys are skipped: Debian's libfaiss uses its scalar reference
  * distance code, so one-thread HNSW construction takes about 165 s at 32K keys and grows
@@ -66,6 +67,7 @@ static uint32_t hnsw_max = 32768;
 static bool no_faiss; /* --no-faiss: kvtier and exact only (FAISS IVFPQ at 1M builds for ~6 min) */
 static bool no_thp;   /* --no-thp: index pages from aligned_alloc, not a THP mapping */
 static bool stages;   /* --stages: time each stage of the search */
+static bool sweep;    /* --sweep: recall-time curves, k = 100, every method's knob swept */
 
 /* Index pages carved from one mapping advised MADV_HUGEPAGE, as kvtierd's pool backs them. */
 struct arena {
@@ -165,8 +167,8 @@ p5(double *rec, uint32_t nq)
 
 /* @rec: the @nq per-query recalls (sorted here); the row holds their mean and p5 */
 static void
-add_row(const char *data, uint32_t n, uint32_t k, const char *method, double *rec, uint32_t nq,
-	double us, double build_s)
+add_row(const char *data, uint32_t n, uint32_t k, const char *method, const char *param,
+	double *rec, uint32_t nq, double us, double build_s)
 {
 	double recall = 0.0, low;
 
@@ -174,11 +176,16 @@ add_row(const char *data, uint32_t n, uint32_t k, const char *method, double *re
 		recall += rec[i];
 	recall /= nq;
 	low = p5(rec, nq);
-	if (nrows < (int)(sizeof(rows) / sizeof(rows[0])))
-		rows[nrows++] = (struct row){data, n, k, method, recall, low, us, build_s};
+	if (nrows < (int)(sizeof(rows) / sizeof(rows[0]))) {
+		struct row *w = &rows[nrows++];
+
+		*w = (struct row){data, n, k, method, "", recall, low, us, build_s};
+		snprintf(w->param, sizeof(w->param), "%s", param);
+	}
 	fprintf(stderr,
-		"  %-8s n=%-8u k=%-4u %-18s recall %.3f p5 %.3f  %10.1f us/query  build %.2f s\n",
-		data, n, k, method, recall, low, us, build_s);
+		"  %-8s n=%-8u k=%-4u %-18s recall %.3f p5 %.3f  %10.1f us/query  build %.2f s"
+		"  [%s]\n",
+		data, n, k, method, recall, low, us, build_s, param);
 }
 
 /* ---- size-k heap (min at root), shared by the exact scan and ground truth ---- */
@@ -332,6 +339,19 @@ static const struct variant {
 };
 #define NVAR ((int)(sizeof(var) / sizeof(var[0])))
 
+/* --sweep: kvtier's knobs, k = 100. Estimate only (the spec's pipeline at other ratios), and
+ * with refine 4k; (0.10, 0.20) is the spec's schedule at N >= 30K, (0.30, 0.70) kvtierd's. */
+static const struct variant sweep_var[] = {
+    {"kvtier-estimate", 0.05, 0.20, 0}, {"kvtier-estimate", 0.10, 0.20, 0},
+    {"kvtier-estimate", 0.20, 0.50, 0}, {"kvtier-estimate", 0.30, 0.70, 0},
+    {"kvtier-estimate", 0.50, 0.70, 0}, {"kvtier-refine", 0.10, 0.20, 4},
+    {"kvtier-refine", 0.20, 0.50, 4},	{"kvtier-refine", 0.30, 0.70, 4},
+    {"kvtier-refine", 0.40, 0.70, 4},	{"kvtier-refine", 0.50, 0.70, 4},
+    {"kvtier-refine", 0.70, 1.00, 4},
+};
+#define NSWEEP	((int)(sizeof(sweep_var) / sizeof(sweep_var[0])))
+#define SWEEP_K 100
+
 /* The refine stage's key accessor: the benchmark holds the raw f32 keys [n][D]. */
 static const float *
 raw_key(void *ctx, uint32_t idx, float *tmp)
@@ -432,6 +452,90 @@ out:
 	free(votes);
 }
 
+#ifdef KVT_HAVE_FAISS
+/* ---- --sweep: a FAISS peer's knob ---- */
+
+#define IVF_REFINE_MAX 16 /* ivfpq-refine: 16k PQ candidates rescored exactly */
+
+/*
+ * One peer's recall-time curve at k = SWEEP_K: IVFPQ over nprobe 1, 2, 4 .. nlist, and again
+ * with the IVF_REFINE_MAX * k best PQ candidates rescored exactly from the f32 keys (what
+ * IndexRefineFlat does: IVFPQ alone tops out at its PQ code's recall); HNSW over efSearch
+ * 16 .. 1024; flat at its one point. Returns 0 or a negative errno.
+ */
+static int
+peer_sweep(struct fpeer *p, enum fpeer_kind kind, const char *method, const char *name,
+	   const float *keys, uint32_t n, const float *qs, uint32_t nq, const uint32_t *truth,
+	   double *rec, double *lat, double build)
+{
+	static const unsigned int ef[] = {16, 32, 64, 128, 256, 512, 1024};
+	const uint32_t k = SWEEP_K, kr = IVF_REFINE_MAX * SWEEP_K;
+	int64_t *ids = malloc(kr * sizeof(*ids)), top[SWEEP_K];
+	uint32_t *cid = malloc(kr * sizeof(*cid)), got[SWEEP_K];
+	float *cs = malloc(kr * sizeof(*cs)), gs[SWEEP_K];
+	unsigned int knob = 1, kmax = fpeer_knob_max(p);
+	int r = -ENOMEM;
+
+	if (!ids || !cid || !cs)
+		goto out;
+	for (unsigned int step = 0;; step++) {
+		if (kind == FPEER_IVFPQ && knob > kmax)
+			break;
+		if (kind == FPEER_HNSW && step == sizeof(ef) / sizeof(ef[0]))
+			break;
+		if (kind == FPEER_FLAT && step == 1)
+			break;
+		if (kind != FPEER_FLAT) {
+			r = fpeer_knob(p, kind == FPEER_HNSW ? ef[step] : knob);
+			if (r < 0)
+				goto out;
+		}
+		for (int refine = 0; refine < (kind == FPEER_IVFPQ ? 2 : 1); refine++) {
+			char param[80];
+
+			for (uint32_t qi = 0; qi < nq; qi++) {
+				const float *q = qs + (size_t)qi * D;
+				double t0 = now();
+				uint32_t m = 0;
+
+				r = fpeer_search(p, q, refine ? kr : k, refine ? ids : top);
+				if (r < 0)
+					goto out;
+				if (refine) {
+					for (uint32_t i = 0; i < kr; i++) {
+						const float *key = keys + (size_t)ids[i] * D;
+						float s = 0.0f;
+
+						if (ids[i] < 0)
+							continue;
+						for (unsigned int j = 0; j < D; j++)
+							s += key[j] * q[j];
+						cid[m] = (uint32_t)ids[i];
+						cs[m++] = s;
+					}
+					kvt_paris_topk_select(cid, cs, m, m < k ? m : k, got, gs);
+					for (uint32_t i = 0; i < k; i++)
+						top[i] = i < m ? (int64_t)got[i] : -1;
+				}
+				lat[qi] = now() - t0;
+				rec[qi] = recall_of(top, truth + (size_t)qi * KMAX, k);
+			}
+			snprintf(param, sizeof(param), "%s%s", fpeer_describe(p),
+				 refine ? ", 16k rescored exactly" : "");
+			add_row(name, n, k, refine ? "faiss-ivfpq-refine" : method, param, rec, nq,
+				median(lat, nq) * 1e6, build);
+		}
+		knob *= 2;
+	}
+	r = 0;
+out:
+	free(ids);
+	free(cid);
+	free(cs);
+	return r;
+}
+#endif
+
 /* ---- one (data set, n) ---- */
 
 static int
@@ -489,15 +593,29 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 		}
 		if (stages)
 			print_stages(name, &ix, &srht, qs, nq);
-		for (int v = 0; v < NVAR; v++) {
+		for (int v = 0; v < (sweep ? NSWEEP : NVAR); v++) {
+			const struct variant *vr = sweep ? &sweep_var[v] : &var[v];
+
 			for (int ki = 0; ki < NK; ki++) {
 				struct kvt_paris_search_opts so = {
 				    .k = ks[ki],
-				    .rho_cand = var[v].rho_cand,
-				    .rho_col = var[v].rho_col,
-				    .refine = var[v].refine_x * ks[ki],
-				    .keys = var[v].refine_x ? &kacc : NULL,
+				    .rho_cand = vr->rho_cand,
+				    .rho_col = vr->rho_col,
+				    .refine = vr->refine_x * ks[ki],
+				    .keys = vr->refine_x ? &kacc : NULL,
 				};
+				char param[80];
+
+				if (sweep && ks[ki] != SWEEP_K)
+					continue;
+				if (vr->rho_cand > 0.0)
+					snprintf(param, sizeof(param),
+						 "rho_cand %.2f rho_col %.2f%s", vr->rho_cand,
+						 vr->rho_col, vr->refine_x ? " refine 4k" : "");
+				else
+					snprintf(param, sizeof(param), "%s schedule%s",
+						 vr->refine_x ? "refine" : "spec",
+						 vr->refine_x ? ", refine 4k" : "");
 				for (uint32_t qi = 0; qi < nq; qi++) {
 					struct kvt_paris_query pq;
 
@@ -513,7 +631,7 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 				}
 				if (r < 0)
 					break;
-				add_row(name, n, ks[ki], var[v].name, rec, nq,
+				add_row(name, n, ks[ki], vr->name, param, rec, nq,
 					median(lat, nq) * 1e6, build);
 			}
 		}
@@ -537,6 +655,8 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 		to_f16(keys, (size_t)n * D, kh);
 		build = now() - t0;
 		for (int ki = 0; ki < NK; ki++) {
+			if (sweep && ks[ki] != SWEEP_K)
+				continue;
 			for (uint32_t qi = 0; qi < nq; qi++) {
 				t0 = now();
 				exact_scan(kh, n, qs + (size_t)qi * D, ks[ki], got);
@@ -545,7 +665,8 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 					ids[i] = got[i];
 				rec[qi] = recall_of(ids, truth + (size_t)qi * KMAX, ks[ki]);
 			}
-			add_row(name, n, ks[ki], "exact", rec, nq, median(lat, nq) * 1e6, build);
+			add_row(name, n, ks[ki], "exact", "fp16 scan", rec, nq,
+				median(lat, nq) * 1e6, build);
 		}
 		free(kh);
 	}
@@ -570,6 +691,14 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 			if (r < 0)
 				goto out;
 			fprintf(stderr, "  %s: %s\n", fname[kind], fpeer_describe(p));
+			if (sweep) {
+				r = peer_sweep(p, (enum fpeer_kind)kind, fname[kind], name, keys, n,
+					       qs, nq, truth, rec, lat, build);
+				fpeer_free(p);
+				if (r < 0)
+					goto out;
+				continue;
+			}
 			for (int ki = 0; ki < NK; ki++) {
 				for (uint32_t qi = 0; qi < nq; qi++) {
 					t0 = now();
@@ -581,7 +710,7 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 				}
 				if (r < 0)
 					break;
-				add_row(name, n, ks[ki], fname[kind], rec, nq,
+				add_row(name, n, ks[ki], fname[kind], fpeer_describe(p), rec, nq,
 					median(lat, nq) * 1e6, build);
 			}
 			fpeer_free(p);
@@ -612,6 +741,7 @@ print_json(void)
 		json_object_object_add(o, "n", json_object_new_int64(rows[i].n));
 		json_object_object_add(o, "k", json_object_new_int64(rows[i].k));
 		json_object_object_add(o, "method", json_object_new_string(rows[i].method));
+		json_object_object_add(o, "param", json_object_new_string(rows[i].param));
 		json_object_object_add(o, "recall", json_object_new_double(rows[i].recall));
 		json_object_object_add(o, "recall_p5", json_object_new_double(rows[i].recall_p5));
 		json_object_object_add(o, "us_per_query", json_object_new_double(rows[i].us));
@@ -641,7 +771,7 @@ usage(FILE *f)
 	    f,
 	    "usage: kvtier-bench-retrieval [--json] [--quick] [--queries N] [--hnsw-max N]\n"
 	    "                              [--size N] [--no-faiss] [--no-thp] [--stages]\n"
-	    "                              [--simd scalar|avx2|avx512]\n"
+	    "                              [--sweep] [--simd scalar|avx2|avx512]\n"
 	    "  --json        print {\"rows\":[...]} on stdout instead of a table\n"
 	    "  --quick       N = 32K and 128K only (the full run adds 1M)\n"
 	    "  --queries N   queries per case (default 32)\n"
@@ -650,6 +780,8 @@ usage(FILE *f)
 	    "  --no-faiss    skip the FAISS methods\n"
 	    "  --no-thp      index pages from malloc, not a huge-page mapping\n"
 	    "  --stages      also print where kvtier's search spends its time (stderr)\n"
+	    "  --sweep       recall-time curves at k = 100: kvtier's ratios with and without\n"
+	    "                refine, IVFPQ nprobe (alone and + exact rescoring), HNSW efSearch\n"
 	    "  --simd L      cap the engine's SIMD level at L (default: the best the CPU has)\n");
 }
 
@@ -657,17 +789,12 @@ int
 main(int argc, char **argv)
 {
 	static const struct option opts[] = {
-	    {"json", no_argument, NULL, 'j'},
-	    {"quick", no_argument, NULL, 'q'},
-	    {"queries", required_argument, NULL, 'n'},
-	    {"hnsw-max", required_argument, NULL, 'm'},
-	    {"size", required_argument, NULL, 's'},
-	    {"no-faiss", no_argument, NULL, 'F'},
-	    {"no-thp", no_argument, NULL, 'T'},
-	    {"stages", no_argument, NULL, 'S'},
-	    {"simd", required_argument, NULL, 'L'},
-	    {"help", no_argument, NULL, 'h'},
-	    {0},
+	    {"json", no_argument, NULL, 'j'},	       {"quick", no_argument, NULL, 'q'},
+	    {"queries", required_argument, NULL, 'n'}, {"hnsw-max", required_argument, NULL, 'm'},
+	    {"size", required_argument, NULL, 's'},    {"no-faiss", no_argument, NULL, 'F'},
+	    {"no-thp", no_argument, NULL, 'T'},	       {"stages", no_argument, NULL, 'S'},
+	    {"sweep", no_argument, NULL, 'W'},	       {"simd", required_argument, NULL, 'L'},
+	    {"help", no_argument, NULL, 'h'},	       {0},
 	};
 	uint32_t sizes[3] = {32768, 131072, 1048576}, nsizes = 3;
 	bool json = false, quick = false;
@@ -675,7 +802,7 @@ main(int argc, char **argv)
 	double t0 = now();
 	int c, r;
 
-	while ((c = getopt_long(argc, argv, "jqn:m:s:FTSL:h", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "jqn:m:s:FTSWL:h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'j':
 			json = true;
@@ -709,6 +836,9 @@ main(int argc, char **argv)
 			break;
 		case 'S':
 			stages = true;
+			break;
+		case 'W':
+			sweep = true;
 			break;
 		case 'L':
 			r = kvt_simd_parse(optarg);
