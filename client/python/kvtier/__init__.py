@@ -41,6 +41,8 @@ from ._abi import (
     Cqe,
     SeqParams,
     Sqe,
+    retier_out_size,
+    topk_out_size,
 )
 from ._lib import LibraryError
 from .core import (
@@ -71,7 +73,8 @@ __all__ = [
     "ABI_MAJOR", "ABI_MINOR", "APPEND_F_T0", "FETCH_F_LIST", "FETCH_F_T1", "FETCH_F_T2",
     "OP_APPEND", "OP_FETCH", "OP_NOP", "OP_RETIER", "OP_SCORE_ADD", "OP_SEQ_CLOSE",
     "OP_SEQ_OPEN", "OP_SEQ_STAT", "OP_TOPK", "T2_F_KEY_CHANNEL", "TOPK_F_ESTIMATE",
-    "TOPK_F_FETCH", "TOPK_F_UNION", "Cqe", "SeqParams", "Sqe", "LibraryError",
+    "TOPK_F_FETCH", "TOPK_F_UNION", "Cqe", "SeqParams", "Sqe", "retier_out_size",
+    "topk_out_size", "LibraryError",
     "CHANGE_DTYPE", "DTYPES", "LIBRARY_PATH", "PARAM_FIELDS", "POLICIES", "SCORE_MODES",
     "AppendResult", "Buffer", "Client", "FetchResult", "KvtierError", "RetierResult",
     "Sequence", "SeqStat", "TopkResult", "abi_version", "connect", "make_params", "strerror",

@@ -87,9 +87,32 @@ class Opts(ctypes.Structure):
     ]
 
 
-class Sqe(ctypes.Structure):
-    """struct kvt_sqe: one submission entry (64 bytes), filled in place in the ring."""
+class _SqeCount(ctypes.Union):
+    _fields_ = [("count", c_uint32), ("ntok", c_uint32), ("npos", c_uint32), ("k", c_uint32)]
 
+
+class _SqeArg0(ctypes.Union):
+    _fields_ = [("arg0", c_uint64), ("first_pos", c_uint64), ("layer0", c_uint64),
+                ("layer", c_uint64)]
+
+
+class _SqeArg1(ctypes.Union):
+    _fields_ = [("arg1", c_uint64), ("nlayers", c_uint64), ("out_off", c_uint64)]
+
+
+class _SqeArg2(ctypes.Union):
+    _fields_ = [("arg2", c_uint32), ("stage_row", c_uint32), ("out_len", c_uint32)]
+
+
+class Sqe(ctypes.Structure):
+    """struct kvt_sqe: one submission entry (64 bytes), filled in place in the ring.
+
+    The per-opcode fields have the header's names for each opcode (``ntok``, ``npos``, ``k``;
+    ``first_pos``, ``layer0``, ``layer``; ``nlayers``, ``out_off``; ``stage_row``,
+    ``out_len``) besides the generic ``count``, ``arg0``, ``arg1``, ``arg2``. The ``prep_*``
+    methods are kvtier.h's kvt_prep_*(): each fills every field but user_data and stamp."""
+
+    _anonymous_ = ("_count", "_arg0", "_arg1", "_arg2")
     _fields_ = [
         ("opcode", c_uint8),
         ("flags", c_uint8),
@@ -98,14 +121,81 @@ class Sqe(ctypes.Structure):
         ("user_data", c_uint64),
         ("arena_off", c_uint64),
         ("arena_len", c_uint32),
-        ("count", c_uint32),
-        ("arg0", c_uint64),
-        ("arg1", c_uint64),
-        ("arg2", c_uint32),
+        ("_count", _SqeCount),
+        ("_arg0", _SqeArg0),
+        ("_arg1", _SqeArg1),
+        ("_arg2", _SqeArg2),
         ("buf_id", c_uint32),
         ("stamp", c_uint32),
         ("reserved", c_uint32),
     ]
+
+    def prep_rw(self, opcode: int, seq: int, op_flags: int, arena_off: int, arena_len: int,
+                count: int, arg0: int, arg1: int, arg2: int) -> None:
+        """kvt_prep_rw(): every field but user_data and stamp."""
+        self.opcode, self.flags, self.op_flags, self.seq = opcode, 0, op_flags, seq
+        self.arena_off, self.arena_len = arena_off, arena_len & 0xFFFFFFFF
+        self.count, self.arg0, self.arg1, self.arg2 = count, arg0, arg1, arg2
+        self.buf_id = self.reserved = 0
+
+    def prep_nop(self) -> None:
+        """kvt_prep_nop(): a round trip with no work."""
+        self.prep_rw(OP_NOP, 0, 0, 0, 0, 0, 0, 0, 0)
+
+    def prep_seq_open(self, params_off: int) -> None:
+        """kvt_prep_seq_open(): a struct kvt_seq_params at arena offset @params_off (with a
+        CUDA buffer's Buffer.offset added to its base offsets). CQE res: the sequence id."""
+        self.prep_rw(OP_SEQ_OPEN, 0, 0, params_off, ctypes.sizeof(SeqParams), 0, 0, 0, 0)
+
+    def prep_seq_close(self, seq: int) -> None:
+        """kvt_prep_seq_close()."""
+        self.prep_rw(OP_SEQ_CLOSE, seq, 0, 0, 0, 0, 0, 0, 0)
+
+    def prep_append(self, seq: int, rows_off: int, rows_len: int, ntok: int) -> None:
+        """kvt_prep_append(): @ntok tokens' rows, @rows_len bytes at arena offset @rows_off.
+        CQE res: the new n; aux[0]: the first position."""
+        self.prep_rw(OP_APPEND, seq, 0, rows_off, rows_len, ntok, 0, 0, 0)
+
+    def prep_append_t0(self, seq: int, slots_off: int, ntok: int) -> None:
+        """kvt_prep_append_t0(): @ntok tokens already in the T0 slots whose u32 ids are at
+        arena offset @slots_off."""
+        self.prep_rw(OP_APPEND, seq, APPEND_F_T0, slots_off, ntok * 4, ntok, 0, 0, 0)
+
+    def prep_score_add(self, seq: int, first_pos: int, values_off: int, n: int) -> None:
+        """kvt_prep_score_add(): score[first_pos + i] += the @n f32 at @values_off."""
+        self.prep_rw(OP_SCORE_ADD, seq, 0, values_off, n * 4, n, first_pos, 0, 0)
+
+    def prep_seq_stat(self, seq: int, out_off: int) -> None:
+        """kvt_prep_seq_stat(): struct kvt_seq_stat written at arena offset @out_off."""
+        self.prep_rw(OP_SEQ_STAT, seq, 0, out_off, ctypes.sizeof(SeqStatC), 0, 0, 0, 0)
+
+    def prep_retier(self, seq: int, out_off: int, out_len: int) -> None:
+        """kvt_prep_retier(): the answer at @out_off, @out_len bytes (retier_out_size())."""
+        self.prep_rw(OP_RETIER, seq, 0, out_off, out_len, 0, 0, 0, 0)
+
+    def prep_fetch(self, seq: int, flags: int, layer0: int, nlayers: int, stage_row: int,
+                   pos_off: int, npos: int) -> None:
+        """kvt_prep_fetch(): stage layers [@layer0, @layer0 + @nlayers) from staging row
+        @stage_row; @npos u32 positions at @pos_off (the list with FETCH_F_LIST, else room
+        for the positions staged)."""
+        self.prep_rw(OP_FETCH, seq, flags, pos_off, npos * 4,
+                     npos if flags & FETCH_F_LIST else 0, layer0, nlayers, stage_row)
+
+    def prep_topk(self, seq: int, layer: int, k: int, flags: int, query_off: int, q_len: int,
+                  out_off: int, out_len: int) -> None:
+        """kvt_prep_topk(): top-@k of @layer for the @q_len f32 query at @query_off; the
+        answer at @out_off (8-byte aligned), @out_len bytes (topk_out_size())."""
+        self.prep_rw(OP_TOPK, seq, flags, query_off, q_len * 4, k, layer, out_off, out_len)
+
+
+def retier_out_size(t0_slots: int) -> int:
+    """KVT_RETIER_OUT_SIZE(): bytes that always hold a RETIER answer."""
+    return 72 + t0_slots * 2 * 8
+
+
+def topk_out_size(kv_heads: int, stride: int) -> int:
+    """KVT_TOPK_OUT_SIZE(): bytes of a TOPK answer."""
+    return kv_heads * 4 + kv_heads * stride * 8
 
 
 class Cqe(ctypes.Structure):

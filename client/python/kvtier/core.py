@@ -431,7 +431,7 @@ class Sequence:
         72 + 16 * t0_slots, always enough); KvtierError(ENOSPC) when it is too small, nothing
         changed then."""
         c, s = self._ids("kvt_retier")
-        n = 72 + 16 * self.params.t0_slots if out_len is None else int(out_len)
+        n = _abi.retier_out_size(self.params.t0_slots) if out_len is None else int(out_len)
         buf = self._retier_buf
         if buf is None or len(buf) < n:
             buf = self._retier_buf = np.empty(max(n, 72), dtype=np.uint8)
@@ -488,7 +488,7 @@ class Sequence:
         k = _uint("k", k)
         H = self.kv_heads
         stride = k * self.q_heads // H if flags & _abi.TOPK_F_UNION else k
-        out = np.empty(H * 4 + H * stride * 8, dtype=np.uint8)
+        out = np.empty(_abi.topk_out_size(H, stride), dtype=np.uint8)
         r = _LIB.kvt_topk(c, s, _uint("layer", layer), k, _uint("flags", flags),
                           q.ctypes.data, q.size, out.ctypes.data, out.nbytes)
         stride = _check(r, "kvt_topk")

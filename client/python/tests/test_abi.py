@@ -44,14 +44,37 @@ def probe_source() -> str:
              '#include "kvt_ctl.h"', "int main(void) {"]
     for cname, py in _abi.STRUCTS.items():
         lines.append(f'printf("{cname} . %zu\\n", sizeof(struct {cname}));')
-        for field, _ in py._fields_:
+        for field in fields(py):
             lines.append(f'printf("{cname} {field} %zu %zu\\n", '
                          f"offsetof(struct {cname}, {field}), "
                          f"sizeof(((struct {cname} *)0)->{field}));")
     for name in _abi.CONSTANTS:
         lines.append(f'printf("const {name} %lld\\n", (long long)({name}));')
+    for args in MACRO_ARGS["KVT_RETIER_OUT_SIZE"] + MACRO_ARGS["KVT_TOPK_OUT_SIZE"]:
+        name = "KVT_RETIER_OUT_SIZE" if len(args) == 1 else "KVT_TOPK_OUT_SIZE"
+        a = ", ".join(map(str, args))
+        lines.append(f'printf("macro {name} {",".join(map(str, args))} %lld\\n", '
+                     f"(long long){name}({a}));")
     lines += ["return 0;", "}"]
     return "\n".join(lines) + "\n"
+
+
+MACRO_ARGS = {"KVT_RETIER_OUT_SIZE": [(0,), (1,), (4096,)],
+              "KVT_TOPK_OUT_SIZE": [(1, 1), (8, 100), (64, 4096)]}
+MACRO_PY = {"KVT_RETIER_OUT_SIZE": _abi.retier_out_size,
+            "KVT_TOPK_OUT_SIZE": _abi.topk_out_size}
+
+
+def fields(py) -> list[str]:
+    """The field names of a mirror, anonymous unions expanded to their members (C reaches
+    them as the struct's own fields)."""
+    out = []
+    for name, t in py._fields_:
+        if name in getattr(py, "_anonymous_", ()):
+            out += [n for n, _ in t._fields_]
+        else:
+            out.append(name)
+    return out
 
 
 def test_struct_layouts_match_the_c_headers(tmp_path):
@@ -64,6 +87,11 @@ def test_struct_layouts_match_the_c_headers(tmp_path):
             assert _abi.CONSTANTS[name] == int(vals[0]), f"{name}: C says {vals[0]}"
             checked += 1
             continue
+        if kind == "macro":
+            args = tuple(int(x) for x in vals[0].split(","))
+            assert MACRO_PY[name](*args) == int(vals[1]), f"{name}{args}: C says {vals[1]}"
+            checked += 1
+            continue
         py = _abi.STRUCTS[kind]
         if name == ".":
             assert ctypes.sizeof(py) == int(vals[0]), f"sizeof(struct {kind})"
@@ -71,8 +99,42 @@ def test_struct_layouts_match_the_c_headers(tmp_path):
             f = getattr(py, name)
             assert (f.offset, f.size) == (int(vals[0]), int(vals[1])), f"{kind}.{name}"
         checked += 1
-    fields = sum(len(s._fields_) + 1 for s in _abi.STRUCTS.values())
-    assert checked == fields + len(_abi.CONSTANTS)
+    nfields = sum(len(fields(s)) + 1 for s in _abi.STRUCTS.values())
+    nmacros = sum(len(v) for v in MACRO_ARGS.values())
+    assert checked == nfields + len(_abi.CONSTANTS) + nmacros
+
+
+PREP_CALLS = [
+    ("nop", ()), ("seq_open", (4096,)), ("seq_close", (3,)), ("append", (3, 64, 2048, 2)),
+    ("append_t0", (3, 128, 5)), ("score_add", (3, 17, 256, 9)), ("seq_stat", (3, 512)),
+    ("retier", (3, 1024, 8264)), ("fetch", (3, _abi.FETCH_F_T1 | _abi.FETCH_F_T2, 1, 2, 4,
+                                             64, 30)),
+    ("fetch", (3, _abi.FETCH_F_LIST, 0, 3, 0, 64, 7)),
+    ("topk", (3, 5, 10, _abi.TOPK_F_UNION, 0, 256, 1024, 968)),
+]
+
+
+def test_prep_helpers_fill_what_kvtier_h_fills(tmp_path):
+    """Each Sqe.prep_*() leaves the 64 bytes kvt_prep_*() leaves (user_data and stamp aside),
+    starting from an entry full of garbage."""
+    lines = ['#include <stdio.h>', '#include <string.h>', '#include "kvtier.h"',
+             "static void dump(const struct kvt_sqe *e) {",
+             "const unsigned char *b = (const void *)e;",
+             'for (size_t i = 0; i < sizeof(*e); i++) printf("%02x", b[i]);',
+             'printf("\\n"); }', "int main(void) { struct kvt_sqe e;"]
+    for name, args in PREP_CALLS:
+        a = "".join(f", {x}" for x in args)
+        lines.append(f"memset(&e, 0xa5, sizeof(e)); e.user_data = 0; e.stamp = 0; "
+                     f"kvt_prep_{name}(&e{a}); dump(&e);")
+    lines += ["return 0; }"]
+    exe = compile_c(tmp_path, "prep_probe", "\n".join(lines) + "\n")
+    want = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+    assert len(want) == len(PREP_CALLS)
+    for (name, args), hexdump in zip(PREP_CALLS, want):
+        e = _abi.Sqe.from_buffer_copy(b"\xa5" * 64)
+        e.user_data = e.stamp = 0
+        getattr(e, f"prep_{name}")(*args)
+        assert bytes(e).hex() == hexdump, f"prep_{name}{args}"
 
 
 def test_header_structs_are_all_mirrored():

@@ -421,6 +421,22 @@ def test_async_ring(kvtierd):
         assert c.wait_cqe().res == 112
         st = kvtier.core._abi.SeqStatC.from_buffer_copy(c.arena()[4096:4096 + 112].tobytes())
         assert (st.seq, st.n_tokens) == (s.id, 3)
+        # a pipeline built with the prep helpers: APPEND 2 tokens, SCORE_ADD, SEQ_STAT
+        arena = c.arena()
+        arena[8192:8192 + 2 * s.token_bytes] = tokens(2).view(np.uint8).reshape(-1)
+        arena[16384:16384 + 8] = np.array([1.5, 2.5], np.float32).view(np.uint8)
+        ops = [("prep_append", (s.id, 8192, 2 * s.token_bytes, 2)),
+               ("prep_score_add", (s.id, 3, 16384, 2)), ("prep_seq_stat", (s.id, 0))]
+        for ud, (prep, args) in enumerate(ops, 100):
+            e = c.get_sqe()
+            getattr(e, prep)(*args)
+            e.user_data = ud
+        c.submit()
+        res = sorted((cqe.user_data, cqe.res, cqe.aux[0]) for cqe in
+                     (c.wait_cqe() for _ in ops))
+        assert res == [(100, 5, 3), (101, 0, 0), (102, 112, 0)]
+        st = kvtier.core._abi.SeqStatC.from_buffer_copy(arena[:112].tobytes())
+        assert (st.n_tokens, st.score_total) == (5, 4.0)
         # SQ full: get_sqe() says so with None
         sqes = [c.get_sqe() for _ in range(8)]
         assert all(x is not None for x in sqes) and c.get_sqe() is None
