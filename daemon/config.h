@@ -22,7 +22,7 @@ struct kvtd_config {
 	char socket_group[64]; /* empty: leave the group alone */
 	uint32_t socket_mode;
 	uid_t allowed_uids[KVTD_MAX_IDS];
-	unsigned n_allowed_uids; /* 0 with n_allowed_gids 0: any local user */
+	unsigned n_allowed_uids;	  /* 0 with n_allowed_gids 0: any local user */
 	gid_t allowed_gids[KVTD_MAX_IDS]; /* primary or supplementary group of the peer */
 	unsigned n_allowed_gids;
 	gid_t admin_gids[KVTD_MAX_IDS]; /* see every session (root and our uid always do) */
@@ -33,7 +33,7 @@ struct kvtd_config {
 	unsigned spin_us;
 	unsigned hello_timeout_ms;
 	unsigned admin_idle_timeout_ms; /* an admin connection silent this long is closed */
-	int backend; /* enum kvt_dev_kind */
+	int backend;			/* enum kvt_dev_kind */
 	int log_level;
 	/* [pool] */
 	uint64_t pool_size;
