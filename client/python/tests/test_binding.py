@@ -539,3 +539,22 @@ def test_views_keep_their_buffer_and_session_alive(kvtierd, python_env):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_session_limit_is_eusers(kvtierd):
+    """sessions_per_uid (64 by default): the next connect is refused with kvtierd's reason,
+    and a freed place is taken again."""
+    clients = []
+    try:
+        with pytest.raises(kvtier.KvtierError) as ei:
+            for _ in range(65):
+                clients.append(kvtier.connect(kvtierd.socket, arena_size=64 << 10,
+                                              sq_entries=8))
+        assert ei.value.errno == errno.EUSERS and len(clients) == 64
+        assert ei.value.daemon_message
+        clients.pop().close()
+        kvtierd.wait_sessions(63)
+        clients.append(kvtier.connect(kvtierd.socket, arena_size=64 << 10, sq_entries=8))
+    finally:
+        for c in clients:
+            c.close()
