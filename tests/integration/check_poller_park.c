@@ -391,19 +391,20 @@ START_TEST(t_cq_never_reaped)
 END_TEST
 
 /*
- * Lost wakeups: beside parked sessions (one unstamped, one with a full CQ), a client whose every
- * op races the poller going to sleep completes thousands of round trips; a forked child does
- * them, so a lost wakeup fails the test at its deadline instead of hanging it.
+ * Lost wakeups: beside a parked session (a full CQ), a client whose ops race the poller going
+ * to sleep (it spins for its completions, then submits after a random 0-4 us) completes 50,000
+ * round trips; a forked child does them, so a lost wakeup (an op nobody wakes the poller for)
+ * fails the test at its deadline instead of hanging it. An unstamped session was there before
+ * and has been dropped: while it waits for its deadline the poller wakes on a timer, which
+ * would turn a lost wakeup into a delay this test cannot see.
  */
 START_TEST(t_no_lost_wakeup)
 {
+	struct kvt_ctl_error err;
 	struct raw stuck, full;
 	pid_t pid;
 	int st = -1;
 
-	raw_connect(&stuck, 8, 16);
-	raw_queue_nop(&stuck, 1, 0);
-	raw_publish(&stuck);
 	raw_connect(&full, 2, 2);
 	for (uint32_t i = 0; i < 2; i++)
 		raw_queue_nop(&full, i, 1);
@@ -412,18 +413,36 @@ START_TEST(t_no_lost_wakeup)
 	for (uint32_t i = 2; i < 4; i++)
 		raw_queue_nop(&full, i, 1);
 	raw_publish(&full);
+	raw_connect(&stuck, 8, 16);
+	raw_queue_nop(&stuck, 1, 0);
+	raw_publish(&stuck);
+	ck_assert_int_eq(recv(stuck.sock, &err, sizeof(err), 0), sizeof(err));
+	ck_assert_int_eq(err.err, -EPROTO);
 
 	pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
-		struct kvt_opts o = {.size = sizeof(o), .name = "racer"};
+		/* The client spins for its completion, so that its next submit comes within
+		 * microseconds, while the poller is on its way to sleep. */
+		struct kvt_opts o = {.size = sizeof(o), .name = "racer", .spin_us = 200};
 		struct kvt_client *c = NULL;
 
 		if (kvt_connect(D.sock, &o, &c) < 0)
 			_exit(2);
-		for (int i = 0; i < 3000; i++)
+		srand(getpid());
+		for (int i = 0; i < 50000; i++) {
+			struct timespec t0, t;
+			long pause_ns = rand() % 4000;
+
+			/* 0-4 us apart: some submits land just as the poller goes to sleep */
+			clock_gettime(CLOCK_MONOTONIC, &t0);
+			do
+				clock_gettime(CLOCK_MONOTONIC, &t);
+			while ((t.tv_sec - t0.tv_sec) * 1000000000L + t.tv_nsec - t0.tv_nsec <
+			       pause_ns);
 			if (kvt_nop(c) != 0)
 				_exit(3);
+		}
 		kvt_disconnect(c);
 		_exit(0);
 	}
