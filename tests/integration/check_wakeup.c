@@ -111,6 +111,20 @@ client(const char *name)
 	return c;
 }
 
+static int
+in_epoll_wait(long nr)
+{
+#ifdef SYS_epoll_wait /* not on arm64, which has epoll_pwait only */
+	if (nr == SYS_epoll_wait)
+		return 1;
+#endif
+#ifdef SYS_epoll_pwait2
+	if (nr == SYS_epoll_pwait2)
+		return 1;
+#endif
+	return nr == SYS_epoll_pwait;
+}
+
 /* Is every poller thread of the daemon blocked in epoll_wait? (/proc/PID/task/TID/syscall
  * names the syscall a blocked thread is in.) */
 static int
@@ -147,11 +161,7 @@ pollers_asleep(void)
 		if (fscanf(f, "%ld", &nr) != 1)
 			nr = -1; /* "running" */
 		fclose(f);
-		asleep += nr == SYS_epoll_wait || nr == SYS_epoll_pwait
-#ifdef SYS_epoll_pwait2
-			  || nr == SYS_epoll_pwait2
-#endif
-		    ;
+		asleep += in_epoll_wait(nr);
 	}
 	closedir(dir);
 	ck_assert_int_gt(found, 0);
