@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -269,47 +271,37 @@ pool_fit_check(const struct kvtd_config *cfg)
 	return 0;
 }
 
-int
-kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *dev)
+/*
+ * Maps pool->fd, binds, touches, locks and registers it, and sets up the chunk metadata (every
+ * chunk free). The pool is a memfd mapped shared, not anonymous memory, so that a restart can
+ * hand it to the next process (restart.c) with every row in place.
+ */
+static int
+pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *dev)
 {
-	int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
 	int r;
 
-	memset(pool, 0, sizeof(*pool));
-	if (!cfg->pool_size || cfg->pool_size % cfg->chunk_size)
-		return -EINVAL;
-	pool->size = cfg->pool_size;
-	pool->chunk_size = cfg->chunk_size;
-	pool->n_chunks = (uint32_t)(cfg->pool_size / cfg->chunk_size);
-	pool->numa_node = -1;
-	pthread_mutex_init(&pool->lock, NULL);
-
-	r = pool_fit_check(cfg);
-	if (r < 0)
-		goto err_lock;
-	if (cfg->hugetlb) {
-		r = hugetlb_check(pool->size, cfg->numa_node);
-		if (r < 0)
-			goto err_lock;
+	if (pool->hugetlb) {
 		/* Reserved (no MAP_NORESERVE): pages taken since the check fail the mmap with
 		 * ENOMEM instead of the first touch with SIGBUS. */
-		pool->base = mmap(NULL, pool->size, PROT_READ | PROT_WRITE,
-				  MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+		pool->base =
+		    mmap(NULL, pool->size, PROT_READ | PROT_WRITE, MAP_SHARED, pool->fd, 0);
 		if (pool->base == MAP_FAILED) {
 			r = -errno;
 			log_err("pool: hugetlb mapping of %llu MiB failed: %s (reserve more huge "
 				"pages: sysctl vm.nr_hugepages=N; or set [pool] hugetlb = no)",
 				(unsigned long long)(pool->size >> 20), strerror(-r));
-			goto err_lock;
+			goto err;
 		}
 		pool->backing = "hugetlb";
 	} else {
-		pool->base = mmap(NULL, pool->size, PROT_READ | PROT_WRITE, flags, -1, 0);
+		pool->base = mmap(NULL, pool->size, PROT_READ | PROT_WRITE,
+				  MAP_SHARED | MAP_NORESERVE, pool->fd, 0);
 		if (pool->base == MAP_FAILED) {
 			r = -errno;
 			log_err("pool: mapping %llu MiB failed: %s",
 				(unsigned long long)(pool->size >> 20), strerror(-r));
-			goto err_lock;
+			goto err;
 		}
 		pool->backing =
 		    madvise(pool->base, pool->size, MADV_HUGEPAGE) == 0 ? "thp" : "anon";
@@ -330,9 +322,9 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 	if (r < 0) {
 		log_err("pool: faulting in %llu MiB failed: %s%s",
 			(unsigned long long)(pool->size >> 20), strerror(-r),
-			cfg->hugetlb ? " (huge pages ran out: reserve more with sysctl "
-				       "vm.nr_hugepages=N, or set [pool] hugetlb = no)"
-				     : "");
+			pool->hugetlb ? " (huge pages ran out: reserve more with sysctl "
+					"vm.nr_hugepages=N, or set [pool] hugetlb = no)"
+				      : "");
 		goto err_unmap;
 	}
 	if (cfg->lock) {
@@ -354,9 +346,10 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 	}
 	if (dev) {
 		r = kvt_dev_host_register(dev, pool->base, pool->size);
-		if (r == -EOPNOTSUPP) {
+		if (r == -EOPNOTSUPP && pool->fd >= 0) {
 			/* The platform pins only memory the driver allocates: the pool moves there,
-			 * losing hugetlb/THP and the NUMA binding (the driver places the pages). */
+			 * losing hugetlb/THP, the NUMA binding (the driver places the pages) and
+			 * restarts (the memory is not a memfd the next process can map). */
 			void *p;
 
 			r = kvt_dev_host_alloc(dev, pool->size, &p);
@@ -364,6 +357,8 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 				if (pool->locked)
 					munlock(pool->base, pool->size);
 				munmap(pool->base, pool->size);
+				close(pool->fd);
+				pool->fd = -1;
 				pool->base = p;
 				pool->locked = 0;
 				pool->dev_alloc = 1;
@@ -399,7 +394,7 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 err_unregister:
 	if (pool->dev_alloc) {
 		kvt_dev_host_free(dev, pool->base, pool->size);
-		goto err_lock;
+		goto err;
 	}
 	if (pool->dev)
 		kvt_dev_host_unregister(dev, pool->base, pool->size);
@@ -408,10 +403,104 @@ err_munlock:
 		munlock(pool->base, pool->size);
 err_unmap:
 	munmap(pool->base, pool->size);
+err:
+	pool->base = NULL;
+	return r;
+}
+
+static void
+pool_prep(struct kvtd_pool *pool, uint64_t size, uint64_t chunk_size)
+{
+	memset(pool, 0, sizeof(*pool));
+	pool->size = size;
+	pool->chunk_size = chunk_size;
+	pool->n_chunks = (uint32_t)(size / chunk_size);
+	pool->numa_node = -1;
+	pool->fd = -1;
+	pthread_mutex_init(&pool->lock, NULL);
+}
+
+int
+kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *dev)
+{
+	int r;
+
+	if (!cfg->pool_size || cfg->pool_size % cfg->chunk_size) {
+		memset(pool, 0, sizeof(*pool));
+		pool->fd = -1;
+		return -EINVAL;
+	}
+	pool_prep(pool, cfg->pool_size, cfg->chunk_size);
+	r = pool_fit_check(cfg);
+	if (r < 0)
+		goto err_lock;
+	if (cfg->hugetlb) {
+		r = hugetlb_check(pool->size, cfg->numa_node);
+		if (r < 0)
+			goto err_lock;
+	}
+	pool->hugetlb = cfg->hugetlb;
+	pool->fd = memfd_create("kvtier-pool", MFD_CLOEXEC | (cfg->hugetlb ? MFD_HUGETLB : 0));
+	if (pool->fd < 0) {
+		r = -errno;
+		log_err("pool: memfd_create%s failed: %s", cfg->hugetlb ? " (hugetlb)" : "",
+			strerror(-r));
+		goto err_lock;
+	}
+	if (ftruncate(pool->fd, (off_t)pool->size) < 0) {
+		r = -errno;
+		log_err("pool: sizing the pool memfd to %llu MiB failed: %s",
+			(unsigned long long)(pool->size >> 20), strerror(-r));
+		goto err_close;
+	}
+	r = pool_map(pool, cfg, dev);
+	if (r < 0)
+		goto err_close;
+	return 0;
+
+err_close:
+	if (pool->fd >= 0)
+		close(pool->fd);
+	pool->fd = -1;
 err_lock:
 	pthread_mutex_destroy(&pool->lock);
 	pool->base = NULL;
 	return r;
+}
+
+int
+kvtd_pool_adopt(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *dev, int fd,
+		uint64_t size, uint64_t chunk_size, int hugetlb)
+{
+	struct stat st;
+	int r;
+
+	if (!size || !chunk_size || size % chunk_size || size / chunk_size > UINT32_MAX ||
+	    fstat(fd, &st) < 0 || (uint64_t)st.st_size != size || fcntl(fd, F_GET_SEALS) < 0) {
+		memset(pool, 0, sizeof(*pool));
+		pool->fd = -1;
+		log_err("pool: the memfd handed over by the previous kvtierd is not a pool of %llu "
+			"bytes",
+			(unsigned long long)size);
+		return -EINVAL;
+	}
+	pool_prep(pool, size, chunk_size);
+	pool->fd = fd;
+	pool->hugetlb = !!hugetlb;
+	r = pool_map(pool, cfg, dev);
+	if (r < 0) {
+		pool->fd = -1; /* still the caller's */
+		pthread_mutex_destroy(&pool->lock);
+		return r;
+	}
+	if (pool->dev_alloc) { /* the rows stayed in the memfd, now closed */
+		kvtd_pool_fini(pool);
+		log_err("pool: the %s backend needs its own pool allocation: the previous pool "
+			"cannot be kept",
+			kvt_dev_name(dev));
+		return -EOPNOTSUPP;
+	}
+	return 0;
 }
 
 void
@@ -429,6 +518,15 @@ kvtd_pool_fini(struct kvtd_pool *pool)
 		munlock(pool->base, pool->size);
 	if (pool->base)
 		munmap(pool->base, pool->size);
+	if (pool->fd >= 0)
+		close(pool->fd);
+	pool->fd = -1;
+	if (pool->claimed) {
+		for (uint32_t i = 0; i < pool->n_chunks; i++)
+			free(pool->claimed[i]);
+		free(pool->claimed);
+		pool->claimed = NULL;
+	}
 	free(pool->chunks);
 	pthread_mutex_destroy(&pool->lock);
 	pool->base = NULL;
@@ -608,5 +706,103 @@ kvtd_pool_usage(struct kvtd_pool *pool, struct kvtd_pool_usage *ret)
 	ret->classes = 0;
 	for (int i = 0; i < KVTD_POOL_MAX_CLASSES; i++)
 		ret->classes += pool->classes[i].slot_size != 0;
+	pthread_mutex_unlock(&pool->lock);
+}
+
+int
+kvtd_pool_claim(struct kvtd_pool *pool, int cls, uint64_t off, struct kvtd_acct *acct,
+		struct kvtd_acct *acct2, void **ret_slot)
+{
+	struct kvtd_pool_class *c;
+	struct kvtd_pool_chunk *ch;
+	uint32_t ci, idx;
+	uint8_t *bits;
+	int r = 0;
+
+	if (cls < 0 || cls >= KVTD_POOL_MAX_CLASSES || off >= pool->size)
+		return -EINVAL;
+	c = &pool->classes[cls];
+	ci = (uint32_t)(off / pool->chunk_size);
+	if (!c->slot_size || (off % pool->chunk_size) % c->slot_size)
+		return -EINVAL;
+	idx = (uint32_t)((off % pool->chunk_size) / c->slot_size);
+	if (idx >= c->slots_per_chunk)
+		return -EINVAL;
+	pthread_mutex_lock(&pool->lock);
+	if (!pool->claimed) {
+		pool->claimed = calloc(pool->n_chunks, sizeof(*pool->claimed));
+		if (!pool->claimed) {
+			r = -ENOMEM;
+			goto out;
+		}
+	}
+	ch = &pool->chunks[ci];
+	if (ch->cls >= 0 && ch->cls != cls) {
+		r = -EINVAL;
+		goto out;
+	}
+	if (!pool->claimed[ci]) {
+		pool->claimed[ci] = calloc((c->slots_per_chunk + 7) / 8, 1);
+		if (!pool->claimed[ci]) {
+			r = -ENOMEM;
+			goto out;
+		}
+	}
+	bits = pool->claimed[ci];
+	if (bits[idx / 8] & (1u << (idx % 8))) {
+		r = -EEXIST;
+		goto out;
+	}
+	if (ch->cls < 0) {
+		list_del(&pool->free_list, ch);
+		pool->free_chunks--;
+		ch->cls = cls;
+		ch->used = ch->bump = ch->free_head = 0;
+		c->chunks++;
+	}
+	bits[idx / 8] |= (uint8_t)(1u << (idx % 8));
+	ch->used++;
+	if (idx >= ch->bump)
+		ch->bump = idx + 1;
+	if (acct)
+		acct->bytes += c->slot_size;
+	if (acct2)
+		acct2->bytes += c->slot_size;
+	pool->used_bytes += c->slot_size;
+	*ret_slot = pool->base + off;
+out:
+	pthread_mutex_unlock(&pool->lock);
+	return r;
+}
+
+void
+kvtd_pool_claim_done(struct kvtd_pool *pool)
+{
+	pthread_mutex_lock(&pool->lock);
+	for (uint32_t ci = 0; pool->claimed && ci < pool->n_chunks; ci++) {
+		struct kvtd_pool_chunk *ch = &pool->chunks[ci];
+		uint8_t *bits = pool->claimed[ci];
+		struct kvtd_pool_class *c;
+
+		if (!bits)
+			continue;
+		c = &pool->classes[ch->cls];
+		/* The holes below the bump are free: chained through the slots themselves, lowest
+		 * first, as slot_give() leaves them. */
+		for (uint32_t idx = ch->bump; idx-- > 0;) {
+			uint8_t *p;
+
+			if (bits[idx / 8] & (1u << (idx % 8)))
+				continue;
+			p = chunk_base(pool, ch) + (uint64_t)idx * c->slot_size;
+			memcpy(p, &ch->free_head, sizeof(uint32_t));
+			ch->free_head = idx + 1;
+		}
+		if (ch->used < c->slots_per_chunk)
+			list_add(&c->partial, ch);
+		free(bits);
+	}
+	free(pool->claimed);
+	pool->claimed = NULL;
 	pthread_mutex_unlock(&pool->lock);
 }

@@ -56,6 +56,9 @@ struct kvtd_pool {
 	int locked;
 	struct kvt_dev *dev; /* registered with, NULL in unit tests */
 	int dev_alloc;	     /* base came from kvt_dev_host_alloc(): the device layer frees it */
+	int fd;		     /* the memfd behind base (a restart passes it on); -1 with dev_alloc */
+	int hugetlb;	     /* fd is a MFD_HUGETLB memfd */
+	uint8_t **claimed;   /* per chunk, between the first claim and kvtd_pool_claim_done() */
 };
 
 /*
@@ -69,6 +72,32 @@ struct kvtd_pool {
  */
 int kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *dev);
 void kvtd_pool_fini(struct kvtd_pool *pool);
+
+/*
+ * kvtd_pool_adopt() - a restart: map the pool memfd @fd of @size bytes (chunks of @chunk_size,
+ * MFD_HUGETLB when @hugetlb) that the previous process filled, instead of a new one. Its bytes
+ * are kept; binding, locking and registration are done again as kvtd_pool_init() does. Every
+ * chunk starts free: the slots still in use are declared with kvtd_pool_claim(), then
+ * kvtd_pool_claim_done() rebuilds the free lists, before any kvtd_pool_alloc().
+ * Returns 0, -EINVAL (@fd not a memfd of @size bytes, @size not a multiple of @chunk_size),
+ * -ENOMEM, -EPERM, or a device error (as kvtd_pool_init()). @fd is owned by the pool on
+ * success.
+ */
+int kvtd_pool_adopt(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *dev,
+		    int fd, uint64_t size, uint64_t chunk_size, int hugetlb);
+
+/*
+ * kvtd_pool_claim() - mark the slot at byte offset @off of the pool as handed out in class @cls
+ * (restore after a restart), charged to both accounts (@acct2 may be NULL; limits are not
+ * checked: the slot was allowed before). Only before kvtd_pool_claim_done().
+ * Returns 0 and the slot's address in @ret_slot, -EINVAL (offset outside the pool or not on a
+ * slot boundary of @cls, or in a chunk already serving another class), -EEXIST (claimed twice),
+ * -ENOMEM.
+ */
+int kvtd_pool_claim(struct kvtd_pool *pool, int cls, uint64_t off, struct kvtd_acct *acct,
+		    struct kvtd_acct *acct2, void **ret_slot);
+/* Builds the free lists of the chunks claims touched (unclaimed slots are free). */
+void kvtd_pool_claim_done(struct kvtd_pool *pool);
 
 /*
  * kvtd_pool_class_get() - find or create the class of @slot_size bytes (rounded up to 64).

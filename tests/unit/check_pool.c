@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "pool.h"
@@ -158,6 +160,158 @@ START_TEST(t_bad_init)
 }
 END_TEST
 
+/* The pool is a memfd: another mapping of it sees the same bytes (what a restart maps). */
+START_TEST(t_memfd_shared)
+{
+	int cls = kvtd_pool_class_get(&P, 4096);
+	void *slot;
+	uint8_t *other;
+
+	ck_assert_int_ge(P.fd, 0);
+	ck_assert_int_eq(kvtd_pool_alloc(&P, cls, 1, NULL, NULL, &slot), 0);
+	memset(slot, 0x5a, 4096);
+	other = mmap(NULL, P.size, PROT_READ, MAP_SHARED, P.fd, 0);
+	ck_assert(other != MAP_FAILED);
+	ck_assert_uint_eq(other[(uint8_t *)slot - P.base + 4095], 0x5a);
+	munmap(other, P.size);
+	kvtd_pool_free(&P, cls, 1, NULL, NULL, &slot);
+	kvtd_pool_class_put(&P, cls);
+}
+END_TEST
+
+/*
+ * A restart: a second pool adopts the first one's memfd and claims the live slots back. Their
+ * bytes are there, the accounts and usage match, a slot cannot be claimed twice or into a chunk
+ * of another class, and what the new pool hands out afterwards is exactly the free room: every
+ * hole and every untouched slot, never a live one.
+ */
+START_TEST(t_claim_rebuild)
+{
+	enum { N = 800, NB = 40 };
+	struct kvtd_config cfg;
+	struct kvtd_pool Q;
+	struct kvtd_acct a1 = {0}, a2 = {0};
+	int ca = kvtd_pool_class_get(&P, 3000), cb = kvtd_pool_class_get(&P, 40000), qa, qb, fd;
+	void **sa = calloc(N, sizeof(void *)), *sb[NB], **fresh = calloc(4096, sizeof(void *));
+	uint64_t *off_a = calloc(N, 8), off_b[NB], used_before;
+	unsigned na = 0, nb = 0, live_a = 0, nf = 0;
+	struct kvtd_pool_usage u;
+	void *p;
+
+	/* Interleaved allocations and frees leave holes in the chunks of both classes. */
+	ck_assert_int_eq(kvtd_pool_alloc(&P, ca, N, &a1, NULL, sa), 0);
+	ck_assert_int_eq(kvtd_pool_alloc(&P, cb, NB, &a2, NULL, sb), 0);
+	for (unsigned i = 0; i < N; i += 3)
+		kvtd_pool_free(&P, ca, 1, &a1, NULL, &sa[i]), sa[i] = NULL;
+	for (unsigned i = 0; i < NB; i += 2)
+		kvtd_pool_free(&P, cb, 1, &a2, NULL, &sb[i]), sb[i] = NULL;
+	for (unsigned i = 0; i < N; i++)
+		if (sa[i]) {
+			memset(sa[i], (int)(i % 200 + 1), 3000);
+			off_a[na++] = (uint64_t)((uint8_t *)sa[i] - P.base);
+		}
+	for (unsigned i = 0; i < NB; i++)
+		if (sb[i]) {
+			memset(sb[i], (int)(i + 100), 40000);
+			off_b[nb++] = (uint64_t)((uint8_t *)sb[i] - P.base);
+		}
+	live_a = na;
+	used_before = P.used_bytes;
+
+	kvtd_config_defaults(&cfg);
+	cfg.pool_size = P.size;
+	cfg.lock = 0;
+	cfg.numa_node = -1;
+	fd = dup(P.fd);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(kvtd_pool_adopt(&Q, &cfg, NULL, fd, P.size - 4096, P.chunk_size, 0),
+			 -EINVAL);
+	ck_assert_int_eq(kvtd_pool_adopt(&Q, &cfg, NULL, fd, P.size, P.chunk_size, 0), 0);
+	qa = kvtd_pool_class_get(&Q, 3000);
+	qb = kvtd_pool_class_get(&Q, 40000);
+	memset(&a1, 0, sizeof(a1));
+	memset(&a2, 0, sizeof(a2));
+	for (unsigned i = 0; i < na; i++) {
+		ck_assert_int_eq(kvtd_pool_claim(&Q, qa, off_a[i], &a1, NULL, &p), 0);
+		ck_assert_ptr_eq(p, Q.base + off_a[i]);
+	}
+	for (unsigned i = 0; i < nb; i++)
+		ck_assert_int_eq(kvtd_pool_claim(&Q, qb, off_b[i], &a2, NULL, &p), 0);
+	ck_assert_int_eq(kvtd_pool_claim(&Q, qa, off_a[0], &a1, NULL, &p), -EEXIST);
+	ck_assert_int_eq(kvtd_pool_claim(&Q, qb, off_a[0] - off_a[0] % 40000, &a2, NULL, &p),
+			 -EINVAL); /* a chunk of class a */
+	ck_assert_int_eq(kvtd_pool_claim(&Q, qa, off_a[0] + 64, &a1, NULL, &p), -EINVAL);
+	ck_assert_int_eq(kvtd_pool_claim(&Q, qa, Q.size, &a1, NULL, &p), -EINVAL);
+	kvtd_pool_claim_done(&Q);
+	ck_assert_uint_eq(Q.used_bytes, used_before);
+	ck_assert_uint_eq(a1.bytes, (uint64_t)live_a * kvtd_pool_slot_size(&Q, qa));
+	ck_assert_uint_eq(a2.bytes, (uint64_t)nb * kvtd_pool_slot_size(&Q, qb));
+	for (unsigned i = 0; i < na; i++) {
+		uint8_t *b = Q.base + off_a[i];
+
+		ck_assert_uint_eq(b[0], b[2999]);
+		ck_assert_uint_ne(b[0], 0);
+	}
+	/* Fill the rest with class a: nothing overlaps a live slot, and the room is all used. */
+	kvtd_pool_usage(&Q, &u);
+	while (nf < 4096 && kvtd_pool_alloc(&Q, qa, 1, NULL, NULL, &fresh[nf]) == 0)
+		nf++;
+	ck_assert_uint_lt(nf, 4096);
+	for (unsigned i = 0; i < nf; i++) {
+		uint64_t o = (uint64_t)((uint8_t *)fresh[i] - Q.base);
+
+		for (unsigned j = 0; j < na; j++)
+			ck_assert(o + 3008 <= off_a[j] || off_a[j] + 3008 <= o);
+		for (unsigned j = 0; j < nb; j++)
+			ck_assert(o + 3008 <= off_b[j] || off_b[j] + 40000 <= o);
+		memset(fresh[i], 0, 3008);
+	}
+	for (unsigned i = 0; i < na; i++)
+		ck_assert_uint_ne(Q.base[off_a[i]], 0); /* live rows untouched by the fill */
+	{
+		uint64_t slots_a = Q.chunk_size / kvtd_pool_slot_size(&Q, qa);
+		uint64_t chunks_b = 0, expect;
+
+		/* Chunks of class b stay b; every other chunk fills up with a. */
+		for (uint32_t c = 0; c < Q.n_chunks; c++)
+			for (unsigned j = 0; j < nb; j++)
+				if (off_b[j] / Q.chunk_size == c) {
+					chunks_b++;
+					break;
+				}
+		expect = (Q.n_chunks - chunks_b) * slots_a - live_a;
+		ck_assert_uint_eq(nf, expect);
+	}
+	kvtd_pool_free(&Q, qa, nf, NULL, NULL, fresh);
+	for (unsigned i = 0; i < na; i++) {
+		p = Q.base + off_a[i];
+		kvtd_pool_free(&Q, qa, 1, &a1, NULL, &p);
+	}
+	for (unsigned i = 0; i < nb; i++) {
+		p = Q.base + off_b[i];
+		kvtd_pool_free(&Q, qb, 1, &a2, NULL, &p);
+	}
+	kvtd_pool_usage(&Q, &u);
+	ck_assert_uint_eq(u.used, 0);
+	ck_assert_uint_eq(u.chunks_free, Q.n_chunks);
+	kvtd_pool_class_put(&Q, qa);
+	kvtd_pool_class_put(&Q, qb);
+	kvtd_pool_fini(&Q);
+	/* P's own bookkeeping still holds its slots: give them back for teardown's sake. */
+	for (unsigned i = 0; i < N; i++)
+		if (sa[i])
+			kvtd_pool_free(&P, ca, 1, NULL, NULL, &sa[i]);
+	for (unsigned i = 0; i < NB; i++)
+		if (sb[i])
+			kvtd_pool_free(&P, cb, 1, NULL, NULL, &sb[i]);
+	kvtd_pool_class_put(&P, ca);
+	kvtd_pool_class_put(&P, cb);
+	free(sa);
+	free(off_a);
+	free(fresh);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -174,6 +328,8 @@ main(void)
 	tcase_add_test(tc, t_reuse_after_free);
 	tcase_add_test(tc, t_quota);
 	tcase_add_test(tc, t_bad_init);
+	tcase_add_test(tc, t_memfd_shared);
+	tcase_add_test(tc, t_claim_rebuild);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
