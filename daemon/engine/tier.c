@@ -192,6 +192,55 @@ kvt_tier_seq_move(struct kvt_tier_seq *dst, void *mem, size_t mem_size, uint32_t
 }
 
 int
+kvt_tier_seq_restore(struct kvt_tier_seq *s, void *mem, size_t mem_size, uint32_t cap,
+		     uint32_t t0_slots, uint32_t n, uint32_t gen, const float *score,
+		     const uint8_t *tier, const int32_t *pos_slot)
+{
+	struct kvt_tier_seq d;
+	uint32_t n1 = 0, n2 = 0, *t2;
+
+	if (!s || n > cap || (n && (!score || !tier || !pos_slot)) ||
+	    kvt_tier_seq_init(&d, mem, mem_size, cap, t0_slots) < 0)
+		return -EINVAL;
+	for (uint32_t i = 0; i < n; i++) {
+		unsigned t = tier[i];
+
+		if (!isfinite(score[i]) || score[i] < 0.0f)
+			return -EINVAL;
+		if (t != KVT_T0 && t != KVT_T1 && t != KVT_T3 && t != (KVT_T0 | KVT_TIER_F_INT8) &&
+		    t != (KVT_T2 | KVT_TIER_F_INT8))
+			return -EINVAL;
+		if ((t & KVT_TIER_MASK) == KVT_T0) {
+			if (pos_slot[i] < 0 || (uint32_t)pos_slot[i] >= t0_slots ||
+			    d.slot_pos[pos_slot[i]] >= 0)
+				return -EINVAL;
+			d.slot_pos[pos_slot[i]] = (int32_t)i;
+		} else if (pos_slot[i] != -1) {
+			return -EINVAL;
+		}
+		d.count[t & KVT_TIER_MASK]++;
+		d.n_int8 += (t & KVT_TIER_F_INT8) != 0;
+	}
+	memcpy(d.score, score, 4 * (size_t)n);
+	memcpy(d.tier, tier, n);
+	memcpy(d.pos_slot, pos_slot, 4 * (size_t)n);
+	/* The FETCH lists, ascending, as commit builds them (see LIST_SPARE). */
+	t2 = d.list + cap + 1 - d.count[KVT_T2];
+	for (uint32_t i = 0; i < n; i++) {
+		unsigned t = tier[i] & KVT_TIER_MASK;
+
+		if (t == KVT_T1)
+			d.list[n1++] = i;
+		else if (t == KVT_T2)
+			t2[n2++] = i;
+	}
+	d.n = n;
+	d.gen = gen;
+	*s = d;
+	return 0;
+}
+
+int
 kvt_tier_append(struct kvt_tier_seq *s, uint32_t count, const uint32_t *slots)
 {
 	uint32_t i, n;

@@ -161,6 +161,22 @@ int kvt_tier_seq_move(struct kvt_tier_seq *dst, void *mem, size_t mem_size, uint
 		      const struct kvt_tier_seq *src);
 
 /*
+ * kvt_tier_seq_restore - rebuild a sequence from its saved per-position state (a daemon restart
+ * hands over score[], tier[] and pos_slot[] of its n positions, and gen). Nothing else is taken
+ * on trust: slot_pos, the counts, n_int8 and the FETCH lists are derived again, and the input is
+ * checked as a state the API could have reached.
+ * @s, @mem, @mem_size, @cap, @t0_slots: as kvt_tier_seq_init(), with @n <= @cap.
+ * @score: [n] finite and >= 0. @tier: [n] KVT_T0, KVT_T1, KVT_T3, or KVT_T0 / KVT_T2 with
+ * KVT_TIER_F_INT8. @pos_slot: [n] the slot (< t0_slots, each used once) of a T0 position, -1
+ * for any other.
+ * Return: 0, or -EINVAL (bad arguments or a state that breaks one of those rules). @s is
+ * untouched on failure.
+ */
+int kvt_tier_seq_restore(struct kvt_tier_seq *s, void *mem, size_t mem_size, uint32_t cap,
+			 uint32_t t0_slots, uint32_t n, uint32_t gen, const float *score,
+			 const uint8_t *tier, const int32_t *pos_slot);
+
+/*
  * kvt_tier_append - append @count tokens at positions n..n+count-1, score 0.
  * @slots:	NULL: the rows went to the pool only, the tokens are T1. Else @count distinct
  *		free T0 slots (normally taken from the last plan's free_slot list): the tokens are

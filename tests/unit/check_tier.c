@@ -633,6 +633,125 @@ START_TEST(test_move_and_lists)
 }
 END_TEST
 
+/*
+ * A restart hands over score[], tier[] and pos_slot[] only: the restored sequence must equal the
+ * original in every array and list, go on to the same plans, and a state the API could never
+ * reach must be refused.
+ */
+START_TEST(test_restore)
+{
+	struct kvt_seq_params p = defaults(512);
+	struct tseq t, u;
+	struct kvt_tier_plan a, b;
+	size_t sz;
+	void *mem;
+	uint32_t n;
+	uint8_t *tier;
+	int32_t *ps;
+	float *sc;
+
+	p.t2_frac = 0.3f;
+	p.hbm_frac = 0.3f;
+	p.evict_frac = 0.1f;
+	p.delta = 32;
+	p.window = 32;
+	tseq_open(&t, &p, 4096);
+	REQ_EQ(kvt_tier_append(&t.s, 300, NULL), 0);
+	for (int e = 0; e < 20; e++) {
+		add_scores(&t);
+		retier_checked(&t);
+		append_free(&t, 32);
+	}
+	n = t.s.n;
+	ck_assert_uint_gt(t.s.count[KVT_T0] * t.s.count[KVT_T1] * t.s.count[KVT_T2], 0);
+	ck_assert_uint_gt(t.s.count[KVT_T3], 0);
+	tseq_open(&u, &p, 4096);
+	REQ_EQ(kvt_tier_seq_restore(&u.s, u.mem, kvt_tier_seq_bytes(4096, 512), 4096, 512, n,
+				    t.s.gen, t.s.score, t.s.tier, t.s.pos_slot),
+	       0);
+	REQ_EQ(u.s.n, n);
+	REQ_EQ(u.s.gen, t.s.gen);
+	REQ_EQ(u.s.n_int8, t.s.n_int8);
+	ck_assert_mem_eq(u.s.count, t.s.count, sizeof(t.s.count));
+	ck_assert_mem_eq(u.s.slot_pos, t.s.slot_pos, 4 * 512);
+	for (int k = KVT_T1; k <= KVT_T2; k++) {
+		const uint32_t *la, *lb;
+		int na = kvt_tier_positions(&t.s, k, &la), nb = kvt_tier_positions(&u.s, k, &lb);
+
+		REQ_EQ(na, nb);
+		ck_assert_mem_eq(la, lb, 4 * (size_t)na);
+	}
+	check_invariants(&u);
+	/* Both go on alike. */
+	add_scores(&t);
+	memcpy(u.s.score, t.s.score, 4 * (size_t)n);
+	REQ_EQ(kvt_tier_plan(&t.cfg, &t.s, t.ws, t.ws_size, &a), 0);
+	REQ_EQ(kvt_tier_plan(&u.cfg, &u.s, u.ws, u.ws_size, &b), 0);
+	REQ_EQ(a.n_promote, b.n_promote);
+	REQ_EQ(a.n_demote, b.n_demote);
+	REQ_EQ(a.n_quant, b.n_quant);
+	REQ_EQ(a.n_evict, b.n_evict);
+	ck_assert_mem_eq(a.promote_pos, b.promote_pos, 4 * (size_t)a.n_promote);
+	ck_assert_mem_eq(a.promote_slot, b.promote_slot, 4 * (size_t)a.n_promote);
+	ck_assert_mem_eq(a.quant_pos, b.quant_pos, 4 * (size_t)a.n_quant);
+
+	/* Refused, and nothing changes: each copy broken in one place. */
+	sz = kvt_tier_seq_bytes(4096, 512);
+	mem = aligned_alloc(64, (sz + 63) & ~(size_t)63);
+	tier = malloc(n);
+	ps = malloc(4 * (size_t)n);
+	sc = malloc(4 * (size_t)n);
+	for (int c = 0; c < 8; c++) {
+		struct kvt_tier_seq v = {.n = 12345};
+		uint32_t t0 = 0, t1 = 0;
+
+		memcpy(tier, t.s.tier, n);
+		memcpy(ps, t.s.pos_slot, 4 * (size_t)n);
+		memcpy(sc, t.s.score, 4 * (size_t)n);
+		while ((t.s.tier[t0] & KVT_TIER_MASK) != KVT_T0)
+			t0++;
+		while (t.s.tier[t1] != KVT_T1)
+			t1++;
+		switch (c) {
+		case 0:
+			tier[t1] = KVT_T2;
+			break; /* T2 without int8 */
+		case 1:
+			tier[t1] = KVT_T1 | KVT_TIER_F_INT8;
+			break; /* T1 with int8 */
+		case 2:
+			tier[t1] = 7;
+			break; /* no such tier */
+		case 3:
+			ps[t1] = 0;
+			break; /* slot outside T0 */
+		case 4:
+			ps[t0] = 512;
+			break; /* slot out of range */
+		case 5:
+			tier[t1] = KVT_T0;
+			ps[t1] = ps[t0];
+			break; /* slot used twice */
+		case 6:
+			sc[3] = NAN;
+			break;
+		case 7:
+			sc[3] = -1.0f;
+			break;
+		}
+		REQ_EQ(kvt_tier_seq_restore(&v, mem, sz, 4096, 512, n, 1, sc, tier, ps), -EINVAL);
+		REQ_EQ(v.n, 12345u);
+	}
+	REQ_EQ(kvt_tier_seq_restore(&u.s, mem, sz, 100, 512, 101, 1, sc, tier, ps), -EINVAL);
+	free(tier);
+	free(ps);
+	free(sc);
+	free(mem);
+	tseq_close(&u);
+	tseq_close(&t);
+}
+END_TEST
+
 /* ---- Proposition 1 ---------------------------------------------------------------------- */
 
 #define P1_L   2
@@ -954,6 +1073,7 @@ main(void)
 	tcase_add_test(tc, test_eviction_final);
 	tcase_add_test(tc, test_api_errors);
 	tcase_add_test(tc, test_move_and_lists);
+	tcase_add_test(tc, test_restore);
 	tcase_add_test(tc, test_prop1_exact);
 	tcase_add_test(tc, test_prop1_t2_error);
 	suite_add_tcase(s, tc);
