@@ -23,9 +23,12 @@ The cache mirrors kvtier-llm's kvtierd backend (tools/llm/kv_kvtier.c; docs/pyth
   over layers and heads (summed over its queries), per attended position;
 - the queue goes to kvtierd in one submit before each RETIER (every ``delta`` tokens, and when
   the prompt ends), after which one FETCH stages every T1/T2 row of all layers;
-- attention at a layer runs over the resident T0 rows plus the staged rows, gathered in
-  position order into one contiguous tensor, so with nothing evicted it is the same
-  arithmetic on the same tensor as with ``DynamicCache`` (Proposition 1 of docs/tiering.md).
+- attention at a layer runs over the resident T0 rows plus the staged rows in position
+  order: after each RETIER + FETCH one gather copies them into the view (the tensor attention
+  reads); each pass writes its new rows at the view's end, and those reach their T0 slots,
+  for all layers in one copy, before kvtierd's APPEND reads them. With nothing evicted the
+  keys and values are DynamicCache's values in DynamicCache's order, so the arithmetic is
+  the same (Proposition 1 of docs/tiering.md).
 
 Constructing a ``KvtierCache`` switches the model to ``attn_implementation="kvtier"``
 (``model.set_attn_implementation("kvtier")``); that function is transformers' eager attention
@@ -128,8 +131,10 @@ def kvtier_attention(
     @key. With no 4D mask given (transformers builds none for this name) it applies the causal
     mask itself when several queries run at once; a single decode query sees every key."""
     n_rep = getattr(module, "num_key_value_groups", query.shape[1] // key.shape[1])
-    key_states = _repeat_kv(key, n_rep)
-    value_states = _repeat_kv(value, n_rep)
+    # repeat_kv copies into a contiguous tensor; without GQA do it here, so a cache's strided
+    # view gives the matmuls the same operands as DynamicCache's contiguous tensor.
+    key_states = _repeat_kv(key, n_rep) if n_rep > 1 else key.contiguous()
+    value_states = _repeat_kv(value, n_rep) if n_rep > 1 else value.contiguous()
 
     attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
     if attention_mask is not None:
@@ -176,6 +181,10 @@ class KvtierStats:
     retiers: int = 0
     fetches: int = 0
     rows_staged: int = 0
+    last_retier_n: int = 0
+    """Tokens at the last RETIER (its budgets are fractions of this n)."""
+    first_evict_n: int = 0
+    """Tokens at the first RETIER that evicted (0: none did)."""
     kvtier_s: float = 0.0
     """Seconds spent in the cache: row copies, gathers, weight sums, queueing, RETIER,
     FETCH and their waits (the binding included)."""
@@ -348,8 +357,8 @@ class KvtierCache(Cache):
         # per-forward state
         self._q = 0
         self._step_slots: np.ndarray | None = None
-        self._step_slots_t: torch.Tensor | None = None
         self._step_layer = -1
+        self._obs_layer = -1
         self._weights: list[torch.Tensor] = []
         self._arena_used = 0
         self._inflight = 0
@@ -382,6 +391,15 @@ class KvtierCache(Cache):
         # resident and staged rows are gathered by one index_select.
         self._kv = self._buf.torch(self.dtype, (L, 2, rows, self.kv_heads, self.head_dim))
         self._kv_hr = self._kv.permute(0, 1, 3, 2, 4)  # [L][2][kv_head][row][dim] view
+        # The view's rows gathered in position order, [L][K,V][kv_head][entry][dim]: rebuilt
+        # by one gather at each RETIER (the only time the view changes other than growing);
+        # each pass writes its new rows at the end, as a static cache would. Attention reads
+        # slices of it; the new rows reach their T0 slots before kvtierd reads them.
+        self._view = torch.empty((L, 2, self.kv_heads, self.max_tokens, self.head_dim),
+                                 dtype=self.dtype)
+        # Per-layer [1, kv_heads, max_tokens, head_dim] K and V views: cheaper to slice.
+        self._vk = [self._view[i, 0:1] for i in range(L)]
+        self._vv = [self._view[i, 1:2] for i in range(L)]
         self.t0_slots, self.stage_rows = ts, ss
         self._seq = c.open_sequence(
             layers=L, kv_heads=self.kv_heads, head_dim=self.head_dim,
@@ -410,6 +428,8 @@ class KvtierCache(Cache):
         self._view_pos = np.empty(self.max_tokens, dtype=np.int64)
         self._view_idx = torch.empty(self.max_tokens, dtype=torch.int64)
         self._vn = 0
+        self._flushed = 0  # view entries [_flushed, _vn) are in the view only, not in T0 yet
+        self._pending: list[np.ndarray] = []  # their T0 slots, pass by pass
 
     # ---- the daemon ---------------------------------------------------------------------
 
@@ -420,6 +440,7 @@ class KvtierCache(Cache):
 
     def _reap(self) -> None:
         """Submit what is queued and check every completion (kv_kvtier.c's reap())."""
+        self._flush_rows()
         if not self._inflight:
             return
         c = self._client
@@ -439,6 +460,17 @@ class KvtierCache(Cache):
                                       f"kvtierd answered n={cqe.res} after appending up to "
                                       f"{pos}")
         self._arena_used = 0
+
+    def _flush_rows(self) -> None:
+        """Copy the rows appended since the last flush from the view into their T0 slots,
+        all layers in one operation, before kvtierd reads them (APPEND) or a gather does."""
+        if not self._pending:
+            return
+        slots = torch.from_numpy(np.concatenate(self._pending))
+        a = self._flushed
+        self._kv_hr.index_copy_(3, slots, self._view[:, :, :, a:a + slots.numel()])
+        self._flushed = a + slots.numel()
+        self._pending = []
 
     def _queue(self, nbytes: int) -> tuple[Any, int]:
         """An SQE and the arena offset of its @nbytes payload; reaps first when the SQ or the
@@ -488,6 +520,9 @@ class KvtierCache(Cache):
         self._free, self._next_free = free, 0
         st = self._st
         st.retiers += 1
+        st.last_retier_n = n
+        if r.tier_count[3] and not st.first_evict_n:
+            st.first_evict_n = n
         t1 = time.perf_counter()
         st.retier_s += t1 - t0
 
@@ -514,9 +549,10 @@ class KvtierCache(Cache):
         if vp.size != n - r.tier_count[3] or vp.size != rp.size + staged:
             raise KvtierError(_errno.EPROTO, "kvt_retier",
                               f"{vp.size} positions visible, {n - r.tier_count[3]} live")
-        self._vn = vn = vp.size
+        self._vn = self._flushed = vn = vp.size
         self._view_pos[:vn] = vp
         self._view_idx[:vn] = torch.from_numpy(where[vp])
+        self._view[:, :, :, :vn] = self._kv_hr.index_select(3, self._view_idx[:vn])
 
     # ---- one forward pass ---------------------------------------------------------------
 
@@ -554,11 +590,12 @@ class KvtierCache(Cache):
         self._where[n:n + q] = take
         vn = self._vn
         self._view_pos[vn:vn + q] = np.arange(n, n + q)
-        tt = torch.from_numpy(take)
-        self._view_idx[vn:vn + q] = tt
-        self._step_slots, self._step_slots_t = take, tt
+        self._view_idx[vn:vn + q] = torch.from_numpy(take)
+        self._pending.append(take)
+        self._step_slots = take
         self._q = q
         self._weights = []
+        self._obs_layer = -1
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -577,19 +614,21 @@ class KvtierCache(Cache):
             if layer_idx == 0:
                 self._begin(q, key_states.device)
             elif layer_idx != self._step_layer + 1 or q != self._q:
-                raise RuntimeError(f"KvtierCache: layer {layer_idx} updated out of order "
-                                   "(or the previous layer's attention was not 'kvtier')")
+                raise RuntimeError(f"KvtierCache: layer {layer_idx} updated out of order")
+            elif self._obs_layer != layer_idx - 1:
+                raise RuntimeError(
+                    f"KvtierCache: layer {layer_idx - 1}'s attention did not report its "
+                    "weights; the model must run attn_implementation='kvtier' "
+                    "(model.set_attn_implementation('kvtier'))")
             self._step_layer = layer_idx
-            kv = self._kv_hr[layer_idx]  # [2][kv_head][row][dim]
-            if q == 1:
-                s = int(self._step_slots[0])
-                kv[0, :, s].copy_(key_states[0, :, 0])
-                kv[1, :, s].copy_(value_states[0, :, 0])
-            else:
-                kv[0].index_copy_(1, self._step_slots_t, key_states[0])
-                kv[1].index_copy_(1, self._step_slots_t, value_states[0])
-            out = kv.index_select(2, self._view_idx[: self._vn + q])  # [2][kv_head][n][dim]
-            keys, values = out[0:1], out[1:2]
+            vk, vv = self._vk[layer_idx], self._vv[layer_idx]
+            vn = self._vn
+            vk[:, :, vn:vn + q] = key_states
+            vv[:, :, vn:vn + q] = value_states
+            # [1, kv_heads, n, head_dim] slices (head stride max_tokens * head_dim): the same
+            # values DynamicCache's cat gives; the attention function makes them contiguous
+            # when repeat_kv does not.
+            keys, values = vk[:, :, : vn + q], vv[:, :, : vn + q]
             _tls.cache, _tls.key = self, keys
         except BaseException as e:
             raise self._fail(e)
@@ -603,6 +642,7 @@ class KvtierCache(Cache):
         t0 = time.perf_counter()
         try:
             self._weights.append(attn_weights)
+            self._obs_layer = self._step_layer
             if self._step_layer == self.num_layers - 1:
                 self._end_step()
         except BaseException as e:
@@ -723,7 +763,8 @@ class KvtierCache(Cache):
                 self._reap()
                 self._seq.close()
         finally:
-            self._kv = self._kv_hr = None  # views of the buffer: gone with the session
+            # Views of the buffer: gone with the session.
+            self._kv = self._kv_hr = self._view = self._vk = self._vv = None
             self._arena = self._arena_f32 = self._arena_u32 = None
             c.close()
 
