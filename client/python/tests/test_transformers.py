@@ -217,7 +217,7 @@ def test_batch_refused(lm, kvtierd_module):
     ids = tok(["Hello there", "Good morning"], return_tensors="pt", padding=True)
     with KvtierCache(model, socket=kvtierd_module.socket, **SMALL) as cache:
         with pytest.raises(ValueError, match="batch size 2"):
-            model.generate(**ids, past_key_values=cache, max_new_tokens=2, do_sample=False)
+            model.generate(**ids, cache=cache, max_new_tokens=2, do_sample=False)
 
 
 def test_sets_attention_and_needs_it(lm, kvtierd_module):
@@ -230,7 +230,7 @@ def test_sets_attention_and_needs_it(lm, kvtierd_module):
     model.set_attn_implementation("eager")
     ids = tok(PROMPTS[0], return_tensors="pt")
     with pytest.raises(RuntimeError, match="attn_implementation='kvtier'|not 'kvtier'"):
-        model.generate(**ids, past_key_values=cache, max_new_tokens=3, do_sample=False)
+        model.generate(**ids, cache=cache, max_new_tokens=3, do_sample=False)
     cache.close()
     assert kvtier_attention is not None
 
@@ -244,3 +244,16 @@ def test_other_transformers_refused(version):
 def test_supported_transformers_accepted():
     check_transformers_version("5.0.0")
     check_transformers_version(transformers.__version__)
+
+
+def test_int8_tier(lm, kvtierd_module):
+    """t2_frac > 0: kvtierd stores the coldest tokens int8 and FETCH stages them dequantized;
+    generation runs through them and the tier counts say where everything is."""
+    with KvtierCache(lm[0], socket=kvtierd_module.socket, policy="tiered", hbm_frac=0.3,
+                     evict_frac=0.0, t2_frac=0.25, t2_keys="channel", **SMALL) as cache:
+        ids, plen = generate(lm, PROMPTS[2], cache, "kvtier", new=32, min_new=32)
+        st = cache.stats()
+        assert list(st.tier_count) == seq_doc(kvtierd_module, cache)["tiers"]
+    assert len(ids) == 32
+    assert st.tier_count[2] > 0 and st.tier_count[3] == 0, st
+    assert st.rows_staged >= st.tier_count[2]
