@@ -20,4 +20,7 @@ if(kvt_at LESS 0)
 endif()
 string(REPLACE "ExecStart=${kvt_exec_configured}"
 	"ExecStart=${kvt_full_bindir}/kvtierd --config ${kvt_full_confdir}/" kvt_unit "${kvt_unit}")
+# Removed first: a root install ("sudo cmake --install") leaves a file a later user install could
+# not overwrite.
+file(REMOVE "${kvt_unit_out}")
 file(WRITE "${kvt_unit_out}" "${kvt_unit}")
