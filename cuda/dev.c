@@ -155,6 +155,14 @@ kvt_dev_buf_size(const struct kvt_dev_buf *buf)
 }
 
 int
+kvt_dev_buf_fd(const struct kvt_dev_buf *buf)
+{
+	const struct kvt_dev_buf_base *b = (const struct kvt_dev_buf_base *)buf;
+
+	return b->ops->kind == KVT_DEV_HOST ? kvt_dev_host_buf_fd(buf) : -EOPNOTSUPP;
+}
+
+int
 kvt_dev_rows_check(uint64_t size, const struct kvt_dev_copy *rows, unsigned n)
 {
 	for (unsigned i = 0; i < n; i++)

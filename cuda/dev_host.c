@@ -23,6 +23,7 @@ struct kvt_dev {
 struct kvt_dev_buf {
 	struct kvt_dev_buf_base base;
 	uint8_t *map;
+	int fd; /* a duplicate of the client's memfd, for a restart (kvt_dev_buf_fd()) */
 };
 
 int
@@ -100,6 +101,14 @@ host_import(struct kvt_dev *dev, const struct kvt_dev_import *imp, struct kvt_de
 		free(buf);
 		return r;
 	}
+	buf->fd = fcntl(imp->fd, F_DUPFD_CLOEXEC, 3);
+	if (buf->fd < 0) {
+		int r = -errno;
+
+		munmap(buf->map, imp->size);
+		free(buf);
+		return r;
+	}
 	buf->base.ops = &kvt_dev_host_ops;
 	buf->base.size = imp->size;
 	*ret_buf = buf;
@@ -110,7 +119,14 @@ static void
 host_release(struct kvt_dev_buf *buf)
 {
 	munmap(buf->map, buf->base.size);
+	close(buf->fd);
 	free(buf);
+}
+
+int
+kvt_dev_host_buf_fd(const struct kvt_dev_buf *buf)
+{
+	return buf->fd;
 }
 
 static int

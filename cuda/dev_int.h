@@ -45,6 +45,8 @@ struct kvt_dev_buf_base {
 
 extern const struct kvt_dev_ops kvt_dev_host_ops;
 int kvt_dev_host_open(struct kvt_dev **ret_dev);
+/* The memfd a host buffer keeps (kvt_dev_buf_fd()). */
+int kvt_dev_host_buf_fd(const struct kvt_dev_buf *buf);
 
 #ifdef KVT_HAVE_CUDA
 extern const struct kvt_dev_ops kvt_dev_cuda_ops;

@@ -119,6 +119,13 @@ void kvt_dev_buf_get(struct kvt_dev_buf *buf);
  * (CUDA: drops its share of the IPC mapping, which is closed exactly once). NULL is fine. */
 void kvt_dev_buf_put(struct kvt_dev_buf *buf);
 uint64_t kvt_dev_buf_size(const struct kvt_dev_buf *buf);
+/*
+ * kvt_dev_buf_fd() - the memfd a host-backend buffer was imported from: the buffer keeps a
+ * duplicate (close-on-exec) for its lifetime, so that a restarted daemon can map it again.
+ * Returns the fd (owned by the buffer), or -EOPNOTSUPP (CUDA buffers: re-imported from their
+ * IPC handle instead).
+ */
+int kvt_dev_buf_fd(const struct kvt_dev_buf *buf);
 
 /*
  * kvt_dev_copy_h2d() / kvt_dev_copy_d2h() - copy a batch of rows to / from a buffer in one call.
