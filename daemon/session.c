@@ -8,6 +8,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kvt_ctl.h"
@@ -63,17 +64,32 @@ region_init(struct kvtd_session *s, uint32_t sq_entries, uint32_t cq_entries, ui
 	kvt_ring_set_flags(s->sq, KVT_RING_NEED_WAKEUP);
 }
 
-int
-kvtd_session_create(struct kvtd *d, uint32_t sq_entries, uint32_t cq_entries, uint64_t arena_size,
-		    struct kvtd_session **ret_s)
+/* Where the arena starts and how large the region is, for these ring and arena sizes. */
+static uint64_t
+region_layout(uint32_t sq_entries, uint32_t cq_entries, uint64_t arena_size,
+	      uint64_t *ret_arena_off)
 {
-	struct kvtd_session *s;
 	uint64_t arena_off;
-	int r;
 
-	s = calloc(1, sizeof(*s));
+	arena_off =
+	    align_up(align_up(sizeof(struct kvt_region_hdr), 64) + sizeof(struct kvt_ring_hdr) +
+			 (uint64_t)sq_entries * sizeof(struct kvt_sqe),
+		     64);
+	arena_off = align_up(arena_off + sizeof(struct kvt_ring_hdr) +
+				 (uint64_t)cq_entries * sizeof(struct kvt_cqe),
+			     4096);
+	*ret_arena_off = arena_off;
+	return align_up(arena_off + arena_size, 4096);
+}
+
+/* The session's private base structure (tables sized by the config), no region or fds yet. */
+static struct kvtd_session *
+session_alloc(struct kvtd *d)
+{
+	struct kvtd_session *s = calloc(1, sizeof(*s));
+
 	if (!s)
-		return -ENOMEM;
+		return NULL;
 	s->d = d;
 	s->memfd = s->sq_efd = s->cq_efd = -1;
 	s->region = MAP_FAILED;
@@ -84,18 +100,64 @@ kvtd_session_create(struct kvtd *d, uint32_t sq_entries, uint32_t cq_entries, ui
 	s->bufs = calloc(s->max_bufs, sizeof(*s->bufs));
 	s->seqs = calloc(s->max_seqs, sizeof(*s->seqs));
 	if (!s->bufs || !s->seqs) {
-		r = -ENOMEM;
-		goto err_free;
+		kvtd_session_destroy(s);
+		return NULL;
 	}
+	return s;
+}
 
-	arena_off =
-	    align_up(align_up(sizeof(struct kvt_region_hdr), 64) + sizeof(struct kvt_ring_hdr) +
-			 (uint64_t)sq_entries * sizeof(struct kvt_sqe),
-		     64);
-	arena_off = align_up(arena_off + sizeof(struct kvt_ring_hdr) +
-				 (uint64_t)cq_entries * sizeof(struct kvt_cqe),
-			     4096);
-	s->region_size = align_up(arena_off + arena_size, 4096);
+int
+kvtd_session_adopt(struct kvtd *d, int memfd, int sq_efd, int cq_efd, uint32_t sq_entries,
+		   uint32_t cq_entries, uint64_t arena_size, struct kvtd_session **ret_s)
+{
+	struct kvtd_session *s;
+	uint64_t arena_off, size;
+	struct stat st;
+	int seals;
+
+	if (!sq_entries || (sq_entries & (sq_entries - 1)) || !cq_entries ||
+	    (cq_entries & (cq_entries - 1)) || sq_entries > (1u << 20) || cq_entries > (1u << 21) ||
+	    arena_size > (1ull << 40))
+		return -EINVAL;
+	size = region_layout(sq_entries, cq_entries, arena_size, &arena_off);
+	seals = fcntl(memfd, F_GET_SEALS);
+	if (fstat(memfd, &st) < 0 || (uint64_t)st.st_size != size || seals < 0 ||
+	    (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+		return -EINVAL;
+	s = session_alloc(d);
+	if (!s)
+		return -ENOMEM;
+	s->region_size = size;
+	s->region = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+	if (s->region == MAP_FAILED) {
+		int r = -errno;
+
+		kvtd_session_destroy(s);
+		return r;
+	}
+	/* The header and ring geometry are rewritten with the values they had (the client may
+	 * have scribbled on them; it reads them only at connect). */
+	region_init(s, sq_entries, cq_entries, arena_off, arena_size);
+	s->memfd = memfd;
+	s->sq_efd = sq_efd;
+	s->cq_efd = cq_efd;
+	*ret_s = s;
+	return 0;
+}
+
+int
+kvtd_session_create(struct kvtd *d, uint32_t sq_entries, uint32_t cq_entries, uint64_t arena_size,
+		    struct kvtd_session **ret_s)
+{
+	struct kvtd_session *s;
+	uint64_t arena_off;
+	int r;
+
+	s = session_alloc(d);
+	if (!s)
+		return -ENOMEM;
+
+	s->region_size = region_layout(sq_entries, cq_entries, arena_size, &arena_off);
 
 	s->memfd = memfd_create("kvtier-session", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (s->memfd < 0) {

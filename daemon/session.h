@@ -71,6 +71,17 @@ struct kvtd_session {
 int kvtd_session_create(struct kvtd *d, uint32_t sq_entries, uint32_t cq_entries,
 			uint64_t arena_size, struct kvtd_session **ret_s);
 
+/*
+ * kvtd_session_adopt() - a restart: a session over the region memfd and doorbells the previous
+ * process handed over, with the geometry it recorded (the region's own header is not trusted).
+ * The fds are owned by the session on success. Ring indices, sequences and buffers are the
+ * caller's to restore.
+ * Returns 0, -EINVAL (geometry out of range, or a memfd that is not sealed or not of the size
+ * it implies), -ENOMEM, or mmap's -errno.
+ */
+int kvtd_session_adopt(struct kvtd *d, int memfd, int sq_efd, int cq_efd, uint32_t sq_entries,
+		       uint32_t cq_entries, uint64_t arena_size, struct kvtd_session **ret_s);
+
 /* Frees every sequence, buffer, slot, mapping and fd the session holds. The session must be
  * detached from its poller. NULL is fine. */
 void kvtd_session_destroy(struct kvtd_session *s);
