@@ -218,6 +218,23 @@ hugetlb_check(uint64_t size, int node)
 	return -ENOMEM;
 }
 
+/* Does the kernel give shared memory (the pool's memfd) transparent huge pages on
+ * MADV_HUGEPAGE? shmem_enabled "never" or "deny" say no, whatever madvise returns. */
+static int
+shmem_thp_allowed(void)
+{
+	char line[128];
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
+	int ok = 0;
+
+	if (!f)
+		return 0;
+	if (fgets(line, sizeof(line), f))
+		ok = !strstr(line, "[never]") && !strstr(line, "[deny]");
+	fclose(f);
+	return ok;
+}
+
 /* Does the process hold CAP_IPC_LOCK (mlock beyond RLIMIT_MEMLOCK)? */
 static int
 has_cap_ipc_lock(void)
@@ -277,7 +294,7 @@ pool_fit_check(const struct kvtd_config *cfg)
  * hand it to the next process (restart.c) with every row in place.
  */
 static int
-pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *dev)
+pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *dev, int adopt)
 {
 	int r;
 
@@ -304,7 +321,13 @@ pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *
 			goto err;
 		}
 		pool->backing =
-		    madvise(pool->base, pool->size, MADV_HUGEPAGE) == 0 ? "thp" : "anon";
+		    madvise(pool->base, pool->size, MADV_HUGEPAGE) == 0 && shmem_thp_allowed()
+			? "thp"
+			: "shmem";
+		if (!adopt && !strcmp(pool->backing, "shmem"))
+			log_notice("pool: 4 KiB pages (transparent huge pages are off for shared "
+				   "memory: /sys/kernel/mm/transparent_hugepage/shmem_enabled); "
+				   "set it to advise, or use [pool] hugetlb = yes, for huge pages");
 	}
 
 	/* Bind before the first touch so pages come from the node that serves the GPU. With no
@@ -318,7 +341,8 @@ pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *
 		numa_tonode_memory(pool->base, pool->size, cfg->numa_node);
 		pool->numa_node = cfg->numa_node;
 	}
-	r = pool_touch(pool->base, pool->size, pool->chunk_size);
+	/* Adopted pages are all there already: mlock maps them, or the first use does. */
+	r = adopt ? 0 : pool_touch(pool->base, pool->size, pool->chunk_size);
 	if (r < 0) {
 		log_err("pool: faulting in %llu MiB failed: %s%s",
 			(unsigned long long)(pool->size >> 20), strerror(-r),
@@ -327,7 +351,19 @@ pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *
 				      : "");
 		goto err_unmap;
 	}
-	if (cfg->lock) {
+	if (cfg->lock && adopt) {
+		/* The restart's pause must not grow with the pool: lock pages as they are mapped,
+		 * and map them all from a thread once the daemon serves (kvtd_pool_populate()). */
+		if (mlock2(pool->base, pool->size, MLOCK_ONFAULT) < 0) {
+			r = -errno;
+			log_err(
+			    "pool: mlock of %llu MiB failed: %s (raise LimitMEMLOCK / ulimit -l, "
+			    "grant CAP_IPC_LOCK, or set [pool] lock = no)",
+			    (unsigned long long)(pool->size >> 20), strerror(-r));
+			goto err_unmap;
+		}
+		pool->locked = 1;
+	} else if (cfg->lock) {
 		if (mlock(pool->base, pool->size) < 0) {
 			r = -errno;
 			log_err(
@@ -453,7 +489,7 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 			(unsigned long long)(pool->size >> 20), strerror(-r));
 		goto err_close;
 	}
-	r = pool_map(pool, cfg, dev);
+	r = pool_map(pool, cfg, dev, 0);
 	if (r < 0)
 		goto err_close;
 	return 0;
@@ -487,7 +523,7 @@ kvtd_pool_adopt(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kv
 	pool_prep(pool, size, chunk_size);
 	pool->fd = fd;
 	pool->hugetlb = !!hugetlb;
-	r = pool_map(pool, cfg, dev);
+	r = pool_map(pool, cfg, dev, 1);
 	if (r < 0) {
 		pool->fd = -1; /* still the caller's */
 		pthread_mutex_destroy(&pool->lock);
@@ -503,11 +539,43 @@ kvtd_pool_adopt(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kv
 	return 0;
 }
 
+static void *
+populate_thread(void *arg)
+{
+	struct kvtd_pool *pool = arg;
+
+	/* Maps (and, under MLOCK_ONFAULT, locks) the adopted pool's pages, 64 MiB at a time. */
+	for (uint64_t off = 0; off < pool->size && !atomic_load(&pool->populate_stop);
+	     off += 64ull << 20) {
+		uint64_t len = pool->size - off < (64ull << 20) ? pool->size - off : 64ull << 20;
+
+		if (madvise(pool->base + off, len, MADV_POPULATE_WRITE) < 0)
+			break;
+	}
+	return NULL;
+}
+
+void
+kvtd_pool_populate(struct kvtd_pool *pool)
+{
+	if (!pool->base || pool->populating)
+		return;
+	atomic_store(&pool->populate_stop, 0);
+	pool->populating = pthread_create(&pool->populate_tid, NULL, populate_thread, pool) == 0;
+	if (pool->populating)
+		pthread_setname_np(pool->populate_tid, "kvtd-populate");
+}
+
 void
 kvtd_pool_fini(struct kvtd_pool *pool)
 {
 	if (!pool->base)
 		return;
+	if (pool->populating) {
+		atomic_store(&pool->populate_stop, 1);
+		pthread_join(pool->populate_tid, NULL);
+		pool->populating = 0;
+	}
 	if (pool->dev_alloc) {
 		kvt_dev_host_free(pool->dev, pool->base, pool->size);
 		pool->base = NULL; /* not ours to unmap */

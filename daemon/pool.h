@@ -14,6 +14,7 @@
 #define KVTD_POOL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -51,7 +52,7 @@ struct kvtd_pool {
 	struct kvtd_pool_class classes[KVTD_POOL_MAX_CLASSES];
 	uint64_t used_bytes; /* slot bytes handed out */
 	uint64_t refused_quota, refused_nomem;
-	const char *backing; /* "hugetlb", "thp", "anon" or "cuda-host-alloc" */
+	const char *backing; /* "hugetlb", "thp", "shmem" (4 KiB pages) or "cuda-host-alloc" */
 	int numa_node;	     /* -1: not bound */
 	int locked;
 	struct kvt_dev *dev; /* registered with, NULL in unit tests */
@@ -59,6 +60,9 @@ struct kvtd_pool {
 	int fd;		     /* the memfd behind base (a restart passes it on); -1 with dev_alloc */
 	int hugetlb;	     /* fd is a MFD_HUGETLB memfd */
 	uint8_t **claimed;   /* per chunk, between the first claim and kvtd_pool_claim_done() */
+	pthread_t populate_tid; /* kvtd_pool_populate() */
+	int populating;
+	_Atomic int populate_stop;
 };
 
 /*
@@ -98,6 +102,8 @@ int kvtd_pool_claim(struct kvtd_pool *pool, int cls, uint64_t off, struct kvtd_a
 		    struct kvtd_acct *acct2, void **ret_slot);
 /* Builds the free lists of the chunks claims touched (unclaimed slots are free). */
 void kvtd_pool_claim_done(struct kvtd_pool *pool);
+/* After an adopt, once serving: map every page from a thread (joined by kvtd_pool_fini()). */
+void kvtd_pool_populate(struct kvtd_pool *pool);
 
 /*
  * kvtd_pool_class_get() - find or create the class of @slot_size bytes (rounded up to 64).
