@@ -409,29 +409,35 @@ retrieval_flush(struct kvtd_seq *q)
 	return 0;
 }
 
-int
-kvtd_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p)
+static int
+seq_params_ok(struct kvtd_session *s, const struct kvt_seq_params *p)
 {
-	struct kvtd *d = s->d;
-	struct kvt_seq_params pp = *p;
-	struct kvtd_seq *q;
 	const char *why;
-	unsigned idx;
 	int r;
 
 	r = params_check(p, &why);
 	if (r == 0) {
 		/* The engine reads t0_slots only when there is a T0 region. */
-		r = kvt_tier_validate(&pp, &why);
+		r = kvt_tier_validate(p, &why);
 	}
-	if (r < 0) {
+	if (r < 0)
 		log_debug("session %u: SEQ_OPEN refused: %s", s->id, why);
+	return r;
+}
+
+/* SEQ_OPEN up to the retrieval state: validated, classes taken, not yet in s->seqs. */
+static int
+seq_new(struct kvtd_session *s, const struct kvt_seq_params *p, struct kvtd_seq **ret_q)
+{
+	struct kvtd *d = s->d;
+	struct kvt_seq_params pp = *p;
+	struct kvtd_seq *q;
+	const char *why;
+	int r;
+
+	r = seq_params_ok(s, p);
+	if (r < 0)
 		return r;
-	}
-	if (s->n_seqs >= s->max_seqs)
-		return -EMFILE;
-	for (idx = 0; idx < s->max_seqs && s->seqs[idx]; idx++)
-		;
 	q = calloc(1, sizeof(*q));
 	if (!q)
 		return -ENOMEM;
@@ -477,19 +483,42 @@ kvtd_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p)
 	r = seq_ensure_cap(q, 1);
 	if (r < 0)
 		goto err_free;
-	if (p->ret_update) {
-		r = retrieval_init(s, q);
-		if (r < 0)
-			goto err_free;
-	}
-	q->id = idx + 1;
-	s->seqs[idx] = q;
-	s->n_seqs++;
-	return (int)q->id;
+	*ret_q = q;
+	return 0;
 
 err_free:
 	kvtd_seq_destroy(s, q);
 	return r;
+}
+
+int
+kvtd_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p)
+{
+	struct kvtd_seq *q;
+	unsigned idx;
+	int r;
+
+	r = seq_params_ok(s, p);
+	if (r < 0)
+		return r;
+	if (s->n_seqs >= s->max_seqs)
+		return -EMFILE;
+	r = seq_new(s, p, &q);
+	if (r < 0)
+		return r;
+	if (p->ret_update) {
+		r = retrieval_init(s, q);
+		if (r < 0) {
+			kvtd_seq_destroy(s, q);
+			return r;
+		}
+	}
+	for (idx = 0; idx < s->max_seqs && s->seqs[idx]; idx++)
+		;
+	q->id = idx + 1;
+	s->seqs[idx] = q;
+	s->n_seqs++;
+	return (int)q->id;
 }
 
 /* Drops a T2 slot's reference to its key-scale block, freeing the block with the last one. */
@@ -1204,4 +1233,146 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 	memcpy((uint8_t *)out + H * 4 + (size_t)H * stride * 4, q->topk_score,
 	       (size_t)H * stride * 4);
 	return (int)stride;
+}
+
+static int
+cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * The key-scale blocks of a restored sequence: a T2 slot holds the block's address in the old
+ * process, which becomes an offset (claimed once per block) and then the new address. Every
+ * block's reference count must equal the T2 slots that name it.
+ */
+static int
+restore_kblks(struct kvtd_session *s, struct kvtd_seq *q, uint64_t old_base)
+{
+	struct kvtd_pool *pool = &s->d->pool;
+	uint64_t *offs, n = 0, kb = kvtd_pool_slot_size(pool, q->cls_kb);
+	int r = 0;
+
+	if (!q->ts.n_int8)
+		return 0;
+	offs = malloc(q->ts.n_int8 * sizeof(*offs));
+	if (!offs)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < q->ts.n; i++) {
+		uint8_t *slot = q->slot[i];
+		uintptr_t a;
+
+		if (!(q->ts.tier[i] & KVT_TIER_F_INT8))
+			continue;
+		memcpy(&a, slot + q->q_bytes - sizeof(a), sizeof(a));
+		if (a < old_base || a - old_base >= pool->size || (a - old_base) % 64) {
+			r = -EINVAL;
+			goto out;
+		}
+		offs[n++] = a - old_base;
+	}
+	qsort(offs, n, sizeof(*offs), cmp_u64);
+	for (uint64_t i = 0; i < n;) {
+		uint64_t j = i;
+		struct kblk *b;
+		void *p;
+
+		while (j < n && offs[j] == offs[i])
+			j++;
+		r = kvtd_pool_claim(pool, q->cls_kb, offs[i], &s->acct, uid_acct(s), &p);
+		if (r < 0)
+			goto out;
+		b = p;
+		q->n_kblk++;
+		if (b->refs != j - i || kb < kblk_bytes(&q->p)) {
+			r = -EINVAL;
+			goto out;
+		}
+		i = j;
+	}
+	for (uint32_t i = 0; i < q->ts.n; i++) {
+		uint8_t *slot = q->slot[i];
+		uintptr_t a;
+
+		if (!(q->ts.tier[i] & KVT_TIER_F_INT8))
+			continue;
+		memcpy(&a, slot + q->q_bytes - sizeof(a), sizeof(a));
+		a = (uintptr_t)pool->base + (a - old_base);
+		memcpy(slot + q->q_bytes - sizeof(a), &a, sizeof(a));
+	}
+out:
+	free(offs);
+	return r;
+}
+
+int
+kvtd_seq_restore(struct kvtd_session *s, const struct kvt_seq_params *p, uint32_t id,
+		 const struct kvtd_seq_image *img)
+{
+	struct kvt_tier_seq ts;
+	struct kvtd_seq *q;
+	int r;
+
+	if (!id || id > s->max_seqs || s->seqs[id - 1] || (p->max_tokens && img->n > p->max_tokens))
+		return -EINVAL;
+	r = seq_new(s, p, &q);
+	if (r < 0)
+		return r;
+	q->id = id;
+	s->seqs[id - 1] = q;
+	s->n_seqs++;
+	if (img->n) {
+		r = seq_ensure_cap(q, img->n);
+		if (r < 0)
+			return r;
+	}
+	r = kvt_tier_seq_restore(&ts, q->ts_mem, q->ts_size, q->ts.cap, q->cfg.t0_slots, img->n,
+				 img->gen, img->score, img->tier, img->pos_slot);
+	if (r < 0)
+		return r;
+	q->ts = ts;
+	/* Each live position claims its pool slot back (T1 or T2 by its tier); only evicted
+	 * positions have none. */
+	for (uint32_t i = 0; i < img->n; i++) {
+		uint8_t t = img->tier[i];
+		int cls = (t & KVT_TIER_F_INT8) ? q->cls_q : q->cls;
+
+		if ((t & KVT_TIER_MASK) == KVT_T3) {
+			if (img->slot_off[i])
+				return -EINVAL;
+			continue;
+		}
+		if (!img->slot_off[i])
+			return -EINVAL;
+		r = kvtd_pool_claim(&s->d->pool, cls, img->slot_off[i] - 1, &s->acct, uid_acct(s),
+				    &q->slot[i]);
+		if (r < 0)
+			return r;
+	}
+	if (key_channel(q)) {
+		r = restore_kblks(s, q, img->old_base);
+		if (r < 0)
+			return r;
+	}
+	q->bytes_in = img->bytes_in;
+	q->bytes_out = img->bytes_out;
+	q->score_total = img->score_total;
+	return 0;
+}
+
+int
+kvtd_seq_restore_retrieval(struct kvtd_session *s, struct kvtd_seq *q)
+{
+	int r;
+
+	if (!q->p.ret_update)
+		return 0;
+	r = retrieval_init(s, q);
+	if (r < 0)
+		return r;
+	/* The keys of every position that had left the dense window, encoded again from the pool
+	 * in position order; evicted ones are dropped as they were. */
+	return retrieval_flush(q);
 }

@@ -91,4 +91,35 @@ int kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, ui
 		  unsigned flags, const float *query, uint64_t q_len, void *out, uint64_t out_len,
 		  uint64_t *ret_n);
 
+/*
+ * A sequence as a restart hands it over (restart.c): its SEQ_OPEN parameters, the tier state of
+ * its @n positions, and each position's pool slot as an offset into the pool plus one (0: none,
+ * an evicted position). @old_base is where the previous process mapped the pool (key-scale
+ * block addresses are relative to it).
+ */
+struct kvtd_seq_image {
+	uint32_t n, gen;
+	const float *score;
+	const uint8_t *tier;
+	const int32_t *pos_slot;
+	const uint64_t *slot_off;
+	uint64_t old_base;
+	uint64_t bytes_in, bytes_out;
+	double score_total;
+};
+
+/*
+ * kvtd_seq_restore() - re-create sequence @id of @s from @img: parameters checked as SEQ_OPEN
+ * does, tier state by kvt_tier_seq_restore(), every slot claimed back from the pool
+ * (kvtd_pool_claim(), before kvtd_pool_claim_done()). No retrieval state yet: see
+ * kvtd_seq_restore_retrieval(). Returns 0, -EINVAL (the image contradicts itself or the pool),
+ * -EEXIST (a slot claimed twice), or a SEQ_OPEN error. On failure the sequence may be half
+ * built inside @s: the caller drops the session.
+ */
+int kvtd_seq_restore(struct kvtd_session *s, const struct kvt_seq_params *p, uint32_t id,
+		     const struct kvtd_seq_image *img);
+/* After kvtd_pool_claim_done(): rebuild the retrieval index by encoding again, in order, the
+ * keys that had been encoded. Returns 0 or -errno. */
+int kvtd_seq_restore_retrieval(struct kvtd_session *s, struct kvtd_seq *q);
+
 #endif
