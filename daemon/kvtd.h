@@ -68,6 +68,16 @@ struct kvtd {
 	unsigned n_sessions;
 	uint32_t next_session_id;
 	struct kvtd_uid *uids; /* cfg.max_sessions entries; accounts updated under the pool lock */
+
+	/* restart (restart.c) */
+	char exe[4096]; /* the binary started, re-executed by a restart */
+	char **argv;	/* its arguments, without --restore-fd */
+	int argc;
+	int restart_pending;	     /* SIGUSR2 or RESTART seen: restart at the next turn */
+	void *restart_conn;	     /* the connection that asked (loop.c), NULL for SIGUSR2 */
+	uint64_t restart_req_id;     /* its request id */
+	uint32_t restarts;	     /* restarts since the first start */
+	uint64_t restart_started_ns; /* when the last restart began (CLOCK_MONOTONIC) */
 };
 
 uint64_t kvtd_now_ns(void);

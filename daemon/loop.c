@@ -27,6 +27,7 @@
 #include "loop.h"
 #include "metrics.h"
 #include "poller.h"
+#include "restart.h"
 #include "session.h"
 #include "stats.h"
 
@@ -517,6 +518,18 @@ handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, 
 		admin_touch(d, c);
 		reply_json(c, h->id, keep_visible(d, c, kvtd_stats_seqs(d), "seqs"));
 		return 0;
+	case KVT_CTL_RESTART:
+		admin_touch(d, c);
+		if (!c->privileged) {
+			send_error(c->fd, h->id, -EPERM,
+				   "restart is for root, kvtierd's uid or an admin_gids group");
+			return 0;
+		}
+		/* At the end of this turn of the loop; the reply comes from the new process. */
+		d->restart_pending = 1;
+		d->restart_conn = c;
+		d->restart_req_id = h->id;
+		return 0;
 	case KVT_CTL_BUF_REGISTER:
 	case KVT_CTL_BUF_UNREGISTER:
 		if (c->state != CONN_SESSION) {
@@ -581,7 +594,7 @@ conn_ready(struct kvtd *d, struct kvtd_conn *c, int revents)
 		} else {
 			r = handle_msg(d, c, buf, (size_t)n, nfds == 1 ? fds[0] : -1);
 		}
-		/* The daemon keeps no client fd: imports hold mappings, not descriptors. */
+		/* The daemon keeps no fd a peer passes: a host buffer import keeps its own dup. */
 		for (int i = 0; i < nfds; i++)
 			close(fds[i]);
 		if (r < 0)
@@ -778,6 +791,10 @@ on_signal(struct kvtd *d)
 				log_notice("reloaded %s", d->cfg.config_path);
 			}
 			sd_notify(0, "READY=1");
+		} else if (si.ssi_signo == SIGUSR2) {
+			log_notice("SIGUSR2: restarting in place");
+			d->restart_pending = 1;
+			d->restart_conn = NULL;
 		} else {
 			log_notice("signal %u: stopping", si.ssi_signo);
 			d->stopping = 1;
@@ -1012,6 +1029,7 @@ kvtd_loop_init(struct kvtd *d)
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
 	sigaddset(&mask, SIGHUP);
+	sigaddset(&mask, SIGUSR2);
 	d->signal_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
 	if (d->signal_fd < 0)
 		return -errno;
@@ -1098,6 +1116,28 @@ kvtd_loop_run(struct kvtd *d)
 				arm_poll(d, c->fd, ud);
 		}
 		}
+		if (d->restart_pending) {
+			void *asker = d->restart_conn;
+
+			d->restart_pending = 0;
+			r = kvtd_restart(d); /* returns only when the restart failed */
+			d->restart_conn = NULL;
+			if (!asker && r == -EOPNOTSUPP) {
+				/* systemctl reload sends SIGUSR2: where a restart in place cannot
+				 * be done, it still re-reads the configuration, as SIGHUP does */
+				log_notice("SIGUSR2: reloading the configuration instead");
+				kill(getpid(), SIGHUP);
+			}
+			if (asker) {
+				char msg[200];
+
+				snprintf(msg, sizeof(msg),
+					 "restart failed: %s (kvtierd keeps running; "
+					 "see its log)",
+					 strerror(-r));
+				kvtd_loop_reply(d, asker, d->restart_req_id, r, msg);
+			}
+		}
 	}
 	return 0;
 }
@@ -1118,4 +1158,95 @@ kvtd_loop_fini(struct kvtd *d)
 		close(d->timer_fd);
 	kvtd_metrics_fini(d);
 	free(d->uids);
+}
+
+int
+kvtd_loop_conns(struct kvtd *d, int (*fn)(void *ctx, const struct kvtd_conn_info *ci), void *ctx)
+{
+	for (struct kvtd_conn *c = d->conns; c; c = c->next) {
+		struct kvtd_conn_info ci = {c->fd,  c->state,	   c->pid, c->uid,
+					    c->gid, c->privileged, c->s,   c};
+		int r;
+
+		if (!c->deadline_ns && c->state != CONN_SESSION)
+			continue; /* being closed */
+		if (c->s && c->s->broken)
+			continue;
+		r = fn(ctx, &ci);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
+int
+kvtd_loop_adopt(struct kvtd *d, const struct kvtd_conn_info *ci, void **ret_conn)
+{
+	uint64_t now = kvtd_now_ns();
+	struct kvtd_conn *c;
+	int r;
+
+	if (ci->state < CONN_NEW || ci->state > CONN_ADMIN ||
+	    (ci->state == CONN_SESSION) != !!ci->s)
+		return -EINVAL;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->fd = ci->fd;
+	c->state = ci->state;
+	c->pid = ci->pid;
+	c->uid = ci->uid;
+	c->gid = ci->gid;
+	c->privileged = ci->privileged;
+	if (ci->state == CONN_ADMIN)
+		c->deadline_ns = now + (uint64_t)d->cfg.admin_idle_timeout_ms * 1000000;
+	else if (ci->state != CONN_SESSION)
+		c->deadline_ns = now + (uint64_t)d->cfg.hello_timeout_ms * 1000000;
+	if (ci->s) {
+		/* Kept even past a lowered limit: a restart does not end sessions. */
+		c->uid_ent = uid_get(d, c->uid);
+		if (!c->uid_ent) {
+			free(c);
+			return -EUSERS;
+		}
+		c->uid_ent->sessions++;
+		ci->s->uid_ent = c->uid_ent;
+		ci->s->sock = c->fd;
+		r = kvtd_poller_attach(d, ci->s);
+		if (r < 0) {
+			c->uid_ent->sessions--;
+			free(c);
+			return r;
+		}
+		c->s = ci->s;
+		d->n_sessions++;
+	}
+	if (arm_poll(d, c->fd, (uint64_t)(uintptr_t)c) < 0) {
+		if (c->s) {
+			kvtd_poller_detach(c->s);
+			c->uid_ent->sessions--;
+			d->n_sessions--;
+		}
+		free(c);
+		return -EBUSY;
+	}
+	c->next = d->conns;
+	if (d->conns)
+		d->conns->prev = c;
+	d->conns = c;
+	d->n_conns++;
+	*ret_conn = c;
+	return 0;
+}
+
+void
+kvtd_loop_reply(struct kvtd *d, void *conn, uint64_t id, int err, const char *text)
+{
+	struct kvtd_conn *c = conn;
+
+	if (err < 0) {
+		send_error(c->fd, id, err, "%s", text);
+		return;
+	}
+	reply_json(c, id, json_tokener_parse(text));
 }

@@ -15,16 +15,20 @@
 #include "log.h"
 #include "loop.h"
 #include "poller.h"
+#include "restart.h"
 
 int
 main(int argc, char **argv)
 {
+	struct kvtd_image *img = NULL;
 	struct kvtd d;
 	char err[512];
 	sigset_t mask;
-	int r;
+	int r, restore_fd;
 
 	memset(&d, 0, sizeof(d));
+	/* A restart in place (restart.h) appends --restore-fd: the rest is the original command. */
+	restore_fd = kvtd_restart_take_fd(&argc, argv);
 	r = kvtd_config_load(&d.cfg, argc, argv, err, sizeof(err));
 	if (r > 0)
 		return 0;
@@ -32,18 +36,22 @@ main(int argc, char **argv)
 		fprintf(stderr, "kvtierd: %s\n", err);
 		return 2;
 	}
+	kvtd_restart_record(&d, argc, argv);
+	if (restore_fd >= 0 && kvtd_image_load(restore_fd, &img) < 0)
+		kvtd_restart_drop_inherited(); /* logged: the old sessions end, start afresh */
 	d.start_ns = kvtd_now_ns();
 	/* Signals arrive through signalfd in the main loop; every thread inherits this mask. */
 	sigemptyset(&mask);
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
 	sigaddset(&mask, SIGHUP);
+	sigaddset(&mask, SIGUSR2);
 	pthread_sigmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
 	/* The socket first: a second daemon on a taken socket (or a path that is no socket) is
 	 * refused before it opens a device or allocates and pins a pool. */
-	r = kvtd_loop_listen(&d);
+	r = img ? kvtd_restart_listener(&d, img) : kvtd_loop_listen(&d);
 	if (r < 0)
 		goto err_listen;
 	r = kvt_dev_open(d.cfg.backend, &d.dev);
@@ -53,7 +61,24 @@ main(int argc, char **argv)
 		goto err_listen;
 	}
 	log_notice("kvtierd %s starting: backend %s", KVTIER_VERSION, kvt_dev_name(d.dev));
-	r = kvtd_pool_init(&d.pool, &d.cfg, d.dev);
+	if (img) {
+		r = kvtd_restart_pool(&d, img);
+		if (r < 0) {
+			log_err("restart: the pool cannot be kept (%s): the previous sessions are "
+				"dropped",
+				strerror(-r));
+			kvtd_restart_drop_inherited();
+			kvtd_image_free(img);
+			img = NULL;
+			/* the listener went too: bind it again */
+			kvtd_loop_fini(&d);
+			r = kvtd_loop_listen(&d);
+			if (r < 0)
+				goto err_dev;
+		}
+	}
+	if (!img)
+		r = kvtd_pool_init(&d.pool, &d.cfg, d.dev);
 	if (r < 0)
 		goto err_dev;
 	r = kvtd_loop_init(&d);
@@ -63,6 +88,15 @@ main(int argc, char **argv)
 	if (r < 0) {
 		log_err("starting pollers: %s", strerror(-r));
 		goto err_pollers;
+	}
+	if (img) {
+		/* logged; on failure it serves with a new, empty pool */
+		r = kvtd_restart_sessions(&d, img);
+		kvtd_image_free(img);
+		img = NULL;
+		if (r < 0 && !d.pool.base)
+			goto err_pollers;
+		kvtd_pool_populate(&d.pool);
 	}
 	sd_notifyf(0, "READY=1\nSTATUS=serving on %s, pool %llu MiB", d.cfg.socket_path,
 		   (unsigned long long)(d.pool.size >> 20));
@@ -81,6 +115,7 @@ err_loop:
 err_dev:
 	kvt_dev_close(d.dev);
 err_listen:
+	kvtd_image_free(img);
 	kvtd_loop_fini(&d);
 	log_notice("kvtierd stopped");
 	return 1;

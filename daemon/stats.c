@@ -89,6 +89,7 @@ kvtd_stats_status(struct kvtd *d)
 	}
 	ADD(o, "pid", json_object_new_int(getpid()));
 	ADD(o, "uptime_s", json_object_new_double((kvtd_now_ns() - d->start_ns) / 1e9));
+	ADD(o, "restarts", json_object_new_int64(d->restarts));
 	ADD(o, "pollers", json_object_new_int((int)d->n_pollers));
 	pool = json_object_new_object();
 	ADD(pool, "size", U64(u.size));

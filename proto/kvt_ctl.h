@@ -16,6 +16,12 @@
  * timeout is closed, an admin connection idle past admin_idle_timeout_ms too (each after an
  * ERROR -ETIMEDOUT). A peer the daemon does not allow gets ERROR -EACCES in reply to its first
  * message, then the close.
+ *
+ * RESTART (root, the daemon's uid or admin_gids; -EPERM otherwise) re-executes the daemon's
+ * binary in place, same pid, keeping every session: connections, regions, doorbells, pool rows
+ * and sequence state cross the exec, and clients see a pause, not a reconnect. The JSON reply
+ * comes from the new process once it serves ({"restarted": true, "pause_ms": ..., ...}); an
+ * ERROR when the restart could not start (the old process keeps serving).
  */
 #ifndef KVT_CTL_H
 #define KVT_CTL_H
@@ -40,6 +46,7 @@ enum {
 	KVT_CTL_CLIENTS = 17,	    /* admin request, header only */
 	KVT_CTL_SEQS = 18,	    /* admin request, header only */
 	KVT_CTL_JSON = 19,	    /* admin reply: NUL-terminated JSON text follows the header */
+	KVT_CTL_RESTART = 20,	    /* admin request, header only: re-exec in place (below) */
 };
 
 struct kvt_ctl_hdr {

@@ -2,7 +2,7 @@
 /*
  * kvtierctl - inspect a running kvtierd over its control socket.
  *
- * Each command sends admin requests (proto/kvt_ctl.h: STATUS, CLIENTS, SEQS; no HELLO) and
+ * Each command sends admin requests (proto/kvt_ctl.h: STATUS, CLIENTS, SEQS, RESTART; no HELLO) and
  * formats the JSON replies. The daemon's documents, every key optional here:
  *   status:  {"version","abi":{"major","minor"},"backend","pid","uptime_s","pollers",
  *             "pool":{"size","used","free","chunk_size","chunks_free","classes","backing",
@@ -70,6 +70,7 @@ usage(FILE *f)
 	    "  seqs      open sequences with their geometry and tokens per tier\n"
 	    "  metrics   status, clients and seqs in Prometheus text format\n"
 	    "  top       redraw status, clients and seqs every --interval seconds\n"
+	    "  restart   re-execute kvtierd in place, keeping every session (admin only)\n"
 	    "\n"
 	    "Options:\n"
 	    "  -s, --socket PATH    control socket (default: $KVTIER_SOCKET, else %s)\n"
@@ -94,6 +95,8 @@ type_name(uint32_t type)
 		return "CLIENTS";
 	case KVT_CTL_SEQS:
 		return "SEQS";
+	case KVT_CTL_RESTART:
+		return "RESTART";
 	default:
 		return "request";
 	}
@@ -269,6 +272,34 @@ cmd_metrics(const struct opts *o)
 	return report_fmt(r) < 0 ? EXIT_FAIL : 0;
 }
 
+/* The reply comes from the new process once it serves: the wait is the restart's pause. */
+static int
+cmd_restart(const struct opts *o)
+{
+	struct kvtctl_conn c;
+	struct json_object *doc = NULL, *v;
+	int r;
+
+	r = conn_open(&c, o);
+	if (r < 0)
+		return EXIT_FAIL;
+	r = fetch(&c, KVT_CTL_RESTART, &doc);
+	kvtctl_close(&c);
+	if (r < 0)
+		return EXIT_FAIL;
+	if (o->json)
+		print_json(doc);
+	else
+		printf("kvtierd restarted in place: %lld session(s) kept, paused %.1f ms\n",
+		       json_object_object_get_ex(doc, "sessions", &v)
+			   ? (long long)json_object_get_int64(v)
+			   : 0,
+		       json_object_object_get_ex(doc, "pause_ms", &v) ? json_object_get_double(v)
+								      : 0.0);
+	json_object_put(doc);
+	return 0;
+}
+
 static void
 sleep_s(double s)
 {
@@ -433,6 +464,8 @@ main(int argc, char **argv)
 		return cmd_metrics(&o);
 	if (!strcmp(cmd, "top"))
 		return cmd_top(&o);
+	if (!strcmp(cmd, "restart"))
+		return cmd_restart(&o);
 	fprintf(stderr, "kvtierctl: unknown command '%s'; see 'kvtierctl --help'\n", cmd);
 	return EXIT_USAGE;
 }

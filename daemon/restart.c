@@ -1,0 +1,1022 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * restart.c - restart in place (restart.h): the image, the exec, and the restore.
+ *
+ * The image is written and read by the same machine and, across an upgrade, by two builds: its
+ * body is native-endian fixed-width fields, read with bounds checks; any field out of range
+ * refuses the whole image. It is never shared with a client.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include "kvt_ctl.h"
+#include "kvt_dev.h"
+#include "kvt_ring.h"
+#include "kvtd.h"
+#include "log.h"
+#include "loop.h"
+#include "poller.h"
+#include "restart.h"
+#include "seq.h"
+#include "session.h"
+
+/* ---- image buffer ------------------------------------------------------------------------ */
+
+struct wbuf {
+	uint8_t *p;
+	size_t len, cap;
+	int err;
+};
+
+static void
+put(struct wbuf *w, const void *v, size_t n)
+{
+	if (w->err)
+		return;
+	if (w->len + n > w->cap) {
+		size_t cap = w->cap ? w->cap : 65536;
+		uint8_t *p;
+
+		while (cap < w->len + n)
+			cap *= 2;
+		p = realloc(w->p, cap);
+		if (!p) {
+			w->err = -ENOMEM;
+			return;
+		}
+		w->p = p;
+		w->cap = cap;
+	}
+	memcpy(w->p + w->len, v, n);
+	w->len += n;
+}
+
+#define PUT(w, v)                                                                                  \
+	do {                                                                                       \
+		__typeof__(v) _v = (v);                                                            \
+		put((w), &_v, sizeof(_v));                                                         \
+	} while (0)
+
+struct rbuf {
+	const uint8_t *p;
+	size_t len, off;
+	int err;
+};
+
+static const void *
+get(struct rbuf *r, size_t n)
+{
+	const void *v;
+
+	if (r->err || n > r->len - r->off) {
+		r->err = -EBADMSG;
+		return NULL;
+	}
+	v = r->p + r->off;
+	r->off += n;
+	return v;
+}
+
+static uint32_t
+get32(struct rbuf *r)
+{
+	const void *v = get(r, 4);
+	uint32_t x = 0;
+
+	if (v)
+		memcpy(&x, v, 4);
+	return x;
+}
+
+static uint64_t
+get64(struct rbuf *r)
+{
+	const void *v = get(r, 8);
+	uint64_t x = 0;
+
+	if (v)
+		memcpy(&x, v, 8);
+	return x;
+}
+
+static int
+getfd(struct rbuf *r)
+{
+	int32_t fd = (int32_t)get32(r);
+
+	if (fd < 3 && !r->err)
+		r->err = -EBADMSG; /* never stdio, never negative */
+	return fd;
+}
+
+uint64_t
+kvtd_image_checksum(const void *p, size_t len)
+{
+	const uint8_t *b = p;
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	for (size_t i = 0; i < len; i++) {
+		h ^= b[i];
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+
+/* ---- parsed image ------------------------------------------------------------------------- */
+
+struct img_buf {
+	uint32_t id;
+	uint64_t size;
+	int fd;
+};
+
+struct img_seq {
+	uint32_t id;
+	struct kvt_seq_params p;
+	struct kvtd_seq_image si; /* arrays in mem */
+	void *mem;
+};
+
+struct img_conn {
+	int fd, state;
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	int privileged, asker, has_session;
+	/* session */
+	uint32_t id;
+	char name[32];
+	uint64_t start_ns;
+	int memfd, sq_efd, cq_efd;
+	uint32_t sq_entries, cq_entries;
+	uint64_t arena_size;
+	uint32_t sq_head, cq_tail, cq_head_seen;
+	uint64_t ops, errors;
+	uint32_t n_bufs, n_seqs;
+	struct img_buf *bufs;
+	struct img_seq *seqs;
+	/* restore progress */
+	struct kvtd_session *s;
+	unsigned bufs_done; /* buffer fds already consumed */
+	int fds_owned;	    /* memfd and doorbells belong to s */
+};
+
+struct kvtd_image {
+	uint8_t *bytes; /* the image */
+	size_t len;
+	char version[33];
+	uint32_t next_session_id, restarts;
+	uint64_t start_ns, restart_started_ns, restart_req_id;
+	int listen_fd, lock_fd;
+	uint64_t sock_dev, sock_ino;
+	int pool_fd;
+	uint32_t pool_hugetlb;
+	uint64_t pool_size, chunk_size, pool_base;
+	uint64_t cnt[8];
+	uint32_t n_conns;
+	struct img_conn *conns;
+};
+
+void
+kvtd_image_free(struct kvtd_image *img)
+{
+	if (!img)
+		return;
+	for (uint32_t i = 0; img->conns && i < img->n_conns; i++) {
+		for (uint32_t k = 0; img->conns[i].seqs && k < img->conns[i].n_seqs; k++)
+			free(img->conns[i].seqs[k].mem);
+		free(img->conns[i].bufs);
+		free(img->conns[i].seqs);
+	}
+	free(img->conns);
+	free(img->bytes);
+	free(img);
+}
+
+unsigned
+kvtd_image_sessions(const struct kvtd_image *img)
+{
+	unsigned n = 0;
+
+	for (uint32_t i = 0; i < img->n_conns; i++)
+		n += img->conns[i].has_session;
+	return n;
+}
+
+static int
+parse_seq(struct rbuf *r, struct img_seq *q)
+{
+	const void *pp;
+	uint32_t n;
+
+	q->id = get32(r);
+	pp = get(r, sizeof(q->p));
+	if (pp)
+		memcpy(&q->p, pp, sizeof(q->p));
+	n = get32(r);
+	q->si.n = n;
+	q->si.gen = get32(r);
+	q->si.bytes_in = get64(r);
+	q->si.bytes_out = get64(r);
+	{
+		const void *v = get(r, 8);
+
+		if (v)
+			memcpy(&q->si.score_total, v, 8);
+	}
+	if (r->err || n > KVT_TIER_MAX_CAP)
+		return -EBADMSG;
+	{
+		size_t a4 = ((size_t)n * 4 + 7) & ~(size_t)7, a1 = ((size_t)n + 7) & ~(size_t)7;
+		const void *score = get(r, a4), *pos_slot = get(r, a4),
+			   *off = get(r, (size_t)n * 8), *tier = get(r, a1);
+		uint8_t *m;
+
+		if (r->err)
+			return r->err;
+		/* Copied out: the image gives no alignment guarantee to arrays of floats. */
+		m = malloc(2 * a4 + (size_t)n * 8 + a1 + 8);
+		if (!m)
+			return -ENOMEM;
+		q->mem = m;
+		memcpy(m, off, (size_t)n * 8);
+		q->si.slot_off = (const uint64_t *)m;
+		m += (size_t)n * 8;
+		memcpy(m, score, a4);
+		q->si.score = (const float *)m;
+		m += a4;
+		memcpy(m, pos_slot, a4);
+		q->si.pos_slot = (const int32_t *)m;
+		m += a4;
+		memcpy(m, tier, a1);
+		q->si.tier = m;
+	}
+	return 0;
+}
+
+static int
+parse_conn(struct rbuf *r, struct img_conn *c)
+{
+	const void *name;
+
+	c->fd = getfd(r);
+	c->state = (int)get32(r);
+	c->pid = (pid_t)get32(r);
+	c->uid = get32(r);
+	c->gid = get32(r);
+	c->privileged = (int)get32(r);
+	c->asker = (int)get32(r);
+	c->has_session = (int)get32(r);
+	if (r->err || c->has_session > 1)
+		return -EBADMSG;
+	if (!c->has_session)
+		return 0;
+	c->id = get32(r);
+	name = get(r, sizeof(c->name));
+	if (name)
+		memcpy(c->name, name, sizeof(c->name));
+	c->name[sizeof(c->name) - 1] = '\0';
+	c->start_ns = get64(r);
+	c->memfd = getfd(r);
+	c->sq_efd = getfd(r);
+	c->cq_efd = getfd(r);
+	c->sq_entries = get32(r);
+	c->cq_entries = get32(r);
+	c->arena_size = get64(r);
+	c->sq_head = get32(r);
+	c->cq_tail = get32(r);
+	c->cq_head_seen = get32(r);
+	c->ops = get64(r);
+	c->errors = get64(r);
+	c->n_bufs = get32(r);
+	c->n_seqs = get32(r);
+	if (r->err || c->n_bufs > 65536 || c->n_seqs > 65536)
+		return -EBADMSG;
+	c->bufs = calloc(c->n_bufs ? c->n_bufs : 1, sizeof(*c->bufs));
+	c->seqs = calloc(c->n_seqs ? c->n_seqs : 1, sizeof(*c->seqs));
+	if (!c->bufs || !c->seqs)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < c->n_bufs; i++) {
+		c->bufs[i].id = get32(r);
+		c->bufs[i].size = get64(r);
+		c->bufs[i].fd = getfd(r);
+	}
+	for (uint32_t i = 0; i < c->n_seqs && !r->err; i++)
+		if (parse_seq(r, &c->seqs[i]) < 0)
+			return r->err ? r->err : -EBADMSG;
+	return r->err;
+}
+
+int
+kvtd_image_parse(const void *buf, size_t len, struct kvtd_image **ret_img)
+{
+	struct kvtd_image_hdr h;
+	struct kvtd_image *img;
+	struct rbuf r;
+	int e;
+
+	if (len < sizeof(h)) {
+		log_err("restart: the image is %zu bytes, shorter than its header", len);
+		return -EBADMSG;
+	}
+	memcpy(&h, buf, sizeof(h));
+	if (memcmp(h.magic, KVTD_IMAGE_MAGIC, sizeof(KVTD_IMAGE_MAGIC)) ||
+	    h.version != KVTD_IMAGE_VERSION || h.hdr_size != sizeof(h)) {
+		h.daemon_version[sizeof(h.daemon_version) - 1] = '\0';
+		log_err("restart: image version %u from kvtierd '%.31s' is not one this kvtierd %s "
+			"reads (version %u): the previous sessions are dropped",
+			h.version, memcmp(h.magic, KVTD_IMAGE_MAGIC, 8) ? "?" : h.daemon_version,
+			KVTIER_VERSION, KVTD_IMAGE_VERSION);
+		return -EPROTONOSUPPORT;
+	}
+	if (h.size != len ||
+	    kvtd_image_checksum((const uint8_t *)buf + sizeof(h), len - sizeof(h)) != h.checksum) {
+		log_err("restart: the image is corrupt or truncated (%zu of %llu bytes, checksum "
+			"%s): the previous sessions are dropped",
+			len, (unsigned long long)h.size, h.size == len ? "wrong" : "not checked");
+		return -EBADMSG;
+	}
+	img = calloc(1, sizeof(*img));
+	if (!img)
+		return -ENOMEM;
+	img->bytes = malloc(len);
+	if (!img->bytes) {
+		free(img);
+		return -ENOMEM;
+	}
+	memcpy(img->bytes, buf, len);
+	img->len = len;
+	memcpy(img->version, h.daemon_version, 32);
+	img->version[32] = '\0';
+	r = (struct rbuf){img->bytes, len, sizeof(h), 0};
+	img->next_session_id = get32(&r);
+	img->restarts = get32(&r);
+	img->start_ns = get64(&r);
+	img->restart_started_ns = get64(&r);
+	img->restart_req_id = get64(&r);
+	img->listen_fd = getfd(&r);
+	img->lock_fd = getfd(&r);
+	img->sock_dev = get64(&r);
+	img->sock_ino = get64(&r);
+	img->pool_fd = getfd(&r);
+	img->pool_hugetlb = get32(&r);
+	img->pool_size = get64(&r);
+	img->chunk_size = get64(&r);
+	img->pool_base = get64(&r);
+	for (int i = 0; i < 8; i++)
+		img->cnt[i] = get64(&r);
+	img->n_conns = get32(&r);
+	e = r.err;
+	if (!e && img->n_conns > (1u << 20))
+		e = -EBADMSG;
+	if (!e) {
+		img->conns = calloc(img->n_conns ? img->n_conns : 1, sizeof(*img->conns));
+		e = img->conns ? 0 : -ENOMEM;
+	}
+	for (uint32_t i = 0; !e && i < img->n_conns; i++)
+		e = parse_conn(&r, &img->conns[i]);
+	if (!e && r.off != len)
+		e = -EBADMSG;
+	if (e) {
+		if (e == -EBADMSG)
+			log_err("restart: the image contradicts itself at byte %zu of %zu: the "
+				"previous sessions are dropped",
+				r.off, len);
+		kvtd_image_free(img);
+		return e;
+	}
+	*ret_img = img;
+	return 0;
+}
+
+int
+kvtd_image_load(int fd, struct kvtd_image **ret_img)
+{
+	struct stat st;
+	void *p;
+	int r;
+
+	if (fstat(fd, &st) < 0 || st.st_size <= 0) {
+		log_err("restart: --restore-fd %d is not a readable image", fd);
+		close(fd);
+		return -EBADMSG;
+	}
+	p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+	close(fd);
+	if (p == MAP_FAILED) {
+		log_err("restart: cannot map the image: %s", strerror(errno));
+		return -EBADMSG;
+	}
+	r = kvtd_image_parse(p, (size_t)st.st_size, ret_img);
+	munmap(p, (size_t)st.st_size);
+	return r;
+}
+
+/* ---- writing (old process) ---------------------------------------------------------------- */
+
+struct fdlist {
+	int *fd;
+	unsigned n, cap;
+	int err;
+};
+
+static void
+fd_add(struct fdlist *l, int fd)
+{
+	if (l->err)
+		return;
+	if (l->n == l->cap) {
+		unsigned cap = l->cap ? 2 * l->cap : 64;
+		int *p = realloc(l->fd, cap * sizeof(int));
+
+		if (!p) {
+			l->err = -ENOMEM;
+			return;
+		}
+		l->fd = p;
+		l->cap = cap;
+	}
+	l->fd[l->n++] = fd;
+}
+
+static void
+put_pad8(struct wbuf *w, const void *v, size_t n)
+{
+	static const uint8_t zero[8];
+
+	put(w, v, n);
+	if (n & 7)
+		put(w, zero, 8 - (n & 7));
+}
+
+static void
+write_seq(struct wbuf *w, const struct kvtd *d, const struct kvtd_seq *q)
+{
+	uint32_t n = q->ts.n;
+	uint64_t *off;
+
+	PUT(w, q->id);
+	put(w, &q->p, sizeof(q->p));
+	PUT(w, n);
+	PUT(w, q->ts.gen);
+	PUT(w, q->bytes_in);
+	PUT(w, q->bytes_out);
+	PUT(w, q->score_total);
+	/* Arrays padded to 8 bytes (the reader copies them out, aligned). */
+	put_pad8(w, q->ts.score, (size_t)n * 4);
+	put_pad8(w, q->ts.pos_slot, (size_t)n * 4);
+	off = malloc((size_t)(n ? n : 1) * 8);
+	if (!off) {
+		w->err = -ENOMEM;
+		return;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		off[i] = q->slot[i] ? (uint64_t)((uint8_t *)q->slot[i] - d->pool.base) + 1 : 0;
+	put(w, off, (size_t)n * 8);
+	free(off);
+	put_pad8(w, q->ts.tier, n);
+}
+
+struct write_ctx {
+	struct kvtd *d;
+	struct wbuf *w;
+	struct fdlist *fds;
+	uint32_t n;
+};
+
+static int
+write_conn(void *ctx, const struct kvtd_conn_info *ci)
+{
+	struct write_ctx *x = ctx;
+	struct wbuf *w = x->w;
+	struct kvtd_session *s = ci->s;
+	uint32_t nb = 0, nq = 0;
+
+	PUT(w, (int32_t)ci->fd);
+	PUT(w, (uint32_t)ci->state);
+	PUT(w, (uint32_t)ci->pid);
+	PUT(w, (uint32_t)ci->uid);
+	PUT(w, (uint32_t)ci->gid);
+	PUT(w, (uint32_t)ci->privileged);
+	PUT(w, (uint32_t)(ci->conn == x->d->restart_conn && ci->conn));
+	PUT(w, (uint32_t) !!s);
+	fd_add(x->fds, ci->fd);
+	x->n++;
+	if (!s)
+		return 0;
+	PUT(w, s->id);
+	put(w, s->name, sizeof(s->name));
+	PUT(w, s->start_ns);
+	PUT(w, (int32_t)s->memfd);
+	PUT(w, (int32_t)s->sq_efd);
+	PUT(w, (int32_t)s->cq_efd);
+	PUT(w, s->sq_entries);
+	PUT(w, s->cq_entries);
+	PUT(w, s->arena_size);
+	PUT(w, s->sq_head);
+	PUT(w, s->cq_tail);
+	PUT(w, s->cq_head_seen);
+	PUT(w, s->ops);
+	PUT(w, s->errors);
+	fd_add(x->fds, s->memfd);
+	fd_add(x->fds, s->sq_efd);
+	fd_add(x->fds, s->cq_efd);
+	for (unsigned i = 0; i < s->max_bufs; i++)
+		nb += s->bufs[i] != NULL;
+	for (unsigned i = 0; i < s->max_seqs; i++)
+		nq += s->seqs[i] != NULL;
+	PUT(w, nb);
+	PUT(w, nq);
+	for (unsigned i = 0; i < s->max_bufs; i++) {
+		int fd;
+
+		if (!s->bufs[i])
+			continue;
+		fd = kvt_dev_buf_fd(s->bufs[i]);
+		if (fd < 0)
+			return fd;
+		PUT(w, (uint32_t)(i + 1));
+		PUT(w, kvt_dev_buf_size(s->bufs[i]));
+		PUT(w, (int32_t)fd);
+		fd_add(x->fds, fd);
+	}
+	for (unsigned i = 0; i < s->max_seqs; i++)
+		if (s->seqs[i])
+			write_seq(w, x->d, s->seqs[i]);
+	return w->err ? w->err : x->fds->err;
+}
+
+/* The image of @d, pollers quiesced. Returns 0 with the bytes in @w and the descriptors to
+ * carry in @fds, or -errno. */
+static int
+image_write(struct kvtd *d, struct wbuf *w, struct fdlist *fds)
+{
+	struct kvtd_image_hdr h;
+	struct write_ctx x = {d, w, fds, 0};
+	size_t n_at;
+	int r;
+
+	memset(&h, 0, sizeof(h));
+	put(w, &h, sizeof(h)); /* filled in last */
+	PUT(w, d->next_session_id);
+	PUT(w, d->restarts);
+	PUT(w, d->start_ns);
+	PUT(w, d->restart_started_ns);
+	PUT(w, d->restart_req_id);
+	PUT(w, (int32_t)d->listen_fd);
+	PUT(w, (int32_t)d->lock_fd);
+	PUT(w, (uint64_t)d->sock_dev);
+	PUT(w, (uint64_t)d->sock_ino);
+	PUT(w, (int32_t)d->pool.fd);
+	PUT(w, (uint32_t)d->pool.hugetlb);
+	PUT(w, d->pool.size);
+	PUT(w, d->pool.chunk_size);
+	PUT(w, (uint64_t)(uintptr_t)d->pool.base);
+	PUT(w, atomic_load(&d->cnt.ops));
+	PUT(w, atomic_load(&d->cnt.errors));
+	PUT(w, atomic_load(&d->cnt.refused_einval));
+	PUT(w, atomic_load(&d->cnt.refused_auth));
+	PUT(w, atomic_load(&d->cnt.refused_hello_timeout));
+	PUT(w, atomic_load(&d->cnt.refused_limit));
+	PUT(w, atomic_load(&d->cnt.sessions_total));
+	PUT(w, atomic_load(&d->cnt.ring_corrupt));
+	n_at = w->len;
+	PUT(w, (uint32_t)0); /* connections, counted below */
+	fd_add(fds, d->listen_fd);
+	fd_add(fds, d->lock_fd);
+	fd_add(fds, d->pool.fd);
+	r = kvtd_loop_conns(d, write_conn, &x);
+	if (r == 0)
+		r = w->err ? w->err : fds->err;
+	if (r < 0)
+		return r;
+	memcpy(w->p + n_at, &x.n, sizeof(x.n));
+	memcpy(h.magic, KVTD_IMAGE_MAGIC, sizeof(KVTD_IMAGE_MAGIC));
+	h.version = KVTD_IMAGE_VERSION;
+	h.hdr_size = sizeof(h);
+	snprintf(h.daemon_version, sizeof(h.daemon_version), "%s", KVTIER_VERSION);
+	h.size = w->len;
+	h.checksum = kvtd_image_checksum(w->p + sizeof(h), w->len - sizeof(h));
+	memcpy(w->p, &h, sizeof(h));
+	return 0;
+}
+
+static void
+set_cloexec(const struct fdlist *l, int on)
+{
+	for (unsigned i = 0; i < l->n; i++) {
+		int f = fcntl(l->fd[i], F_GETFD);
+
+		if (f >= 0)
+			fcntl(l->fd[i], F_SETFD, on ? f | FD_CLOEXEC : f & ~FD_CLOEXEC);
+	}
+}
+
+int
+kvtd_restart_take_fd(int *argc, char **argv)
+{
+	char *end;
+	long v;
+
+	if (*argc < 3 || strcmp(argv[*argc - 2], "--restore-fd"))
+		return -1;
+	v = strtol(argv[*argc - 1], &end, 10);
+	if (*end || v < 3 || v > INT_MAX)
+		return -1;
+	*argc -= 2;
+	argv[*argc] = NULL;
+	return (int)v;
+}
+
+void
+kvtd_restart_record(struct kvtd *d, int argc, char **argv)
+{
+	ssize_t n = readlink("/proc/self/exe", d->exe, sizeof(d->exe) - 1);
+
+	d->exe[n > 0 ? n : 0] = '\0';
+	d->argc = argc;
+	d->argv = argv;
+}
+
+int
+kvtd_restart(struct kvtd *d)
+{
+	struct wbuf w = {0};
+	struct fdlist fds = {0};
+	char fdarg[16], **argv = NULL;
+	int r, img_fd = -1;
+
+	if (kvt_dev_kind(d->dev) != KVT_DEV_HOST || d->pool.fd < 0) {
+		log_err(
+		    "restart: the %s backend cannot restart in place yet (device registrations "
+		    "and IPC mappings are not carried over); restart the service instead, which "
+		    "ends every session",
+		    kvt_dev_name(d->dev));
+		return -EOPNOTSUPP;
+	}
+	if (!d->exe[0] || access(d->exe, X_OK) < 0) {
+		r = -errno;
+		log_err("restart: cannot execute %s: %s", d->exe[0] ? d->exe : "(unknown binary)",
+			strerror(-r));
+		return r ? r : -ENOENT;
+	}
+	d->restart_started_ns = kvtd_now_ns();
+	/* Quiesce: with every poller's lock held no op runs; SQEs not yet drained stay in their
+	 * rings. NEED_WAKEUP on every SQ makes clients ring their doorbell meanwhile; the count
+	 * waits in the eventfd for the next process's poller. */
+	for (unsigned i = 0; i < d->n_pollers; i++) {
+		struct kvtd_poller *p = d->pollers[i];
+
+		kvtd_poller_lock(p);
+		for (unsigned j = 0; j < p->n_sessions; j++)
+			kvt_ring_set_flags(p->sessions[j]->sq, KVT_RING_NEED_WAKEUP);
+	}
+	d->restarts++;
+	r = image_write(d, &w, &fds);
+	if (r < 0) {
+		log_err("restart: writing the image: %s", strerror(-r));
+		goto err;
+	}
+	img_fd = memfd_create("kvtierd-restart", MFD_CLOEXEC);
+	if (img_fd < 0 || ftruncate(img_fd, (off_t)w.len) < 0) {
+		r = -errno;
+		log_err("restart: image memfd: %s", strerror(-r));
+		goto err;
+	}
+	for (size_t off = 0; off < w.len;) {
+		ssize_t n = pwrite(img_fd, w.p + off, w.len - off, (off_t)off);
+
+		if (n < 0) {
+			r = -errno;
+			log_err("restart: writing the image: %s", strerror(-r));
+			goto err;
+		}
+		off += (size_t)n;
+	}
+	fd_add(&fds, img_fd);
+	argv = calloc((size_t)d->argc + 3, sizeof(*argv));
+	if (!argv || fds.err) {
+		r = -ENOMEM;
+		goto err;
+	}
+	memcpy(argv, d->argv, (size_t)d->argc * sizeof(*argv));
+	snprintf(fdarg, sizeof(fdarg), "%d", img_fd);
+	argv[d->argc] = "--restore-fd";
+	argv[d->argc + 1] = fdarg;
+	log_notice("restart %u: re-executing %s with %u descriptors, image %zu KiB", d->restarts,
+		   d->exe, fds.n, w.len >> 10);
+	sd_notify(0, "RELOADING=1\nSTATUS=restarting in place");
+	set_cloexec(&fds, 0);
+	execv(d->exe, argv);
+	r = -errno;
+	set_cloexec(&fds, 1);
+	log_err("restart: exec %s: %s (still serving)", d->exe, strerror(-r));
+	sd_notify(0, "READY=1\nSTATUS=serving (a restart failed)");
+err:
+	d->restarts--;
+	if (img_fd >= 0)
+		close(img_fd);
+	free(argv);
+	free(w.p);
+	free(fds.fd);
+	for (unsigned i = 0; i < d->n_pollers; i++)
+		kvtd_poller_unlock(d->pollers[i]);
+	return r;
+}
+
+/* ---- restore (new process) ---------------------------------------------------------------- */
+
+void
+kvtd_restart_drop_inherited(void)
+{
+	DIR *dir = opendir("/proc/self/fd");
+	int fds[1024], n = 0;
+	struct dirent *e;
+
+	if (!dir)
+		return;
+	while ((e = readdir(dir)) && n < 1024) {
+		int fd = atoi(e->d_name);
+
+		if (fd > 2 && fd != dirfd(dir))
+			fds[n++] = fd;
+	}
+	closedir(dir);
+	for (int i = 0; i < n; i++)
+		close(fds[i]);
+	if (n == 1024)
+		kvtd_restart_drop_inherited();
+}
+
+static int
+fd_valid(int fd)
+{
+	return fcntl(fd, F_GETFD) >= 0;
+}
+
+int
+kvtd_restart_listener(struct kvtd *d, const struct kvtd_image *img)
+{
+	d->listen_fd = d->signal_fd = d->timer_fd = d->metrics_fd = d->lock_fd = -1;
+	if (!fd_valid(img->listen_fd) || !fd_valid(img->lock_fd)) {
+		log_err("restart: the listening socket or its lock did not cross the exec");
+		return -EBADF;
+	}
+	d->listen_fd = img->listen_fd;
+	d->lock_fd = img->lock_fd;
+	d->sock_dev = (dev_t)img->sock_dev;
+	d->sock_ino = (ino_t)img->sock_ino;
+	fcntl(d->listen_fd, F_SETFD, FD_CLOEXEC);
+	fcntl(d->lock_fd, F_SETFD, FD_CLOEXEC);
+	return 0;
+}
+
+int
+kvtd_restart_pool(struct kvtd *d, const struct kvtd_image *img)
+{
+	int r;
+
+	if (!fd_valid(img->pool_fd))
+		return -EBADF;
+	fcntl(img->pool_fd, F_SETFD, FD_CLOEXEC);
+	if (img->pool_size != d->cfg.pool_size)
+		log_warn("restart: keeping the pool of %llu MiB (the configuration now says %llu "
+			 "MiB: a new size takes a full restart)",
+			 (unsigned long long)(img->pool_size >> 20),
+			 (unsigned long long)(d->cfg.pool_size >> 20));
+	r = kvtd_pool_adopt(&d->pool, &d->cfg, d->dev, img->pool_fd, img->pool_size,
+			    img->chunk_size, (int)img->pool_hugetlb);
+	if (r < 0)
+		close(img->pool_fd);
+	return r;
+}
+
+/* Closes what a record still owns (the restore gave up on it). */
+static void
+conn_drop_fds(struct img_conn *c)
+{
+	for (unsigned i = c->bufs_done; i < c->n_bufs; i++)
+		close(c->bufs[i].fd);
+	c->bufs_done = c->n_bufs;
+	if (c->has_session && !c->fds_owned) {
+		close(c->memfd);
+		close(c->sq_efd);
+		close(c->cq_efd);
+		c->fds_owned = 1;
+	}
+}
+
+/* A session rebuilt from @c: region, doorbells, indices, buffers, sequences (slots claimed). */
+static int
+session_restore(struct kvtd *d, struct img_conn *c)
+{
+	struct kvtd_session *s;
+	int r;
+
+	if (!c->id || !fd_valid(c->memfd) || !fd_valid(c->sq_efd) || !fd_valid(c->cq_efd))
+		return -EBADMSG;
+	r = kvtd_session_adopt(d, c->memfd, c->sq_efd, c->cq_efd, c->sq_entries, c->cq_entries,
+			       c->arena_size, &s);
+	if (r < 0)
+		return r;
+	c->s = s;
+	c->fds_owned = 1;
+	fcntl(s->memfd, F_SETFD, FD_CLOEXEC);
+	fcntl(s->sq_efd, F_SETFD, FD_CLOEXEC);
+	fcntl(s->cq_efd, F_SETFD, FD_CLOEXEC);
+	s->id = c->id;
+	s->pid = c->pid;
+	s->uid = c->uid;
+	s->gid = c->gid;
+	memcpy(s->name, c->name, sizeof(s->name));
+	s->start_ns = c->start_ns;
+	s->sq_head = c->sq_head;
+	s->cq_tail = c->cq_tail;
+	s->cq_head_seen = c->cq_head_seen;
+	s->ops = c->ops;
+	s->errors = c->errors;
+	/* The private CQ view must be one the drain could have left. */
+	if (kvt_ring_space(s->cq_entries, s->cq_head_seen, s->cq_tail) > s->cq_entries)
+		return -EBADMSG;
+	for (; c->bufs_done < c->n_bufs; c->bufs_done++) {
+		struct img_buf *b = &c->bufs[c->bufs_done];
+		struct kvt_dev_import imp = {
+		    .kind = KVT_BUF_HOST_MEMFD, .fd = b->fd, .size = b->size};
+		struct kvt_dev_buf *buf;
+
+		if (!b->id || b->id > s->max_bufs || s->bufs[b->id - 1]) {
+			r = -EBADMSG;
+		} else {
+			r = kvt_dev_buf_import(d->dev, &imp, &buf);
+			if (r == 0)
+				s->bufs[b->id - 1] = buf;
+		}
+		close(b->fd); /* the import keeps its own */
+		if (r < 0)
+			return r;
+	}
+	for (uint32_t i = 0; i < c->n_seqs; i++) {
+		struct img_seq *q = &c->seqs[i];
+
+		r = kvtd_seq_restore(s, &q->p, q->id, &q->si);
+		if (r < 0) {
+			log_err("restart: session %u seq %u: %s", s->id, q->id, strerror(-r));
+			return r;
+		}
+	}
+	return 0;
+}
+
+/* Frees a session whose restore is being abandoned, without touching the pool: the pool is
+ * made again from scratch afterwards. */
+static void
+session_abandon(struct kvtd_session *s)
+{
+	for (unsigned i = 0; i < s->max_seqs; i++)
+		if (s->seqs[i]) {
+			s->seqs[i]->ts.n = 0; /* no slot goes back */
+			s->seqs[i]->n_kblk = 0;
+		}
+	kvtd_session_destroy(s);
+}
+
+static void
+reply_asker(struct kvtd *d, void *conn, uint64_t id, unsigned sessions, unsigned seqs,
+	    double pause_ms)
+{
+	char text[256];
+
+	snprintf(text, sizeof(text),
+		 "{\"restarted\":true,\"pid\":%d,\"restarts\":%u,\"sessions\":%u,\"seqs\":%u,"
+		 "\"pause_ms\":%.3f,\"version\":\"%s\"}",
+		 (int)getpid(), d->restarts, sessions, seqs, pause_ms, KVTIER_VERSION);
+	kvtd_loop_reply(d, conn, id, 0, text);
+}
+
+int
+kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
+{
+	unsigned n_sessions = 0, n_seqs = 0;
+	void *asker = NULL;
+	double pause_ms;
+	uint32_t i;
+	int r = 0;
+
+	d->next_session_id = img->next_session_id;
+	d->restarts = img->restarts;
+	d->start_ns = img->start_ns;
+	d->restart_started_ns = img->restart_started_ns;
+	atomic_store(&d->cnt.ops, img->cnt[0]);
+	atomic_store(&d->cnt.errors, img->cnt[1]);
+	atomic_store(&d->cnt.refused_einval, img->cnt[2]);
+	atomic_store(&d->cnt.refused_auth, img->cnt[3]);
+	atomic_store(&d->cnt.refused_hello_timeout, img->cnt[4]);
+	atomic_store(&d->cnt.refused_limit, img->cnt[5]);
+	atomic_store(&d->cnt.sessions_total, img->cnt[6]);
+	atomic_store(&d->cnt.ring_corrupt, img->cnt[7]);
+
+	/* 1: sessions and their slots, nothing visible yet */
+	for (i = 0; i < img->n_conns && r == 0; i++) {
+		struct img_conn *c = &img->conns[i];
+
+		if (!fd_valid(c->fd)) {
+			r = -EBADMSG;
+			break;
+		}
+		fcntl(c->fd, F_SETFD, FD_CLOEXEC);
+		if (!c->has_session)
+			continue;
+		for (uint32_t k = 0; k < c->n_seqs; k++)
+			c->seqs[k].si.old_base = img->pool_base;
+		r = session_restore(d, c);
+		if (r < 0)
+			log_err("restart: session %u (pid %d '%s') cannot be restored: %s", c->id,
+				(int)c->pid, c->name, strerror(-r));
+	}
+	kvtd_pool_claim_done(&d->pool);
+	/* 2: retrieval indexes, which allocate pages from the pool */
+	for (i = 0; i < img->n_conns && r == 0; i++) {
+		struct kvtd_session *s = img->conns[i].s;
+
+		for (unsigned k = 0; s && k < s->max_seqs && r == 0; k++)
+			if (s->seqs[k]) {
+				r = kvtd_seq_restore_retrieval(s, s->seqs[k]);
+				if (r < 0)
+					log_err(
+					    "restart: session %u seq %u: rebuilding its retrieval "
+					    "index: %s",
+					    s->id, k + 1, strerror(-r));
+			}
+	}
+	if (r < 0)
+		goto err_abandon;
+	/* 3: serve them */
+	for (i = 0; i < img->n_conns; i++) {
+		struct img_conn *c = &img->conns[i];
+		struct kvtd_conn_info ci = {c->fd,  c->state,	   c->pid, c->uid,
+					    c->gid, c->privileged, c->s,   NULL};
+		void *conn;
+
+		r = kvtd_loop_adopt(d, &ci, &conn);
+		if (r < 0) {
+			log_err("restart: connection of pid %d cannot be served again: %s: closing "
+				"it",
+				(int)c->pid, strerror(-r));
+			if (c->s)
+				kvtd_session_destroy(c->s);
+			c->s = NULL;
+			close(c->fd);
+			r = 0;
+			continue;
+		}
+		if (c->asker)
+			asker = conn;
+		if (c->s) {
+			n_sessions++;
+			n_seqs += c->s->n_seqs;
+		}
+	}
+	/* A poller asleep since before its sessions came may have doorbells already rung. */
+	for (unsigned p = 0; p < d->n_pollers; p++)
+		eventfd_write(d->pollers[p]->wake_efd, 1);
+	pause_ms = (double)(kvtd_now_ns() - img->restart_started_ns) / 1e6;
+	log_notice("restart %u: serving again, %u session(s) and %u sequence(s) kept "
+		   "(image of kvtierd %s), paused %.1f ms",
+		   d->restarts, n_sessions, n_seqs, img->version, pause_ms);
+	if (asker)
+		reply_asker(d, asker, img->restart_req_id, n_sessions, n_seqs, pause_ms);
+	return 0;
+
+err_abandon:
+	log_err("restart: dropping every session of the previous process (their clients see "
+		"the connection reset) and starting with an empty pool");
+	for (i = 0; i < img->n_conns; i++) {
+		struct img_conn *c = &img->conns[i];
+
+		if (c->s)
+			session_abandon(c->s);
+		c->s = NULL;
+		conn_drop_fds(c);
+		if (fd_valid(c->fd))
+			close(c->fd);
+	}
+	kvtd_pool_fini(&d->pool);
+	{
+		int e = kvtd_pool_init(&d->pool, &d->cfg, d->dev);
+
+		if (e < 0)
+			return e;
+	}
+	return r;
+}

@@ -1,0 +1,90 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * restart.h - restart in place without losing a row.
+ *
+ * `kvtierctl restart` (RESTART, admin only) or SIGUSR2 re-executes the binary kvtierd was started
+ * from (so an upgraded one is picked up), same pid, with the original arguments plus
+ * `--restore-fd N`. Everything a session lives on crosses the exec as open descriptors: the
+ * listening socket and its lock, each connection socket, each session's region memfd and
+ * doorbells, each host buffer's memfd, and the pool (a memfd, pool.c). Clients keep their
+ * connection, rings and mappings and see a pause, not a reconnect.
+ *
+ * Before the exec the main thread takes every poller's lock (the op in progress finishes; SQEs
+ * not yet drained stay in the rings for the next process) and writes the rest of the state into
+ * an image, a memfd: daemon counters and ids; per connection its peer and state; per session
+ * its private ring indices, buffers and sequences; per sequence its parameters, tier state and
+ * the pool offset of every position's slot. The new process maps the pool again, claims those
+ * slots back (kvtd_pool_claim()), rebuilds the retrieval indexes by encoding the same keys
+ * again, and serves the same connections.
+ *
+ * The image starts with a fixed header (magic, image version, daemon version, size, checksum).
+ * An image the new process does not understand, or a short or corrupt one, is refused with a
+ * log line saying why, and every descriptor it inherited is closed: the old sessions end
+ * (clients see ECONNRESET) and the daemon starts empty, rather than guess.
+ *
+ * Not carried: the CUDA backend's registrations, IPC mappings and events (restart is refused
+ * there, -EOPNOTSUPP, and the daemon keeps running), the /metrics listener (opened again).
+ */
+#ifndef KVTD_RESTART_H
+#define KVTD_RESTART_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct kvtd;
+struct kvtd_image;
+
+#define KVTD_IMAGE_MAGIC   "KVTDIMG"
+#define KVTD_IMAGE_VERSION 1
+
+/* The fixed head of every image version. */
+struct kvtd_image_hdr {
+	char magic[8]; /* KVTD_IMAGE_MAGIC, NUL-padded */
+	uint32_t version;
+	uint32_t hdr_size;
+	char daemon_version[32]; /* KVTIER_VERSION of the writer, for the log */
+	uint64_t size;		 /* the whole image */
+	uint64_t checksum;	 /* FNV-1a 64 of the bytes after the header */
+};
+
+/* At start, before the options are parsed: removes a trailing "--restore-fd N" from argv and
+ * returns N, or -1 when absent. */
+int kvtd_restart_take_fd(int *argc, char **argv);
+/* At start: remember the binary (/proc/self/exe) and the arguments to execute again. */
+void kvtd_restart_record(struct kvtd *d, int argc, char **argv);
+
+/*
+ * kvtd_restart() - main thread: quiesce, write the image, exec. Returns only when the restart
+ * could not happen (the daemon then serves on as before): -EOPNOTSUPP (CUDA backend, or a pool
+ * that is not a memfd), -ENOMEM, or the failing call's -errno (logged).
+ */
+int kvtd_restart(struct kvtd *d);
+
+/*
+ * kvtd_image_load() - read and check the image in @fd (closed here).
+ * Returns 0 and the parsed image, -EBADMSG (short, corrupt, or contradicting itself),
+ * -EPROTONOSUPPORT (another image version or magic), -ENOMEM. The reason is logged.
+ */
+int kvtd_image_load(int fd, struct kvtd_image **ret_img);
+/* Parse an image in memory (@buf, @len); as kvtd_image_load(). */
+int kvtd_image_parse(const void *buf, size_t len, struct kvtd_image **ret_img);
+void kvtd_image_free(struct kvtd_image *img);
+/* Counts in a parsed image, for logs and tests. */
+unsigned kvtd_image_sessions(const struct kvtd_image *img);
+
+/* A refused image: closes every descriptor above stderr that the exec left open, so the old
+ * sessions' clients see their connection end. Only at start, before anything is opened. */
+void kvtd_restart_drop_inherited(void);
+
+/* Restore, in this order: the listening socket (instead of kvtd_loop_listen()), the pool
+ * (instead of kvtd_pool_init()), then, after kvtd_loop_init() and kvtd_pollers_start(), the
+ * connections and sessions. The last one drops every old session when any of them cannot be
+ * restored (logged) and returns that error; the daemon then serves with an empty pool. */
+int kvtd_restart_listener(struct kvtd *d, const struct kvtd_image *img);
+int kvtd_restart_pool(struct kvtd *d, const struct kvtd_image *img);
+int kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img);
+
+/* Image writer and checksum, exposed for the unit test. */
+uint64_t kvtd_image_checksum(const void *p, size_t len);
+
+#endif

@@ -1,0 +1,491 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Restart in place (daemon/restart.h) through a real kvtierd and two real client processes:
+ *  - t_restart_lossless: two clients run a deterministic workload (appends, scores, a RETIER
+ *    every step, FETCH of T1 rows checked against what was appended, TOPK): one with int8 T2
+ *    rows under per-channel key scales and eviction, one with a retrieval index and eviction.
+ *    Both pause at step 40: a restart there keeps every staged row bit for bit, every sequence's
+ *    stat, the pool bytes and the daemon's descriptor count. Two more restarts land while they
+ *    run. The final state of each (every T1/T2 row, positions, tiers, TOPK answers) equals that
+ *    of the same workload on a daemon never restarted, and after three restarts the daemon holds
+ *    as many descriptors as before the first.
+ *  - t_restart_refused_image: a kvtierd started with an image it cannot read (corrupt, another
+ *    version) says so, ends the sessions it was handed (the peer sees its connection end) and
+ *    serves new clients.
+ *  - t_restart_not_admin: RESTART from a peer that is not privileged is -EPERM (run as root:
+ *    skipped part).
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvt_ctl.h"
+#include "kvtier.h"
+
+#include "../../daemon/restart.h"
+
+enum { L = 2, H = 2, D = 64, STEP_TOK = 16, STEPS = 90, PAUSE_AT = 40, STAGE = 2048 };
+#define ROW (H * D)	  /* floats per (token, layer, K|V) */
+#define TOK (L * 2 * ROW) /* floats per token */
+
+/* What a workload ends with: equal between a restarted daemon and an uninterrupted one. */
+struct digest {
+	uint64_t rows;	   /* FNV of every T1/T2 row staged, in FETCH order */
+	uint64_t pos;	   /* FNV of the FETCH positions */
+	uint64_t topk;	   /* FNV of TOPK answers (kind 1) */
+	uint64_t tiers[4]; /* seq_stat */
+	uint64_t pool_bytes, n;
+	double score_total;
+	int err; /* 0, or the step * 1000 + check that failed */
+};
+
+static uint64_t
+fnv(uint64_t h, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ull;
+	return h;
+}
+
+static uint64_t
+rnd(uint64_t *s)
+{
+	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
+	return *s >> 11;
+}
+
+static float
+rndf(uint64_t *s)
+{
+	return (float)(rnd(s) & 0xffff) / 65536.0f - 0.5f;
+}
+
+static void
+wbyte(int fd, char c)
+{
+	ck_assert_int_eq(write(fd, &c, 1), 1);
+}
+
+static char
+rbyte(int fd)
+{
+	char c = 0;
+
+	return read(fd, &c, 1) == 1 ? c : 0;
+}
+
+#define FAIL(code)                                                                                 \
+	do {                                                                                       \
+		dg.err = step * 1000 + (code);                                                     \
+		goto out;                                                                          \
+	} while (0)
+
+/*
+ * Kind 0: int8 T2 with per-channel key scales, 10 % evicted. Kind 1: retrieval (ret_update 16),
+ * 10 % evicted, no int8 (so that re-encoded keys are the same keys). Reports progress on @prog
+ * after every step; at PAUSE_AT and at the end waits for a byte on @go (when @go >= 0).
+ */
+static struct digest
+workload(const char *sock, int kind, int prog, int go)
+{
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	struct digest dg = {0};
+	struct kvt_client *c = NULL;
+	struct kvt_buf *stage = NULL;
+	uint64_t rng = 0x5eed + (uint64_t)kind * 7919;
+	float *ref = malloc((size_t)STEPS * STEP_TOK * TOK * sizeof(float));
+	float *sc = malloc((size_t)STEPS * STEP_TOK * sizeof(float));
+	uint32_t *pos = malloc(STAGE * sizeof(uint32_t)), seq = 0, n = 0;
+	uint8_t *rout = malloc(KVT_RETIER_OUT_SIZE(0) + 4096);
+	float q[H * D];
+	uint8_t tout[H * 4 + H * 8 * 8];
+	int step = 0, r;
+
+	dg.rows = dg.pos = dg.topk = 0xcbf29ce484222325ull;
+	if (kvt_connect(sock, &o, &c) < 0)
+		FAIL(1);
+	if (kvt_buf_alloc(c, (size_t)L * 2 * STAGE * ROW * 4, &stage) < 0)
+		FAIL(2);
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_TIERED;
+	p.delta = STEP_TOK;
+	p.sinks = 4;
+	p.window = 16;
+	p.evict_frac = 0.1f;
+	p.t2_frac = kind == 0 ? 0.4f : 0.0f;
+	p.t2_flags = kind == 0 ? KVT_T2_F_KEY_CHANNEL : 0;
+	p.ret_update = kind == 1 ? 16 : 0;
+	p.stage_buf_id = kvt_buf_id(stage);
+	p.stage_slots = STAGE;
+	p.stage_slot_stride = ROW * 4;
+	p.stage_kv_stride = (uint64_t)STAGE * ROW * 4;
+	p.stage_layer_stride = 2ull * STAGE * ROW * 4;
+	if (kvt_seq_open(c, &p, &seq) < 0)
+		FAIL(3);
+	for (step = 1; step <= STEPS; step++) {
+		float *rows = ref + (size_t)n * TOK;
+		const float *st = kvt_buf_ptr(stage);
+		int m;
+
+		for (size_t i = 0; i < (size_t)STEP_TOK * TOK; i++)
+			rows[i] = rndf(&rng);
+		if (kvt_append(c, seq, rows, (size_t)STEP_TOK * TOK * 4, STEP_TOK, NULL) !=
+		    (int64_t)(n + STEP_TOK))
+			FAIL(4);
+		n += STEP_TOK;
+		for (uint32_t i = 0; i < n; i++)
+			sc[i] = (float)(rnd(&rng) & 0xff) / 256.0f;
+		if (kvt_score_add(c, seq, 0, sc, n) < 0)
+			FAIL(5);
+		if (kvt_retier(c, seq, rout, KVT_RETIER_OUT_SIZE(0) + 4096) < 0)
+			FAIL(6);
+		/* Every T1 row is the row appended, bit for bit. */
+		m = kvt_fetch(c, seq, KVT_FETCH_F_T1, 0, L, 0, pos, STAGE);
+		if (m < 0)
+			FAIL(7);
+		for (int i = 0; i < m; i++)
+			for (uint32_t l = 0; l < L; l++)
+				for (uint32_t kv = 0; kv < 2; kv++)
+					if (memcmp(st + ((size_t)(l * 2 + kv) * STAGE + i) * ROW,
+						   ref + (size_t)pos[i] * TOK + (l * 2 + kv) * ROW,
+						   ROW * 4))
+						FAIL(8);
+		if (kind == 1 && n > 64) {
+			for (int i = 0; i < H * D; i++)
+				q[i] = rndf(&rng);
+			memset(tout, 0, sizeof(tout));
+			r = kvt_topk(c, seq, step % L, 8, 0, q, H * D, tout, sizeof(tout));
+			if (r < 0 && r != -ERANGE)
+				FAIL(9);
+			if (r > 0)
+				dg.topk = fnv(dg.topk, tout, sizeof(tout));
+		}
+		if (prog >= 0)
+			wbyte(prog, 's');
+		if (go >= 0 && step == PAUSE_AT && rbyte(go) != 'g')
+			FAIL(10);
+	}
+	step = STEPS + 1;
+	{
+		struct kvt_seq_stat ss;
+		int m = kvt_fetch(c, seq, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, L, 0, pos, STAGE);
+
+		if (m <= 0)
+			FAIL(11);
+		dg.pos = fnv(dg.pos, pos, (size_t)m * 4);
+		for (uint32_t l = 0; l < L; l++)
+			for (uint32_t kv = 0; kv < 2; kv++)
+				dg.rows = fnv(dg.rows,
+					      (const float *)kvt_buf_ptr(stage) +
+						  (size_t)(l * 2 + kv) * STAGE * ROW,
+					      (size_t)m * ROW * 4);
+		if (kvt_seq_stat(c, seq, &ss) < 0)
+			FAIL(12);
+		memcpy(dg.tiers, ss.tier_count, sizeof(dg.tiers));
+		dg.pool_bytes = ss.pool_bytes;
+		dg.n = ss.n_tokens;
+		dg.score_total = ss.score_total;
+	}
+	if (prog >= 0)
+		wbyte(prog, 'e');
+	if (go >= 0 && rbyte(go) != 'g')
+		FAIL(13);
+out:
+	if (c)
+		kvt_disconnect(c);
+	free(ref);
+	free(sc);
+	free(pos);
+	free(rout);
+	return dg;
+}
+
+struct child {
+	pid_t pid;
+	int prog, go, res;
+};
+
+static void
+child_start(struct child *ch, const char *sock, int kind, int pausing)
+{
+	int p1[2], p2[2], p3[2];
+
+	ck_assert_int_eq(pipe2(p1, O_CLOEXEC), 0);
+	ck_assert_int_eq(pipe2(p2, O_CLOEXEC), 0);
+	ck_assert_int_eq(pipe2(p3, O_CLOEXEC), 0);
+	ch->pid = fork();
+	ck_assert_int_ge(ch->pid, 0);
+	if (ch->pid == 0) {
+		struct digest dg = workload(sock, kind, p1[1], pausing ? p2[0] : -1);
+
+		_exit(write(p3[1], &dg, sizeof(dg)) == sizeof(dg) ? 0 : 1);
+	}
+	close(p1[1]);
+	close(p2[0]);
+	close(p3[1]);
+	ch->prog = p1[0];
+	ch->go = p2[1];
+	ch->res = p3[0];
+}
+
+/* Reads progress bytes until @want of kind @c have come (the child's step count). */
+static void
+child_until(struct child *ch, int want, char c)
+{
+	for (int got = 0; got < want;) {
+		char b = rbyte(ch->prog);
+
+		ck_assert_msg(b, "client %d ended early", (int)ch->pid);
+		got += b == c;
+	}
+}
+
+static struct digest
+child_finish(struct child *ch)
+{
+	struct digest dg;
+	int st;
+
+	ck_assert_int_eq(read(ch->res, &dg, sizeof(dg)), sizeof(dg));
+	ck_assert_int_eq(waitpid(ch->pid, &st, 0), ch->pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "client exit status %d", st);
+	close(ch->prog);
+	close(ch->go);
+	close(ch->res);
+	return dg;
+}
+
+static void
+restart(struct kvtd_proc *d, int sessions)
+{
+	struct json_object *o = admin_request(d->sock, KVT_CTL_RESTART), *v;
+
+	ck_assert_msg(o, "no reply to RESTART (log %s)", d->log);
+	ck_assert_msg(json_object_object_get_ex(o, "restarted", &v) && json_object_get_boolean(v),
+		      "RESTART: %s", json_object_to_json_string(o));
+	ck_assert_int_eq(json_get_i64(o, "pid"), d->pid);
+	if (sessions >= 0)
+		ck_assert_int_eq(json_get_i64(o, "sessions"), sessions);
+	json_object_put(o);
+	ck_assert(daemon_alive(d));
+}
+
+static void
+digest_eq(const struct digest *a, const struct digest *b, int kind)
+{
+	ck_assert_msg(!a->err && !b->err, "kind %d: workload failed at %d / %d", kind, a->err,
+		      b->err);
+	ck_assert_uint_eq(a->n, (uint64_t)STEPS * STEP_TOK);
+	ck_assert_mem_eq(a->tiers, b->tiers, sizeof(a->tiers));
+	ck_assert_uint_gt(a->tiers[1], 0);
+	ck_assert_uint_gt(a->tiers[3], 0);
+	if (kind == 0)
+		ck_assert_uint_gt(a->tiers[2], 0);
+	ck_assert_uint_eq(a->pos, b->pos);
+	ck_assert_uint_eq(a->rows, b->rows);
+	ck_assert_uint_eq(a->topk, b->topk);
+	ck_assert_uint_eq(a->pool_bytes, b->pool_bytes);
+	ck_assert(a->score_total == b->score_total);
+}
+
+START_TEST(t_restart_lossless)
+{
+	struct kvtd_proc d1, d2;
+	struct child c[2];
+	struct digest got[2], want[2];
+	struct kvtd_usage u0, u1, u3;
+	int64_t used0, used1;
+	struct json_object *st;
+
+	daemon_start(&d1, NULL);
+	child_start(&c[0], d1.sock, 0, 1);
+	child_start(&c[1], d1.sock, 1, 1);
+	child_until(&c[0], PAUSE_AT, 's');
+	child_until(&c[1], PAUSE_AT, 's');
+	/* Both paused: a restart changes nothing anyone can see. */
+	used0 = pool_used(d1.sock);
+	u0 = daemon_usage(&d1);
+	restart(&d1, 2);
+	used1 = pool_used(d1.sock);
+	u1 = daemon_usage(&d1);
+	ck_assert_int_gt(used0, 0);
+	ck_assert_int_eq(used1, used0);
+	ck_assert_int_eq(u1.fds, u0.fds);
+	wbyte(c[0].go, 'g');
+	wbyte(c[1].go, 'g');
+	/* Two more while both run. */
+	child_until(&c[0], 15, 's');
+	restart(&d1, 2);
+	child_until(&c[1], 10, 's');
+	restart(&d1, -1);
+	child_until(&c[0], STEPS - PAUSE_AT - 15, 's');
+	child_until(&c[0], 1, 'e');
+	child_until(&c[1], STEPS - PAUSE_AT - 10, 's');
+	child_until(&c[1], 1, 'e');
+	u3 = daemon_usage(&d1);
+	ck_assert_int_eq(u3.fds, u0.fds); /* same sessions, buffers and sequences open */
+	st = admin_request(d1.sock, KVT_CTL_STATUS);
+	ck_assert_int_eq(json_get_i64(st, "restarts"), 3);
+	ck_assert_int_eq(json_get_i64(st, "sessions"), 2);
+	json_object_put(st);
+	wbyte(c[0].go, 'g');
+	wbyte(c[1].go, 'g');
+	got[0] = child_finish(&c[0]);
+	got[1] = child_finish(&c[1]);
+	ck_assert_int_eq(daemon_stop(&d1), 0);
+
+	/* The same workloads, never restarted. */
+	daemon_start(&d2, NULL);
+	child_start(&c[0], d2.sock, 0, 0);
+	child_start(&c[1], d2.sock, 1, 0);
+	want[0] = child_finish(&c[0]);
+	want[1] = child_finish(&c[1]);
+	ck_assert_int_eq(daemon_stop(&d2), 0);
+	digest_eq(&got[0], &want[0], 0);
+	digest_eq(&got[1], &want[1], 1);
+}
+END_TEST
+
+/* Runs kvtierd by hand with --restore-fd naming @img (@len bytes) and one end of a socketpair
+ * as an inherited descriptor; the other end must see the connection end, and the daemon must
+ * serve. */
+static void
+refused_image(const void *img, size_t len)
+{
+	struct kvtd_proc d;
+	int sp[2], mfd, st;
+	char fdarg[16], *log = NULL;
+	struct pollfd pfd;
+	char b;
+	FILE *f;
+	size_t loglen = 0;
+
+	daemon_prepare(&d);
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sp), 0);
+	mfd = memfd_create("img", 0);
+	ck_assert_int_eq(write(mfd, img, len), (ssize_t)len);
+	snprintf(fdarg, sizeof(fdarg), "%d", mfd);
+	d.pid = fork();
+	ck_assert_int_ge(d.pid, 0);
+	if (d.pid == 0) {
+		int fd = open(d.log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+		dup2(fd, 2);
+		close(sp[0]);
+		execl(getenv("KVTIERD"), "kvtierd", "--config", "/dev/null", "--socket", d.sock,
+		      "--pool-size", "64M", "--backend", "host", "--restore-fd", fdarg,
+		      (char *)NULL);
+		_exit(127);
+	}
+	close(sp[1]);
+	close(mfd);
+	daemon_wait_ready(&d);
+	/* the inherited end was closed: EOF here, not a hang */
+	pfd.fd = sp[0];
+	pfd.events = POLLIN;
+	ck_assert_int_eq(poll(&pfd, 1, 10000), 1);
+	ck_assert_int_eq(read(sp[0], &b, 1), 0);
+	close(sp[0]);
+	f = fopen(d.log, "r");
+	ck_assert_ptr_nonnull(f);
+	ck_assert(getdelim(&log, &loglen, '\0', f) > 0);
+	fclose(f);
+	ck_assert_msg(strstr(log, "previous sessions are dropped"), "log: %s", log);
+	free(log);
+	st = daemon_stop(&d);
+	ck_assert_int_eq(st, 0);
+}
+
+START_TEST(t_restart_refused_image)
+{
+	struct kvtd_image_hdr h;
+	uint8_t buf[512];
+
+	memset(buf, 0, sizeof(buf));
+	memset(&h, 0, sizeof(h));
+	memcpy(h.magic, KVTD_IMAGE_MAGIC, sizeof(KVTD_IMAGE_MAGIC));
+	h.version = KVTD_IMAGE_VERSION + 1;
+	h.hdr_size = sizeof(h);
+	h.size = sizeof(buf);
+	memcpy(buf, &h, sizeof(h));
+	refused_image(buf, sizeof(buf)); /* another version */
+	h.version = KVTD_IMAGE_VERSION;
+	h.checksum = fnv(0xcbf29ce484222325ull, buf + sizeof(h), sizeof(buf) - sizeof(h)) ^ 1;
+	memcpy(buf, &h, sizeof(h));
+	refused_image(buf, sizeof(buf)); /* corrupt */
+}
+END_TEST
+
+START_TEST(t_restart_not_admin)
+{
+	struct kvtd_proc d;
+	pid_t pid;
+	int st;
+
+	if (geteuid() != 0)
+		return; /* the daemon's own uid is privileged: nothing to test without root */
+	daemon_start(&d, NULL);
+	chmod(d.dir, 0755);
+	chmod(d.sock, 0666);
+	pid = fork();
+	if (pid == 0) {
+		struct kvt_ctl_hdr h = {.type = KVT_CTL_RESTART, .len = sizeof(h), .id = 1};
+		struct kvt_ctl_error e;
+		int fd;
+
+		if (setgid(65534) || setuid(65534))
+			_exit(2);
+		fd = ctl_raw_connect(d.sock);
+		if (fd < 0 || send(fd, &h, sizeof(h), 0) != sizeof(h))
+			_exit(3);
+		if (ctl_raw_recv(fd, &e, sizeof(e), 5000) < (ssize_t)sizeof(e.hdr) ||
+		    e.hdr.type != KVT_CTL_ERROR || e.err != -EPERM)
+			_exit(4);
+		_exit(0);
+	}
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "unprivileged RESTART: status %d", st);
+	st = admin_request(d.sock, KVT_CTL_STATUS) ? 0 : 1;
+	ck_assert_int_eq(st, 0);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+int
+main(void)
+{
+	Suite *s = suite_create("restart");
+	TCase *tc = tcase_create("restart");
+	SRunner *sr;
+	int failed;
+
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, t_restart_lossless);
+	tcase_add_test(tc, t_restart_refused_image);
+	tcase_add_test(tc, t_restart_not_admin);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
