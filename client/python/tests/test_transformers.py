@@ -94,10 +94,11 @@ def reference(lm):
 
 
 def seq_doc(d, cache):
-    """The daemon's SEQS entry of @cache's sequence."""
-    seqs = [s for s in d.doc("seqs")["seqs"]
+    """The daemon's entry for @cache's sequence, as ``kvtierctl seqs --json`` prints it."""
+    doc = json.loads(d.ctl(["seqs", "--json"]).stdout)
+    seqs = [s for s in doc["seqs"]
             if s["session"] == cache.session_id and s["seq"] == cache.seq_id]
-    assert len(seqs) == 1, d.doc("seqs")
+    assert len(seqs) == 1, doc
     return seqs[0]
 
 
