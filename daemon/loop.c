@@ -1210,10 +1210,14 @@ kvtd_loop_adopt(struct kvtd *d, const struct kvtd_conn_info *ci, void **ret_conn
 			return -EUSERS;
 		}
 		c->uid_ent->sessions++;
+		/* what the restore claimed was charged to the session only: the uid's share */
+		c->uid_ent->acct.bytes += ci->s->acct.bytes;
 		ci->s->uid_ent = c->uid_ent;
 		ci->s->sock = c->fd;
 		r = kvtd_poller_attach(d, ci->s);
 		if (r < 0) {
+			c->uid_ent->acct.bytes -= ci->s->acct.bytes;
+			ci->s->uid_ent = NULL;
 			c->uid_ent->sessions--;
 			free(c);
 			return r;
@@ -1224,6 +1228,8 @@ kvtd_loop_adopt(struct kvtd *d, const struct kvtd_conn_info *ci, void **ret_conn
 	if (arm_poll(d, c->fd, (uint64_t)(uintptr_t)c) < 0) {
 		if (c->s) {
 			kvtd_poller_detach(c->s);
+			c->uid_ent->acct.bytes -= c->s->acct.bytes;
+			c->s->uid_ent = NULL;
 			c->uid_ent->sessions--;
 			d->n_sessions--;
 		}
