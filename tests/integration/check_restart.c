@@ -435,6 +435,53 @@ START_TEST(t_restart_refused_image)
 }
 END_TEST
 
+/*
+ * The uid's pool account survives a restart: what the restored sequences hold still counts
+ * against pool_bytes_per_uid, so appending after the restart stops at the same limit (a
+ * restored account of zero would let the uid hold the limit again on top).
+ */
+START_TEST(t_restart_keeps_quota)
+{
+	char cfgpath[] = "/tmp/kvt-restart-cfg-XXXXXX";
+	const char *extra[] = {"--config", cfgpath, NULL};
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	static float rows[8 * TOK];
+	const int64_t limit = 4 << 20;
+	struct kvt_client *c;
+	struct kvtd_proc d;
+	uint32_t seq;
+	int64_t r = 0, used;
+	int fd = mkstemp(cfgpath);
+
+	ck_assert_int_ge(fd, 0);
+	dprintf(fd, "[limits]\npool_bytes_per_uid = 4M\n");
+	close(fd);
+	daemon_start(&d, extra);
+	ck_assert_int_eq(kvt_connect(d.sock, &o, &c), 0);
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_FULL;
+	p.delta = 16;
+	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+	/* about three quarters of the limit, then a restart */
+	while (pool_used(d.sock) < limit * 3 / 4)
+		ck_assert_int_gt(kvt_append(c, seq, rows, sizeof(rows), 8, NULL), 0);
+	restart(&d, 1);
+	while ((r = kvt_append(c, seq, rows, sizeof(rows), 8, NULL)) > 0)
+		ck_assert_int_le(pool_used(d.sock), 2 * limit);
+	ck_assert_int_eq(r, -EDQUOT);
+	used = pool_used(d.sock);
+	ck_assert_int_le(used, limit);
+	ck_assert_int_gt(used, limit - 8 * TOK * 4 - 4096);
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	unlink(cfgpath);
+}
+END_TEST
+
 START_TEST(t_restart_not_admin)
 {
 	struct kvtd_proc d;
@@ -481,6 +528,7 @@ main(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, t_restart_lossless);
 	tcase_add_test(tc, t_restart_refused_image);
+	tcase_add_test(tc, t_restart_keeps_quota);
 	tcase_add_test(tc, t_restart_not_admin);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
