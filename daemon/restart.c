@@ -961,8 +961,8 @@ kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
 	}
 	if (r < 0)
 		goto err_abandon;
-	/* 3: serve them */
-	for (i = 0; i < img->n_conns; i++) {
+	/* 3: serve them; adopting prepends, so the last first keeps the list's order */
+	for (i = img->n_conns; i-- > 0;) {
 		struct img_conn *c = &img->conns[i];
 		struct kvtd_conn_info ci = {c->fd,  c->state,	   c->pid, c->uid,
 					    c->gid, c->privileged, c->s,   NULL};
