@@ -19,11 +19,13 @@
 #include <sys/types.h>
 
 #include "config.h"
+#include "opstats.h"
 #include "pool.h"
 
 struct kvt_dev;
 struct kvtd_poller;
 struct kvtd_conn;
+struct kvtd_metrics;
 struct io_uring;
 
 struct kvtd_uid {
@@ -51,6 +53,7 @@ struct kvtd {
 	unsigned n_pollers;
 	struct kvtd_counters cnt;
 	uint64_t start_ns;
+	struct kvtd_op_stats opst_ended; /* main thread: of the sessions that ended (opstats.h) */
 
 	/* main thread only */
 	struct io_uring *ring;
@@ -58,8 +61,9 @@ struct kvtd {
 	int lock_fd;	/* flock on "<socket>.lock": one daemon per socket path */
 	dev_t sock_dev; /* the socket file bound, so exit unlinks that one only */
 	ino_t sock_ino;
-	int metrics_fd;	       /* HTTP /metrics (metrics.c), -1 when off */
-	unsigned metrics_port; /* the port it listens on */
+	int metrics_fd;		      /* HTTP /metrics (metrics.c), -1 when off */
+	unsigned metrics_port;	      /* the port it listens on */
+	struct kvtd_metrics *metrics; /* its scrapers (metrics.c) */
 	int stopping;
 	struct kvtd_conn *conns;
 	unsigned n_conns;  /* bounded by cfg.max_connections */

@@ -27,6 +27,7 @@
 #include "loop.h"
 #include "metrics.h"
 #include "poller.h"
+#include "prom.h"
 #include "restart.h"
 #include "session.h"
 #include "stats.h"
@@ -139,6 +140,7 @@ conn_close(struct kvtd *d, struct kvtd_conn *c)
 		kvtd_poller_detach(s);
 		atomic_fetch_add(&d->cnt.ops, s->ops);
 		atomic_fetch_add(&d->cnt.errors, s->errors);
+		kvtd_op_stats_fold(&d->opst_ended, &s->opst);
 		log_info("session %u (pid %d uid %u '%s') ended: %llu ops", s->id, (int)c->pid,
 			 (unsigned)c->uid, s->name, (unsigned long long)s->ops);
 		kvtd_session_destroy(s);
@@ -319,6 +321,47 @@ reply_json(struct kvtd_conn *c, uint64_t id, struct json_object *o)
 		sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
 	}
 	json_object_put(o);
+}
+
+/* METRICS: the text exposition (KVT_CTL_TEXT) or its JSON document (prom.h). */
+static void
+handle_metrics(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_metrics *m, size_t len)
+{
+	struct json_object *doc = NULL;
+	struct kvt_ctl_hdr h = {.type = KVT_CTL_TEXT, .id = m->hdr.id};
+	char *text = NULL;
+	size_t tlen = 0;
+	int r;
+
+	if (len != sizeof(*m) || (m->flags & ~KVT_CTL_METRICS_F_ALL) || m->reserved0) {
+		send_error(c->fd, m->hdr.id, -EINVAL,
+			   "malformed METRICS request: want %zu bytes, flags within 0x%x and "
+			   "reserved0 zero",
+			   sizeof(*m), KVT_CTL_METRICS_F_ALL);
+		return;
+	}
+	r = kvtd_prom_render(d, m->flags, c->privileged ? NULL : &c->uid, &text, &tlen, &doc);
+	if (r < 0) {
+		send_error(c->fd, m->hdr.id, r, "metrics unavailable: %s", strerror(-r));
+		return;
+	}
+	if (doc) {
+		reply_json(c, m->hdr.id, doc);
+		return;
+	}
+	if (sizeof(h) + tlen + 1 > KVT_CTL_MAX_MSG) {
+		send_error(c->fd, m->hdr.id, -E2BIG,
+			   "metrics of %zu bytes exceed a message (%u); leave out the per-session "
+			   "families or scrape /metrics",
+			   tlen, KVT_CTL_MAX_MSG);
+	} else {
+		struct iovec iov[2] = {{&h, sizeof(h)}, {text, tlen + 1}};
+		struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
+
+		h.len = (uint32_t)(sizeof(h) + tlen + 1);
+		sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+	}
+	free(text);
 }
 
 static int
@@ -529,6 +572,10 @@ handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, 
 		d->restart_pending = 1;
 		d->restart_conn = c;
 		d->restart_req_id = h->id;
+		return 0;
+	case KVT_CTL_METRICS:
+		admin_touch(d, c);
+		handle_metrics(d, c, (const void *)buf, len);
 		return 0;
 	case KVT_CTL_BUF_REGISTER:
 	case KVT_CTL_BUF_UNREGISTER:
@@ -772,6 +819,7 @@ on_timer(struct kvtd *d)
 	}
 	if (d->listen_paused == LISTEN_NOFD) /* descriptors may have freed outside our conns */
 		listen_resume(d);
+	kvtd_metrics_tick(d, now);
 }
 
 static void
@@ -1109,6 +1157,11 @@ kvtd_loop_run(struct kvtd *d)
 			break;
 		default: {
 			struct kvtd_conn *c = (struct kvtd_conn *)(uintptr_t)ud;
+
+			if (kvtd_metrics_owns(ud)) {
+				kvtd_metrics_event(d, ud, res);
+				break;
+			}
 
 			if (res < 0 || conn_ready(d, c, res) < 0 || (res & (POLLHUP | POLLRDHUP)))
 				conn_close(d, c);

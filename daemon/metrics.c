@@ -1,35 +1,57 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * metrics.c - GET /metrics over HTTP on a loopback address ([daemon] metrics_listen), for a
- * Prometheus scrape: the same text `kvtierctl metrics` prints, from the same formatter
- * (tools/kvtierctl/ctl_fmt.c) over the same STATUS, CLIENTS and SEQS documents.
+ * metrics.c - GET and HEAD /metrics over HTTP on a loopback address ([daemon] metrics_listen),
+ * for a Prometheus scrape: the text kvtd_prom_render() formats (prom.c), the same that
+ * `kvtierctl metrics` gets with KVT_CTL_METRICS. /metrics?sessions=1 adds the per-session
+ * and per-sequence families.
  *
- * The main loop calls kvtd_metrics_serve() when the listening socket is readable. Each
- * connection is answered at once and closed (HTTP/1.0, Connection: close): one request of at
- * most 4 KiB, read and written with 100 ms timeouts, so a client that stalls costs the main
- * loop at most that. Only loopback addresses are accepted in the configuration: the endpoint
- * has no authentication.
+ * Scrapers never block the main loop: each connection is non-blocking and driven by the main
+ * loop's io_uring (a poll per step, user_data KVTD_METRICS_UD + slot), at most SCRAPERS_MAX at
+ * once (more are answered 503 and closed), and each has SCRAPE_TIMEOUT_MS from accept to its
+ * last byte sent; past it the timer closes it. A scraper that reads slowly only holds its slot.
+ * One request per connection (HTTP/1.0, Connection: close), of at most REQ_MAX bytes. Only
+ * loopback addresses are accepted in the configuration: the endpoint has no authentication.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <json-c/json.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/time.h>
+#include <liburing.h>
+#include <poll.h>
 #include <unistd.h>
 
-#include "ctl_fmt.h"
 #include "kvtd.h"
 #include "log.h"
+#include "kvt_ctl.h"
 #include "metrics.h"
-#include "stats.h"
+#include "prom.h"
 
-#define REQ_MAX	      4096
-#define IO_TIMEOUT_MS 100
+#define REQ_MAX		  4096
+#define SCRAPERS_MAX	  8
+#define SCRAPE_TIMEOUT_MS 5000
+
+enum { SCRAPE_FREE, SCRAPE_READ, SCRAPE_WRITE };
+
+struct kvtd_scraper {
+	int fd;
+	int state;
+	uint64_t deadline_ns; /* 0: timed out, closing */
+	size_t got;	      /* request bytes read */
+	char req[REQ_MAX + 1];
+	char *out; /* the reply, head and body */
+	size_t out_len, out_off;
+};
+
+struct kvtd_metrics {
+	struct kvtd_scraper s[SCRAPERS_MAX];
+	unsigned busy;
+};
 
 int
 kvtd_metrics_parse(const char *s, uint32_t *ret_addr, uint16_t *ret_port)
@@ -65,6 +87,7 @@ kvtd_metrics_init(struct kvtd *d)
 	int one = 1, r;
 
 	d->metrics_fd = -1;
+	d->metrics = NULL;
 	if (!d->cfg.metrics_listen[0])
 		return 0;
 	if (kvtd_metrics_parse(d->cfg.metrics_listen, &sa.sin_addr.s_addr, &sa.sin_port) < 0) {
@@ -92,6 +115,14 @@ kvtd_metrics_init(struct kvtd *d)
 		d->metrics_fd = -1;
 		return r;
 	}
+	d->metrics = calloc(1, sizeof(*d->metrics));
+	if (!d->metrics) {
+		close(d->metrics_fd);
+		d->metrics_fd = -1;
+		return -ENOMEM;
+	}
+	for (unsigned i = 0; i < SCRAPERS_MAX; i++)
+		d->metrics->s[i].fd = -1;
 	d->metrics_port = ntohs(sa.sin_port);
 	log_notice("serving /metrics on http://%s:%u/metrics", inet_ntoa(sa.sin_addr),
 		   (unsigned)d->metrics_port);
@@ -101,119 +132,247 @@ kvtd_metrics_init(struct kvtd *d)
 void
 kvtd_metrics_fini(struct kvtd *d)
 {
+	if (d->metrics) {
+		for (unsigned i = 0; i < SCRAPERS_MAX; i++) {
+			if (d->metrics->s[i].fd >= 0)
+				close(d->metrics->s[i].fd);
+			free(d->metrics->s[i].out);
+		}
+		free(d->metrics);
+		d->metrics = NULL;
+	}
 	if (d->metrics_fd >= 0)
 		close(d->metrics_fd);
 	d->metrics_fd = -1;
 }
 
-/* The metrics text, malloc'ed; NULL on failure. */
-static char *
-metrics_text(struct kvtd *d, size_t *ret_len)
+static int
+arm(struct kvtd *d, int fd, unsigned events, uint64_t ud)
 {
-	struct json_object *st = kvtd_stats_status(d), *cl = kvtd_stats_clients(d),
-			   *sq = kvtd_stats_seqs(d);
+	struct io_uring_sqe *sqe = io_uring_get_sqe(d->ring);
+
+	if (!sqe) {
+		io_uring_submit(d->ring);
+		sqe = io_uring_get_sqe(d->ring);
+		if (!sqe)
+			return -EBUSY;
+	}
+	io_uring_prep_poll_add(sqe, fd, events);
+	io_uring_sqe_set_data64(sqe, ud);
+	return 0;
+}
+
+static void
+scraper_close(struct kvtd *d, struct kvtd_scraper *s)
+{
+	close(s->fd);
+	free(s->out);
+	memset(s, 0, sizeof(*s));
+	s->fd = -1;
+	d->metrics->busy--;
+}
+
+/* The reply into s->out: head, and the body unless @head_only (HEAD keeps its length). */
+static int
+prepare(struct kvtd_scraper *s, const char *status, const char *type, const char *body, size_t len,
+	bool head_only)
+{
+	FILE *f = open_memstream(&s->out, &s->out_len);
+
+	if (!f)
+		return -ENOMEM;
+	fprintf(f,
+		"HTTP/1.0 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n"
+		"\r\n",
+		status, type, len);
+	if (!head_only)
+		fwrite(body, 1, len, f);
+	if (fclose(f) != 0) {
+		free(s->out);
+		s->out = NULL;
+		return -ENOMEM;
+	}
+	s->out_off = 0;
+	s->state = SCRAPE_WRITE;
+	return 0;
+}
+
+static int
+prepare_msg(struct kvtd_scraper *s, const char *status, const char *msg, bool head_only)
+{
+	return prepare(s, status, "text/plain", msg, strlen(msg), head_only);
+}
+
+/* The request in s->req (complete, or all the peer sent) to a reply in s->out. */
+static int
+answer(struct kvtd *d, struct kvtd_scraper *s)
+{
+	const char *req = s->req, *path, *q;
+	uint32_t flags = 0;
+	bool head = false;
+	size_t plen, len = 0;
 	char *text = NULL;
-	FILE *f = open_memstream(&text, ret_len);
-	int r = f ? kvtctl_fmt_metrics(f, st, cl, sq) : -ENOMEM;
+	int r;
 
-	if (f && fclose(f) != 0)
-		r = -EIO;
-	json_object_put(st);
-	json_object_put(cl);
-	json_object_put(sq);
-	if (r < 0) {
-		free(text);
-		return NULL;
+	if (!strncmp(req, "HEAD ", 5))
+		head = true;
+	else if (strncmp(req, "GET ", 4) != 0)
+		return prepare_msg(s, s->got ? "405 Method Not Allowed" : "400 Bad Request",
+				   "only GET and HEAD /metrics are served here\n", false);
+	path = req + (head ? 5 : 4);
+	plen = strcspn(path, " \r\n");
+	if (plen < 8 || strncmp(path, "/metrics", 8) != 0 || (plen > 8 && path[8] != '?'))
+		return prepare_msg(s, "404 Not Found", "not found: the metrics are at /metrics\n",
+				   head);
+	/* ?sessions=1 among the query's parameters */
+	for (q = path + 8; q < path + plen; q += len) {
+		q++; /* the '?' or '&' */
+		len = strcspn(q, "& \r\n");
+		if (len == 10 && !strncmp(q, "sessions=1", 10))
+			flags |= KVT_CTL_METRICS_F_SESSIONS;
 	}
-	return text;
+	len = 0;
+	r = kvtd_prom_render(d, flags, NULL, &text, &len, NULL);
+	if (r < 0)
+		return prepare_msg(s, "500 Internal Server Error", "metrics unavailable\n", head);
+	r = prepare(s, "200 OK", "text/plain; version=0.0.4; charset=utf-8", text, len, head);
+	free(text);
+	return r;
 }
 
-static void
-send_all(int fd, const char *p, size_t len)
+/* Reads what is there. Returns 1 when the request is complete (or the peer stopped sending),
+ * 0 to wait for more, < 0 to close. */
+static int
+read_req(struct kvtd_scraper *s)
 {
-	while (len) {
-		ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+	while (s->got < REQ_MAX) {
+		ssize_t n = recv(s->fd, s->req + s->got, REQ_MAX - s->got, MSG_DONTWAIT);
 
-		if (n <= 0)
-			return; /* timeout or a client gone: nothing to do but close */
-		p += n;
-		len -= (size_t)n;
+		if (n == 0)
+			return 1;
+		if (n < 0)
+			return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
+		s->got += (size_t)n;
+		s->req[s->got] = '\0';
+		if (strstr(s->req, "\r\n\r\n") || strstr(s->req, "\n\n"))
+			return 1;
 	}
+	return 1; /* REQ_MAX: the request line is all that matters */
 }
 
-static void
-reply(int fd, const char *status, const char *type, const char *body, size_t len)
+/* Sends what the socket takes. Returns 1 when all is sent, 0 to wait, < 0 to close. */
+static int
+write_reply(struct kvtd_scraper *s)
 {
-	char head[256];
-	int n = snprintf(head, sizeof(head),
-			 "HTTP/1.0 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-			 "Connection: close\r\n\r\n",
-			 status, type, len);
+	while (s->out_off < s->out_len) {
+		ssize_t n = send(s->fd, s->out + s->out_off, s->out_len - s->out_off,
+				 MSG_DONTWAIT | MSG_NOSIGNAL);
 
-	if (n < 0 || (size_t)n >= sizeof(head))
-		return; /* cannot happen with the fixed strings above; never send past @head */
-	send_all(fd, head, (size_t)n);
-	send_all(fd, body, len);
+		if (n < 0)
+			return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
+		s->out_off += (size_t)n;
+	}
+	return 1;
 }
 
+/* One step of @s; re-arms its poll, or closes it. */
 static void
-serve_one(struct kvtd *d, int fd)
+step(struct kvtd *d, struct kvtd_scraper *s, uint64_t ud, int res)
 {
-	struct timeval tv = {0, IO_TIMEOUT_MS * 1000};
-	char req[REQ_MAX + 1];
-	size_t got = 0;
+	int r;
 
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	/* the request line is all that matters; read up to the end of the headers */
-	while (got < REQ_MAX) {
-		ssize_t n = recv(fd, req + got, REQ_MAX - got, 0);
-
-		if (n <= 0)
-			break;
-		got += (size_t)n;
-		req[got] = '\0';
-		if (strstr(req, "\r\n\r\n") || strstr(req, "\n\n"))
-			break;
-	}
-	req[got] = '\0';
-	if (strncmp(req, "GET ", 4) != 0) {
-		static const char msg[] = "only GET /metrics is served here\n";
-
-		reply(fd, got ? "405 Method Not Allowed" : "400 Bad Request", "text/plain", msg,
-		      sizeof(msg) - 1);
-		return;
-	}
-	if (strncmp(req + 4, "/metrics", 8) != 0 || !strchr(" ?", req[12])) {
-		static const char msg[] = "not found: the metrics are at /metrics\n";
-
-		reply(fd, "404 Not Found", "text/plain", msg, sizeof(msg) - 1);
-		return;
-	}
-	{
-		size_t len = 0;
-		char *text = metrics_text(d, &len);
-
-		if (!text) {
-			static const char msg[] = "metrics unavailable\n";
-
-			reply(fd, "500 Internal Server Error", "text/plain", msg, sizeof(msg) - 1);
+	if (res < 0 || !s->deadline_ns) /* failed poll, or timed out (the timer shut it down) */
+		goto close;
+	if (s->state == SCRAPE_READ) {
+		r = read_req(s);
+		if (r < 0)
+			goto close;
+		if (r == 0) {
+			if (res & (POLLHUP | POLLERR))
+				goto close;
+			if (arm(d, s->fd, POLLIN | POLLRDHUP, ud) < 0)
+				goto close;
 			return;
 		}
-		reply(fd, "200 OK", "text/plain; version=0.0.4; charset=utf-8", text, len);
-		free(text);
+		if (answer(d, s) < 0)
+			goto close;
 	}
+	r = write_reply(s);
+	if (r == 0 && arm(d, s->fd, POLLOUT, ud) == 0)
+		return;
+close:
+	scraper_close(d, s);
 }
 
 void
 kvtd_metrics_serve(struct kvtd *d)
 {
 	for (;;) {
-		int fd = accept4(d->metrics_fd, NULL, NULL, SOCK_CLOEXEC);
+		int fd = accept4(d->metrics_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		struct kvtd_scraper *s = NULL;
+		unsigned i;
 
 		if (fd < 0)
 			return; /* EAGAIN: all taken; other errors: the next readiness retries */
-		serve_one(d, fd);
-		close(fd);
+		for (i = 0; i < SCRAPERS_MAX && !s; i++)
+			if (d->metrics->s[i].fd < 0)
+				s = &d->metrics->s[i];
+		if (!s) {
+			static const char busy[] = "HTTP/1.0 503 Service Unavailable\r\n"
+						   "Content-Length: 0\r\nConnection: close\r\n\r\n";
+
+			/* a fresh socket's buffer takes this whole, or the peer misses it */
+			send(fd, busy, sizeof(busy) - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+			close(fd);
+			continue;
+		}
+		s->fd = fd;
+		s->state = SCRAPE_READ;
+		s->got = 0;
+		s->deadline_ns = kvtd_now_ns() + (uint64_t)SCRAPE_TIMEOUT_MS * 1000000;
+		d->metrics->busy++;
+		/* the request is usually there already */
+		step(d, s, KVTD_METRICS_UD + (uint64_t)(s - d->metrics->s), POLLIN);
+	}
+}
+
+int
+kvtd_metrics_owns(uint64_t ud)
+{
+	return ud >= KVTD_METRICS_UD && ud < KVTD_METRICS_UD + SCRAPERS_MAX;
+}
+
+void
+kvtd_metrics_event(struct kvtd *d, uint64_t ud, int res)
+{
+	struct kvtd_scraper *s;
+
+	if (!d->metrics)
+		return;
+	s = &d->metrics->s[ud - KVTD_METRICS_UD];
+	if (s->fd >= 0)
+		step(d, s, ud, res);
+}
+
+void
+kvtd_metrics_tick(struct kvtd *d, uint64_t now_ns)
+{
+	if (!d->metrics || !d->metrics->busy)
+		return;
+	for (unsigned i = 0; i < SCRAPERS_MAX; i++) {
+		struct kvtd_scraper *s = &d->metrics->s[i];
+
+		if (s->fd < 0 || !s->deadline_ns || now_ns <= s->deadline_ns)
+			continue;
+		/* Its poll is armed: the shutdown completes it and step() closes it. A scraper
+		 * that never finished its request is told so first. */
+		if (s->state == SCRAPE_READ) {
+			static const char slow[] = "HTTP/1.0 408 Request Timeout\r\n"
+						   "Content-Length: 0\r\nConnection: close\r\n\r\n";
+
+			send(s->fd, slow, sizeof(slow) - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+		}
+		s->deadline_ns = 0;
+		shutdown(s->fd, SHUT_RDWR);
 	}
 }

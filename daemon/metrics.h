@@ -20,7 +20,17 @@ int kvtd_metrics_parse(const char *s, uint32_t *ret_addr, uint16_t *ret_port);
  * else sets d->metrics_fd to -1. Returns 0, -EINVAL or -errno of socket/bind/listen. */
 int kvtd_metrics_init(struct kvtd *d);
 void kvtd_metrics_fini(struct kvtd *d);
-/* Main thread, the listening socket readable: answers every pending connection. */
+/* Main thread, the listening socket readable: takes every pending connection (metrics.c). */
 void kvtd_metrics_serve(struct kvtd *d);
+
+/* user_data of the scrapers' polls on the main ring: KVTD_METRICS_UD + slot. Far below any
+ * heap address, which the loop uses for its connections. */
+#define KVTD_METRICS_UD 0x100
+/* Is @ud a scraper's? */
+int kvtd_metrics_owns(uint64_t ud);
+/* Main thread: a scraper's poll completed with @res (revents or -errno). */
+void kvtd_metrics_event(struct kvtd *d, uint64_t ud, int res);
+/* Main thread, from the loop's timer: shuts down scrapers past their deadline. */
+void kvtd_metrics_tick(struct kvtd *d, uint64_t now_ns);
 
 #endif

@@ -246,6 +246,7 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 {
 	const struct kvtd_op_def *def;
 	struct kvtd_seq *q = NULL;
+	uint64_t t0 = kvtd_now_ns(), in0 = 0, out0 = 0;
 	int r = -EINVAL;
 
 	c->res = 0;
@@ -267,11 +268,21 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 	}
 	if ((e->op_flags & ~def->op_flags) || !unused_zero(e, def->fields))
 		goto out;
+	if (q) {
+		in0 = q->bytes_in;
+		out0 = q->bytes_out;
+	}
 	r = def->run(s, e, q, c);
+	/* SEQ_CLOSE freed q; the other ops leave it open */
+	if (q && e->opcode != KVT_OP_SEQ_CLOSE) {
+		s->opst.bytes_in += q->bytes_in - in0;
+		s->opst.bytes_out += q->bytes_out - out0;
+	}
 out:
 	c->res = r;
 	/* Per-session counters only: the hot path touches no shared cache line. The daemon
-	 * totals fold them in when a session ends (session.c). */
+	 * totals fold them in when a session ends (loop.c). */
+	kvtd_op_stats_add(&s->opst, e->opcode, r, kvtd_now_ns() - t0);
 	s->ops++;
 	if (r < 0) {
 		s->errors++;

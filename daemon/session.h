@@ -14,6 +14,7 @@
 
 #include "kvt_abi.h"
 #include "pool.h"
+#include "opstats.h"
 
 struct kvtd;
 struct kvtd_poller;
@@ -59,6 +60,7 @@ struct kvtd_session {
 	struct kvtd_acct acct;
 	struct kvtd_uid *uid_ent;
 	uint64_t ops, errors;
+	struct kvtd_op_stats opst;	 /* per opcode, folded into kvtd.opst_ended at the end */
 	struct kvt_dev_event *dev_event; /* EVENT_GET: recorded after each op's copies */
 	uint8_t event_handle[64];
 };

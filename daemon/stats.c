@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kvt_ctl.h"
 #include "kvt_dev.h"
 #include "kvtd.h"
 #include "poller.h"
@@ -32,9 +33,8 @@ tiers_array(const uint64_t t[4])
 	return a;
 }
 
-/* Calls @fn on every live session with its poller's lock held. */
-static void
-for_each_session(struct kvtd *d, void (*fn)(struct kvtd_session *, void *), void *arg)
+void
+kvtd_stats_for_each_session(struct kvtd *d, void (*fn)(struct kvtd_session *, void *), void *arg)
 {
 	for (unsigned i = 0; i < d->n_pollers; i++) {
 		struct kvtd_poller *p = d->pollers[i];
@@ -71,8 +71,9 @@ kvtd_stats_status(struct kvtd *d)
 	struct kvtd_pool_usage u;
 	struct totals t = {0};
 
-	for_each_session(d, sum_session, &t);
+	kvtd_stats_for_each_session(d, sum_session, &t);
 	kvtd_pool_usage(&d->pool, &u);
+	ADD(o, "schema", json_object_new_int(KVT_CTL_SCHEMA));
 	ADD(o, "version", json_object_new_string(KVTIER_VERSION));
 	abi = json_object_new_object();
 	ADD(abi, "major", json_object_new_int(KVT_ABI_MAJOR));
@@ -145,7 +146,8 @@ kvtd_stats_clients(struct kvtd *d)
 {
 	struct json_object *o = json_object_new_object(), *a = json_object_new_array();
 
-	for_each_session(d, add_client, a);
+	kvtd_stats_for_each_session(d, add_client, a);
+	ADD(o, "schema", json_object_new_int(KVT_CTL_SCHEMA));
 	ADD(o, "clients", a);
 	return o;
 }
@@ -162,7 +164,7 @@ add_seqs(struct kvtd_session *s, void *arg)
 		c = json_object_new_object();
 		ADD(c, "session", U64(s->id));
 		ADD(c, "seq", U64(q->id));
-		ADD(c, "n", U64(q->ts.n));
+		ADD(c, "tokens", U64(q->ts.n));
 		ADD(c, "layers", U64(q->p.layers));
 		ADD(c, "kv_heads", U64(q->p.kv_heads));
 		ADD(c, "head_dim", U64(q->p.head_dim));
@@ -189,7 +191,8 @@ kvtd_stats_seqs(struct kvtd *d)
 {
 	struct json_object *o = json_object_new_object(), *a = json_object_new_array();
 
-	for_each_session(d, add_seqs, a);
+	kvtd_stats_for_each_session(d, add_seqs, a);
+	ADD(o, "schema", json_object_new_int(KVT_CTL_SCHEMA));
 	ADD(o, "seqs", a);
 	return o;
 }

@@ -27,6 +27,10 @@
 #define KVT_ABI_MAJOR 1 /* bumped only on incompatible change */
 #define KVT_ABI_MINOR 0 /* bumped on compatible additions */
 
+/* The control socket kvtierd listens on and clients connect to unless told otherwise; the one
+ * definition (kvtier.h, kvtierd's config and kvtierctl take it from here). */
+#define KVT_DEFAULT_SOCKET "/run/kvtier/kvtierd.sock"
+
 #define KVT_REGION_MAGIC 0x3152454954564b00ull /* "\0KVTIER1" little-endian */
 
 /* Region feature bits (kvt_region_hdr.features). */

@@ -10,7 +10,8 @@
  *
  * Session clients send HELLO first; the daemon answers WELCOME with three fds: the sealed region
  * memfd, the SQ doorbell (client writes), the CQ doorbell (daemon writes). Admin clients
- * (kvtierctl) send STATUS/CLIENTS/SEQS without HELLO; those replies carry a JSON document.
+ * (kvtierctl) send STATUS/CLIENTS/SEQS/METRICS without HELLO; those replies carry a JSON
+ * document (fields below) or, for METRICS, text.
  * CLIENTS and SEQS list only the peer's own uid's sessions unless the peer is root, the
  * daemon's uid or in its admin_gids. A connection that sends nothing within the daemon's hello
  * timeout is closed, an admin connection idle past admin_idle_timeout_ms too (each after an
@@ -47,6 +48,8 @@ enum {
 	KVT_CTL_SEQS = 18,	    /* admin request, header only */
 	KVT_CTL_JSON = 19,	    /* admin reply: NUL-terminated JSON text follows the header */
 	KVT_CTL_RESTART = 20,	    /* admin request, header only: re-exec in place (below) */
+	KVT_CTL_METRICS = 21,	    /* admin request, struct kvt_ctl_metrics */
+	KVT_CTL_TEXT = 22,	    /* admin reply: NUL-terminated text follows the header */
 };
 
 struct kvt_ctl_hdr {
@@ -146,5 +149,51 @@ struct kvt_ctl_event {
 	uint64_t reserved[2];
 };
 _Static_assert(sizeof(struct kvt_ctl_event) == 96, "kvt_ctl_event ABI");
+
+/*
+ * The admin JSON documents (KVT_CTL_JSON replies). Every document carries "schema":
+ * KVT_CTL_SCHEMA, bumped when a field is renamed, removed or changes meaning; adding a field
+ * does not bump it, so readers ignore fields they do not know. Counts are integers, durations
+ * seconds (numbers), sizes bytes.
+ *
+ * STATUS: {"schema", "version", "abi": {"major", "minor"}, "backend", "metrics_url" (only when
+ *	/metrics is served), "pid", "uptime_s", "restarts", "pollers",
+ *	"pool": {"size", "used", "free", "chunk_size", "chunks", "chunks_free", "classes",
+ *		 "backing", "numa_node" (-1: none), "locked" (boolean)},
+ *	"sessions", "seqs", "ops", "errors",
+ *	"refused": {"quota", "nomem", "einval", "auth", "hello_timeout", "limit", "ring_corrupt"},
+ *	"tiers": [T0, T1, T2, T3 tokens over all sequences]}
+ * CLIENTS: {"schema", "clients": [{"session", "pid", "uid", "gid", "name", "seqs",
+ *	"pool_bytes", "ops", "errors", "sq_entries", "arena_size", "uptime_s"}...]}
+ * SEQS: {"schema", "seqs": [{"session", "seq", "tokens", "layers", "kv_heads", "head_dim",
+ *	"dtype" ("f16" | "bf16" | "f32"), "policy" ("tiered" | "h2o" | "streaming" | "full"),
+ *	"t2_keys" ("head" | "channel"), "tiers": [T0..T3 tokens], "evicted_ratio",
+ *	"pool_bytes"}...]}
+ * METRICS with KVT_CTL_METRICS_F_JSON: {"schema", "metrics": [{"name", "type" ("counter" |
+ *	"gauge" | "histogram"), "help", "samples": [{"labels": {name: value...}, "suffix"
+ *	(histograms only: "_bucket" | "_sum" | "_count"), "value"}...]}...]}, the families of
+ *	the text exposition, one object each.
+ * CLIENTS, SEQS and METRICS' per-client and per-session families list only the peer's own
+ * uid's sessions unless the peer is root, the daemon's uid or in its admin_gids.
+ */
+#define KVT_CTL_SCHEMA 1
+
+/*
+ * METRICS: the daemon's metrics. Without flags the reply is KVT_CTL_TEXT, the Prometheus text
+ * exposition (version 0.0.4) that /metrics serves; KVT_CTL_METRICS_F_JSON asks for the same
+ * families as a KVT_CTL_JSON document (above); KVT_CTL_METRICS_F_SESSIONS adds the
+ * per-session and per-sequence families (their labels change with every connection, so they
+ * are left out by default). Unknown flags or a non-zero reserved field: ERROR -EINVAL.
+ */
+#define KVT_CTL_METRICS_F_JSON	   (1u << 0)
+#define KVT_CTL_METRICS_F_SESSIONS (1u << 1)
+#define KVT_CTL_METRICS_F_ALL	   (KVT_CTL_METRICS_F_JSON | KVT_CTL_METRICS_F_SESSIONS)
+
+struct kvt_ctl_metrics {
+	struct kvt_ctl_hdr hdr;
+	uint32_t flags; /* KVT_CTL_METRICS_F_* */
+	uint32_t reserved0;
+};
+_Static_assert(sizeof(struct kvt_ctl_metrics) == 24, "kvt_ctl_metrics ABI");
 
 #endif /* KVT_CTL_H */

@@ -30,8 +30,6 @@
 extern "C" {
 #endif
 
-#define KVT_DEFAULT_SOCKET "/run/kvtier/kvtierd.sock"
-
 struct kvt_client;
 struct kvt_buf;
 

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * check_ctl_fmt.c - kvtierctl's formatters (tools/kvtierctl/ctl_fmt.c) on canned documents of the
- * shapes kvtierd sends: full documents print exactly as expected, missing keys print "-" or leave
- * the metric out, wrong shapes are refused, and the Prometheus text is well formed.
+ * shapes kvtierd sends: full documents print exactly as expected, missing keys print "-", wrong
+ * shapes are refused. (The Prometheus text is the daemon's: tests/unit/check_prom.c.)
  */
 #include <check.h>
 #include <errno.h>
@@ -29,7 +29,8 @@ static const char clients_json[] =
     "\"arena_size\":16777216,\"uptime_s\":4000}]}";
 
 static const char seqs_json[] =
-    "{\"seqs\":[{\"session\":1,\"seq\":7,\"n\":1000,\"layers\":32,\"kv_heads\":8,\"head_dim\":128,"
+    "{\"seqs\":[{\"session\":1,\"seq\":7,\"tokens\":1000,\"layers\":32,\"kv_heads\":8,"
+    "\"head_dim\":128,"
     "\"dtype\":\"f16\",\"policy\":\"tiered\",\"t2_keys\":\"channel\",\"tiers\":[500,400,70,30],"
     "\"evicted_ratio\":0.03,"
     "\"pool_bytes\":123456789}]}";
@@ -77,21 +78,6 @@ run(int (*fmt)(FILE *, struct json_object *), const char *text, int want)
 	ck_assert_int_eq(fmt(c.f, o), want);
 	json_object_put(o);
 	return cap_close(&c);
-}
-
-static char *
-run_metrics(const char *st, const char *cl, const char *sq)
-{
-	struct json_object *s = st ? parse(st) : NULL, *c = cl ? parse(cl) : NULL,
-			   *q = sq ? parse(sq) : NULL;
-	struct capture cap;
-
-	cap_open(&cap);
-	ck_assert_int_eq(kvtctl_fmt_metrics(cap.f, s, c, q), 0);
-	json_object_put(s);
-	json_object_put(c);
-	json_object_put(q);
-	return cap_close(&cap);
 }
 
 START_TEST(test_status_full)
@@ -168,8 +154,6 @@ START_TEST(test_not_objects)
 	ck_assert_int_eq(kvtctl_fmt_status(c.f, arr), -EINVAL);
 	ck_assert_int_eq(kvtctl_fmt_clients(c.f, arr), -EINVAL);
 	ck_assert_int_eq(kvtctl_fmt_seqs(c.f, arr), -EINVAL);
-	ck_assert_int_eq(kvtctl_fmt_metrics(c.f, arr, NULL, NULL), -EINVAL);
-	ck_assert_int_eq(kvtctl_fmt_metrics(c.f, NULL, arr, NULL), -EINVAL);
 	ck_assert_int_eq(kvtctl_fmt_status(c.f, NULL), -EINVAL);
 	free(cap_close(&c));
 	json_object_put(arr);
@@ -264,133 +248,6 @@ START_TEST(test_units)
 }
 END_TEST
 
-/*
- * Check the exposition format rules a scraper relies on: every sample's family was announced
- * by "# HELP" then "# TYPE" just before its first sample, each family is announced once and its
- * samples are contiguous, counters end in _total, and every sample line is NAME[{...}] VALUE.
- * Returns the number of samples.
- */
-static unsigned int
-check_exposition(char *text)
-{
-	char fams[64][64], cur[64] = "", help[64] = "";
-	unsigned int nfams = 0, samples = 0, i;
-	char *line, *save;
-
-	for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-		char name[64], type[16], *end;
-		size_t n;
-
-		if (!strncmp(line, "# HELP ", 7)) {
-			ck_assert_int_eq(sscanf(line, "# HELP %63s", help), 1);
-			ck_assert_msg(strlen(line) > 8 + strlen(help), "HELP without text: %s",
-				      line);
-			continue;
-		}
-		if (!strncmp(line, "# TYPE ", 7)) {
-			ck_assert_int_eq(sscanf(line, "# TYPE %63s %15s", name, type), 2);
-			ck_assert_str_eq(name, help);
-			for (i = 0; i < nfams; i++)
-				ck_assert_msg(strcmp(fams[i], name), "family %s twice", name);
-			ck_assert_uint_lt(nfams, 64);
-			strcpy(fams[nfams++], name);
-			strcpy(cur, name);
-			n = strlen(name);
-			if (!strcmp(type, "counter"))
-				ck_assert_str_eq(name + n - 6, "_total");
-			else
-				ck_assert_str_eq(type, "gauge");
-			help[0] = '\0';
-			continue;
-		}
-		ck_assert_msg(line[0] != '#', "stray comment %s", line);
-		n = strcspn(line, "{ ");
-		ck_assert_msg(n == strlen(cur) && !strncmp(line, cur, n),
-			      "sample '%s' outside its family '%s'", line, cur);
-		if (line[n] == '{') {
-			end = strrchr(line, '}');
-			ck_assert_ptr_nonnull(end);
-			ck_assert_int_eq(end[1], ' ');
-			n = end - line + 1;
-		}
-		ck_assert_int_eq(line[n], ' ');
-		strtod(line + n + 1, &end);
-		ck_assert_msg(end != line + n + 1 && !*end, "bad value in '%s'", line);
-		samples++;
-	}
-	return samples;
-}
-
-START_TEST(test_metrics_full)
-{
-	char *out = run_metrics(status_json, clients_json, seqs_json);
-	static const char *const want[] = {
-	    "kvtier_build_info{version=\"0.1.0\",abi=\"1.0\",backend=\"host\"} 1\n",
-	    "kvtier_uptime_seconds 12.5\n",
-	    "kvtier_pool_size_bytes 4294967296\n",
-	    "kvtier_pool_used_bytes 1073741824\n",
-	    "kvtier_pool_numa_node -1\n",
-	    "kvtier_pool_locked 1\n",
-	    "kvtier_pool_info{backing=\"thp\"} 1\n",
-	    "kvtier_ops_total 1000\n",
-	    "kvtier_errors_total 2\n",
-	    "# TYPE kvtier_refused_total counter\n",
-	    "kvtier_refused_total{reason=\"nomem\"} 1\n",
-	    "kvtier_refused_total{reason=\"hello_timeout\"} 3\n",
-	    "kvtier_tier_tokens{tier=\"t3\"} 10\n",
-	    "kvtier_session_info{session=\"1\",pid=\"123\",uid=\"0\",gid=\"0\",name=\"sim-0\"} 1\n",
-	    /* label escaping: backslash, quote and newline */
-	    "kvtier_session_info{session=\"2\",pid=\"99\",uid=\"1000\",gid=\"1000\","
-	    "name=\"a\\\"b\\\\c\\nd\x1b\"} 1\n",
-	    "kvtier_session_pool_bytes{session=\"1\"} 123456789\n",
-	    "kvtier_session_ops_total{session=\"2\"} 5\n",
-	    "kvtier_session_uptime_seconds{session=\"1\"} 1.5\n",
-	    "kvtier_seq_info{session=\"1\",seq=\"7\",layers=\"32\",kv_heads=\"8\",head_dim=\"128\","
-	    "dtype=\"f16\",policy=\"tiered\",t2_keys=\"channel\"} 1\n",
-	    "kvtier_seq_tokens{session=\"1\",seq=\"7\"} 1000\n",
-	    "kvtier_seq_evicted_ratio{session=\"1\",seq=\"7\"} 0.03\n",
-	    "kvtier_seq_tier_tokens{session=\"1\",seq=\"7\",tier=\"t0\"} 500\n",
-	    "kvtier_seq_tier_tokens{session=\"1\",seq=\"7\",tier=\"t3\"} 30\n",
-	    "kvtier_seq_pool_bytes{session=\"1\",seq=\"7\"} 123456789\n",
-	};
-	unsigned int i;
-
-	for (i = 0; i < sizeof(want) / sizeof(want[0]); i++)
-		ck_assert_msg(strstr(out, want[i]), "missing: %s", want[i]);
-	/* 14 status scalars + build + pool info + 5 refused + 4 tiers; 2 x 8 session; 1 x 8 seq */
-	ck_assert_uint_eq(check_exposition(out), 14 + 2 + 5 + 4 + 16 + 8);
-	free(out);
-}
-END_TEST
-
-START_TEST(test_metrics_partial)
-{
-	char *out;
-
-	/* Nothing known: no family at all, not even HELP lines. */
-	out = run_metrics("{}", "{}", "{}");
-	ck_assert_str_eq(out, "");
-	free(out);
-	out = run_metrics(NULL, NULL, NULL);
-	ck_assert_str_eq(out, "");
-	free(out);
-
-	/* Rows without ids are skipped; missing values leave only their own family out. */
-	out = run_metrics("{\"ops\":5,\"pool\":{\"size\":10}}",
-			  "{\"clients\":[{\"pid\":1,\"ops\":3},{\"session\":4}]}",
-			  "{\"seqs\":[{\"session\":4,\"n\":9},{\"seq\":1,\"n\":2}]}");
-	ck_assert_ptr_nonnull(strstr(out, "kvtier_ops_total 5\n"));
-	ck_assert_ptr_nonnull(strstr(out, "kvtier_pool_size_bytes 10\n"));
-	ck_assert_ptr_null(strstr(out, "kvtier_pool_used_bytes"));
-	ck_assert_ptr_null(strstr(out, "kvtier_build_info"));
-	ck_assert_ptr_nonnull(strstr(out, "kvtier_session_info{session=\"4\"} 1\n"));
-	ck_assert_ptr_null(strstr(out, "kvtier_session_ops_total"));
-	ck_assert_ptr_null(strstr(out, "kvtier_seq_"));
-	ck_assert_uint_eq(check_exposition(out), 3);
-	free(out);
-}
-END_TEST
-
 static Suite *
 ctl_fmt_suite(void)
 {
@@ -405,8 +262,6 @@ ctl_fmt_suite(void)
 	tcase_add_test(tc, test_clients_empty_and_partial);
 	tcase_add_test(tc, test_seqs_table);
 	tcase_add_test(tc, test_units);
-	tcase_add_test(tc, test_metrics_full);
-	tcase_add_test(tc, test_metrics_partial);
 	suite_add_tcase(s, tc);
 	return s;
 }

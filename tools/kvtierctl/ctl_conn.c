@@ -54,20 +54,25 @@ err_close:
 	return r;
 }
 
-int
-kvtctl_request(struct kvtctl_conn *c, uint32_t type, char **ret_json)
+/* Sends @msg (@len bytes, starting with its header: the id is set here) and reads the reply,
+ * KVT_CTL_JSON or KVT_CTL_TEXT (type in *@ret_type) or KVT_CTL_ERROR. */
+static int
+exchange(struct kvtctl_conn *c, void *msg, size_t len, uint32_t *ret_type, char **ret_json)
 {
-	struct kvt_ctl_hdr req = {.type = type, .len = sizeof(req), .id = c->next_id++};
-	struct kvt_ctl_hdr hdr;
+	struct kvt_ctl_hdr req, hdr;
 	char *buf, *json;
 	ssize_t n;
 	int r;
 
+	memcpy(&req, msg, sizeof(req));
+	req.len = (uint32_t)len;
+	req.id = c->next_id++;
+	memcpy(msg, &req, sizeof(req));
 	c->err_msg[0] = '\0';
-	n = send(c->fd, &req, sizeof(req), MSG_NOSIGNAL);
+	n = send(c->fd, msg, len, MSG_NOSIGNAL);
 	if (n < 0)
 		return errno == EAGAIN ? -ETIMEDOUT : errno == EPIPE ? -ECONNRESET : -errno;
-	if (n != sizeof(req))
+	if ((size_t)n != len)
 		return -EPROTO;
 
 	buf = malloc(KVT_CTL_MAX_MSG);
@@ -109,7 +114,8 @@ kvtctl_request(struct kvtctl_conn *c, uint32_t type, char **ret_json)
 		r = e.err;
 		goto out;
 	}
-	if (hdr.type != KVT_CTL_JSON || (size_t)n == sizeof(hdr) || buf[n - 1] != '\0') {
+	if ((hdr.type != KVT_CTL_JSON && hdr.type != KVT_CTL_TEXT) || (size_t)n == sizeof(hdr) ||
+	    buf[n - 1] != '\0') {
 		r = -EPROTO;
 		goto out;
 	}
@@ -118,11 +124,48 @@ kvtctl_request(struct kvtctl_conn *c, uint32_t type, char **ret_json)
 		r = -ENOMEM;
 		goto out;
 	}
+	*ret_type = hdr.type;
 	*ret_json = json;
 	r = 0;
 out:
 	free(buf);
 	return r;
+}
+
+int
+kvtctl_request(struct kvtctl_conn *c, uint32_t type, char **ret_json)
+{
+	struct kvt_ctl_hdr req = {.type = type};
+	uint32_t got;
+	char *text;
+	int r = exchange(c, &req, sizeof(req), &got, &text);
+
+	if (r < 0)
+		return r;
+	if (got != KVT_CTL_JSON) {
+		free(text);
+		return -EPROTO;
+	}
+	*ret_json = text;
+	return 0;
+}
+
+int
+kvtctl_metrics(struct kvtctl_conn *c, uint32_t flags, char **ret_text)
+{
+	struct kvt_ctl_metrics req = {.hdr = {.type = KVT_CTL_METRICS}, .flags = flags};
+	uint32_t want = flags & KVT_CTL_METRICS_F_JSON ? KVT_CTL_JSON : KVT_CTL_TEXT, got;
+	char *text;
+	int r = exchange(c, &req, sizeof(req), &got, &text);
+
+	if (r < 0)
+		return r;
+	if (got != want) {
+		free(text);
+		return -EPROTO;
+	}
+	*ret_text = text;
+	return 0;
 }
 
 void

@@ -2,8 +2,9 @@
 /*
  * ctl_conn.h - kvtierctl's side of the control socket (proto/kvt_ctl.h).
  *
- * An admin connection sends no HELLO: it sends header-only requests (KVT_CTL_STATUS, _CLIENTS,
- * _SEQS) and reads exactly one reply per request, KVT_CTL_JSON or KVT_CTL_ERROR, matched by id.
+ * An admin connection sends no HELLO: it sends admin requests (KVT_CTL_STATUS, _CLIENTS, _SEQS,
+ * _METRICS) and reads exactly one reply per request, KVT_CTL_JSON, KVT_CTL_TEXT or
+ * KVT_CTL_ERROR, matched by id.
  * One connection serves a few requests in a row; kvtierctl opens a fresh one per refresh so the
  * daemon's hello timeout never closes a connection under it.
  */
@@ -38,6 +39,13 @@ int kvtctl_connect(struct kvtctl_conn *c, const char *path, int timeout_ms);
  * without its NUL), -ENOMEM, or -errno from send()/recv().
  */
 int kvtctl_request(struct kvtctl_conn *c, uint32_t type, char **ret_json);
+
+/*
+ * kvtctl_metrics() - send KVT_CTL_METRICS with @flags (KVT_CTL_METRICS_F_*) and wait for its
+ * reply: the Prometheus text, or with KVT_CTL_METRICS_F_JSON the JSON document, malloc'd and
+ * NUL-terminated in *@ret_text. Returns as kvtctl_request().
+ */
+int kvtctl_metrics(struct kvtctl_conn *c, uint32_t flags, char **ret_text);
 
 /* kvtctl_close() - close the connection; accepts a connection that never connected. */
 void kvtctl_close(struct kvtctl_conn *c);

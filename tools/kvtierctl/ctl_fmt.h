@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * ctl_fmt.h - kvtierctl's pure formatters: daemon JSON documents to text tables and to the
- * Prometheus text exposition format.
+ * ctl_fmt.h - kvtierctl's pure formatters: daemon JSON documents to text tables. (The
+ * Prometheus text is the daemon's own: daemon/prom.c, KVT_CTL_METRICS.)
  *
  * They do no I/O beyond writing to @out and never look at the socket, so tests feed them canned
  * documents. The documents are the replies to KVT_CTL_STATUS, KVT_CTL_CLIENTS and KVT_CTL_SEQS
- * (shapes in tools/kvtierctl/main.c). Every key is optional: a missing key or a value of the
+ * (fields in proto/kvt_ctl.h). Every key is optional: a missing key or a value of the
  * wrong type prints as "-" in tables and is left out of the metrics, so an older or newer
  * daemon still gets useful output. Not thread-safe only in the sense that @out is shared.
  */
@@ -35,18 +35,6 @@ int kvtctl_fmt_clients(FILE *out, struct json_object *clients);
  * sequence. Same returns as kvtctl_fmt_clients().
  */
 int kvtctl_fmt_seqs(FILE *out, struct json_object *seqs);
-
-/*
- * kvtctl_fmt_metrics() - print the Prometheus text exposition (version 0.0.4) of the three
- * documents: daemon-wide families from @status, kvtier_session_* families labelled
- * session="N" from @clients, kvtier_seq_* families labelled session="N",seq="M" from @seqs.
- * Any of the three may be NULL. Each family gets its HELP and TYPE lines once, before its
- * samples, and only when it has at least one sample. Label values are escaped as the format
- * requires (backslash, double quote, newline).
- * Returns 0, -EINVAL when a non-NULL document is not an object, -EIO on a write error.
- */
-int kvtctl_fmt_metrics(FILE *out, struct json_object *status, struct json_object *clients,
-		       struct json_object *seqs);
 
 /*
  * kvtctl_fmt_bytes() - human-readable size with binary units ("512 B", "1.5 GiB") into @buf.

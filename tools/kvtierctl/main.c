@@ -3,15 +3,9 @@
  * kvtierctl - inspect a running kvtierd over its control socket.
  *
  * Each command sends admin requests (proto/kvt_ctl.h: STATUS, CLIENTS, SEQS, RESTART; no HELLO) and
- * formats the JSON replies. The daemon's documents, every key optional here:
- *   status:  {"version","abi":{"major","minor"},"backend","pid","uptime_s","pollers",
- *             "pool":{"size","used","free","chunk_size","chunks_free","classes","backing",
- *                     "numa_node","locked"},
- *             "sessions","seqs","ops","errors","refused":{reason: count...},"tiers":[t0..t3]}
- *   clients: {"clients":[{"session","pid","uid","gid","name","seqs","pool_bytes","ops","errors",
- *             "sq_entries","arena_size","uptime_s"}...]}
- *   seqs:    {"seqs":[{"session","seq","n","layers","kv_heads","head_dim","dtype","policy",
- *             "tiers":[t0..t3],"evicted_ratio","pool_bytes"}...]}
+ * formats the JSON replies (their fields and schema version: proto/kvt_ctl.h; every key is
+ * optional here). `metrics` prints what the daemon formats (KVT_CTL_METRICS), the text that its
+ * /metrics serves.
  *
  * Exit status: 0 success, 1 the daemon could not be reached, refused or answered badly, 2 bad
  * usage.
@@ -36,13 +30,14 @@
 #error "KVT_VERSION must be defined by the build"
 #endif
 
-#define DEFAULT_SOCKET "/run/kvtier/kvtierd.sock"
+#define DEFAULT_SOCKET KVT_DEFAULT_SOCKET
 
 enum { EXIT_FAIL = 1, EXIT_USAGE = 2 };
 
 struct opts {
 	const char *socket;
 	bool json;
+	bool sessions; /* metrics: the per-session and per-sequence families too */
 	int timeout_ms;
 	double interval_s;
 	long count; /* top: refreshes, 0 = until interrupted */
@@ -68,13 +63,14 @@ usage(FILE *f)
 	    "  status    version, backend, pool occupancy, counters, tier totals\n"
 	    "  clients   connected sessions, one row each\n"
 	    "  seqs      open sequences with their geometry and tokens per tier\n"
-	    "  metrics   status, clients and seqs in Prometheus text format\n"
+	    "  metrics   kvtierd's metrics in Prometheus text format (--json: as JSON)\n"
 	    "  top       redraw status, clients and seqs every --interval seconds\n"
 	    "  restart   re-execute kvtierd in place, keeping every session (admin only)\n"
 	    "\n"
 	    "Options:\n"
 	    "  -s, --socket PATH    control socket (default: $KVTIER_SOCKET, else %s)\n"
 	    "  -j, --json           print the daemon's JSON documents, pretty-printed\n"
+	    "  -S, --sessions       metrics: add per-session and per-sequence families\n"
 	    "  -t, --timeout SEC    wait at most SEC seconds for each reply (default 5)\n"
 	    "  -i, --interval SEC   top: seconds between refreshes (default 2)\n"
 	    "  -n, --count N        top: stop after N refreshes (default 0: until interrupted)\n"
@@ -97,6 +93,8 @@ type_name(uint32_t type)
 		return "SEQS";
 	case KVT_CTL_RESTART:
 		return "RESTART";
+	case KVT_CTL_METRICS:
+		return "METRICS";
 	default:
 		return "request";
 	}
@@ -131,6 +129,22 @@ conn_open(struct kvtctl_conn *c, const struct opts *o)
 	return r;
 }
 
+/* Says why request @type failed with @r; returns @r. */
+static int
+report_request(const struct kvtctl_conn *c, uint32_t type, int r)
+{
+	if (c->err_msg[0])
+		fprintf(stderr, "kvtierctl: kvtierd refused %s: %s (%s)\n", type_name(type),
+			c->err_msg, strerror(-r));
+	else if (r == -EPROTO)
+		fprintf(stderr, "kvtierctl: malformed reply to %s from %s\n", type_name(type),
+			c->path);
+	else
+		fprintf(stderr, "kvtierctl: %s request to %s failed: %s\n", type_name(type),
+			c->path, strerror(-r));
+	return r;
+}
+
 /* One request, its reply parsed. Prints why it failed; returns 0 or -errno. */
 static int
 fetch(struct kvtctl_conn *c, uint32_t type, struct json_object **ret)
@@ -141,18 +155,8 @@ fetch(struct kvtctl_conn *c, uint32_t type, struct json_object **ret)
 	int r;
 
 	r = kvtctl_request(c, type, &text);
-	if (r < 0) {
-		if (c->err_msg[0])
-			fprintf(stderr, "kvtierctl: kvtierd refused %s: %s (%s)\n", type_name(type),
-				c->err_msg, strerror(-r));
-		else if (r == -EPROTO)
-			fprintf(stderr, "kvtierctl: malformed reply to %s from %s\n",
-				type_name(type), c->path);
-		else
-			fprintf(stderr, "kvtierctl: %s request to %s failed: %s\n", type_name(type),
-				c->path, strerror(-r));
-		return r;
-	}
+	if (r < 0)
+		return report_request(c, type, r);
 	doc = json_tokener_parse_verbose(text, &jerr);
 	free(text);
 	if (!doc || !json_object_is_type(doc, json_type_object)) {
@@ -255,21 +259,41 @@ cmd_show(const struct opts *o, unsigned int want)
 	return report_fmt(r) < 0 ? EXIT_FAIL : 0;
 }
 
+/* Prints what the daemon formats: the text exposition, or its JSON document pretty-printed. */
 static int
 cmd_metrics(const struct opts *o)
 {
-	struct docs d;
+	uint32_t flags =
+	    (o->json ? KVT_CTL_METRICS_F_JSON : 0) | (o->sessions ? KVT_CTL_METRICS_F_SESSIONS : 0);
+	struct json_object *doc;
+	struct kvtctl_conn c;
+	char *text = NULL;
 	int r;
 
-	r = docs_get(o, 7, &d);
+	r = conn_open(&c, o);
 	if (r < 0)
 		return EXIT_FAIL;
-	if (o->json)
-		r = print_json_docs(&d);
-	else
-		r = kvtctl_fmt_metrics(stdout, d.status, d.clients, d.seqs);
-	docs_put(&d);
-	return report_fmt(r) < 0 ? EXIT_FAIL : 0;
+	r = kvtctl_metrics(&c, flags, &text);
+	kvtctl_close(&c);
+	if (r < 0) {
+		report_request(&c, KVT_CTL_METRICS, r);
+		return EXIT_FAIL;
+	}
+	if (!o->json) {
+		r = fputs(text, stdout) == EOF || fflush(stdout) ? -EIO : 0;
+		free(text);
+		return report_fmt(r) < 0 ? EXIT_FAIL : 0;
+	}
+	doc = json_tokener_parse(text);
+	free(text);
+	if (!json_object_is_type(doc, json_type_object)) {
+		fprintf(stderr, "kvtierctl: kvtierd answered METRICS with invalid JSON\n");
+		json_object_put(doc);
+		return EXIT_FAIL;
+	}
+	print_json(doc);
+	json_object_put(doc);
+	return 0;
 }
 
 /* The reply comes from the new process once it serves: the wait is the restart's pause. */
@@ -374,10 +398,15 @@ int
 main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
-	    {"socket", required_argument, NULL, 's'},  {"json", no_argument, NULL, 'j'},
-	    {"timeout", required_argument, NULL, 't'}, {"interval", required_argument, NULL, 'i'},
-	    {"count", required_argument, NULL, 'n'},   {"help", no_argument, NULL, 'h'},
-	    {"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
+	    {"socket", required_argument, NULL, 's'},
+	    {"json", no_argument, NULL, 'j'},
+	    {"timeout", required_argument, NULL, 't'},
+	    {"interval", required_argument, NULL, 'i'},
+	    {"count", required_argument, NULL, 'n'},
+	    {"help", no_argument, NULL, 'h'},
+	    {"version", no_argument, NULL, 'V'},
+	    {"sessions", no_argument, NULL, 'S'},
+	    {NULL, 0, NULL, 0},
 	};
 	struct opts o = {.json = false, .timeout_ms = 5000, .interval_s = 2, .count = 0};
 	const char *cmd;
@@ -390,7 +419,7 @@ main(int argc, char **argv)
 		o.socket = DEFAULT_SOCKET;
 
 	opterr = 0; /* our own messages, prefixed "kvtierctl:" */
-	while ((c = getopt_long(argc, argv, ":s:jt:i:n:hV", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":s:jSt:i:n:hV", longopts, NULL)) != -1) {
 		switch (c) {
 		case 's':
 			if (!*optarg) {
@@ -401,6 +430,9 @@ main(int argc, char **argv)
 			break;
 		case 'j':
 			o.json = true;
+			break;
+		case 'S':
+			o.sessions = true;
 			break;
 		case 't':
 			if (!parse_seconds(optarg, &secs) || secs < 0.001) {

@@ -242,7 +242,7 @@ _CLIENT_COLS = [
     ("ARENA", "arena_size", "bytes"), ("UPTIME", "uptime_s", "secs"), ("NAME", "name", "str"),
 ]
 _SEQ_COLS = [
-    ("SESSION", "session", "int"), ("SEQ", "seq", "int"), ("TOKENS", "n", "int"),
+    ("SESSION", "session", "int"), ("SEQ", "seq", "int"), ("TOKENS", "tokens", "int"),
     ("LAYERS", "layers", "int"), ("HEADS", "kv_heads", "int"), ("DIM", "head_dim", "int"),
     ("DTYPE", "dtype", "str"), ("POLICY", "policy", "str"), ("T2KEYS", "t2_keys", "str"),
     ("T0", "tiers", 0), ("T1", "tiers", 1), ("T2", "tiers", 2), ("T3", "tiers", 3),

@@ -1,0 +1,16 @@
+/* SPDX-License-Identifier: MIT */
+#include "opstats.h"
+
+void
+kvtd_op_stats_fold(struct kvtd_op_stats *dst, const struct kvtd_op_stats *src)
+{
+	for (unsigned o = 0; o < KVTD_OP_SLOTS; o++) {
+		dst->count[o] += src->count[o];
+		dst->errors[o] += src->errors[o];
+		dst->sum_ns[o] += src->sum_ns[o];
+		for (unsigned b = 0; b <= KVTD_LAT_BUCKETS; b++)
+			dst->bucket[o][b] += src->bucket[o][b];
+	}
+	dst->bytes_in += src->bytes_in;
+	dst->bytes_out += src->bytes_out;
+}

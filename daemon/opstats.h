@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * opstats.h - per-opcode counters and latency histograms.
+ *
+ * Each session keeps its own struct kvtd_op_stats, written by its poller with the poller lock
+ * held (kvtd_op_run), so the hot path writes no cache line another thread writes. The main
+ * thread reads a session's under the same lock for /metrics and folds it into the daemon's
+ * ended-sessions total when the session ends (loop.c), as it does for the ops/errors counters.
+ *
+ * Buckets are powers of two of microseconds: bucket i counts ops that took at most 2^i us
+ * (i = 0 .. KVTD_LAT_BUCKETS - 1, 1 us to about 8.4 s), the last one everything slower. The
+ * index is a count-leading-zeros, so adding a sample is a few instructions.
+ */
+#ifndef KVTD_OPSTATS_H
+#define KVTD_OPSTATS_H
+
+#include <stdint.h>
+
+#include "kvt_abi.h"
+
+#define KVTD_LAT_BUCKETS 24
+#define KVTD_OP_SLOTS	 (KVT_OP__COUNT + 1) /* the last one: opcodes outside the table */
+
+struct kvtd_op_stats {
+	uint64_t count[KVTD_OP_SLOTS];
+	uint64_t errors[KVTD_OP_SLOTS];
+	uint64_t sum_ns[KVTD_OP_SLOTS];
+	uint64_t bucket[KVTD_OP_SLOTS][KVTD_LAT_BUCKETS + 1]; /* not cumulative */
+	uint64_t bytes_in;  /* rows and scores the clients wrote into the pool */
+	uint64_t bytes_out; /* rows copied out of the pool to clients */
+};
+
+/* The bucket of a duration: the smallest i with @ns <= 2^i us, KVTD_LAT_BUCKETS past the last. */
+static inline unsigned
+kvtd_lat_bucket(uint64_t ns)
+{
+	uint64_t us = ns / 1000 + (ns % 1000 != 0);
+	unsigned i;
+
+	if (us <= 1)
+		return 0;
+	i = 64 - (unsigned)__builtin_clzll(us - 1); /* ceil(log2(us)) */
+	return i < KVTD_LAT_BUCKETS ? i : KVTD_LAT_BUCKETS;
+}
+
+/* One op of @opcode (any value: outside the table counts as "unknown") that took @ns. */
+static inline void
+kvtd_op_stats_add(struct kvtd_op_stats *st, unsigned opcode, int res, uint64_t ns)
+{
+	unsigned o = opcode < KVT_OP__COUNT ? opcode : KVT_OP__COUNT;
+
+	st->count[o]++;
+	if (res < 0)
+		st->errors[o]++;
+	st->sum_ns[o] += ns;
+	st->bucket[o][kvtd_lat_bucket(ns)]++;
+}
+
+/* @dst += @src, every field. */
+void kvtd_op_stats_fold(struct kvtd_op_stats *dst, const struct kvtd_op_stats *src);
+
+#endif

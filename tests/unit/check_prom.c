@@ -1,0 +1,454 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * check_prom.c - kvtierd's metrics formatter (daemon/prom.c) on canned documents and counter
+ * snapshots: full input prints exactly the expected samples, missing keys leave only their
+ * metric out, wrong shapes are refused, the text follows the exposition format (families
+ * announced once, contiguous, counters _total, histograms cumulative up to +Inf = _count), and
+ * the JSON document holds the same families and samples as the text.
+ */
+#include <check.h>
+#include <errno.h>
+#include <json-c/json.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvt_ctl.h"
+#include "prom.h"
+
+static const char status_json[] =
+    "{\"version\":\"0.1.0\",\"abi\":{\"major\":1,\"minor\":0},\"backend\":\"host\",\"pid\":123,"
+    "\"uptime_s\":12.5,\"pollers\":1,\"pool\":{\"size\":4294967296,\"used\":1073741824,"
+    "\"free\":3221225472,\"chunk_size\":2097152,\"chunks_free\":1536,\"classes\":3,"
+    "\"backing\":\"thp\",\"numa_node\":-1,\"locked\":true},\"sessions\":2,\"seqs\":1,"
+    "\"ops\":1000,\"errors\":2,\"refused\":{\"quota\":0,\"nomem\":1,\"einval\":0,\"auth\":0,"
+    "\"hello_timeout\":3},\"tiers\":[100,200,300,10]}";
+
+static const char clients_json[] =
+    "{\"clients\":[{\"session\":1,\"pid\":123,\"uid\":0,\"gid\":0,\"name\":\"sim-0\",\"seqs\":1,"
+    "\"pool_bytes\":123456789,\"ops\":500,\"errors\":0,\"sq_entries\":256,"
+    "\"arena_size\":1048576,\"uptime_s\":1.5},"
+    "{\"session\":2,\"pid\":99,\"uid\":1000,\"gid\":1000,\"name\":\"a\\\"b\\\\c\\nd\\u001b\","
+    "\"seqs\":0,\"pool_bytes\":0,\"ops\":5,\"errors\":1,\"sq_entries\":1024,"
+    "\"arena_size\":16777216,\"uptime_s\":4000}]}";
+
+static const char seqs_json[] =
+    "{\"seqs\":[{\"session\":1,\"seq\":7,\"tokens\":1000,\"layers\":32,\"kv_heads\":8,"
+    "\"head_dim\":128,"
+    "\"dtype\":\"f16\",\"policy\":\"tiered\",\"t2_keys\":\"channel\",\"tiers\":[500,400,70,30],"
+    "\"evicted_ratio\":0.03,"
+    "\"pool_bytes\":123456789}]}";
+
+static struct json_object *
+parse(const char *text)
+{
+	struct json_object *o = json_tokener_parse(text);
+
+	ck_assert_ptr_nonnull(o);
+	return o;
+}
+
+static char *
+run_text(const struct kvtd_prom_input *in, int want)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+
+	ck_assert_ptr_nonnull(f);
+	ck_assert_int_eq(kvtd_prom_text(f, in), want);
+	ck_assert_int_eq(fclose(f), 0);
+	return buf;
+}
+
+static char *
+run_metrics(const char *st, const char *cl, const char *sq)
+{
+	struct kvtd_prom_input in = {
+	    .status = st ? parse(st) : NULL,
+	    .clients = cl ? parse(cl) : NULL,
+	    .seqs = sq ? parse(sq) : NULL,
+	};
+	char *out = run_text(&in, 0);
+
+	json_object_put(in.status);
+	json_object_put(in.clients);
+	json_object_put(in.seqs);
+	return out;
+}
+
+/*
+ * Check the exposition format rules a scraper relies on: every sample's family was announced
+ * by "# HELP" then "# TYPE" just before its first sample, each family is announced once and its
+ * samples are contiguous, counters end in _total, and every sample line is NAME[{...}] VALUE.
+ * Returns the number of samples.
+ */
+static unsigned int
+check_exposition(char *text)
+{
+	char fams[128][64], cur[64] = "", help[64] = "";
+	unsigned int nfams = 0, samples = 0, i;
+	bool hist = false;
+	char *line, *save;
+
+	for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char name[64], type[16], *end;
+		size_t n;
+
+		if (!strncmp(line, "# HELP ", 7)) {
+			ck_assert_int_eq(sscanf(line, "# HELP %63s", help), 1);
+			ck_assert_msg(strlen(line) > 8 + strlen(help), "HELP without text: %s",
+				      line);
+			continue;
+		}
+		if (!strncmp(line, "# TYPE ", 7)) {
+			ck_assert_int_eq(sscanf(line, "# TYPE %63s %15s", name, type), 2);
+			ck_assert_str_eq(name, help);
+			for (i = 0; i < nfams; i++)
+				ck_assert_msg(strcmp(fams[i], name), "family %s twice", name);
+			ck_assert_uint_lt(nfams, 128);
+			strcpy(fams[nfams++], name);
+			strcpy(cur, name);
+			n = strlen(name);
+			if (!strcmp(type, "counter"))
+				ck_assert_str_eq(name + n - 6, "_total");
+			else if (strcmp(type, "histogram"))
+				ck_assert_str_eq(type, "gauge");
+			hist = !strcmp(type, "histogram");
+			help[0] = '\0';
+			continue;
+		}
+		ck_assert_msg(line[0] != '#', "stray comment %s", line);
+		n = strcspn(line, "{ ");
+		ck_assert_msg(n >= strlen(cur) && !strncmp(line, cur, strlen(cur)),
+			      "sample '%s' outside its family '%s'", line, cur);
+		if (hist)
+			ck_assert_msg(!strncmp(line + strlen(cur), "_bucket{", 8) ||
+					  !strncmp(line + strlen(cur), "_sum", n - strlen(cur)) ||
+					  !strncmp(line + strlen(cur), "_count", n - strlen(cur)),
+				      "histogram sample '%s'", line);
+		else
+			ck_assert_msg(n == strlen(cur), "sample '%s' outside its family '%s'", line,
+				      cur);
+		if (line[n] == '{') {
+			end = strrchr(line, '}');
+			ck_assert_ptr_nonnull(end);
+			ck_assert_int_eq(end[1], ' ');
+			n = end - line + 1;
+		}
+		ck_assert_int_eq(line[n], ' ');
+		strtod(line + n + 1, &end);
+		ck_assert_msg(end != line + n + 1 && !*end, "bad value in '%s'", line);
+		samples++;
+	}
+	return samples;
+}
+
+START_TEST(test_metrics_full)
+{
+	char *out = run_metrics(status_json, clients_json, seqs_json);
+	static const char *const want[] = {
+	    "kvtier_build_info{version=\"0.1.0\",abi=\"1.0\",backend=\"host\"} 1\n",
+	    "kvtier_uptime_seconds 12.5\n",
+	    "kvtier_pool_size_bytes 4294967296\n",
+	    "kvtier_pool_used_bytes 1073741824\n",
+	    "kvtier_pool_numa_node -1\n",
+	    "kvtier_pool_locked 1\n",
+	    "kvtier_pool_info{backing=\"thp\"} 1\n",
+	    "kvtier_ops_total 1000\n",
+	    "kvtier_errors_total 2\n",
+	    "# TYPE kvtier_refused_total counter\n",
+	    "kvtier_refused_total{reason=\"nomem\"} 1\n",
+	    "kvtier_refused_total{reason=\"hello_timeout\"} 3\n",
+	    "kvtier_tier_tokens{tier=\"t3\"} 10\n",
+	    "kvtier_session_info{session=\"1\",pid=\"123\",uid=\"0\",gid=\"0\",name=\"sim-0\"} 1\n",
+	    /* label escaping: backslash, quote and newline */
+	    "kvtier_session_info{session=\"2\",pid=\"99\",uid=\"1000\",gid=\"1000\","
+	    "name=\"a\\\"b\\\\c\\nd\x1b\"} 1\n",
+	    "kvtier_session_pool_bytes{session=\"1\"} 123456789\n",
+	    "kvtier_session_ops_total{session=\"2\"} 5\n",
+	    "kvtier_session_uptime_seconds{session=\"1\"} 1.5\n",
+	    "kvtier_seq_info{session=\"1\",seq=\"7\",layers=\"32\",kv_heads=\"8\",head_dim=\"128\","
+	    "dtype=\"f16\",policy=\"tiered\",t2_keys=\"channel\"} 1\n",
+	    "kvtier_seq_tokens{session=\"1\",seq=\"7\"} 1000\n",
+	    "kvtier_seq_evicted_ratio{session=\"1\",seq=\"7\"} 0.03\n",
+	    "kvtier_seq_tier_tokens{session=\"1\",seq=\"7\",tier=\"t0\"} 500\n",
+	    "kvtier_seq_tier_tokens{session=\"1\",seq=\"7\",tier=\"t3\"} 30\n",
+	    "kvtier_seq_pool_bytes{session=\"1\",seq=\"7\"} 123456789\n",
+	};
+	unsigned int i;
+
+	for (i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		ck_assert_msg(strstr(out, want[i]), "missing: %s", want[i]);
+	/* 14 status scalars + build + pool info + 5 refused + 4 tiers; 2 x 8 session; 1 x 8 seq */
+	ck_assert_uint_eq(check_exposition(out), 14 + 2 + 5 + 4 + 16 + 8);
+	free(out);
+}
+END_TEST
+
+START_TEST(test_metrics_partial)
+{
+	char *out;
+
+	/* Nothing known: no family at all, not even HELP lines. */
+	out = run_metrics("{}", "{}", "{}");
+	ck_assert_str_eq(out, "");
+	free(out);
+	out = run_metrics(NULL, NULL, NULL);
+	ck_assert_str_eq(out, "");
+	free(out);
+
+	/* Rows without ids are skipped; missing values leave only their own family out. */
+	out = run_metrics("{\"ops\":5,\"pool\":{\"size\":10}}",
+			  "{\"clients\":[{\"pid\":1,\"ops\":3},{\"session\":4}]}",
+			  "{\"seqs\":[{\"session\":4,\"tokens\":9},{\"seq\":1,\"tokens\":2}]}");
+	ck_assert_ptr_nonnull(strstr(out, "kvtier_ops_total 5\n"));
+	ck_assert_ptr_nonnull(strstr(out, "kvtier_pool_size_bytes 10\n"));
+	ck_assert_ptr_null(strstr(out, "kvtier_pool_used_bytes"));
+	ck_assert_ptr_null(strstr(out, "kvtier_build_info"));
+	ck_assert_ptr_nonnull(strstr(out, "kvtier_session_info{session=\"4\"} 1\n"));
+	ck_assert_ptr_null(strstr(out, "kvtier_session_ops_total"));
+	ck_assert_ptr_null(strstr(out, "kvtier_seq_"));
+	ck_assert_uint_eq(check_exposition(out), 3);
+	free(out);
+}
+END_TEST
+
+START_TEST(test_not_objects)
+{
+	struct json_object *arr = parse("[1,2]"), *doc = NULL;
+	struct kvtd_prom_input a = {.status = arr}, b = {.clients = arr}, c = {.seqs = arr};
+
+	free(run_text(&a, -EINVAL));
+	free(run_text(&b, -EINVAL));
+	free(run_text(&c, -EINVAL));
+	ck_assert_int_eq(kvtd_prom_json(&a, &doc), -EINVAL);
+	ck_assert_ptr_null(doc);
+	json_object_put(arr);
+}
+END_TEST
+
+START_TEST(test_lat_bucket)
+{
+	ck_assert_uint_eq(kvtd_lat_bucket(0), 0);
+	ck_assert_uint_eq(kvtd_lat_bucket(1000), 0); /* 1 us: le 1e-06 */
+	ck_assert_uint_eq(kvtd_lat_bucket(1001), 1); /* just over: le 2e-06 */
+	ck_assert_uint_eq(kvtd_lat_bucket(2000), 1);
+	ck_assert_uint_eq(kvtd_lat_bucket(3000), 2);	 /* le 4e-06 */
+	ck_assert_uint_eq(kvtd_lat_bucket(1000000), 10); /* 1 ms: le 1.024e-3 */
+	ck_assert_uint_eq(kvtd_lat_bucket((1ull << (KVTD_LAT_BUCKETS - 1)) * 1000),
+			  KVTD_LAT_BUCKETS - 1);
+	ck_assert_uint_eq(kvtd_lat_bucket((1ull << (KVTD_LAT_BUCKETS - 1)) * 1000 + 1000),
+			  KVTD_LAT_BUCKETS);
+	ck_assert_uint_eq(kvtd_lat_bucket(UINT64_MAX), KVTD_LAT_BUCKETS);
+}
+END_TEST
+
+/* Two clients, one name shared by two sessions; ops of three kinds. */
+static void
+snap_fill(struct kvtd_prom_snap *sn, struct kvtd_prom_client *cl)
+{
+	struct kvtd_op_stats a = {0}, b = {0};
+
+	memset(sn, 0, sizeof(*sn));
+	kvtd_op_stats_add(&a, KVT_OP_APPEND, 0, 500);		     /* le 1e-06 */
+	kvtd_op_stats_add(&a, KVT_OP_APPEND, 0, 3000);		     /* le 4e-06 */
+	kvtd_op_stats_add(&a, KVT_OP_TOPK, -EINVAL, 2000000);	     /* le 0.002048 */
+	kvtd_op_stats_add(&b, KVT_OP_RETIER, 0, 20ull * 1000000000); /* past the last bucket */
+	kvtd_op_stats_add(&b, 200, -EINVAL, 100);		     /* not an opcode */
+	a.bytes_in = 4096;
+	b.bytes_out = 512;
+	kvtd_op_stats_fold(&sn->ops, &a);
+	kvtd_op_stats_fold(&sn->ops, &b);
+	memset(cl, 0, 2 * sizeof(*cl));
+	snprintf(cl[0].name, sizeof(cl[0].name), "vllm");
+	cl[0].sessions = 2;
+	cl[0].ops = 7;
+	cl[0].sq_backlog = 3;
+	cl[0].bytes_in = 4096;
+	snprintf(cl[1].name, sizeof(cl[1].name), "a\"b\\c\nd");
+	cl[1].sessions = 1;
+	cl[1].cq_backlog = 5;
+	sn->clients = cl;
+	sn->n_clients = 2;
+	sn->proc.valid = true;
+	sn->proc.cpu_seconds = 1.5;
+	sn->proc.rss_bytes = 1 << 20;
+	sn->proc.open_fds = 9;
+	sn->proc.max_fds = 1024;
+	sn->proc.start_time_seconds = 1700000000;
+}
+
+START_TEST(test_metrics_snapshot)
+{
+	struct kvtd_prom_client cl[2];
+	struct kvtd_prom_snap sn;
+	struct kvtd_prom_input in = {.snap = &sn};
+	static const char *const want[] = {
+	    "# TYPE kvtier_op_total counter\n",
+	    "kvtier_op_total{op=\"nop\"} 0\n", /* every opcode, traffic or not */
+	    "kvtier_op_total{op=\"append\"} 2\n",
+	    "kvtier_op_total{op=\"seq_stat\"} 0\n",
+	    "kvtier_op_total{op=\"unknown\"} 1\n",
+	    "kvtier_op_errors_total{op=\"topk\"} 1\n",
+	    "# TYPE kvtier_op_duration_seconds histogram\n",
+	    "kvtier_op_duration_seconds_bucket{op=\"append\",le=\"1e-06\"} 1\n",
+	    "kvtier_op_duration_seconds_bucket{op=\"append\",le=\"2e-06\"} 1\n",
+	    "kvtier_op_duration_seconds_bucket{op=\"append\",le=\"4e-06\"} 2\n",
+	    "kvtier_op_duration_seconds_bucket{op=\"append\",le=\"+Inf\"} 2\n",
+	    "kvtier_op_duration_seconds_sum{op=\"append\"} 3.5e-06\n",
+	    "kvtier_op_duration_seconds_count{op=\"append\"} 2\n",
+	    "kvtier_op_duration_seconds_bucket{op=\"topk\",le=\"0.001024\"} 0\n",
+	    "kvtier_op_duration_seconds_bucket{op=\"topk\",le=\"0.002048\"} 1\n",
+	    "kvtier_op_duration_seconds_bucket{op=\"retier\",le=\"8.388608\"} 0\n",
+	    "kvtier_op_duration_seconds_bucket{op=\"retier\",le=\"+Inf\"} 1\n",
+	    "kvtier_op_duration_seconds_sum{op=\"retier\"} 20\n",
+	    "kvtier_pool_bytes_total{direction=\"in\"} 4096\n",
+	    "kvtier_pool_bytes_total{direction=\"out\"} 512\n",
+	    "kvtier_client_sessions{client=\"vllm\"} 2\n",
+	    "kvtier_client_sessions{client=\"a\\\"b\\\\c\\nd\"} 1\n",
+	    "kvtier_client_ops_total{client=\"vllm\"} 7\n",
+	    "kvtier_client_sq_backlog{client=\"vllm\"} 3\n",
+	    "kvtier_client_cq_backlog{client=\"a\\\"b\\\\c\\nd\"} 5\n",
+	    "kvtier_client_pool_bytes_total{client=\"vllm\",direction=\"in\"} 4096\n",
+	    "process_cpu_seconds_total 1.5\n",
+	    "process_resident_memory_bytes 1048576\n",
+	    "process_open_fds 9\n",
+	    "process_max_fds 1024\n",
+	    "process_start_time_seconds 1700000000\n",
+	};
+	char *out;
+	unsigned i;
+
+	snap_fill(&sn, cl);
+	out = run_text(&in, 0);
+	for (i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		ck_assert_msg(strstr(out, want[i]), "missing: %s", want[i]);
+	/* no per-session family without the documents that carry them */
+	ck_assert_ptr_null(strstr(out, "kvtier_session_"));
+	ck_assert_ptr_null(strstr(out, "kvtier_seq_"));
+	/* 10 op rows x (op, errors, 24 + 1 buckets, sum, count) + 2 bytes; 2 clients x 8 + 2
+	 * x 2 bytes; 6 process */
+	ck_assert_uint_eq(check_exposition(out), 10 * 29 + 2 + 2 * 7 + 4 + 6);
+	free(out);
+}
+END_TEST
+
+START_TEST(test_metrics_proc)
+{
+	struct kvtd_prom_proc p;
+
+	kvtd_prom_proc(&p);
+	ck_assert(p.valid);
+	ck_assert_uint_gt(p.rss_bytes, 0);
+	ck_assert_uint_ge(p.vsz_bytes, p.rss_bytes);
+	ck_assert_uint_ge(p.open_fds, 3); /* stdin, stdout, stderr */
+	ck_assert_uint_ge(p.max_fds, p.open_fds);
+	ck_assert(p.start_time_seconds > 1e9);
+	ck_assert(p.cpu_seconds >= 0);
+}
+END_TEST
+
+/* Count the samples of the JSON document, checking each family's shape. */
+static unsigned
+json_samples(struct json_object *doc)
+{
+	struct json_object *fams, *v;
+	unsigned n = 0;
+	size_t i, j;
+
+	ck_assert(json_object_object_get_ex(doc, "schema", &v));
+	ck_assert_int_eq(json_object_get_int(v), KVT_CTL_SCHEMA);
+	ck_assert(json_object_object_get_ex(doc, "metrics", &fams));
+	for (i = 0; i < json_object_array_length(fams); i++) {
+		struct json_object *f = json_object_array_get_idx(fams, i), *s;
+
+		ck_assert(json_object_object_get_ex(f, "name", &v));
+		ck_assert(json_object_object_get_ex(f, "type", &v));
+		ck_assert(json_object_object_get_ex(f, "help", &v));
+		ck_assert(json_object_object_get_ex(f, "samples", &s));
+		ck_assert_uint_gt(json_object_array_length(s), 0);
+		for (j = 0; j < json_object_array_length(s); j++) {
+			struct json_object *e = json_object_array_get_idx(s, j);
+
+			ck_assert(json_object_object_get_ex(e, "labels", &v));
+			ck_assert(json_object_is_type(v, json_type_object));
+			ck_assert(json_object_object_get_ex(e, "value", &v));
+			ck_assert(json_object_is_type(v, json_type_int) ||
+				  json_object_is_type(v, json_type_double));
+			n++;
+		}
+	}
+	return n;
+}
+
+START_TEST(test_metrics_json)
+{
+	struct kvtd_prom_client cl[2];
+	struct kvtd_prom_snap sn;
+	struct kvtd_prom_input in = {.snap = &sn};
+	struct json_object *doc = NULL, *fams, *f, *s, *e, *v;
+	char *out;
+
+	snap_fill(&sn, cl);
+	in.status = parse(status_json);
+	in.clients = parse(clients_json);
+	in.seqs = parse(seqs_json);
+	out = run_text(&in, 0);
+	ck_assert_int_eq(kvtd_prom_json(&in, &doc), 0);
+	/* the same samples as the text */
+	ck_assert_uint_eq(json_samples(doc), check_exposition(out));
+	free(out);
+	/* a labelled sample, and a histogram's suffix */
+	ck_assert(json_object_object_get_ex(doc, "metrics", &fams));
+	for (size_t i = 0; i < json_object_array_length(fams); i++) {
+		f = json_object_array_get_idx(fams, i);
+		json_object_object_get_ex(f, "name", &v);
+		if (strcmp(json_object_get_string(v), "kvtier_op_duration_seconds"))
+			continue;
+		json_object_object_get_ex(f, "type", &v);
+		ck_assert_str_eq(json_object_get_string(v), "histogram");
+		json_object_object_get_ex(f, "samples", &s);
+		e = json_object_array_get_idx(s, 0);
+		ck_assert(json_object_object_get_ex(e, "suffix", &v));
+		ck_assert_str_eq(json_object_get_string(v), "_bucket");
+		ck_assert(json_object_object_get_ex(e, "labels", &v));
+		ck_assert(json_object_object_get_ex(v, "op", &v));
+		ck_assert_str_eq(json_object_get_string(v), "nop");
+	}
+	json_object_put(doc);
+	json_object_put(in.status);
+	json_object_put(in.clients);
+	json_object_put(in.seqs);
+}
+END_TEST
+
+static Suite *
+prom_suite(void)
+{
+	Suite *s = suite_create("prom");
+	TCase *tc = tcase_create("prom");
+
+	tcase_add_test(tc, test_not_objects);
+	tcase_add_test(tc, test_lat_bucket);
+	tcase_add_test(tc, test_metrics_full);
+	tcase_add_test(tc, test_metrics_partial);
+	tcase_add_test(tc, test_metrics_snapshot);
+	tcase_add_test(tc, test_metrics_proc);
+	tcase_add_test(tc, test_metrics_json);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int
+main(void)
+{
+	SRunner *sr = srunner_create(prom_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
