@@ -67,21 +67,22 @@ cuda_errno(cudaError_t e)
 	}
 }
 
-/* The one wrapper: 0, or the mapped -errno after logging where and what failed. */
+/* The one wrapper: 0, or the mapped -errno after logging what failed, in which function (an
+ * operator reads this: a function and a call name it, a source path would not help). */
 static int
-cuda_check(cudaError_t e, int level, const char *call, const char *file, int line)
+cuda_check(cudaError_t e, int level, const char *call, const char *func)
 {
 	int r;
 
 	if (e == cudaSuccess)
 		return 0;
 	r = cuda_errno(e);
-	kvt_dev_log(level, "cuda: %s:%d: %s failed: %s (%s) -> %s", file, line, call,
-		    cudaGetErrorName(e), cudaGetErrorString(e), strerror(-r));
+	kvt_dev_log(level, "cuda: %s: %s failed: %s (%s) -> %s", func, call, cudaGetErrorName(e),
+		    cudaGetErrorString(e), strerror(-r));
 	return r;
 }
 
-#define KVT_CUDA_LVL(level, call) cuda_check((call), (level), #call, __FILE__, __LINE__)
+#define KVT_CUDA_LVL(level, call) cuda_check((call), (level), #call, __func__)
 #define KVT_CUDA(call)		  KVT_CUDA_LVL(KVT_DEV_LOG_ERR, call)
 
 typedef CUresult (*get_range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr p);

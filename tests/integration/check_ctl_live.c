@@ -4,6 +4,8 @@
  */
 #define _GNU_SOURCE
 #include <check.h>
+#include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "kvt_ctl.h"
 #include "kvtier.h"
 
 static struct kvtd_proc D;
@@ -72,11 +75,86 @@ START_TEST(t_status_clients_seqs)
 	j = json_tokener_parse(out);
 	ck_assert(json_object_object_get_ex(j, "seqs", &a));
 	ck_assert_int_eq(json_object_array_length(a), 1);
-	ck_assert_int_eq(json_get_i64(json_object_array_get_idx(a, 0), "n"), 10);
+	ck_assert_int_eq(json_get_i64(json_object_array_get_idx(a, 0), "tokens"), 10);
 	json_object_put(j);
 
+	/* every document says its schema */
+	ck_assert_int_eq(ctl("status --json", out, sizeof(out)), 0);
+	j = json_tokener_parse(out);
+	ck_assert_int_eq(json_get_i64(j, "schema"), KVT_CTL_SCHEMA);
+	json_object_put(j);
+	ck_assert_int_eq(ctl("clients --json", out, sizeof(out)), 0);
+	j = json_tokener_parse(out);
+	ck_assert_int_eq(json_get_i64(j, "schema"), KVT_CTL_SCHEMA);
+	json_object_put(j);
+
+	/* the daemon's text, printed as it comes: per client name, per-session only on request */
 	ck_assert_int_eq(ctl("metrics", out, sizeof(out)), 0);
-	ck_assert_ptr_nonnull(strstr(out, "kvtier_"));
+	ck_assert_ptr_nonnull(strstr(out, "# TYPE kvtier_op_duration_seconds histogram\n"));
+	ck_assert_ptr_nonnull(strstr(out, "kvtier_op_total{op=\"append\"} 1\n"));
+	ck_assert_ptr_nonnull(strstr(out, "kvtier_op_total{op=\"seq_open\"} 1\n"));
+	ck_assert_ptr_nonnull(strstr(out, "kvtier_client_sessions{client=\"ctl-live\"} 1\n"));
+	ck_assert_ptr_nonnull(strstr(out, "kvtier_pool_bytes_total{direction=\"in\"} 2560\n"));
+	ck_assert_ptr_nonnull(strstr(out, "process_open_fds "));
+	ck_assert_ptr_null(strstr(out, "kvtier_session_"));
+	ck_assert_ptr_null(strstr(out, "kvtier_seq_"));
+	ck_assert_int_eq(ctl("metrics --sessions", out, sizeof(out)), 0);
+	ck_assert_ptr_nonnull(strstr(out, "kvtier_session_info{"));
+	ck_assert_ptr_nonnull(strstr(out, "kvtier_seq_tokens{session=\""));
+
+	/* --json: the same families as a document */
+	ck_assert_int_eq(ctl("metrics --json", out, sizeof(out)), 0);
+	j = json_tokener_parse(out);
+	ck_assert_ptr_nonnull(j);
+	ck_assert_int_eq(json_get_i64(j, "schema"), KVT_CTL_SCHEMA);
+	ck_assert(json_object_object_get_ex(j, "metrics", &a));
+	{
+		bool seen = false;
+
+		for (size_t i = 0; i < json_object_array_length(a); i++) {
+			struct json_object *f = json_object_array_get_idx(a, i), *v;
+
+			ck_assert(json_object_object_get_ex(f, "name", &v));
+			if (!strcmp(json_object_get_string(v), "kvtier_client_sessions"))
+				seen = true;
+			ck_assert_str_ne(json_object_get_string(v), "kvtier_session_info");
+		}
+		ck_assert(seen);
+	}
+	json_object_put(j);
+
+	/* a hostile METRICS request fails alone, with a reason */
+	{
+		struct kvt_ctl_metrics m = {
+		    .hdr = {.type = KVT_CTL_METRICS, .len = sizeof(m), .id = 7}, .flags = 1u << 9};
+		struct kvt_ctl_hdr h = {.type = KVT_CTL_METRICS, .len = sizeof(h), .id = 8};
+		union {
+			struct kvt_ctl_error e;
+			char raw[KVT_CTL_MAX_MSG];
+		} *r = malloc(sizeof(*r));
+		int fd = ctl_raw_connect(D.sock);
+
+		ck_assert_int_ge(fd, 0);
+		ck_assert_int_eq(send(fd, &m, sizeof(m), 0), (ssize_t)sizeof(m));
+		ck_assert_int_ge(ctl_raw_recv(fd, r, sizeof(*r), 5000), (ssize_t)sizeof(r->e));
+		ck_assert_uint_eq(r->e.hdr.type, KVT_CTL_ERROR);
+		ck_assert_int_eq(r->e.err, -EINVAL);
+		ck_assert_ptr_nonnull(strstr(r->e.msg, "flags"));
+		/* header only: too short */
+		ck_assert_int_eq(send(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+		ck_assert_int_ge(ctl_raw_recv(fd, r, sizeof(*r), 5000), (ssize_t)sizeof(r->e));
+		ck_assert_int_eq(r->e.err, -EINVAL);
+		/* the same connection then gets its metrics */
+		m.flags = 0;
+		m.hdr.id = 9;
+		ck_assert_int_eq(send(fd, &m, sizeof(m), 0), (ssize_t)sizeof(m));
+		ck_assert_int_gt(ctl_raw_recv(fd, r, sizeof(*r), 5000), (ssize_t)sizeof(r->e.hdr));
+		ck_assert_uint_eq(r->e.hdr.type, KVT_CTL_TEXT);
+		ck_assert_uint_eq(r->e.hdr.id, 9);
+		ck_assert_ptr_nonnull(strstr(r->raw + sizeof(r->e.hdr), "# HELP kvtier_"));
+		close(fd);
+		free(r);
+	}
 
 	kvt_disconnect(c);
 	ck_assert_int_eq(ctl("status --json", out, sizeof(out)), 0);
@@ -125,6 +203,30 @@ START_TEST(t_daemon_cli)
 			      WEXITSTATUS(st));
 		ck_assert_msg(strstr(out, cases[i].want), "%s: said '%s'", cases[i].args, out);
 	}
+}
+END_TEST
+
+/* What kvtierd logs at start, debug included, names no source file (a person reads it): on a
+ * machine without a GPU, --backend auto's probe says why in words. */
+START_TEST(t_log_no_source_paths)
+{
+	static const char *const extra[] = {"--backend", "auto", NULL};
+	struct kvtd_proc d;
+	char log[16384];
+	size_t n;
+	FILE *f;
+
+	memset(&d, 0, sizeof(d));
+	daemon_start(&d, extra);
+	f = fopen(d.log, "r");
+	ck_assert_ptr_nonnull(f);
+	n = fread(log, 1, sizeof(log) - 1, f);
+	fclose(f);
+	log[n] = '\0';
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	ck_assert_msg(strstr(log, "ready"), "log: %s", log);
+	ck_assert_msg(!strstr(log, ".c:") && !strstr(log, ".cu:") && !strstr(log, ".h:"),
+		      "a source path in the log: %s", log);
 }
 END_TEST
 
@@ -191,6 +293,7 @@ main(void)
 	tcase_add_checked_fixture(tc, up, down);
 	tcase_add_test(tc, t_status_clients_seqs);
 	tcase_add_test(tc, t_daemon_cli);
+	tcase_add_test(tc, t_log_no_source_paths);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("notify");
 	tcase_add_test(tc, t_sd_notify);
