@@ -2,14 +2,19 @@
 /*
  * HTTP /metrics on loopback ([daemon] metrics_listen): a kvtierd started with
  * --metrics-listen 127.0.0.1:0 says in STATUS where it listens; a GET /metrics gets the
- * Prometheus text with a session's and a sequence's families in it; other paths, methods and
- * garbage get 404/405/400, a client that sends nothing is dropped after its timeout, and the
- * daemon serves its clients throughout. A non-loopback address is refused at start.
+ * Prometheus text with the client's families (by name) in it, ?sessions=1 adds a session's and
+ * a sequence's; HEAD gets the headers alone; other paths, methods and garbage get 404/405/400.
+ * Scrapers never hold up the main loop: one that sends nothing or reads nothing does not delay
+ * another scrape or a client's op, is dropped after its timeout (408 when it never sent its
+ * request), and past SCRAPERS_MAX at once the next is answered 503. A non-loopback address is
+ * refused at start.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <check.h>
+#include <errno.h>
 #include <netinet/in.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +43,37 @@ metrics_port(void)
 	ck_assert_int_eq(sscanf(s, "http://127.0.0.1:%u/metrics", &port), 1);
 	json_object_put(o);
 	return port;
+}
+
+static int
+raw_connect(unsigned port)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_port = htons((uint16_t)port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	return fd;
+}
+
+/* Everything until the peer closes, malloc'ed; closes @fd. */
+static char *
+read_all(int fd)
+{
+	size_t cap = 1 << 16, got = 0;
+	char *buf = malloc(cap + 1);
+	ssize_t n;
+
+	while ((n = recv(fd, buf + got, cap - got, 0)) > 0) {
+		got += (size_t)n;
+		if (got == cap)
+			buf = realloc(buf, (cap *= 2) + 1);
+	}
+	buf[got] = '\0';
+	close(fd);
+	return buf;
 }
 
 /* Sends @req (may be empty: then only waits) and returns the whole reply, malloc'ed. */
@@ -102,8 +138,11 @@ START_TEST(t_metrics_http)
 	ck_assert_msg(!strncmp(r, "HTTP/1.0 200 OK\r\n", 17), "reply: %.200s", r);
 	ck_assert_ptr_nonnull(strstr(r, "Content-Type: text/plain; version=0.0.4"));
 	ck_assert_ptr_nonnull(strstr(r, "\r\n\r\n# HELP kvtier_"));
-	ck_assert_ptr_nonnull(strstr(r, "kvtier_session_")); /* the connected client */
-	ck_assert_ptr_nonnull(strstr(r, "kvtier_seq_"));     /* and its sequence */
+	/* the connected client, by name; no per-session label unless asked */
+	ck_assert_ptr_nonnull(strstr(r, "kvtier_client_sessions{client=\"scraped\"} 1\n"));
+	ck_assert_ptr_nonnull(strstr(r, "kvtier_op_total{op=\"seq_open\"} 1\n"));
+	ck_assert_ptr_null(strstr(r, "kvtier_session_"));
+	ck_assert_ptr_null(strstr(r, "kvtier_seq_"));
 	{
 		/* Content-Length is the body's length */
 		unsigned long len = 0;
@@ -114,13 +153,78 @@ START_TEST(t_metrics_http)
 		ck_assert_uint_eq(len, strlen(body));
 	}
 	free(r);
+	r = http(port, "GET /metrics?x=1&sessions=1 HTTP/1.0\r\n\r\n");
+	ck_assert_msg(!strncmp(r, "HTTP/1.0 200 OK\r\n", 17), "reply: %.200s", r);
+	ck_assert_ptr_nonnull(strstr(r, "kvtier_session_info{session=\""));
+	ck_assert_ptr_nonnull(strstr(r, "kvtier_seq_tokens{session=\""));
+	free(r);
+	/* HEAD: the GET's headers, a Content-Length, no body */
+	r = http(port, "HEAD /metrics HTTP/1.0\r\n\r\n");
+	ck_assert_msg(!strncmp(r, "HTTP/1.0 200 OK\r\n", 17), "reply: %.200s", r);
+	{
+		unsigned long len = 0;
+		const char *cl = strstr(r, "Content-Length: ");
+
+		ck_assert_ptr_nonnull(cl);
+		ck_assert_int_eq(sscanf(cl, "Content-Length: %lu", &len), 1);
+		ck_assert_uint_gt(len, 1000);
+		ck_assert_str_eq(strstr(r, "\r\n\r\n"), "\r\n\r\n");
+	}
+	free(r);
+	expect_status(port, "HEAD /other HTTP/1.0\r\n\r\n", "404 ");
 	expect_status(port, "GET /metrics?x=1 HTTP/1.0\r\n\r\n", "200 OK");
 	expect_status(port, "GET /other HTTP/1.0\r\n\r\n", "404 ");
 	expect_status(port, "GET /metricsx HTTP/1.0\r\n\r\n", "404 ");
 	expect_status(port, "POST /metrics HTTP/1.0\r\n\r\n", "405 ");
 	expect_status(port, "\x01\x02garbage\r\n\r\n", "405 ");
-	/* says nothing: answered 400 after the read timeout */
-	expect_status(port, "", "400 ");
+	/* says nothing: answered 408 at its deadline */
+	expect_status(port, "", "408 ");
+	{
+		/* A scraper that says nothing, and one that sends its request but reads nothing
+		 * of a reply larger than its socket buffers: while both hold their slots, another
+		 * scrape and a client's op are served. */
+		int idle = raw_connect(port), stuck = raw_connect(port), small = 4096;
+		static const char req[] = "GET /metrics?sessions=1 HTTP/1.0\r\n\r\n";
+		char buf[64];
+
+		setsockopt(stuck, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+		ck_assert_int_eq(send(stuck, req, sizeof(req) - 1, 0), (ssize_t)sizeof(req) - 1);
+		expect_status(port, "GET /metrics HTTP/1.0\r\n\r\n", "200 OK");
+		ck_assert_int_eq(kvt_nop(c), 0);
+		/* the idle one is still open (its deadline not passed), then told 408 */
+		ck_assert_int_eq(recv(idle, buf, sizeof(buf) - 1, MSG_DONTWAIT), -1);
+		ck_assert_int_eq(errno, EAGAIN);
+		ck_assert_int_gt(recv(idle, buf, sizeof(buf) - 1, 0), 12);
+		ck_assert_int_eq(strncmp(buf, "HTTP/1.0 408", 12), 0);
+		close(idle);
+		close(stuck);
+	}
+	{
+		/* SCRAPERS_MAX (8) connections held: the ninth is answered 503 at once */
+		int fds[8], extra;
+		char *busy;
+
+		for (int i = 0; i < 8; i++)
+			fds[i] = raw_connect(port);
+		/* the eight are accepted (in order) before the ninth: wait until they are */
+		extra = raw_connect(port);
+		busy = read_all(extra);
+		ck_assert_msg(!strncmp(busy, "HTTP/1.0 503", 12), "reply: %.60s", busy);
+		free(busy);
+		for (int i = 0; i < 8; i++)
+			close(fds[i]);
+		/* their slots free as the daemon sees the closes */
+		for (int i = 0;; i++) {
+			char *r2 = http(port, "GET /metrics HTTP/1.0\r\n\r\n");
+			bool ok = !strncmp(r2, "HTTP/1.0 200", 12);
+
+			free(r2);
+			if (ok)
+				break;
+			ck_assert_int_lt(i, 1000);
+			usleep(10000);
+		}
+	}
 	{
 		/* a scraper gone before its answer (no SIGPIPE), then the next is served */
 		struct sockaddr_in sa = {.sin_family = AF_INET,
