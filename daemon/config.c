@@ -5,6 +5,7 @@
 #include <grp.h>
 #include <ini.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,35 +21,6 @@
 #ifndef KVTIER_VERSION
 #define KVTIER_VERSION "0.0.0"
 #endif
-
-void
-kvtd_config_defaults(struct kvtd_config *cfg)
-{
-	memset(cfg, 0, sizeof(*cfg));
-	snprintf(cfg->config_path, sizeof(cfg->config_path), "%s", KVTD_DEFAULT_CONFIG);
-	snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s", KVTD_DEFAULT_SOCKET);
-	cfg->socket_mode = 0660;
-	cfg->pollers = 1;
-	cfg->poller_slice_us = 200;
-	cfg->spin_us = 50;
-	cfg->hello_timeout_ms = 5000;
-	cfg->admin_idle_timeout_ms = 60000;
-	cfg->backend = KVT_DEV_AUTO;
-	cfg->log_level = KVTD_LOG_INFO;
-	cfg->pool_size = 256ull << 20;
-	cfg->chunk_size = 2ull << 20;
-	cfg->numa_node = -2;
-	cfg->lock = 1;
-	cfg->sessions_per_uid = 64;
-	cfg->max_sessions = 256;
-	cfg->max_connections = 512;
-	cfg->seqs_per_session = 64;
-	cfg->buffers_per_session = 16;
-	cfg->max_sq_entries = 4096;
-	cfg->max_arena_size = 256ull << 20;
-	cfg->default_arena_size = 16ull << 20;
-	cfg->default_sq_entries = 256;
-}
 
 int
 kvtd_parse_size(const char *s, uint64_t *ret)
@@ -139,122 +111,317 @@ parse_id_list(const char *s, unsigned *ids, unsigned *ret_n)
 	return 0;
 }
 
-/* One setting, from the file (section, key) or from a flag (section NULL, key = flag name). */
+/* ---- keys that need more than a type and bounds ------------------------------------------- */
+
 static int
-config_set(struct kvtd_config *cfg, const char *section, const char *key, const char *val)
+set_socket_mode(struct kvtd_config *cfg, const char *val)
 {
-	const char *sec = section ? section : "";
-	unsigned u;
-	uint64_t sz;
-	int r;
+	char *end;
+	unsigned long m = strtoul(val, &end, 8);
 
-#define KEY(s, k) ((!section || !strcmp(sec, s)) && !strcmp(key, k))
-	if (KEY("daemon", "socket")) {
-		if (!*val || strlen(val) >= sizeof(cfg->socket_path))
-			return -EINVAL;
-		snprintf(cfg->socket_path, sizeof(cfg->socket_path), "%s", val);
-	} else if (KEY("daemon", "socket_group")) {
-		if (strlen(val) >= sizeof(cfg->socket_group))
-			return -EINVAL;
-		snprintf(cfg->socket_group, sizeof(cfg->socket_group), "%s", val);
-	} else if (KEY("daemon", "socket_mode")) {
-		char *end;
-		unsigned long m = strtoul(val, &end, 8);
-
-		if (!*val || *end || m > 0777)
-			return -EINVAL;
-		cfg->socket_mode = m;
-	} else if (KEY("daemon", "allowed_uids")) {
-		return parse_id_list(val, (unsigned *)cfg->allowed_uids, &cfg->n_allowed_uids);
-	} else if (KEY("daemon", "allowed_gids")) {
-		return parse_id_list(val, (unsigned *)cfg->allowed_gids, &cfg->n_allowed_gids);
-	} else if (KEY("daemon", "admin_gids")) {
-		return parse_id_list(val, (unsigned *)cfg->admin_gids, &cfg->n_admin_gids);
-	} else if (KEY("daemon", "pollers")) {
-		return parse_uint(val, 1, 64, &cfg->pollers);
-	} else if (KEY("daemon", "metrics_listen")) {
-		uint32_t a;
-		uint16_t port;
-
-		/* empty: off; else a loopback address (the endpoint has no authentication) */
-		if (strlen(val) >= sizeof(cfg->metrics_listen) ||
-		    (*val && kvtd_metrics_parse(val, &a, &port) < 0))
-			return -EINVAL;
-		snprintf(cfg->metrics_listen, sizeof(cfg->metrics_listen), "%s", val);
-	} else if (KEY("daemon", "poller_slice_us")) {
-		return parse_uint(val, 0, 1000000, &cfg->poller_slice_us);
-	} else if (KEY("daemon", "spin_us")) {
-		return parse_uint(val, 0, 1000000, &cfg->spin_us);
-	} else if (KEY("daemon", "hello_timeout_ms")) {
-		return parse_uint(val, 1, 600000, &cfg->hello_timeout_ms);
-	} else if (KEY("daemon", "admin_idle_timeout_ms")) {
-		return parse_uint(val, 1, 86400000, &cfg->admin_idle_timeout_ms);
-	} else if (KEY("daemon", "backend")) {
-		if (!strcmp(val, "auto"))
-			cfg->backend = KVT_DEV_AUTO;
-		else if (!strcmp(val, "host"))
-			cfg->backend = KVT_DEV_HOST;
-		else if (!strcmp(val, "cuda"))
-			cfg->backend = KVT_DEV_CUDA;
-		else
-			return -EINVAL;
-	} else if (KEY("daemon", "log_level")) {
-		r = kvtd_log_parse_level(val);
-		if (r < 0)
-			return r;
-		cfg->log_level = r;
-	} else if (KEY("pool", "size")) {
-		if (kvtd_parse_size(val, &sz) < 0 || sz < (4ull << 20))
-			return -EINVAL;
-		cfg->pool_size = sz;
-	} else if (KEY("pool", "chunk_size")) {
-		if (kvtd_parse_size(val, &sz) < 0 || sz < 4096 || (sz & (sz - 1)) ||
-		    sz > (1ull << 30))
-			return -EINVAL;
-		cfg->chunk_size = sz;
-	} else if (KEY("pool", "hugetlb")) {
-		return parse_bool(val, &cfg->hugetlb);
-	} else if (KEY("pool", "lock")) {
-		return parse_bool(val, &cfg->lock);
-	} else if (KEY("pool", "overcommit")) {
-		return parse_bool(val, &cfg->overcommit);
-	} else if (KEY("pool", "numa_node")) {
-		if (!strcmp(val, "auto"))
-			cfg->numa_node = -2;
-		else if (!strcmp(val, "none"))
-			cfg->numa_node = -1;
-		else if (parse_uint(val, 0, 1023, &u) == 0)
-			cfg->numa_node = u;
-		else
-			return -EINVAL;
-	} else if (KEY("limits", "sessions_per_uid")) {
-		return parse_uint(val, 1, 65536, &cfg->sessions_per_uid);
-	} else if (KEY("limits", "max_sessions")) {
-		return parse_uint(val, 1, 65536, &cfg->max_sessions);
-	} else if (KEY("limits", "max_connections")) {
-		return parse_uint(val, 1, 1u << 20, &cfg->max_connections);
-	} else if (KEY("limits", "seqs_per_session")) {
-		return parse_uint(val, 1, 65536, &cfg->seqs_per_session);
-	} else if (KEY("limits", "buffers_per_session")) {
-		return parse_uint(val, 1, 4096, &cfg->buffers_per_session);
-	} else if (KEY("limits", "max_sq_entries")) {
-		if (parse_uint(val, 2, 1u << 16, &u) < 0 || (u & (u - 1)))
-			return -EINVAL;
-		cfg->max_sq_entries = u;
-	} else if (KEY("limits", "max_arena_size")) {
-		/* At most 1 GiB: op results are sized in int (the CQE's res). */
-		if (kvtd_parse_size(val, &sz) < 0 || sz < 4096 || sz > (1ull << 30))
-			return -EINVAL;
-		cfg->max_arena_size = sz;
-	} else if (KEY("limits", "pool_bytes_per_session")) {
-		return kvtd_parse_size(val, &cfg->pool_bytes_per_session);
-	} else if (KEY("limits", "pool_bytes_per_uid")) {
-		return kvtd_parse_size(val, &cfg->pool_bytes_per_uid);
-	} else {
-		return -ENOENT;
-	}
-#undef KEY
+	if (!*val || *end || m > 0777)
+		return -EINVAL;
+	cfg->socket_mode = m;
 	return 0;
+}
+
+static int
+set_metrics_listen(struct kvtd_config *cfg, const char *val)
+{
+	uint32_t a;
+	uint16_t port;
+
+	/* empty: off; else a loopback address (the endpoint has no authentication) */
+	if (strlen(val) >= sizeof(cfg->metrics_listen) ||
+	    (*val && kvtd_metrics_parse(val, &a, &port) < 0))
+		return -EINVAL;
+	snprintf(cfg->metrics_listen, sizeof(cfg->metrics_listen), "%s", val);
+	return 0;
+}
+
+static int
+set_backend(struct kvtd_config *cfg, const char *val)
+{
+	if (!strcmp(val, "auto"))
+		cfg->backend = KVT_DEV_AUTO;
+	else if (!strcmp(val, "host"))
+		cfg->backend = KVT_DEV_HOST;
+	else if (!strcmp(val, "cuda"))
+		cfg->backend = KVT_DEV_CUDA;
+	else
+		return -EINVAL;
+	return 0;
+}
+
+static int
+set_log_level(struct kvtd_config *cfg, const char *val)
+{
+	int r = kvtd_log_parse_level(val);
+
+	if (r < 0)
+		return r;
+	cfg->log_level = r;
+	return 0;
+}
+
+static int
+set_chunk_size(struct kvtd_config *cfg, const char *val)
+{
+	uint64_t sz;
+
+	if (kvtd_parse_size(val, &sz) < 0 || sz < 4096 || (sz & (sz - 1)) || sz > (1ull << 30))
+		return -EINVAL;
+	cfg->chunk_size = sz;
+	return 0;
+}
+
+static int
+set_numa_node(struct kvtd_config *cfg, const char *val)
+{
+	unsigned u;
+
+	if (!strcmp(val, "auto"))
+		cfg->numa_node = -2;
+	else if (!strcmp(val, "none"))
+		cfg->numa_node = -1;
+	else if (parse_uint(val, 0, 1023, &u) == 0)
+		cfg->numa_node = u;
+	else
+		return -EINVAL;
+	return 0;
+}
+
+static int
+set_max_sq_entries(struct kvtd_config *cfg, const char *val)
+{
+	unsigned u;
+
+	if (parse_uint(val, 2, 1u << 16, &u) < 0 || (u & (u - 1)))
+		return -EINVAL;
+	cfg->max_sq_entries = u;
+	return 0;
+}
+
+/* ---- the table: one row per key --------------------------------------------------------- */
+
+enum cfg_type {
+	CFG_STR,  /* char[size], non-empty unless min is 0 */
+	CFG_UINT, /* unsigned in [min, max] */
+	CFG_SIZE, /* uint64_t bytes ("64M", "2G"), in [min, max] (max 0: none) */
+	CFG_BOOL, /* int 0/1: yes/no, true/false, on/off, 1/0 */
+	CFG_IDS,  /* unsigned[KVTD_MAX_IDS] at off, its count at aux */
+	CFG_FN,	  /* set() */
+};
+
+/*
+ * struct cfg_key - one setting. Its default is text, parsed like any value, so the table is the
+ * one place a key is written: parsing of the file and flags, the defaults, --help, reload and
+ * the documentation all read it.
+ */
+struct cfg_key {
+	const char *section, *name;
+	enum cfg_type type;
+	size_t off, width; /* the field: offset and size */
+	size_t aux;	   /* CFG_IDS: offset of the count */
+	uint64_t min, max;
+	int (*set)(struct kvtd_config *cfg, const char *val); /* CFG_FN */
+	const char *def;				      /* default, as a value; "": empty */
+	int reloadable;					      /* SIGHUP applies it */
+	const char *flag;				      /* long option, NULL: file only */
+	char short_opt;
+	const char *arg;  /* --help's name for the value */
+	const char *help; /* one line */
+	const char *hint; /* what a value must look like, where the name does not say it */
+};
+
+#define F(field) offsetof(struct kvtd_config, field), sizeof(((struct kvtd_config *)0)->field)
+#define STR(sec, name, field, min, def, flag, sh, arg, help)                                       \
+	{                                                                                          \
+		sec, name, CFG_STR, F(field), 0, min, 0, NULL, def, 0, flag, sh, arg, help, NULL   \
+	}
+#define UINT(sec, name, field, min, max, def, rl, flag, sh, arg, help)                             \
+	{                                                                                          \
+		sec, name, CFG_UINT, F(field), 0, min, max, NULL, def, rl, flag, sh, arg, help,    \
+		    NULL                                                                           \
+	}
+#define SIZE(sec, name, field, min, max, def, flag, sh, arg, help)                                 \
+	{                                                                                          \
+		sec, name, CFG_SIZE, F(field), 0, min, max, NULL, def, 0, flag, sh, arg, help,     \
+		    NULL                                                                           \
+	}
+#define BOOL(sec, name, field, def, flag, sh, help)                                                \
+	{                                                                                          \
+		sec, name, CFG_BOOL, F(field), 0, 0, 1, NULL, def, 0, flag, sh, "yes|no", help,    \
+		    NULL                                                                           \
+	}
+#define IDS(sec, name, field, count, help)                                                         \
+	{                                                                                          \
+		sec, name, CFG_IDS, F(field), offsetof(struct kvtd_config, count), 0, 0, NULL, "", \
+		    0, NULL, 0, NULL, help, NULL                                                   \
+	}
+#define FN(sec, name, field, fn, def, rl, flag, sh, arg, help, hint)                               \
+	{                                                                                          \
+		sec, name, CFG_FN, F(field), 0, 0, 0, fn, def, rl, flag, sh, arg, help, hint       \
+	}
+
+static const struct cfg_key cfg_keys[] = {
+    /* [daemon] */
+    STR("daemon", "socket", socket_path, 1, KVTD_DEFAULT_SOCKET, "socket", 's', "PATH",
+	"control socket"),
+    STR("daemon", "socket_group", socket_group, 0, "", "socket-group", 'g', "NAME",
+	"group owning the socket (mode 0660); empty: leave it alone"),
+    FN("daemon", "socket_mode", socket_mode, set_socket_mode, "0660", 0, NULL, 0, "MODE",
+       "socket permissions, octal", ": octal, at most 0777"),
+    IDS("daemon", "allowed_uids", allowed_uids, n_allowed_uids,
+	"uids that may connect (none here and in allowed_gids: any local user)"),
+    IDS("daemon", "allowed_gids", allowed_gids, n_allowed_gids,
+	"groups that may connect (primary or supplementary)"),
+    IDS("daemon", "admin_gids", admin_gids, n_admin_gids,
+	"groups that see every session (root and the daemon's uid always do)"),
+    UINT("daemon", "pollers", pollers, 1, 64, "1", 0, "pollers", 'P', "N", "ring poller threads"),
+    UINT("daemon", "poller_slice_us", poller_slice_us, 0, 1000000, "200", 0, "poller-slice-us", 'Q',
+	 "N", "a session's turn on a shared poller, us (0: no turns)"),
+    FN("daemon", "metrics_listen", metrics_listen, set_metrics_listen, "", 0, "metrics-listen", 'M',
+       "A:P", "serve HTTP /metrics on loopback A:P (empty: off)",
+       ": a loopback address, 127.x.x.x:PORT or localhost:PORT (no authentication)"),
+    UINT("daemon", "spin_us", spin_us, 0, 1000000, "50", 1, "spin-us", 'S', "N",
+	 "poller busy-spin after last work, us"),
+    UINT("daemon", "hello_timeout_ms", hello_timeout_ms, 1, 600000, "5000", 0, "hello-timeout-ms",
+	 'T', "N", "close connections silent this long before HELLO, ms"),
+    UINT("daemon", "admin_idle_timeout_ms", admin_idle_timeout_ms, 1, 86400000, "60000", 0, NULL, 0,
+	 "N", "close admin connections idle this long, ms"),
+    FN("daemon", "backend", backend, set_backend, "auto", 0, "backend", 'b', "B",
+       "device backend: auto | cuda | host", ": auto, cuda or host"),
+    FN("daemon", "log_level", log_level, set_log_level, "info", 1, "log-level", 'l', "L",
+       "err | warning | notice | info | debug", ": err, warning, notice, info or debug"),
+    /* [pool] */
+    SIZE("pool", "size", pool_size, 4ull << 20, 0, "256M", "pool-size", 'p', "SIZE",
+	 "pinned pool size, e.g. 64G"),
+    FN("pool", "chunk_size", chunk_size, set_chunk_size, "2M", 0, NULL, 0, "SIZE",
+       "pool chunk size: a power of two, 4K to 1G", ": a power of two from 4K to 1G"),
+    BOOL("pool", "hugetlb", hugetlb, "no", "hugetlb", 'H', "back the pool with hugetlb pages"),
+    BOOL("pool", "lock", lock, "yes", "lock", 'L', "mlock the pool (failure is fatal)"),
+    BOOL("pool", "overcommit", overcommit, "no", "pool-overcommit", 0,
+	 "start with a pool above MemAvailable"),
+    FN("pool", "numa_node", numa_node, set_numa_node, "auto", 0, "numa-node", 'n', "N",
+       "auto | none | node number", ": auto, none or a node number"),
+    /* [limits] */
+    UINT("limits", "sessions_per_uid", sessions_per_uid, 1, 65536, "64", 0, NULL, 0, "N",
+	 "sessions one uid may hold"),
+    UINT("limits", "max_sessions", max_sessions, 1, 65536, "256", 0, NULL, 0, "N",
+	 "sessions in all"),
+    UINT("limits", "max_connections", max_connections, 1, 1u << 20, "512", 0, NULL, 0, "N",
+	 "control connections at once, sessions included"),
+    UINT("limits", "seqs_per_session", seqs_per_session, 1, 65536, "64", 0, NULL, 0, "N",
+	 "open sequences per session"),
+    UINT("limits", "buffers_per_session", buffers_per_session, 1, 4096, "16", 0, NULL, 0, "N",
+	 "registered buffers per session"),
+    FN("limits", "max_sq_entries", max_sq_entries, set_max_sq_entries, "4096", 0, NULL, 0, "N",
+       "largest SQ a HELLO may ask for: a power of two, 2 to 65536",
+       ": a power of two from 2 to 65536"),
+    /* At most 1 GiB: op results are sized in int (the CQE's res). */
+    SIZE("limits", "max_arena_size", max_arena_size, 4096, 1ull << 30, "256M", NULL, 0, "SIZE",
+	 "largest arena a HELLO may ask for, at most 1G"),
+    SIZE("limits", "pool_bytes_per_session", pool_bytes_per_session, 0, 0, "0", NULL, 0, "SIZE",
+	 "pool bytes one session may hold (0: no limit beyond the pool)"),
+    SIZE("limits", "pool_bytes_per_uid", pool_bytes_per_uid, 0, 0, "0", NULL, 0, "SIZE",
+	 "pool bytes one uid may hold (0: no limit beyond the pool)"),
+};
+
+#undef F
+#undef STR
+#undef UINT
+#undef SIZE
+#undef BOOL
+#undef IDS
+#undef FN
+
+#define N_KEYS (sizeof(cfg_keys) / sizeof(cfg_keys[0]))
+
+static int
+key_set(const struct cfg_key *k, struct kvtd_config *cfg, const char *val)
+{
+	void *p = (char *)cfg + k->off;
+	uint64_t sz;
+
+	switch (k->type) {
+	case CFG_STR:
+		if (strlen(val) < k->min || strlen(val) >= k->width)
+			return -EINVAL;
+		snprintf(p, k->width, "%s", val);
+		return 0;
+	case CFG_UINT:
+		return parse_uint(val, (unsigned)k->min, (unsigned)k->max, p);
+	case CFG_SIZE:
+		if (kvtd_parse_size(val, &sz) < 0 || sz < k->min || (k->max && sz > k->max))
+			return -EINVAL;
+		*(uint64_t *)p = sz;
+		return 0;
+	case CFG_BOOL:
+		return parse_bool(val, p);
+	case CFG_IDS:
+		return parse_id_list(val, p, (unsigned *)((char *)cfg + k->aux));
+	case CFG_FN:
+		return k->set(cfg, val);
+	}
+	return -EINVAL;
+}
+
+static const struct cfg_key *
+key_find(const char *section, const char *name)
+{
+	for (size_t i = 0; i < N_KEYS; i++)
+		if (!strcmp(cfg_keys[i].section, section) && !strcmp(cfg_keys[i].name, name))
+			return &cfg_keys[i];
+	return NULL;
+}
+
+void
+kvtd_config_defaults(struct kvtd_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	snprintf(cfg->config_path, sizeof(cfg->config_path), "%s", KVTD_DEFAULT_CONFIG);
+	/* What a HELLO asking for 0 gets; not settings (the limits above bound them). */
+	cfg->default_arena_size = 16ull << 20;
+	cfg->default_sq_entries = 256;
+	/* Every default parses (kvtd_config_check_defaults(), asserted by check_config). */
+	for (size_t i = 0; i < N_KEYS; i++)
+		if (cfg_keys[i].def[0])
+			key_set(&cfg_keys[i], cfg, cfg_keys[i].def);
+}
+
+int
+kvtd_config_check_defaults(char *err, size_t errlen)
+{
+	struct kvtd_config cfg;
+
+	memset(&cfg, 0, sizeof(cfg));
+	for (size_t i = 0; i < N_KEYS; i++)
+		if (cfg_keys[i].def[0] && key_set(&cfg_keys[i], &cfg, cfg_keys[i].def) < 0) {
+			snprintf(err, errlen, "[%s] %s: default '%s' does not parse",
+				 cfg_keys[i].section, cfg_keys[i].name, cfg_keys[i].def);
+			return -EINVAL;
+		}
+	return 0;
+}
+
+void
+kvtd_config_describe(FILE *f)
+{
+	const char *sec = "";
+
+	/* A valid config file itself: every key at its default, its meaning above it. */
+	for (size_t i = 0; i < N_KEYS; i++) {
+		const struct cfg_key *k = &cfg_keys[i];
+
+		if (strcmp(sec, k->section))
+			fprintf(f, "%s[%s]\n", i ? "\n" : "", sec = k->section);
+		fprintf(f, "# %s", k->help);
+		if (k->flag)
+			fprintf(f, " (--%s)", k->flag);
+		fprintf(f, "%s\n%s = %s\n", k->reloadable ? "; SIGHUP applies it" : "", k->name,
+			k->def);
+	}
 }
 
 struct ini_ctx {
@@ -264,26 +431,18 @@ struct ini_ctx {
 	int failed;
 };
 
-/* What a value must look like, where the key's name does not say it. */
-static const char *
-value_hint(const char *key)
-{
-	if (!strcmp(key, "metrics_listen"))
-		return ": a loopback address, 127.x.x.x:PORT or localhost:PORT (no authentication)";
-	return "";
-}
-
 /* inih reports the line of the first error as ini_parse_file()'s return value. */
 static int
 ini_on_value(void *user, const char *section, const char *name, const char *value)
 {
 	struct ini_ctx *ctx = user;
-	int r = config_set(ctx->cfg, section, name, value);
+	const struct cfg_key *k = key_find(section, name);
+	int r = k ? key_set(k, ctx->cfg, value) : -ENOENT;
 
 	if (r < 0 && !ctx->failed) {
 		snprintf(ctx->err, ctx->errlen, "%s [%s] %s = '%s'%s",
 			 r == -ENOENT ? "unknown key" : "bad value for", section, name, value,
-			 r == -ENOENT ? "" : value_hint(name));
+			 k && k->hint ? k->hint : "");
 		ctx->failed = 1;
 	}
 	return r < 0 ? 0 : 1;
@@ -333,61 +492,37 @@ config_load_file(struct kvtd_config *cfg, char *err, size_t errlen)
 	return 0;
 }
 
-static const struct option long_opts[] = {
-    {"config", required_argument, NULL, 'c'},
-    {"socket", required_argument, NULL, 's'},
-    {"socket-group", required_argument, NULL, 'g'},
-    {"pool-size", required_argument, NULL, 'p'},
-    {"pollers", required_argument, NULL, 'P'},
-    {"poller-slice-us", required_argument, NULL, 'Q'},
-    {"metrics-listen", required_argument, NULL, 'M'},
-    {"spin-us", required_argument, NULL, 'S'},
-    {"hello-timeout-ms", required_argument, NULL, 'T'},
-    {"backend", required_argument, NULL, 'b'},
-    {"log-level", required_argument, NULL, 'l'},
-    {"numa-node", required_argument, NULL, 'n'},
-    {"hugetlb", required_argument, NULL, 'H'},
-    {"lock", required_argument, NULL, 'L'},
-    {"pool-overcommit", required_argument, NULL, 'O'},
-    {"help", no_argument, NULL, 'h'},
-    {"version", no_argument, NULL, 'V'},
-    {0},
-};
-
-/* Flag name -> the key config_set() knows it by. */
-static const char *
-flag_key(int c)
+/* getopt_long's view of the table: --config, --help and --version, then every row with a flag
+ * (val = 256 + row index, so rows without a short option need no letter). */
+static void
+build_options(struct option *o, char *shorts)
 {
-	switch (c) {
-	case 's':
-		return "socket";
-	case 'g':
-		return "socket_group";
-	case 'p':
-		return "size";
-	case 'P':
-		return "pollers";
-	case 'Q':
-		return "poller_slice_us";
-	case 'M':
-		return "metrics_listen";
-	case 'S':
-		return "spin_us";
-	case 'T':
-		return "hello_timeout_ms";
-	case 'b':
-		return "backend";
-	case 'l':
-		return "log_level";
-	case 'n':
-		return "numa_node";
-	case 'H':
-		return "hugetlb";
-	case 'L':
-		return "lock";
-	case 'O':
-		return "overcommit";
+	size_t n = 0;
+	char *sp = shorts;
+
+	o[n++] = (struct option){"config", required_argument, NULL, 'c'};
+	o[n++] = (struct option){"help", no_argument, NULL, 'h'};
+	o[n++] = (struct option){"version", no_argument, NULL, 'V'};
+	o[n++] = (struct option){"config-keys", no_argument, NULL, 'K'};
+	sp += sprintf(sp, "c:hV");
+	for (size_t i = 0; i < N_KEYS; i++) {
+		if (!cfg_keys[i].flag)
+			continue;
+		o[n++] = (struct option){cfg_keys[i].flag, required_argument, NULL, 256 + (int)i};
+		if (cfg_keys[i].short_opt)
+			sp += sprintf(sp, "%c:", cfg_keys[i].short_opt);
 	}
+	o[n] = (struct option){0};
+}
+
+static const struct cfg_key *
+flag_row(int c)
+{
+	if (c >= 256 && (size_t)(c - 256) < N_KEYS)
+		return &cfg_keys[c - 256];
+	for (size_t i = 0; i < N_KEYS; i++)
+		if (cfg_keys[i].flag && cfg_keys[i].short_opt == c)
+			return &cfg_keys[i];
 	return NULL;
 }
 
@@ -397,36 +532,38 @@ usage(void)
 	printf("usage: kvtierd [options]\n"
 	       "KV-cache memory service: pinned host pool, int8 tier and retrieval index for LLM\n"
 	       "inference processes linked with libkvtier.\n\n"
-	       "  -c, --config PATH          INI file (default %s)\n"
-	       "  -s, --socket PATH          control socket (default %s)\n"
-	       "  -g, --socket-group NAME    group owning the socket (mode 0660)\n"
-	       "  -p, --pool-size SIZE       pinned pool size, e.g. 64G (default 256M)\n"
-	       "  -P, --pollers N            ring poller threads (default 1)\n"
-	       "  -Q, --poller-slice-us N    a session's turn on a shared poller (default 200)\n"
-	       "  -M, --metrics-listen A:P   serve HTTP /metrics on loopback A:P (default off)\n"
-	       "  -S, --spin-us N            poller busy-spin after last work, us (default 50)\n"
-	       "  -T, --hello-timeout-ms N   close connections silent this long (default 5000)\n"
-	       "  -b, --backend B            auto | cuda | host (default auto)\n"
-	       "  -l, --log-level L          err | warning | notice | info | debug\n"
-	       "  -n, --numa-node N          auto | none | node number\n"
-	       "  -H, --hugetlb yes|no       back the pool with hugetlb pages\n"
-	       "  -L, --lock yes|no          mlock the pool (default yes)\n"
-	       "      --pool-overcommit yes|no  start with a pool above MemAvailable (default no)\n"
-	       "  -h, --help, -V, --version\n",
-	       KVTD_DEFAULT_CONFIG, KVTD_DEFAULT_SOCKET);
+	       "  -c, --config PATH          INI file (default %s)\n",
+	       KVTD_DEFAULT_CONFIG);
+	for (size_t i = 0; i < N_KEYS; i++) {
+		const struct cfg_key *k = &cfg_keys[i];
+		char opt[48];
+
+		if (!k->flag)
+			continue;
+		snprintf(opt, sizeof(opt), "--%s %s", k->flag, k->arg);
+		if (k->short_opt)
+			printf("  -%c, %-22s %s", k->short_opt, opt, k->help);
+		else
+			printf("      %-22s %s", opt, k->help);
+		printf(k->def[0] ? " (default %s)\n" : "\n", k->def);
+	}
+	printf("      --config-keys          every key of the INI file, its default and meaning\n"
+	       "  -h, --help, -V, --version\n");
 }
 
 int
 kvtd_config_load(struct kvtd_config *cfg, int argc, char **argv, char *err, size_t errlen)
 {
+	struct option opts[N_KEYS + 5];
+	char shorts[2 * N_KEYS + 8];
 	int c, r;
 
+	build_options(opts, shorts);
 	kvtd_config_defaults(cfg);
 	/* First pass: only --config, --help and --version, so the file applies before flags. */
 	optind = 1;
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, "c:s:g:p:P:Q:M:S:T:b:l:n:H:L:hV", long_opts, NULL)) !=
-	       -1) {
+	while ((c = getopt_long(argc, argv, shorts, opts, NULL)) != -1) {
 		if (c == 'c') {
 			if (strlen(optarg) >= sizeof(cfg->config_path)) {
 				snprintf(err, errlen, "--config: path too long");
@@ -440,6 +577,9 @@ kvtd_config_load(struct kvtd_config *cfg, int argc, char **argv, char *err, size
 		} else if (c == 'V') {
 			printf("kvtierd %s (ABI %d.%d)\n", KVTIER_VERSION, KVT_ABI_MAJOR,
 			       KVT_ABI_MINOR);
+			return 1;
+		} else if (c == 'K') {
+			kvtd_config_describe(stdout);
 			return 1;
 		} else if (c == '?') {
 			snprintf(err, errlen, "unknown or incomplete option '%s' (see --help)",
@@ -455,17 +595,14 @@ kvtd_config_load(struct kvtd_config *cfg, int argc, char **argv, char *err, size
 	if (r < 0)
 		return r;
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "c:s:g:p:P:Q:M:S:T:b:l:n:H:L:hV", long_opts, NULL)) !=
-	       -1) {
-		const char *key = flag_key(c);
+	while ((c = getopt_long(argc, argv, shorts, opts, NULL)) != -1) {
+		const struct cfg_key *k = flag_row(c);
 
-		if (!key)
+		if (!k)
 			continue;
-		if (config_set(cfg, NULL, key, optarg) < 0) {
-			for (const struct option *o = long_opts; o->name; o++)
-				if (o->val == c)
-					snprintf(err, errlen, "bad value '%s' for --%s%s", optarg,
-						 o->name, value_hint(key));
+		if (key_set(k, cfg, optarg) < 0) {
+			snprintf(err, errlen, "bad value '%s' for --%s%s", optarg, k->flag,
+				 k->hint ? k->hint : "");
 			return -EINVAL;
 		}
 	}
@@ -486,8 +623,10 @@ kvtd_config_reload(struct kvtd_config *cfg, char *err, size_t errlen)
 	r = config_load_file(&tmp, err, errlen);
 	if (r < 0)
 		return r;
-	cfg->log_level = tmp.log_level;
-	cfg->spin_us = tmp.spin_us;
+	for (size_t i = 0; i < N_KEYS; i++)
+		if (cfg_keys[i].reloadable)
+			memcpy((char *)cfg + cfg_keys[i].off, (char *)&tmp + cfg_keys[i].off,
+			       cfg_keys[i].width);
 	kvtd_log_set_level(cfg->log_level);
 	return 0;
 }

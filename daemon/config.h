@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * config.h - kvtierd settings: compiled defaults, then the INI file (libinih), then flags.
+ * config.h - kvtierd settings: compiled defaults, then the INI file (libinih), then flags. One
+ * table in config.c (a row per key: section, name, type, bounds, default, reloadable, flag, help)
+ * drives all of them, --help and --config-keys.
  * A bad value anywhere is reported with its file, line or flag and stops the daemon (exit 2)
  * before anything starts.
  */
@@ -8,6 +10,7 @@
 #define KVTD_CONFIG_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #define KVTD_DEFAULT_CONFIG "/etc/kvtier/kvtierd.conf"
@@ -67,6 +70,12 @@ int kvtd_config_load(struct kvtd_config *cfg, int argc, char **argv, char *err, 
 
 /* Re-reads the file for SIGHUP: only log_level and spin_us change at run time. */
 int kvtd_config_reload(struct kvtd_config *cfg, char *err, size_t errlen);
+
+/* Every key of the INI file as "key = default  # meaning", by section (kvtierd --config-keys). */
+void kvtd_config_describe(FILE *f);
+
+/* 0 when every key's default parses as a value of that key, else -EINVAL with @err filled. */
+int kvtd_config_check_defaults(char *err, size_t errlen);
 
 /* "64M", "2G", "4096" -> bytes. Returns 0 or -EINVAL (also on overflow). */
 int kvtd_parse_size(const char *s, uint64_t *ret);

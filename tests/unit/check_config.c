@@ -185,6 +185,53 @@ START_TEST(t_shipped_example)
 }
 END_TEST
 
+/* Every key's default parses, and --config-keys prints a config file that loads back to the
+ * defaults, naming every key the shipped example documents and no other. */
+START_TEST(t_config_keys)
+{
+	struct kvtd_config def, cfg;
+	char err[256] = "", *text = NULL, line[512], key[64], documented[4096] = "";
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	char *argv[] = {"kvtierd", NULL};
+
+	ck_assert_msg(kvtd_config_check_defaults(err, sizeof(err)) == 0, "%s", err);
+	kvtd_config_describe(f);
+	fclose(f);
+	ck_assert_msg(load_file(&cfg, text, err, sizeof(err), NULL) == 0, "%s", err);
+	unlink(path);
+	ck_assert_int_eq(kvtd_config_load(&def, 1, argv, err, sizeof(err)), 0);
+	/* everything but where the file came from */
+	memcpy(cfg.config_path, def.config_path, sizeof(def.config_path));
+	cfg.config_explicit = def.config_explicit;
+	ck_assert(!memcmp(&cfg, &def, sizeof(cfg)));
+
+	/* The shipped example documents each key as "#key = value", and only keys. */
+	f = fopen(KVT_SOURCE_DIR "/systemd/kvtierd.conf", "r");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f)) {
+		char pat[80];
+
+		if (sscanf(line, "#%63[a-z_] =", key) != 1)
+			continue;
+		snprintf(pat, sizeof(pat), "\n%s = ", key);
+		ck_assert_msg(strstr(text, pat), "kvtierd.conf documents '%s', not a key", key);
+		snprintf(pat, sizeof(pat), "#%s =", key);
+		strcat(documented, pat);
+	}
+	fclose(f);
+	for (char *p = text; (p = strchr(p, '\n')); p++) {
+		char pat[80];
+
+		if (sscanf(p + 1, "%63[a-z_] =", key) != 1)
+			continue;
+		snprintf(pat, sizeof(pat), "#%s =", key);
+		ck_assert_msg(strstr(documented, pat), "key '%s' missing from kvtierd.conf", key);
+	}
+	free(text);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -200,6 +247,7 @@ main(void)
 	tcase_add_test(tc, t_missing_explicit_file);
 	tcase_add_test(tc, t_sizes);
 	tcase_add_test(tc, t_shipped_example);
+	tcase_add_test(tc, t_config_keys);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
