@@ -169,7 +169,7 @@ def test_evict_10_percent(lm, reference, kvtierd_module):
         doc = seq_doc(kvtierd_module, cache)
     ref = reference[p]
     n = plen + NEW - 1
-    assert st.n_tokens == n == doc["n"]
+    assert st.n_tokens == n == doc["tokens"]
     assert list(st.tier_count) == doc["tiers"], (st, doc)
     # Eviction is final and its budget floor(0.1 * n) was met at the last RETIER.
     last = st.last_retier_n
@@ -258,3 +258,42 @@ def test_int8_tier(lm, kvtierd_module):
     assert len(ids) == 32
     assert st.tier_count[2] > 0 and st.tier_count[3] == 0, st
     assert st.rows_staged >= st.tier_count[2]
+
+
+def test_evicted_run_equals_attention_over_live_positions(lm, kvtierd_module):
+    """With tokens evicted, kvtier's output depends only on which positions were evicted
+    (Proposition 1): replaying the run with DynamicCache restricted, step by step, to the
+    positions KvtierCache attended gives the same 64 ids. Any row that the view, a RETIER's
+    slot changes or a FETCH put in the wrong place would change them."""
+    from transformers import DynamicCache
+
+    class Recording(KvtierCache):
+        def _begin(self, q, device):
+            super()._begin(q, device)
+            self.visible.append(self._view_pos[: self._vn + q].copy())
+
+    class Restricted(DynamicCache):
+        """DynamicCache that shows each step only the recorded positions."""
+
+        def __init__(self, visible):
+            super().__init__()
+            self.visible, self.step = visible, -1
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            if layer_idx == 0:
+                self.step += 1
+                self.idx = torch.from_numpy(self.visible[self.step])
+            k, v = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+            return k.index_select(2, self.idx), v.index_select(2, self.idx)
+
+    p = PROMPTS[2]
+    with Recording(lm[0], socket=kvtierd_module.socket, policy="tiered", hbm_frac=0.5,
+                   evict_frac=0.1, **SMALL) as cache:
+        cache.visible = []
+        ids, plen = generate(lm, p, cache, "kvtier")
+        st = cache.stats()
+    assert st.tier_count[3] > 0
+    hidden = [plen + i - len(v) for i, v in enumerate(cache.visible)]  # positions not shown
+    assert max(hidden) == st.tier_count[3], hidden
+    again, _ = generate(lm, p, Restricted(cache.visible), "kvtier")
+    assert again == ids
