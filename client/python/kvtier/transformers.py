@@ -387,8 +387,9 @@ class KvtierCache(Cache):
         rows = ts + ss
         L = self.num_layers
         self._buf = c.alloc_buffer(L * 2 * rows * row)
-        # One buffer, [layer][K,V][T0 slots, then staging rows][kv_head][head_dim]: a layer's
-        # resident and staged rows are gathered by one index_select.
+        # One buffer, [layer][K,V][T0 slots, then staging rows][kv_head][head_dim], is both
+        # regions of the sequence: the resident and staged rows are gathered by one
+        # index_select.
         self._kv = self._buf.torch(self.dtype, (L, 2, rows, self.kv_heads, self.head_dim))
         self._kv_hr = self._kv.permute(0, 1, 3, 2, 4)  # [L][2][kv_head][row][dim] view
         # The view's rows gathered in position order, [L][K,V][kv_head][entry][dim]: rebuilt
