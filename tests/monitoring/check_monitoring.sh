@@ -1,0 +1,67 @@
+#!/bin/sh
+# check_monitoring.sh SRC KVTIERD KVTIERCTL KVTIER_SIM
+set -eu
+src=$1 kvtierd=$2 kvtierctl=$3 sim=$4
+mon=$src/monitoring
+
+fail() {
+	echo "check_monitoring: $*" >&2
+	exit 1
+}
+
+command -v promtool >/dev/null ||
+	fail "promtool not found: install Debian's prometheus package (tools/quickstart.sh does)"
+
+promtool check rules "$mon/kvtier-alerts.yml" || fail "promtool check rules failed"
+(cd "$mon" && promtool test rules kvtier-alerts.test.yml) || fail "alert rule tests failed"
+python3 -m json.tool "$mon/kvtier-dashboard.json" >/dev/null || fail "dashboard is not JSON"
+
+dir=$(mktemp -d /tmp/kvt-mon-XXXXXX)
+pid=
+cleanup() {
+	[ -z "$pid" ] || kill "$pid" 2>/dev/null || true
+	[ -z "$pid" ] || wait "$pid" 2>/dev/null || true
+	rm -rf "$dir"
+}
+trap cleanup EXIT
+sock=$dir/kvtierd.sock
+"$kvtierd" --config /dev/null --socket "$sock" --pool-size 64M --lock no --backend host \
+	--metrics-listen 127.0.0.1:0 2>"$dir/log" &
+pid=$!
+i=0
+until "$kvtierctl" --socket "$sock" status >/dev/null 2>&1; do
+	i=$((i + 1))
+	[ $i -lt 500 ] || fail "kvtierd did not start: $(cat "$dir/log")"
+	kill -0 "$pid" 2>/dev/null || fail "kvtierd exited: $(cat "$dir/log")"
+	sleep 0.02
+done
+
+# A client holds sequences open while the metrics are taken, over the control socket and over
+# HTTP (the scrape Prometheus does).
+url=$("$kvtierctl" --socket "$sock" status | sed -n 's/^metrics  *//p')
+port=${url#http://127.0.0.1:}
+port=${port%/metrics}
+"$sim" --socket "$sock" --clients 1 --steps 256 --layers 2 --kv-heads 1 --head-dim 32 \
+	--then "'$kvtierctl' --socket '$sock' metrics >'$dir/ctl.prom' &&
+		'$kvtierctl' --socket '$sock' metrics --sessions >'$dir/sessions.prom' &&
+		python3 -c 'import sys, urllib.request as u; sys.stdout.write(u.urlopen(sys.argv[1]).read().decode())' \
+			'http://127.0.0.1:$port/metrics' >'$dir/http.prom'" >/dev/null ||
+	fail "kvtier-sim failed"
+
+for f in ctl sessions http; do
+	[ -s "$dir/$f.prom" ] || fail "no metrics in $f.prom"
+	promtool check metrics <"$dir/$f.prom" >"$dir/$f.lint" 2>&1 ||
+		fail "promtool check metrics ($f): $(cat "$dir/$f.lint")"
+	[ ! -s "$dir/$f.lint" ] || fail "promtool check metrics ($f) says: $(cat "$dir/$f.lint")"
+done
+grep -q '^kvtier_client_sessions{client="' "$dir/ctl.prom" || fail "no client families"
+grep -q '^kvtier_session_info{' "$dir/sessions.prom" || fail "no session families on request"
+
+# Every metric the dashboard and the rules name exists (histograms by their family name).
+names=$(cat "$mon/kvtier-dashboard.json" "$mon/kvtier-alerts.yml" |
+	grep -o -E '(kvtier|process)_[a-z0-9_]+' | sed -E 's/_(bucket|sum|count)$//' | sort -u)
+[ -n "$names" ] || fail "no metric names found in monitoring/"
+for n in $names; do
+	grep -q "^# TYPE $n " "$dir/ctl.prom" || fail "monitoring/ uses $n, which kvtierd does not export"
+done
+echo "monitoring: rules, rule tests, $(echo "$names" | wc -l) metric names and 3 scrapes check out"
