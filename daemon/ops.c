@@ -10,11 +10,16 @@
  * read once and its content cannot hurt the daemon.
  */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "kvt_ring.h"
 #include "kvtd.h"
+#include "log.h"
 #include "ops.h"
 #include "seq.h"
 #include "session.h"
@@ -26,6 +31,29 @@ arena_range(struct kvtd_session *s, uint64_t off, uint64_t len, unsigned align)
 	if (off > s->arena_size || len > s->arena_size - off || (off & (align - 1)))
 		return NULL;
 	return s->arena + off;
+}
+
+int
+kvtd_op_fail(struct kvtd_session *s, int r, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(s->why, sizeof(s->why), fmt, ap);
+	va_end(ap);
+	s->why_set = 1;
+	return r;
+}
+
+/* The reason for an arena_range() that failed. */
+static int
+arena_fail(struct kvtd_session *s, uint64_t off, uint64_t len, unsigned align)
+{
+	return kvtd_op_fail(s, -EINVAL,
+			    "payload (arena_off %llu, %llu bytes) is not %u-byte aligned inside the "
+			    "%llu-byte arena",
+			    (unsigned long long)off, (unsigned long long)len, align,
+			    (unsigned long long)s->arena_size);
 }
 
 static int
@@ -41,10 +69,12 @@ op_seq_open(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q,
 	const void *src;
 
 	if (e->arena_len < sizeof(p))
-		return -EINVAL;
+		return kvtd_op_fail(s, -EINVAL,
+				    "arena_len %u is shorter than struct kvt_seq_params (%zu bytes)",
+				    e->arena_len, sizeof(p));
 	src = arena_range(s, e->arena_off, e->arena_len, 8);
 	if (!src)
-		return -EINVAL;
+		return arena_fail(s, e->arena_off, e->arena_len, 8);
 	memcpy(&p, src, sizeof(p));
 	return kvtd_seq_open(s, &p);
 }
@@ -57,22 +87,28 @@ op_append(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, s
 	int64_t r;
 
 	if (!e->ntok)
-		return -EINVAL;
+		return kvtd_op_fail(s, -EINVAL, "ntok is 0: append at least one token");
 	if (e->op_flags & KVT_APPEND_F_T0) {
 		len = (uint64_t)e->ntok * sizeof(uint32_t);
 		if (e->arena_len != len)
-			return -EINVAL;
+			return kvtd_op_fail(s, -EINVAL,
+					    "arena_len %u must be ntok (%u) x 4 bytes of T0 slot ids",
+					    e->arena_len, e->ntok);
 		src = arena_range(s, e->arena_off, len, 4);
 		if (!src)
-			return -EINVAL;
+			return arena_fail(s, e->arena_off, len, 4);
 		r = kvtd_seq_append_t0(s, q, src, e->ntok);
 	} else {
 		len = (uint64_t)e->ntok * q->token_bytes;
 		if (e->arena_len != len)
-			return -EINVAL;
+			return kvtd_op_fail(s, -EINVAL,
+					    "arena_len %u must be ntok (%u) x %llu bytes (a token's "
+					    "rows for sequence %u)",
+					    e->arena_len, e->ntok, (unsigned long long)q->token_bytes,
+					    q->id);
 		src = arena_range(s, e->arena_off, len, 1);
 		if (!src)
-			return -EINVAL;
+			return arena_fail(s, e->arena_off, len, 1);
 		r = kvtd_seq_append_rows(s, q, src, e->ntok);
 	}
 	if (r < 0)
@@ -87,11 +123,12 @@ op_score_add(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q
 	const float *v;
 
 	if (!e->npos || e->arena_len != (uint64_t)e->npos * sizeof(float))
-		return -EINVAL;
+		return kvtd_op_fail(s, -EINVAL, "arena_len %u must be npos (%u) x 4 bytes of f32, npos > 0",
+				    e->arena_len, e->npos);
 	v = arena_range(s, e->arena_off, e->arena_len, 4);
 	if (!v)
-		return -EINVAL;
-	return kvtd_seq_score_add(q, e->first_pos, e->npos, v);
+		return arena_fail(s, e->arena_off, e->arena_len, 4);
+	return kvtd_seq_score_add(s, q, e->first_pos, e->npos, v);
 }
 
 static int
@@ -103,7 +140,7 @@ op_retier(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, s
 
 	out = arena_range(s, e->arena_off, e->arena_len, 8);
 	if (!out)
-		return -EINVAL;
+		return arena_fail(s, e->arena_off, e->arena_len, 8);
 	r = kvtd_seq_retier(s, q, out, e->arena_len, &changes);
 	c->aux[0] = changes;
 	return r;
@@ -114,13 +151,21 @@ op_fetch(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, st
 {
 	void *list;
 
-	if (e->layer0 > UINT32_MAX || e->nlayers > UINT32_MAX || (e->arena_len & 3))
-		return -EINVAL;
+	if (e->layer0 > UINT32_MAX || e->nlayers > UINT32_MAX)
+		return kvtd_op_fail(s, -EINVAL, "layer0 %llu or nlayers %llu is not a layer count",
+				    (unsigned long long)e->layer0, (unsigned long long)e->nlayers);
+	if (e->arena_len & 3)
+		return kvtd_op_fail(s, -EINVAL, "arena_len %u is not a multiple of 4 (u32 positions)",
+				    e->arena_len);
 	if ((e->op_flags & KVT_FETCH_F_LIST) ? e->arena_len != (uint64_t)e->npos * 4 : e->npos != 0)
-		return -EINVAL;
+		return kvtd_op_fail(s, -EINVAL,
+				    (e->op_flags & KVT_FETCH_F_LIST)
+					? "arena_len %u must be npos (%u) x 4 bytes with F_LIST"
+					: "arena_len %u, npos %u: npos must be 0 without F_LIST",
+				    e->arena_len, e->npos);
 	list = arena_range(s, e->arena_off, e->arena_len, 4);
 	if (!list)
-		return -EINVAL;
+		return arena_fail(s, e->arena_off, e->arena_len, 4);
 	return kvtd_seq_fetch(s, q, e->op_flags, (uint32_t)e->layer0, (uint32_t)e->nlayers,
 			      e->stage_row, list, e->arena_len / 4, e->npos);
 }
@@ -133,12 +178,22 @@ op_topk(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, str
 	uint64_t n = 0;
 	int r;
 
-	if (e->layer > UINT32_MAX || (e->arena_len & 3))
-		return -EINVAL;
+	if (e->layer > UINT32_MAX)
+		return kvtd_op_fail(s, -EINVAL, "layer %llu out of range",
+				    (unsigned long long)e->layer);
+	if (e->arena_len & 3)
+		return kvtd_op_fail(s, -EINVAL, "arena_len %u is not a multiple of 4 (f32 query)",
+				    e->arena_len);
 	query = arena_range(s, e->arena_off, e->arena_len, 4);
+	if (!query)
+		return arena_fail(s, e->arena_off, e->arena_len, 4);
 	out = arena_range(s, e->out_off, e->out_len, 8);
-	if (!query || !out)
-		return -EINVAL;
+	if (!out)
+		return kvtd_op_fail(s, -EINVAL,
+				    "output (out_off %llu, out_len %u) is not 8-byte aligned inside "
+				    "the %llu-byte arena",
+				    (unsigned long long)e->out_off, e->out_len,
+				    (unsigned long long)s->arena_size);
 	r = kvtd_seq_topk(s, q, (uint32_t)e->layer, e->k, e->op_flags, query, e->arena_len / 4, out,
 			  e->out_len, &n);
 	c->aux[0] = n;
@@ -158,10 +213,12 @@ op_seq_stat(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q,
 	void *dst;
 
 	if (e->arena_len < sizeof(st))
-		return -EINVAL;
+		return kvtd_op_fail(s, -EINVAL,
+				    "arena_len %u is shorter than struct kvt_seq_stat (%zu bytes)",
+				    e->arena_len, sizeof(st));
 	dst = arena_range(s, e->arena_off, sizeof(st), 8);
 	if (!dst)
-		return -EINVAL;
+		return arena_fail(s, e->arena_off, sizeof(st), 8);
 	memset(&st, 0, sizeof(st));
 	st.size = sizeof(st);
 	st.seq = q->id;
@@ -227,18 +284,67 @@ kvtd_op_name(unsigned opcode)
 								   : "unknown";
 }
 
-/* Fields outside @fields are zero. */
-static bool
-unused_zero(const struct kvt_sqe *e, unsigned fields)
+/* The first field outside @fields that is not zero, or NULL. Generic names: kvt_abi.h gives each
+ * its per-opcode aliases. */
+static const char *
+unused_nonzero(const struct kvt_sqe *e, unsigned fields, uint64_t *ret_val)
 {
-	if (!(fields & F_ARENA) && (e->arena_off || e->arena_len))
-		return false;
-	if (!(fields & F_COUNT) && e->count)
-		return false;
-	if ((!(fields & F_ARG0) && e->arg0) || (!(fields & F_ARG1) && e->arg1) ||
-	    (!(fields & F_ARG2) && e->arg2))
-		return false;
-	return (fields & F_BUF) || !e->buf_id;
+	const struct {
+		unsigned bit;
+		const char *name;
+		uint64_t val;
+	} f[] = {
+	    {F_ARENA, "arena_off", e->arena_off}, {F_ARENA, "arena_len", e->arena_len},
+	    {F_COUNT, "count", e->count},	  {F_ARG0, "arg0", e->arg0},
+	    {F_ARG1, "arg1", e->arg1},		  {F_ARG2, "arg2", e->arg2},
+	    {F_BUF, "buf_id", e->buf_id},
+	};
+
+	for (unsigned i = 0; i < sizeof(f) / sizeof(f[0]); i++)
+		if (!(fields & f[i].bit) && f[i].val) {
+			*ret_val = f[i].val;
+			return f[i].name;
+		}
+	return NULL;
+}
+
+/*
+ * A refused op: the reason (the handler's, else strerror) goes to the debug log and to the
+ * session's shared error record, before the caller posts the CQE, whose release store then
+ * publishes the record too. Only on the error path; the record is written, never read.
+ */
+static void
+op_refused(struct kvtd_session *s, const struct kvt_sqe *e, int r)
+{
+	const char *name = kvtd_op_name(e->opcode);
+	char op[24];
+	unsigned i;
+
+	if (e->opcode < KVT_OP__COUNT)
+		for (i = 0; name[i] && i < sizeof(op) - 1; i++)
+			op[i] = (char)toupper((unsigned char)name[i]);
+	else
+		i = (unsigned)snprintf(op, sizeof(op), "OPCODE %u", e->opcode);
+	op[i] = '\0';
+	if (!s->why_set)
+		snprintf(s->why, sizeof(s->why), "%s", strerror(-r));
+	log_debug("session %u (pid %d): %s refused (seq %u, user_data %#llx): %s: %s", s->id,
+		  (int)s->pid, op, e->seq, (unsigned long long)e->user_data, strerror(-r), s->why);
+	if (s->op_err) {
+		struct kvt_op_err *x = s->op_err;
+
+		kvt_op_err_begin(x, &s->op_err_gen);
+		x->res = r;
+		x->user_data = e->user_data;
+		x->opcode = e->opcode;
+		memset(x->reserved0, 0, sizeof(x->reserved0));
+		x->seq = e->seq;
+		x->reserved[0] = 0;
+		/* Long reasons are cut (precision: the cut is meant, not a warning). */
+		snprintf(x->msg, sizeof(x->msg), "%s: %.*s", op,
+			 (int)(sizeof(x->msg) - 3 - strlen(op)), s->why);
+		kvt_op_err_end(x, &s->op_err_gen);
+	}
 }
 
 void
@@ -246,28 +352,56 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 {
 	const struct kvtd_op_def *def;
 	struct kvtd_seq *q = NULL;
-	uint64_t t0 = kvtd_now_ns(), in0 = 0, out0 = 0;
+	uint64_t t0 = kvtd_now_ns(), in0 = 0, out0 = 0, val;
+	const char *field;
 	int r = -EINVAL;
 
 	c->res = 0;
 	c->aux[0] = c->aux[1] = 0;
-	if (e->flags & ~KVT_SQE_F_ALL || e->reserved || e->opcode >= KVT_OP__COUNT)
+	s->why_set = 0; /* a reason stated outside an op (a restore) must not explain this one */
+	if (e->opcode >= KVT_OP__COUNT) {
+		r = kvtd_op_fail(s, -EINVAL, "unknown opcode %u (this kvtierd knows 0..%u, ABI %u.%u)",
+				 e->opcode, KVT_OP__COUNT - 1, KVT_ABI_MAJOR, KVT_ABI_MINOR);
 		goto out;
+	}
+	if (e->flags & ~KVT_SQE_F_ALL || e->reserved) {
+		r = kvtd_op_fail(s, -EINVAL,
+				 e->reserved ? "reserved is %#x, must be 0"
+					     : "SQE flags %#x: none is defined, flags must be 0",
+				 e->reserved ? e->reserved : e->flags);
+		goto out;
+	}
 	def = &kvtd_op_defs[e->opcode];
 	if (def->needs_seq) {
 		/* Out of range is -EINVAL; a valid id with no open sequence behind it, -ENOENT. */
-		if (!e->seq || e->seq > s->max_seqs)
+		if (!e->seq || e->seq > s->max_seqs) {
+			r = kvtd_op_fail(s, -EINVAL,
+					 "seq %u out of range (ids are 1..%u: the id SEQ_OPEN returned)",
+					 e->seq, s->max_seqs);
 			goto out;
+		}
 		q = kvtd_seq_get(s, e->seq);
 		if (!q) {
-			r = -ENOENT;
+			r = kvtd_op_fail(s, -ENOENT, "seq %u is not open (closed, or never opened)",
+					 e->seq);
 			goto out;
 		}
 	} else if (e->seq) {
+		r = kvtd_op_fail(s, -EINVAL, "seq is %u, must be 0: this opcode names no sequence",
+				 e->seq);
 		goto out;
 	}
-	if ((e->op_flags & ~def->op_flags) || !unused_zero(e, def->fields))
+	if (e->op_flags & ~def->op_flags) {
+		r = kvtd_op_fail(s, -EINVAL, "op_flags %#x has bits %#x this opcode does not define",
+				 e->op_flags, e->op_flags & ~def->op_flags);
 		goto out;
+	}
+	field = unused_nonzero(e, def->fields, &val);
+	if (field) {
+		r = kvtd_op_fail(s, -EINVAL, "field %s is %#llx, but this opcode does not use it: "
+				 "it must be 0", field, (unsigned long long)val);
+		goto out;
+	}
 	if (q) {
 		in0 = q->bytes_in;
 		out0 = q->bytes_out;
@@ -289,5 +423,6 @@ out:
 		if (r == -EINVAL)
 			atomic_fetch_add_explicit(&s->d->cnt.refused_einval, 1,
 						  memory_order_relaxed);
+		op_refused(s, e, r);
 	}
 }

@@ -16,6 +16,15 @@ struct kvtd_session;
  */
 void kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *sqe, struct kvt_cqe *cqe);
 
+/*
+ * kvtd_op_fail() - state why the op being run is refused, printf-style; returns @r so a
+ * handler can `return kvtd_op_fail(s, -EINVAL, "...", ...)`. kvtd_op_run() prefixes the opcode's
+ * name, logs it at debug and hands it to the client (struct kvt_op_err). Formats only here, on
+ * the error path. Poller lock held.
+ */
+int kvtd_op_fail(struct kvtd_session *s, int r, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* The opcode's name for logs and metrics ("unknown" outside the table). */
 const char *kvtd_op_name(unsigned opcode);
 

@@ -21,6 +21,7 @@
 #include "kvt_dev.h"
 #include "kvtd.h"
 #include "log.h"
+#include "ops.h"
 #include "quant.h"
 #include "seq.h"
 #include "session.h"
@@ -162,12 +163,14 @@ region_get(struct kvtd_session *s, uint32_t id, uint64_t base, const struct kvt_
 	struct kvt_dev_buf *b = kvtd_session_buf(s, id);
 
 	if (!b) {
-		*ret_err = -ENOENT;
+		*ret_err = kvtd_op_fail(s, -ENOENT, "buffer %u is not registered by this session", id);
 		return NULL;
 	}
 	if (!region_fits(kvt_dev_buf_size(b), base, p->layers, layer_stride, kv_stride, slots,
 			 slot_stride, row_bytes)) {
-		*ret_err = -ERANGE;
+		*ret_err = kvtd_op_fail(s, -ERANGE,
+					"the layout (%u slots) in buffer %u runs past its %llu bytes",
+					slots, id, (unsigned long long)kvt_dev_buf_size(b));
 		return NULL;
 	}
 	kvt_dev_buf_get(b);
@@ -421,7 +424,7 @@ seq_params_ok(struct kvtd_session *s, const struct kvt_seq_params *p)
 		r = kvt_tier_validate(p, &why);
 	}
 	if (r < 0)
-		log_debug("session %u: SEQ_OPEN refused: %s", s->id, why);
+		kvtd_op_fail(s, r, "%s", why);
 	return r;
 }
 
@@ -502,7 +505,8 @@ kvtd_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p)
 	if (r < 0)
 		return r;
 	if (s->n_seqs >= s->max_seqs)
-		return -EMFILE;
+		return kvtd_op_fail(s, -EMFILE, "%u sequences open, the session's limit: close one",
+				    s->n_seqs);
 	r = seq_new(s, p, &q);
 	if (r < 0)
 		return r;
@@ -693,19 +697,22 @@ kvtd_seq_append_t0(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *s
 	int r;
 
 	if (!q->t0_buf)
-		return -EINVAL;
+		return kvtd_op_fail(s, -EINVAL, "F_T0 on a sequence with no T0 region (t0_buf_id 0)");
 	if (ntok > 256)
-		return -E2BIG;
+		return kvtd_op_fail(s, -E2BIG, "ntok %u: at most 256 tokens from T0 at once", ntok);
 	/* The arena is shared: read each slot id once, then validate the private copy. */
 	memcpy(slot_copy, slots, ntok * sizeof(uint32_t));
 	for (uint32_t i = 0; i < ntok; i++) {
 		if (slot_copy[i] >= p->t0_slots)
-			return -EINVAL;
+			return kvtd_op_fail(s, -EINVAL, "T0 slot %u out of range (t0_slots %u)",
+					    slot_copy[i], p->t0_slots);
 		for (uint32_t j = 0; j < i; j++)
 			if (slot_copy[j] == slot_copy[i])
-				return -EINVAL;
+				return kvtd_op_fail(s, -EINVAL, "T0 slot %u listed twice",
+						    slot_copy[i]);
 		if (q->ts.slot_pos[slot_copy[i]] >= 0)
-			return -EBUSY;
+			return kvtd_op_fail(s, -EBUSY, "T0 slot %u still holds position %d",
+					    slot_copy[i], (int)q->ts.slot_pos[slot_copy[i]]);
 	}
 	r = seq_reserve(s, q, ntok);
 	if (r < 0)
@@ -745,14 +752,17 @@ err:
 }
 
 int
-kvtd_seq_score_add(struct kvtd_seq *q, uint64_t first, uint32_t count, const float *v)
+kvtd_seq_score_add(struct kvtd_session *s, struct kvtd_seq *q, uint64_t first, uint32_t count,
+		   const float *v)
 {
 	float copy[1024];
 	double sum = 0;
 	int r;
 
 	if (first > q->ts.n || count > q->ts.n - first)
-		return -EINVAL;
+		return kvtd_op_fail(s, -EINVAL,
+				    "positions %llu..+%u pass the sequence's %llu tokens",
+				    (unsigned long long)first, count, (unsigned long long)q->ts.n);
 	/* Check values first (the whole add is refused, nothing changes), from a private copy
 	 * so what is checked is what is added. */
 	for (uint32_t done = 0; done < count;) {
@@ -761,7 +771,10 @@ kvtd_seq_score_add(struct kvtd_seq *q, uint64_t first, uint32_t count, const flo
 		memcpy(copy, v + done, k * sizeof(float));
 		for (uint32_t i = 0; i < k; i++)
 			if (!(copy[i] >= 0.0f) || copy[i] > 1e30f)
-				return -EINVAL;
+				return kvtd_op_fail(s, -EINVAL,
+						    "value %u is %g: scores must be finite, >= 0 "
+						    "and <= 1e30",
+						    done + i, (double)copy[i]);
 		done += k;
 	}
 	for (uint32_t done = 0; done < count;) {
@@ -982,7 +995,10 @@ kvtd_seq_retier(struct kvtd_session *s, struct kvtd_seq *q, void *out, uint64_t 
 		return r;
 	need = sizeof(res) + (uint64_t)(plan.n_demote + plan.n_promote) * 8 + plan.n_free * 4ull;
 	if (need > out_len)
-		return -ENOSPC;
+		return kvtd_op_fail(s, -ENOSPC,
+				    "the output needs %llu bytes, arena_len is %llu "
+				    "(KVT_RETIER_OUT_SIZE(t0_slots) always fits)",
+				    (unsigned long long)need, (unsigned long long)out_len);
 	/* Pool room for the int8 rows first, all or nothing: the only step that may fail for
 	 * want of memory, taken before anything is moved. */
 	r = quant_room_get(s, q, plan.n_quant, &qr);
@@ -1070,24 +1086,32 @@ kvtd_seq_fetch(struct kvtd_session *s, struct kvtd_seq *q, unsigned flags, uint3
 	uint32_t *pos, m;
 	int r;
 
-	if (!q->stage_buf || !nlayers || layer0 >= p->layers || nlayers > p->layers - layer0)
-		return -EINVAL;
+	if (!q->stage_buf)
+		return kvtd_op_fail(s, -EINVAL, "sequence %u has no staging region (open the "
+				    "sequence with stage_buf_id)", q->id);
+	if (!nlayers || layer0 >= p->layers || nlayers > p->layers - layer0)
+		return kvtd_op_fail(s, -EINVAL, "layers %u..+%u outside the sequence's %u layers",
+				    layer0, nlayers, p->layers);
 	if (!flags || flags & ~(KVT_FETCH_F_T1 | KVT_FETCH_F_T2 | KVT_FETCH_F_LIST) ||
 	    ((flags & KVT_FETCH_F_LIST) && flags != KVT_FETCH_F_LIST))
-		return -EINVAL;
+		return kvtd_op_fail(s, -EINVAL, "op_flags %#x: give F_T1 and/or F_T2, or F_LIST "
+				    "alone", flags);
 	r = seq_ensure_ws(q);
 	if (r < 0)
 		return r;
 	pos = q->ws; /* private: positions are validated here and used to index q->slot */
 	if (flags & KVT_FETCH_F_LIST) {
 		if (!count || count > q->ts.n || count > list_cap)
-			return -EINVAL;
+			return kvtd_op_fail(s, -EINVAL, "npos %u: F_LIST needs 1..%llu positions",
+					    count, (unsigned long long)q->ts.n);
 		memcpy(pos, list, count * sizeof(uint32_t));
 		for (uint32_t i = 0; i < count; i++) {
 			if (pos[i] >= q->ts.n)
-				return -EINVAL;
+				return kvtd_op_fail(s, -EINVAL,
+						    "position %u (entry %u) >= the %llu tokens", pos[i],
+						    i, (unsigned long long)q->ts.n);
 			if ((q->ts.tier[pos[i]] & KVT_TIER_MASK) == KVT_T3)
-				return -ENOENT;
+				return kvtd_op_fail(s, -ENOENT, "position %u was evicted", pos[i]);
 		}
 		m = count;
 	} else {
@@ -1099,10 +1123,12 @@ kvtd_seq_fetch(struct kvtd_session *s, struct kvtd_seq *q, unsigned flags, uint3
 			return r;
 		m = (uint32_t)r;
 		if (m > list_cap)
-			return -ENOSPC;
+			return kvtd_op_fail(s, -ENOSPC, "%u positions, the arena holds %u", m,
+					    list_cap);
 	}
 	if (stage_row > p->stage_slots || m > p->stage_slots - stage_row)
-		return -ENOSPC;
+		return kvtd_op_fail(s, -ENOSPC, "%u rows from staging row %u pass its %u rows", m,
+				    stage_row, p->stage_slots);
 	b = malloc(sizeof(*b));
 	if (!b)
 		return -ENOMEM;
@@ -1153,10 +1179,16 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 	float *qbuf;
 	int r;
 
-	if (!q->paris || layer >= p->layers || !k ||
-	    (flags & ~(KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH | KVT_TOPK_F_ESTIMATE)) ||
-	    q_len != (uint64_t)qh * p->head_dim)
-		return -EINVAL;
+	if (!q->paris)
+		return kvtd_op_fail(s, -EINVAL, "sequence %u has no retrieval (open it with "
+				    "ret_update > 0)", q->id);
+	if (layer >= p->layers || !k ||
+	    (flags & ~(KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH | KVT_TOPK_F_ESTIMATE)))
+		return kvtd_op_fail(s, -EINVAL, "layer %u (of %u), k %u (must be > 0), op_flags %#x",
+				    layer, p->layers, k, flags);
+	if (q_len != (uint64_t)qh * p->head_dim)
+		return kvtd_op_fail(s, -EINVAL, "query of %llu f32, needs q_heads x head_dim = %u",
+				    (unsigned long long)q_len, qh * p->head_dim);
 	if (flags & KVT_TOPK_F_ESTIMATE)
 		opts.refine = 0; /* the spec's pipeline and schedule, estimated scores */
 	if (flags & KVT_TOPK_F_UNION)
@@ -1166,7 +1198,8 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 		return r;
 	*ret_n = (uint64_t)r;
 	if (k > (uint32_t)r)
-		return -ERANGE;
+		return kvtd_op_fail(s, -ERANGE, "k %u > the %d keys in retrieval at layer %u "
+				    "(attend densely)", k, r, layer);
 	/* With KVT_TOPK_F_UNION the stride is k * q_heads / kv_heads: keep it (and every size
 	 * derived from it) far from u32 overflow; no arena could hold such an answer anyway. */
 	if ((flags & KVT_TOPK_F_UNION) && (uint64_t)k * (qh / H) > (1u << 24))
@@ -1174,9 +1207,14 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 	stride = kvt_paris_seq_topk_stride(q->paris, &opts);
 	need = (uint64_t)H * 4 + (uint64_t)H * stride * 8;
 	if (need > out_len)
-		return -ENOSPC;
-	if ((flags & KVT_TOPK_F_FETCH) && (!q->stage_buf || (uint64_t)H * stride > p->stage_slots))
-		return q->stage_buf ? -ENOSPC : -EINVAL;
+		return kvtd_op_fail(s, -ENOSPC, "out_len %llu, the output needs %llu bytes",
+				    (unsigned long long)out_len, (unsigned long long)need);
+	if ((flags & KVT_TOPK_F_FETCH) && !q->stage_buf)
+		return kvtd_op_fail(s, -EINVAL, "F_FETCH on sequence %u with no staging region",
+				    q->id);
+	if ((flags & KVT_TOPK_F_FETCH) && (uint64_t)H * stride > p->stage_slots)
+		return kvtd_op_fail(s, -ENOSPC, "F_FETCH needs %llu staging rows, there are %u",
+				    (unsigned long long)H * stride, p->stage_slots);
 	if ((uint64_t)H * stride > q->topk_cap) {
 		free(q->topk_pos);
 		free(q->topk_score);
@@ -1196,7 +1234,8 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 	for (uint64_t i = 0; i < q_len; i++)
 		if (!isfinite(qbuf[i])) {
 			free(qbuf);
-			return -EINVAL;
+			return kvtd_op_fail(s, -EINVAL, "query value %llu is NaN or infinite",
+					    (unsigned long long)i);
 		}
 	r = kvt_paris_seq_topk(q->paris, layer, qbuf, q_len, &opts, &q->scr, q->topk_pos,
 			       q->topk_score, counts);

@@ -70,7 +70,8 @@ int64_t kvtd_seq_append_t0(struct kvtd_session *s, struct kvtd_seq *q, const uin
 			   uint32_t ntok);
 
 /* SCORE_ADD. Returns 0, -EINVAL (range past n, a value negative, NaN or infinite). */
-int kvtd_seq_score_add(struct kvtd_seq *q, uint64_t first, uint32_t count, const float *v);
+int kvtd_seq_score_add(struct kvtd_session *s, struct kvtd_seq *q, uint64_t first, uint32_t count,
+		       const float *v);
 
 /* Pool bytes the sequence holds (T1 and T2 slots). */
 uint64_t kvtd_seq_pool_bytes(struct kvtd_session *s, const struct kvtd_seq *q);

@@ -26,7 +26,11 @@ align_up(uint64_t v, uint64_t a)
 	return (v + a - 1) & ~(a - 1);
 }
 
-/* Lay out and initialise the region: header, SQ ring + entries, CQ ring + entries, arena. */
+/*
+ * Lay out and initialise the region: header, SQ ring + entries, CQ ring + entries, op error
+ * record, arena. The error record sits in the slack before the page-aligned arena, so most
+ * geometries keep the arena where ABI 1.0 put it.
+ */
 static void
 region_init(struct kvtd_session *s, uint32_t sq_entries, uint32_t cq_entries, uint64_t arena_off,
 	    uint64_t arena_size)
@@ -44,6 +48,7 @@ region_init(struct kvtd_session *s, uint32_t sq_entries, uint32_t cq_entries, ui
 	h->cq_ring_off =
 	    align_up(h->sq_entries_off + (uint64_t)sq_entries * sizeof(struct kvt_sqe), 64);
 	h->cq_entries_off = h->cq_ring_off + sizeof(struct kvt_ring_hdr);
+	h->err_off = align_up(h->cq_entries_off + (uint64_t)cq_entries * sizeof(struct kvt_cqe), 64);
 	h->arena_off = arena_off;
 	h->arena_size = arena_size;
 	h->sq_entries = sq_entries;
@@ -54,6 +59,7 @@ region_init(struct kvtd_session *s, uint32_t sq_entries, uint32_t cq_entries, ui
 	s->sqes = (struct kvt_sqe *)(s->region + h->sq_entries_off);
 	s->cq = (struct kvt_ring_hdr *)(s->region + h->cq_ring_off);
 	s->cqes = (struct kvt_cqe *)(s->region + h->cq_entries_off);
+	s->op_err = (struct kvt_op_err *)(s->region + h->err_off);
 	s->arena = s->region + arena_off;
 	s->arena_size = arena_size;
 	s->sq_entries = sq_entries;
@@ -77,7 +83,8 @@ region_layout(uint32_t sq_entries, uint32_t cq_entries, uint64_t arena_size,
 		     64);
 	arena_off = align_up(arena_off + sizeof(struct kvt_ring_hdr) +
 				 (uint64_t)cq_entries * sizeof(struct kvt_cqe),
-			     4096);
+			     64);
+	arena_off = align_up(arena_off + sizeof(struct kvt_op_err), 4096);
 	*ret_arena_off = arena_off;
 	return align_up(arena_off + arena_size, 4096);
 }

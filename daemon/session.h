@@ -50,6 +50,10 @@ struct kvtd_session {
 	int sq_efd;	       /* client -> daemon doorbell */
 	int cq_efd;	       /* daemon -> client doorbell */
 	int broken;	       /* ring corruption seen: the session is being dropped */
+	struct kvt_op_err *op_err; /* shared: written only, never read back (ops.c) */
+	uint32_t op_err_gen;	   /* private copy of op_err->gen */
+	int why_set;		   /* why holds the reason of the op being run (kvtd_op_fail) */
+	char why[KVT_OP_ERR_MSG_LEN];
 
 	/* poller lock */
 	struct kvt_dev_buf **bufs; /* index = buf_id - 1 */

@@ -25,7 +25,7 @@
 #endif
 
 #define KVT_ABI_MAJOR 1 /* bumped only on incompatible change */
-#define KVT_ABI_MINOR 0 /* bumped on compatible additions */
+#define KVT_ABI_MINOR 1 /* bumped on compatible additions (1: kvt_region_hdr.err_off) */
 
 /* The control socket kvtierd listens on and clients connect to unless told otherwise; the one
  * definition (kvtier.h, kvtierd's config and kvtierctl take it from here). */
@@ -83,9 +83,37 @@ struct kvt_region_hdr {
 	uint32_t cq_entries; /* power of two, >= sq_entries */
 	uint32_t session_id;
 	uint32_t reserved0;
-	uint64_t reserved[4]; /* zero */
+	uint64_t err_off;     /* struct kvt_op_err, since ABI 1.1; 0: the daemon keeps none */
+	uint64_t reserved[3]; /* zero */
 };
 KVT_STATIC_ASSERT(sizeof(struct kvt_region_hdr) == 128, "kvt_region_hdr ABI");
+KVT_STATIC_ASSERT(offsetof(struct kvt_region_hdr, err_off) == 96, "kvt_region_hdr err_off");
+
+#define KVT_OP_ERR_MSG_LEN 224 /* bytes of kvt_op_err.msg, NUL included */
+
+/*
+ * struct kvt_op_err - why the session's most recent refused op was refused (ABI 1.1), at
+ * kvt_region_hdr.err_off. Written by the daemon only, before it posts that op's CQE; the
+ * daemon never reads it back, so a client scribbling on it harms only its own reading.
+ *
+ * @gen is a sequence count (kvt_ring.h: kvt_op_err_begin/end, kvt_op_err_read_begin/retry):
+ * odd while the daemon writes, bumped to the next even value (release) when the record is
+ * whole. A reader that saw the CQE (acquire) sees at least that op's record; it takes a copy
+ * and keeps it if @gen was even and unchanged around the copy and @user_data is its op's (a
+ * later refusal may have replaced it).
+ */
+struct kvt_op_err {
+	uint32_t gen;	    /* even: record complete; odd: being written */
+	int32_t res;	    /* the CQE res: a negative errno */
+	uint64_t user_data; /* the refused SQE's user_data */
+	uint8_t opcode;	    /* the refused SQE's opcode (as submitted, even if unknown) */
+	uint8_t reserved0[3];
+	uint32_t seq;	      /* the refused SQE's seq */
+	uint64_t reserved[1]; /* zero */
+	char msg[KVT_OP_ERR_MSG_LEN]; /* "OPNAME: what was wrong", NUL-terminated */
+};
+KVT_STATIC_ASSERT(sizeof(struct kvt_op_err) == 256, "kvt_op_err ABI");
+KVT_STATIC_ASSERT(offsetof(struct kvt_op_err, msg) == 32, "kvt_op_err msg");
 
 /* Opcodes. Numbers are part of the ABI (docs/design.md); never reuse one. */
 enum {

@@ -111,6 +111,47 @@ kvt_ring_load_stamp(const uint32_t *stamp, uint32_t index)
 	       kvt_ring_stamp(index);
 }
 
+/*
+ * The op error record (struct kvt_op_err) is a sequence lock with one writer, the daemon:
+ * kvt_op_err_begin() makes gen odd, the record is filled, kvt_op_err_end() makes it even with
+ * release, all before the CQE of that op is published (whose release store orders the record
+ * before the CQE for a reader that acquired the CQE). A reader: g = kvt_op_err_read_begin()
+ * (acquire), copy, then kvt_op_err_read_retry(g) says whether the copy may be torn (gen odd or
+ * changed; the acquire fence orders the copy before the re-read of gen).
+ */
+static inline void
+kvt_op_err_begin(struct kvt_op_err *e, uint32_t *gen)
+{
+	*gen += 1; /* the writer keeps gen privately: it never trusts the shared copy */
+	atomic_store_explicit(KVT__ATOMIC(&e->gen), *gen, memory_order_relaxed);
+	atomic_thread_fence(memory_order_release); /* gen odd before the fields change */
+}
+
+/* Writer: the record is whole. Pairs with kvt_op_err_read_begin() (acquire). */
+static inline void
+kvt_op_err_end(struct kvt_op_err *e, uint32_t *gen)
+{
+	*gen += 1;
+	atomic_store_explicit(KVT__ATOMIC(&e->gen), *gen, memory_order_release);
+}
+
+/* Reader: gen before the copy. Pairs with kvt_op_err_end() (release). */
+static inline uint32_t
+kvt_op_err_read_begin(const struct kvt_op_err *e)
+{
+	return atomic_load_explicit(KVT__ATOMIC(&e->gen), memory_order_acquire);
+}
+
+/* Reader: non-zero when the copy taken since kvt_op_err_read_begin() returned @gen is unusable
+ * (written meanwhile). Pairs with kvt_op_err_begin()'s release fence. */
+static inline int
+kvt_op_err_read_retry(const struct kvt_op_err *e, uint32_t gen)
+{
+	atomic_thread_fence(memory_order_acquire);
+	return (gen & 1) ||
+	       atomic_load_explicit(KVT__ATOMIC(&e->gen), memory_order_relaxed) != gen;
+}
+
 /* Entries the consumer may read, given its private head and the loaded tail. */
 static inline uint32_t
 kvt_ring_ready(uint32_t head, uint32_t tail)
