@@ -45,6 +45,7 @@ struct kvt_client {
 	struct kvt_ring_hdr *sq, *cq;
 	struct kvt_sqe *sqes;
 	struct kvt_cqe *cqes;
+	const struct kvt_op_err *op_err; /* NULL: the daemon keeps no reasons (ABI 1.0) */
 	uint8_t *arena;
 	uint64_t arena_size;
 	uint32_t sq_entries, cq_entries;
@@ -207,6 +208,13 @@ region_map(struct kvt_client *c)
 	    (uint64_t)h->cq_entries * sizeof(struct kvt_cqe) > sz - h->cq_entries_off ||
 	    h->arena_off > sz || h->arena_size > sz - h->arena_off)
 		return -EPROTO;
+	/* ABI 1.1: the op error record. A 1.0 daemon leaves the field zero (it was reserved). */
+	if (h->hdr_size >= offsetof(struct kvt_region_hdr, err_off) + sizeof(h->err_off) &&
+	    h->err_off) {
+		if (h->err_off > sz - sizeof(struct kvt_op_err) || (h->err_off & 7))
+			return -EPROTO;
+		c->op_err = (const void *)(c->region + h->err_off);
+	}
 	c->sq = (void *)(c->region + h->sq_ring_off);
 	c->cq = (void *)(c->region + h->cq_ring_off);
 	c->sqes = (void *)(c->region + h->sq_entries_off);
@@ -719,6 +727,39 @@ kvt_wait_cqe(struct kvt_client *c, struct kvt_cqe *ret_cqe)
 	return wait_raw(c, ret_cqe);
 }
 
+/* The daemon's reason for the refused op @ud (kvt_ring.h: the record is a sequence lock). */
+static int
+op_err_copy(struct kvt_client *c, uint64_t ud, char *buf, size_t len)
+{
+	struct kvt_op_err x;
+
+	if (!c->op_err)
+		return -EOPNOTSUPP;
+	/* The daemon writes a record in well under a microsecond; a few tries always do unless
+	 * this session's ops keep failing meanwhile. */
+	for (int i = 0; i < 64; i++) {
+		uint32_t gen = kvt_op_err_read_begin(c->op_err);
+
+		memcpy(&x, c->op_err, sizeof(x));
+		if (kvt_op_err_read_retry(c->op_err, gen))
+			continue;
+		if (x.user_data != ud || x.res >= 0)
+			return -ENOENT;
+		x.msg[sizeof(x.msg) - 1] = '\0';
+		snprintf(buf, len, "%s", x.msg);
+		return 0;
+	}
+	return -ENOENT;
+}
+
+KVT_EXPORT int
+kvt_op_error(struct kvt_client *c, uint64_t user_data, char *buf, size_t len)
+{
+	if (!buf || !len)
+		return -EINVAL;
+	return op_err_copy(c, user_data, buf, len);
+}
+
 /* ---- blocking wrappers ------------------------------------------------------------------ */
 
 /* Submits @e (already filled, user_data set here) and waits for its own completion. */
@@ -730,6 +771,7 @@ run_one(struct kvt_client *c, struct kvt_sqe *e, struct kvt_cqe *ret)
 	int r;
 
 	e->user_data = ud;
+	last_error[0] = '\0';
 	r = kvt_submit(c);
 	if (r < 0)
 		return r;
@@ -743,6 +785,8 @@ run_one(struct kvt_client *c, struct kvt_sqe *e, struct kvt_cqe *ret)
 	}
 	if (ret)
 		*ret = cqe;
+	if (cqe.res < 0 && op_err_copy(c, ud, last_error, sizeof(last_error)) < 0)
+		kvtc_set_error("kvtierd refused the op: %s", kvt_strerror(cqe.res));
 	return cqe.res;
 }
 
@@ -750,10 +794,21 @@ run_one(struct kvt_client *c, struct kvt_sqe *e, struct kvt_cqe *ret)
 static struct kvt_sqe *
 sync_sqe(struct kvt_client *c, int uses_arena, int *ret_err)
 {
+	struct kvt_sqe *e;
+
+	last_error[0] = '\0';
 	*ret_err = c->dead ? c->dead : -EBUSY;
-	if (c->dead || (uses_arena && c->inflight))
+	if (c->dead)
 		return NULL;
-	return kvt_get_sqe(c);
+	if (uses_arena && c->inflight) {
+		set_last_error("operations in flight: a blocking call with a payload needs the whole "
+			       "arena (reap them first)");
+		return NULL;
+	}
+	e = kvt_get_sqe(c);
+	if (!e)
+		set_last_error("the submission queue is full (reap completions first)");
+	return e;
 }
 
 /* As sync_sqe(), with @len bytes of @data copied to the start of the arena. */
@@ -763,8 +818,11 @@ payload_sqe(struct kvt_client *c, const void *data, uint64_t len, int *ret_err)
 	struct kvt_sqe *e;
 
 	*ret_err = -E2BIG;
-	if (len > c->arena_size || len > UINT32_MAX)
+	if (len > c->arena_size || len > UINT32_MAX) {
+		kvtc_set_error("payload of %llu bytes is larger than the %llu-byte arena",
+			       (unsigned long long)len, (unsigned long long)c->arena_size);
 		return NULL;
+	}
 	e = sync_sqe(c, 1, ret_err);
 	if (e)
 		memcpy(c->arena, data, len);

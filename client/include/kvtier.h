@@ -60,7 +60,8 @@ int kvt_connect(const char *path, const struct kvt_opts *opts, struct kvt_client
 void kvt_disconnect(struct kvt_client *c);
 
 /* The daemon's error message for the last failed connect, buffer registration or
- * unregistration of this thread (empty when it gave none; each of those calls clears it first).
+ * unregistration, or blocking operation (kvt_nop() ... kvt_topk(): "FETCH: ...", the op and
+ * what was wrong) of this thread (empty when it gave none; each of those calls clears it first).
  * Valid until the next libkvtier call on this thread. */
 const char *kvt_last_error(void);
 
@@ -192,6 +193,16 @@ int kvt_wait_cqe(struct kvt_client *c, struct kvt_cqe *ret_cqe);
 /* Operations submitted and not yet reaped. */
 unsigned kvt_inflight(const struct kvt_client *c);
 
+/*
+ * kvt_op_error() - why kvtierd refused the operation submitted with @user_data (a CQE with
+ * res < 0): "OPNAME: what was wrong", copied NUL-terminated into @buf (cut to @len bytes).
+ * The daemon keeps the reason of the session's most recent refusal only, so call it after
+ * reaping that CQE and before a later op of this session fails. Returns 0, -ENOENT (the
+ * kept reason is another op's, or no op was refused yet), -EOPNOTSUPP (a kvtierd older than
+ * ABI 1.1, which keeps none), -EINVAL (@buf NULL or @len 0). Thread safety: as kvt_peek_cqe().
+ */
+int kvt_op_error(struct kvt_client *c, uint64_t user_data, char *buf, size_t len);
+
 /* ---- prep helpers: one per opcode ------------------------------------------------------ */
 /*
  * Each fills every field of an SQE from kvt_get_sqe() for one opcode except user_data (the
@@ -308,6 +319,7 @@ kvt_prep_topk(struct kvt_sqe *e, uint32_t seq, uint32_t layer, uint32_t k, unsig
  * they return -EBUSY while asynchronous operations are in flight. Each returns the daemon's
  * result: >= 0 or a negative errno (-EINVAL bad field, -ENOENT sequence not open, -EDQUOT quota,
  * -ENOMEM pool exhausted, -E2BIG payload larger than the arena, -ECONNRESET).
+ * On failure kvt_last_error() says why.
  */
 
 /* Round trip with no work. */
