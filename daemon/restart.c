@@ -817,6 +817,44 @@ conn_drop_fds(struct img_conn *c)
 	}
 }
 
+/* A configuration read again may have lowered buffers_per_session or seqs_per_session: the
+ * session keeps the ids it has (new ones obey the new limits). */
+static int
+grow_tables(struct kvtd_session *s, const struct img_conn *c)
+{
+	uint32_t nb = 0, nq = 0;
+
+	for (uint32_t i = 0; i < c->n_bufs; i++)
+		nb = c->bufs[i].id > nb ? c->bufs[i].id : nb;
+	for (uint32_t i = 0; i < c->n_seqs; i++)
+		nq = c->seqs[i].id > nq ? c->seqs[i].id : nq;
+	if (nb > 65536 || nq > 65536)
+		return -EBADMSG;
+	if (nb > s->max_bufs) {
+		void *p = realloc(s->bufs, nb * sizeof(*s->bufs));
+
+		if (!p)
+			return -ENOMEM;
+		s->bufs = p;
+		memset(s->bufs + s->max_bufs, 0, (nb - s->max_bufs) * sizeof(*s->bufs));
+		log_warn("restart: session %u keeps %u buffer ids (buffers_per_session is %u now)",
+			 s->id, nb, s->max_bufs);
+		s->max_bufs = nb;
+	}
+	if (nq > s->max_seqs) {
+		void *p = realloc(s->seqs, nq * sizeof(*s->seqs));
+
+		if (!p)
+			return -ENOMEM;
+		s->seqs = p;
+		memset(s->seqs + s->max_seqs, 0, (nq - s->max_seqs) * sizeof(*s->seqs));
+		log_warn("restart: session %u keeps %u sequence ids (seqs_per_session is %u now)",
+			 s->id, nq, s->max_seqs);
+		s->max_seqs = nq;
+	}
+	return 0;
+}
+
 /* A session rebuilt from @c: region, doorbells, indices, buffers, sequences (slots claimed). */
 static int
 session_restore(struct kvtd *d, struct img_conn *c)
@@ -846,6 +884,9 @@ session_restore(struct kvtd *d, struct img_conn *c)
 	s->cq_head_seen = c->cq_head_seen;
 	s->ops = c->ops;
 	s->errors = c->errors;
+	r = grow_tables(s, c);
+	if (r < 0)
+		return r;
 	/* The private CQ view must be one the drain could have left. */
 	if (kvt_ring_space(s->cq_entries, s->cq_head_seen, s->cq_tail) > s->cq_entries)
 		return -EBADMSG;

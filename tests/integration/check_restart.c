@@ -482,6 +482,50 @@ START_TEST(t_restart_keeps_quota)
 }
 END_TEST
 
+/*
+ * The configuration is read again by a restart: limits lowered below what a session holds
+ * (seqs_per_session) keep its sequences (new ones obey the new limit) instead of dropping it.
+ */
+START_TEST(t_restart_lowered_limits)
+{
+	char cfgpath[] = "/tmp/kvt-restart-cfg-XXXXXX";
+	const char *extra[] = {"--config", cfgpath, NULL};
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	static float rows[2 * TOK];
+	struct kvt_client *c;
+	struct kvtd_proc d;
+	uint32_t seq[3], extra_seq;
+	int fd = mkstemp(cfgpath);
+
+	ck_assert_int_ge(fd, 0);
+	dprintf(fd, "[limits]\nseqs_per_session = 4\n");
+	close(fd);
+	daemon_start(&d, extra);
+	ck_assert_int_eq(kvt_connect(d.sock, &o, &c), 0);
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_FULL;
+	p.delta = 16;
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(kvt_seq_open(c, &p, &seq[i]), 0);
+		ck_assert_int_eq(kvt_append(c, seq[i], rows, sizeof(rows), 2, NULL), 2);
+	}
+	fd = open(cfgpath, O_WRONLY | O_TRUNC);
+	dprintf(fd, "[limits]\nseqs_per_session = 1\n");
+	close(fd);
+	restart(&d, 1);
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(kvt_append(c, seq[i], rows, sizeof(rows), 2, NULL), 4);
+	ck_assert_int_eq(kvt_seq_open(c, &p, &extra_seq), -EMFILE);
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	unlink(cfgpath);
+}
+END_TEST
+
 START_TEST(t_restart_not_admin)
 {
 	struct kvtd_proc d;
@@ -534,6 +578,7 @@ main(void)
 	tcase_add_test(tc, t_restart_lossless);
 	tcase_add_test(tc, t_restart_refused_image);
 	tcase_add_test(tc, t_restart_keeps_quota);
+	tcase_add_test(tc, t_restart_lowered_limits);
 	tcase_add_test(tc, t_restart_not_admin);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
