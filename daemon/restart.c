@@ -161,7 +161,7 @@ struct img_conn {
 	int memfd, sq_efd, cq_efd;
 	uint32_t sq_entries, cq_entries;
 	uint64_t arena_size;
-	uint32_t sq_head, cq_tail, cq_head_seen;
+	uint32_t sq_head, cq_tail, cq_head_seen, op_err_gen;
 	uint64_t ops, errors;
 	uint32_t n_bufs, n_seqs;
 	struct img_buf *bufs;
@@ -297,6 +297,7 @@ parse_conn(struct rbuf *r, struct img_conn *c)
 	c->sq_head = get32(r);
 	c->cq_tail = get32(r);
 	c->cq_head_seen = get32(r);
+	c->op_err_gen = get32(r);
 	c->ops = get64(r);
 	c->errors = get64(r);
 	c->n_bufs = get32(r);
@@ -527,6 +528,7 @@ write_conn(void *ctx, const struct kvtd_conn_info *ci)
 	PUT(w, s->sq_head);
 	PUT(w, s->cq_tail);
 	PUT(w, s->cq_head_seen);
+	PUT(w, s->op_err_gen);
 	PUT(w, s->ops);
 	PUT(w, s->errors);
 	fd_add(x->fds, s->memfd);
@@ -882,6 +884,7 @@ session_restore(struct kvtd *d, struct img_conn *c)
 	s->sq_head = c->sq_head;
 	s->cq_tail = c->cq_tail;
 	s->cq_head_seen = c->cq_head_seen;
+	s->op_err_gen = c->op_err_gen; /* the op error record's sequence goes on where it was */
 	s->ops = c->ops;
 	s->errors = c->errors;
 	r = grow_tables(s, c);

@@ -13,6 +13,7 @@
 
 #include "kvt_abi.h"
 #include "restart.h"
+#include "kvt_test.h"
 
 struct img {
 	uint8_t b[8192];
@@ -92,9 +93,10 @@ session_conn(struct img *m, uint32_t n, int fd)
 	put32(m, 256);
 	put32(m, 512);
 	put64(m, 1 << 20);
+	put32(m, 5); /* sq_head, cq_tail, cq_head_seen, op_err_gen */
 	put32(m, 5);
 	put32(m, 5);
-	put32(m, 5);
+	put32(m, 8);
 	put64(m, 5);
 	put64(m, 0);
 	put32(m, 1); /* bufs */
@@ -220,20 +222,4 @@ START_TEST(t_parse_refused)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("restart");
-	TCase *tc = tcase_create("restart");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_test(tc, t_parse_valid);
-	tcase_add_test(tc, t_parse_refused);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("restart", 0, NULL, NULL, t_parse_valid, t_parse_refused)
