@@ -21,8 +21,10 @@ from ctypes import (
 
 ABI_MAJOR = 1
 """The KVT_ABI_MAJOR these mirrors follow; libkvtier must report the same major."""
-ABI_MINOR = 0
+ABI_MINOR = 1
 """The KVT_ABI_MINOR these mirrors follow (a newer minor only adds)."""
+OP_ERR_MSG_LEN = 224
+"""Bytes of struct kvt_op_err's message, NUL included."""
 
 # Opcodes (KVT_OP_*).
 OP_NOP = 0
@@ -303,6 +305,22 @@ class CtlError(ctypes.Structure):
     ]
 
 
+class OpErr(ctypes.Structure):
+    """struct kvt_op_err (ABI 1.1): why the session's most recent refused op was refused, in
+    the shared region at kvt_region_hdr.err_off; libkvtier reads it (kvt_op_error())."""
+
+    _fields_ = [
+        ("gen", c_uint32),
+        ("res", c_int32),
+        ("user_data", c_uint64),
+        ("opcode", c_uint8),
+        ("reserved0", c_uint8 * 3),
+        ("seq", c_uint32),
+        ("reserved", c_uint64 * 1),
+        ("msg", c_char * OP_ERR_MSG_LEN),
+    ]
+
+
 STRUCTS: dict[str, type[ctypes.Structure]] = {
     "kvt_opts": Opts,
     "kvt_sqe": Sqe,
@@ -313,12 +331,14 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "kvt_seq_stat": SeqStatC,
     "kvt_ctl_hdr": CtlHdr,
     "kvt_ctl_error": CtlError,
+    "kvt_op_err": OpErr,
 }
 """C struct name -> its mirror, for the layout probe."""
 
 CONSTANTS: dict[str, int] = {
     "KVT_ABI_MAJOR": ABI_MAJOR,
     "KVT_ABI_MINOR": ABI_MINOR,
+    "KVT_OP_ERR_MSG_LEN": OP_ERR_MSG_LEN,
     "KVT_OP_NOP": OP_NOP,
     "KVT_OP_SEQ_OPEN": OP_SEQ_OPEN,
     "KVT_OP_SEQ_CLOSE": OP_SEQ_CLOSE,

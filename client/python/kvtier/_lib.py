@@ -9,7 +9,17 @@ from __future__ import annotations
 
 import ctypes
 import os
-from ctypes import POINTER, c_char_p, c_int, c_int64, c_uint, c_uint32, c_uint64, c_void_p
+from ctypes import (
+    POINTER,
+    c_char_p,
+    c_int,
+    c_int64,
+    c_size_t,
+    c_uint,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
 from pathlib import Path
 
 from . import _abi
@@ -86,6 +96,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvt_buf_alloc_cuda": (c_int, [P, c_int, c_uint64, POINTER(P)]),
         "kvt_buf_offset": (c_uint64, [P]),
         "kvt_cuda_stream_wait": (c_int, [P, P]),
+        "kvt_op_error": (c_int, [P, c_uint64, c_char_p, c_size_t]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

@@ -96,6 +96,13 @@ def _check(r: int, call: str, message: str = "") -> int:
     return r
 
 
+def _check_op(r: int, call: str) -> int:
+    """As _check() for a blocking op: the message is kvtierd's reason (kvt_last_error())."""
+    if r < 0:
+        raise KvtierError(r, call, _last_error())
+    return r
+
+
 def _uint(name: str, v: Any, ctype: Any = ctypes.c_uint32) -> int:
     """@v as an unsigned integer of @ctype, refused (EINVAL) where ctypes would truncate."""
     try:
@@ -406,21 +413,21 @@ class Sequence:
         first = c_uint64()
         r = _LIB.kvt_append(c, s, ptr, nbytes, _uint("ntok", ntok), byref(first))
         del keep
-        _check(r, "kvt_append")
+        _check_op(r, "kvt_append")
         return AppendResult(r, first.value)
 
     def append_t0(self, slots: Any) -> AppendResult:
         """APPEND tokens whose rows the client already wrote into these T0 slots (in order)."""
         c, s = self._ids("kvt_append_t0")
         a = _u32_array("slots", slots)
-        r = _check(_LIB.kvt_append_t0(c, s, a.ctypes.data, a.size), "kvt_append_t0")
+        r = _check_op(_LIB.kvt_append_t0(c, s, a.ctypes.data, a.size), "kvt_append_t0")
         return AppendResult(r, r - a.size)
 
     def score_add(self, first: int, values: Any) -> None:
         """score[first + i] += values[i] (cumulative attention; finite, >= 0)."""
         c, s = self._ids("kvt_score_add")
         v = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
-        _check(
+        _check_op(
             _LIB.kvt_score_add(c, s, _uint("first", first, ctypes.c_uint64), v.ctypes.data,
                                v.size),
             "kvt_score_add",
@@ -435,7 +442,7 @@ class Sequence:
         buf = self._retier_buf
         if buf is None or len(buf) < n:
             buf = self._retier_buf = np.empty(max(n, 72), dtype=np.uint8)
-        r = _check(_LIB.kvt_retier(c, s, buf.ctypes.data, n), "kvt_retier")
+        r = _check_op(_LIB.kvt_retier(c, s, buf.ctypes.data, n), "kvt_retier")
         head = _abi.RetierResultC.from_buffer_copy(buf[:72].tobytes())
         off = max(head.size, 72)
         changes = np.frombuffer(buf, CHANGE_DTYPE, head.n_changes, off).copy()
@@ -475,7 +482,7 @@ class Sequence:
         r = _LIB.kvt_fetch(c, s, _uint("flags", flags), _uint("layer0", layer0),
                            _uint("nlayers", nlayers), _uint("stage_row", stage_row),
                            pos.ctypes.data, count)
-        _check(r, "kvt_fetch")
+        _check_op(r, "kvt_fetch")
         return FetchResult(r, pos[:r].copy() if positions is None else pos)
 
     def topk(self, layer: int, k: int, query: Any, flags: int = 0) -> TopkResult:
@@ -491,7 +498,7 @@ class Sequence:
         out = np.empty(_abi.topk_out_size(H, stride), dtype=np.uint8)
         r = _LIB.kvt_topk(c, s, _uint("layer", layer), k, _uint("flags", flags),
                           q.ctypes.data, q.size, out.ctypes.data, out.nbytes)
-        stride = _check(r, "kvt_topk")
+        stride = _check_op(r, "kvt_topk")
         counts = np.frombuffer(out, np.uint32, H, 0).copy()
         pos = np.frombuffer(out, np.uint32, H * stride, H * 4).reshape(H, stride).copy()
         sc = np.frombuffer(out, np.float32, H * stride, H * 4 + H * stride * 4)
@@ -501,7 +508,7 @@ class Sequence:
         """SEQ_STAT: tokens per tier, pool bytes, bytes in and out, the score total."""
         c, s = self._ids("kvt_seq_stat")
         st = _abi.SeqStatC()
-        _check(_LIB.kvt_seq_stat(c, s, byref(st)), "kvt_seq_stat")
+        _check_op(_LIB.kvt_seq_stat(c, s, byref(st)), "kvt_seq_stat")
         return SeqStat(st.seq, st.n_tokens, tuple(st.tier_count), st.pool_bytes,
                        st.bytes_in, st.bytes_out, st.score_total)
 
@@ -511,7 +518,7 @@ class Sequence:
             return
         sid, self.id = self.id, None
         if self._client._h is not None:
-            _check(_LIB.kvt_seq_close(self._client._h, sid), "kvt_seq_close")
+            _check_op(_LIB.kvt_seq_close(self._client._h, sid), "kvt_seq_close")
 
     def __enter__(self) -> Sequence:
         return self
@@ -610,7 +617,7 @@ class Client:
         p = make_params(**params)
         sid = c_uint32()
         r = _LIB.kvt_seq_open(self._live("kvt_seq_open"), byref(p), byref(sid))
-        if r == -_errno.EINVAL:
+        if r == -_errno.EINVAL and not _last_error():  # a kvtierd that gives no reason
             raise KvtierError(
                 r, "kvt_seq_open",
                 "kvtierd refused the parameters: layers 1..256, kv_heads 1..64, head_dim "
@@ -618,14 +625,14 @@ class Client:
                 "fields zero, a T0 region needs t0_slots >= sinks + window + delta; "
                 "kvtierd's log names the field",
             )
-        _check(r, "kvt_seq_open")
+        _check_op(r, "kvt_seq_open")
         seq = Sequence(self, sid.value, p)
         self._seqs.add(seq)
         return seq
 
     def nop(self) -> None:
         """A round trip with no work."""
-        _check(_LIB.kvt_nop(self._live("kvt_nop")), "kvt_nop")
+        _check_op(_LIB.kvt_nop(self._live("kvt_nop")), "kvt_nop")
 
     # ---- asynchronous interface ----
 
@@ -664,6 +671,22 @@ class Client:
             return None
         _check(r, "kvt_peek_cqe")
         return cqe
+
+    def op_error(self, user_data: int) -> str | None:
+        """Why kvtierd refused the op submitted with @user_data (its CQE's res < 0):
+        "OPNAME: what was wrong". None when the session's most recent refusal is another op's
+        (kvtierd keeps one reason a session: ask right after reaping) or kvtierd keeps none
+        (older than ABI 1.1)."""
+        c = self._live("kvt_op_error")
+        if not _lib.has(_LIB, "kvt_op_error"):
+            return None
+        buf = ctypes.create_string_buffer(_abi.OP_ERR_MSG_LEN)
+        r = _LIB.kvt_op_error(c, _uint("user_data", user_data, ctypes.c_uint64), buf,
+                              len(buf))
+        if r in (-_errno.ENOENT, -_errno.EOPNOTSUPP):
+            return None
+        _check(r, "kvt_op_error")
+        return buf.value.decode(errors="replace")
 
     @property
     def inflight(self) -> int:
