@@ -141,8 +141,10 @@ conn_close(struct kvtd *d, struct kvtd_conn *c)
 		atomic_fetch_add(&d->cnt.ops, s->ops);
 		atomic_fetch_add(&d->cnt.errors, s->errors);
 		kvtd_op_stats_fold(&d->opst_ended, &s->opst);
-		log_info("session %u (pid %d uid %u '%s') ended: %llu ops", s->id, (int)c->pid,
-			 (unsigned)c->uid, s->name, (unsigned long long)s->ops);
+		kvtd_log_f(KVTD_LOG_INFO,
+			   &(struct kvtd_log_fields){.session = s->id, .pid = c->pid},
+			   "session %u (pid %d uid %u '%s') ended: %llu ops", s->id, (int)c->pid,
+			   (unsigned)c->uid, s->name, (unsigned long long)s->ops);
 		kvtd_session_destroy(s);
 		d->n_sessions--;
 	}
@@ -298,9 +300,10 @@ handle_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hello *h,
 	c->state = CONN_SESSION;
 	d->n_sessions++;
 	atomic_fetch_add(&d->cnt.sessions_total, 1);
-	log_info("session %u: pid %d uid %u '%s', sq %u cq %u arena %llu KiB", s->id, (int)c->pid,
-		 (unsigned)c->uid, s->name, s->sq_entries, s->cq_entries,
-		 (unsigned long long)(arena >> 10));
+	kvtd_log_f(KVTD_LOG_INFO, &(struct kvtd_log_fields){.session = s->id, .pid = c->pid},
+		   "session %u: pid %d uid %u '%s', sq %u cq %u arena %llu KiB", s->id, (int)c->pid,
+		   (unsigned)c->uid, s->name, s->sq_entries, s->cq_entries,
+		   (unsigned long long)(arena >> 10));
 	return 0;
 }
 

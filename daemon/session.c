@@ -48,7 +48,8 @@ region_init(struct kvtd_session *s, uint32_t sq_entries, uint32_t cq_entries, ui
 	h->cq_ring_off =
 	    align_up(h->sq_entries_off + (uint64_t)sq_entries * sizeof(struct kvt_sqe), 64);
 	h->cq_entries_off = h->cq_ring_off + sizeof(struct kvt_ring_hdr);
-	h->err_off = align_up(h->cq_entries_off + (uint64_t)cq_entries * sizeof(struct kvt_cqe), 64);
+	h->err_off =
+	    align_up(h->cq_entries_off + (uint64_t)cq_entries * sizeof(struct kvt_cqe), 64);
 	h->arena_off = arena_off;
 	h->arena_size = arena_size;
 	h->sq_entries = sq_entries;
@@ -271,7 +272,8 @@ kvtd_session_break(struct kvtd_session *s, const char *why)
 		return;
 	s->broken = 1;
 	atomic_fetch_add_explicit(&s->d->cnt.ring_corrupt, 1, memory_order_relaxed);
-	log_warn("session %u (pid %d): %s: dropping the session", s->id, (int)s->pid, why);
+	kvtd_log_f(KVTD_LOG_WARNING, &(struct kvtd_log_fields){.session = s->id, .pid = s->pid},
+		   "session %u (pid %d): %s: dropping the session", s->id, (int)s->pid, why);
 	memset(&e, 0, sizeof(e));
 	e.hdr.type = KVT_CTL_ERROR;
 	e.hdr.len = sizeof(e);
