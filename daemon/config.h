@@ -13,8 +13,10 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "kvt_abi.h"
+
 #define KVTD_DEFAULT_CONFIG "/etc/kvtier/kvtierd.conf"
-#define KVTD_DEFAULT_SOCKET "/run/kvtier/kvtierd.sock"
+#define KVTD_DEFAULT_SOCKET KVT_DEFAULT_SOCKET
 #define KVTD_MAX_IDS	    32
 
 struct kvtd_config {
