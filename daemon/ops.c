@@ -49,11 +49,12 @@ kvtd_op_fail(struct kvtd_session *s, int r, const char *fmt, ...)
 static int
 arena_fail(struct kvtd_session *s, uint64_t off, uint64_t len, unsigned align)
 {
-	return kvtd_op_fail(s, -EINVAL,
-			    "payload (arena_off %llu, %llu bytes) is not %u-byte aligned inside the "
-			    "%llu-byte arena",
-			    (unsigned long long)off, (unsigned long long)len, align,
-			    (unsigned long long)s->arena_size);
+	return kvtd_op_fail(
+	    s, -EINVAL,
+	    "payload (arena_off %llu, %llu bytes) is not %u-byte aligned inside the "
+	    "%llu-byte arena",
+	    (unsigned long long)off, (unsigned long long)len, align,
+	    (unsigned long long)s->arena_size);
 }
 
 static int
@@ -69,9 +70,9 @@ op_seq_open(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q,
 	const void *src;
 
 	if (e->arena_len < sizeof(p))
-		return kvtd_op_fail(s, -EINVAL,
-				    "arena_len %u is shorter than struct kvt_seq_params (%zu bytes)",
-				    e->arena_len, sizeof(p));
+		return kvtd_op_fail(
+		    s, -EINVAL, "arena_len %u is shorter than struct kvt_seq_params (%zu bytes)",
+		    e->arena_len, sizeof(p));
 	src = arena_range(s, e->arena_off, e->arena_len, 8);
 	if (!src)
 		return arena_fail(s, e->arena_off, e->arena_len, 8);
@@ -91,9 +92,9 @@ op_append(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, s
 	if (e->op_flags & KVT_APPEND_F_T0) {
 		len = (uint64_t)e->ntok * sizeof(uint32_t);
 		if (e->arena_len != len)
-			return kvtd_op_fail(s, -EINVAL,
-					    "arena_len %u must be ntok (%u) x 4 bytes of T0 slot ids",
-					    e->arena_len, e->ntok);
+			return kvtd_op_fail(
+			    s, -EINVAL, "arena_len %u must be ntok (%u) x 4 bytes of T0 slot ids",
+			    e->arena_len, e->ntok);
 		src = arena_range(s, e->arena_off, len, 4);
 		if (!src)
 			return arena_fail(s, e->arena_off, len, 4);
@@ -101,11 +102,11 @@ op_append(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, s
 	} else {
 		len = (uint64_t)e->ntok * q->token_bytes;
 		if (e->arena_len != len)
-			return kvtd_op_fail(s, -EINVAL,
-					    "arena_len %u must be ntok (%u) x %llu bytes (a token's "
-					    "rows for sequence %u)",
-					    e->arena_len, e->ntok, (unsigned long long)q->token_bytes,
-					    q->id);
+			return kvtd_op_fail(
+			    s, -EINVAL,
+			    "arena_len %u must be ntok (%u) x %llu bytes (a token's "
+			    "rows for sequence %u)",
+			    e->arena_len, e->ntok, (unsigned long long)q->token_bytes, q->id);
 		src = arena_range(s, e->arena_off, len, 1);
 		if (!src)
 			return arena_fail(s, e->arena_off, len, 1);
@@ -123,7 +124,8 @@ op_score_add(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q
 	const float *v;
 
 	if (!e->npos || e->arena_len != (uint64_t)e->npos * sizeof(float))
-		return kvtd_op_fail(s, -EINVAL, "arena_len %u must be npos (%u) x 4 bytes of f32, npos > 0",
+		return kvtd_op_fail(s, -EINVAL,
+				    "arena_len %u must be npos (%u) x 4 bytes of f32, npos > 0",
 				    e->arena_len, e->npos);
 	v = arena_range(s, e->arena_off, e->arena_len, 4);
 	if (!v)
@@ -155,7 +157,8 @@ op_fetch(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, st
 		return kvtd_op_fail(s, -EINVAL, "layer0 %llu or nlayers %llu is not a layer count",
 				    (unsigned long long)e->layer0, (unsigned long long)e->nlayers);
 	if (e->arena_len & 3)
-		return kvtd_op_fail(s, -EINVAL, "arena_len %u is not a multiple of 4 (u32 positions)",
+		return kvtd_op_fail(s, -EINVAL,
+				    "arena_len %u is not a multiple of 4 (u32 positions)",
 				    e->arena_len);
 	if ((e->op_flags & KVT_FETCH_F_LIST) ? e->arena_len != (uint64_t)e->npos * 4 : e->npos != 0)
 		return kvtd_op_fail(s, -EINVAL,
@@ -189,11 +192,11 @@ op_topk(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, str
 		return arena_fail(s, e->arena_off, e->arena_len, 4);
 	out = arena_range(s, e->out_off, e->out_len, 8);
 	if (!out)
-		return kvtd_op_fail(s, -EINVAL,
-				    "output (out_off %llu, out_len %u) is not 8-byte aligned inside "
-				    "the %llu-byte arena",
-				    (unsigned long long)e->out_off, e->out_len,
-				    (unsigned long long)s->arena_size);
+		return kvtd_op_fail(
+		    s, -EINVAL,
+		    "output (out_off %llu, out_len %u) is not 8-byte aligned inside "
+		    "the %llu-byte arena",
+		    (unsigned long long)e->out_off, e->out_len, (unsigned long long)s->arena_size);
 	r = kvtd_seq_topk(s, q, (uint32_t)e->layer, e->k, e->op_flags, query, e->arena_len / 4, out,
 			  e->out_len, &n);
 	c->aux[0] = n;
@@ -294,9 +297,12 @@ unused_nonzero(const struct kvt_sqe *e, unsigned fields, uint64_t *ret_val)
 		const char *name;
 		uint64_t val;
 	} f[] = {
-	    {F_ARENA, "arena_off", e->arena_off}, {F_ARENA, "arena_len", e->arena_len},
-	    {F_COUNT, "count", e->count},	  {F_ARG0, "arg0", e->arg0},
-	    {F_ARG1, "arg1", e->arg1},		  {F_ARG2, "arg2", e->arg2},
+	    {F_ARENA, "arena_off", e->arena_off},
+	    {F_ARENA, "arena_len", e->arena_len},
+	    {F_COUNT, "count", e->count},
+	    {F_ARG0, "arg0", e->arg0},
+	    {F_ARG1, "arg1", e->arg1},
+	    {F_ARG2, "arg2", e->arg2},
 	    {F_BUF, "buf_id", e->buf_id},
 	};
 
@@ -360,7 +366,8 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 	c->aux[0] = c->aux[1] = 0;
 	s->why_set = 0; /* a reason stated outside an op (a restore) must not explain this one */
 	if (e->opcode >= KVT_OP__COUNT) {
-		r = kvtd_op_fail(s, -EINVAL, "unknown opcode %u (this kvtierd knows 0..%u, ABI %u.%u)",
+		r = kvtd_op_fail(s, -EINVAL,
+				 "unknown opcode %u (this kvtierd knows 0..%u, ABI %u.%u)",
 				 e->opcode, KVT_OP__COUNT - 1, KVT_ABI_MAJOR, KVT_ABI_MINOR);
 		goto out;
 	}
@@ -375,9 +382,10 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 	if (def->needs_seq) {
 		/* Out of range is -EINVAL; a valid id with no open sequence behind it, -ENOENT. */
 		if (!e->seq || e->seq > s->max_seqs) {
-			r = kvtd_op_fail(s, -EINVAL,
-					 "seq %u out of range (ids are 1..%u: the id SEQ_OPEN returned)",
-					 e->seq, s->max_seqs);
+			r = kvtd_op_fail(
+			    s, -EINVAL,
+			    "seq %u out of range (ids are 1..%u: the id SEQ_OPEN returned)", e->seq,
+			    s->max_seqs);
 			goto out;
 		}
 		q = kvtd_seq_get(s, e->seq);
@@ -392,14 +400,17 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 		goto out;
 	}
 	if (e->op_flags & ~def->op_flags) {
-		r = kvtd_op_fail(s, -EINVAL, "op_flags %#x has bits %#x this opcode does not define",
+		r = kvtd_op_fail(s, -EINVAL,
+				 "op_flags %#x has bits %#x this opcode does not define",
 				 e->op_flags, e->op_flags & ~def->op_flags);
 		goto out;
 	}
 	field = unused_nonzero(e, def->fields, &val);
 	if (field) {
-		r = kvtd_op_fail(s, -EINVAL, "field %s is %#llx, but this opcode does not use it: "
-				 "it must be 0", field, (unsigned long long)val);
+		r = kvtd_op_fail(s, -EINVAL,
+				 "field %s is %#llx, but this opcode does not use it: "
+				 "it must be 0",
+				 field, (unsigned long long)val);
 		goto out;
 	}
 	if (q) {

@@ -50,6 +50,8 @@ struct kvtd_session {
 	int sq_efd;	       /* client -> daemon doorbell */
 	int cq_efd;	       /* daemon -> client doorbell */
 	int broken;	       /* ring corruption seen: the session is being dropped */
+
+	/* why the last op was refused (ops.c); poller lock */
 	struct kvt_op_err *op_err; /* shared: written only, never read back (ops.c) */
 	uint32_t op_err_gen;	   /* private copy of op_err->gen */
 	int why_set;		   /* why holds the reason of the op being run (kvtd_op_fail) */

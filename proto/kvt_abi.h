@@ -108,8 +108,8 @@ struct kvt_op_err {
 	uint64_t user_data; /* the refused SQE's user_data */
 	uint8_t opcode;	    /* the refused SQE's opcode (as submitted, even if unknown) */
 	uint8_t reserved0[3];
-	uint32_t seq;	      /* the refused SQE's seq */
-	uint64_t reserved[1]; /* zero */
+	uint32_t seq;		      /* the refused SQE's seq */
+	uint64_t reserved[1];	      /* zero */
 	char msg[KVT_OP_ERR_MSG_LEN]; /* "OPNAME: what was wrong", NUL-terminated */
 };
 KVT_STATIC_ASSERT(sizeof(struct kvt_op_err) == 256, "kvt_op_err ABI");

@@ -148,8 +148,7 @@ static inline int
 kvt_op_err_read_retry(const struct kvt_op_err *e, uint32_t gen)
 {
 	atomic_thread_fence(memory_order_acquire);
-	return (gen & 1) ||
-	       atomic_load_explicit(KVT__ATOMIC(&e->gen), memory_order_relaxed) != gen;
+	return (gen & 1) || atomic_load_explicit(KVT__ATOMIC(&e->gen), memory_order_relaxed) != gen;
 }
 
 /* Entries the consumer may read, given its private head and the loaded tail. */

@@ -222,8 +222,7 @@ static const struct refusal Cases[] = {
      "buffer 77 is not registered"},
     {"SCORE_ADD past n", p_score_past_n, -EINVAL, "SCORE_ADD", "pass the sequence's 0 tokens"},
     {"RETIER output too small", p_retier_small, -ENOSPC, "RETIER", "the output needs"},
-    {"SEQ_STAT payload outside the arena", p_arena_outside, -EINVAL, "SEQ_STAT",
-     "inside the"},
+    {"SEQ_STAT payload outside the arena", p_arena_outside, -EINVAL, "SEQ_STAT", "inside the"},
 };
 #define NCASES (sizeof(Cases) / sizeof(Cases[0]))
 
@@ -262,8 +261,8 @@ check_log(const struct refusal *c, uint32_t session, uint64_t ud)
 		}
 	free(line);
 	fclose(f);
-	ck_assert_msg(found == 1, "%s: %d log lines for session %u user_data %#llx", c->what,
-		      found, session, (unsigned long long)ud);
+	ck_assert_msg(found == 1, "%s: %d log lines for session %u user_data %#llx", c->what, found,
+		      session, (unsigned long long)ud);
 }
 
 static uint32_t
