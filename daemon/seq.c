@@ -163,14 +163,15 @@ region_get(struct kvtd_session *s, uint32_t id, uint64_t base, const struct kvt_
 	struct kvt_dev_buf *b = kvtd_session_buf(s, id);
 
 	if (!b) {
-		*ret_err = kvtd_op_fail(s, -ENOENT, "buffer %u is not registered by this session", id);
+		*ret_err =
+		    kvtd_op_fail(s, -ENOENT, "buffer %u is not registered by this session", id);
 		return NULL;
 	}
 	if (!region_fits(kvt_dev_buf_size(b), base, p->layers, layer_stride, kv_stride, slots,
 			 slot_stride, row_bytes)) {
-		*ret_err = kvtd_op_fail(s, -ERANGE,
-					"the layout (%u slots) in buffer %u runs past its %llu bytes",
-					slots, id, (unsigned long long)kvt_dev_buf_size(b));
+		*ret_err = kvtd_op_fail(
+		    s, -ERANGE, "the layout (%u slots) in buffer %u runs past its %llu bytes",
+		    slots, id, (unsigned long long)kvt_dev_buf_size(b));
 		return NULL;
 	}
 	kvt_dev_buf_get(b);
@@ -697,7 +698,8 @@ kvtd_seq_append_t0(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *s
 	int r;
 
 	if (!q->t0_buf)
-		return kvtd_op_fail(s, -EINVAL, "F_T0 on a sequence with no T0 region (t0_buf_id 0)");
+		return kvtd_op_fail(s, -EINVAL,
+				    "F_T0 on a sequence with no T0 region (t0_buf_id 0)");
 	if (ntok > 256)
 		return kvtd_op_fail(s, -E2BIG, "ntok %u: at most 256 tokens from T0 at once", ntok);
 	/* The arena is shared: read each slot id once, then validate the private copy. */
@@ -1087,15 +1089,19 @@ kvtd_seq_fetch(struct kvtd_session *s, struct kvtd_seq *q, unsigned flags, uint3
 	int r;
 
 	if (!q->stage_buf)
-		return kvtd_op_fail(s, -EINVAL, "sequence %u has no staging region (open the "
-				    "sequence with stage_buf_id)", q->id);
+		return kvtd_op_fail(s, -EINVAL,
+				    "sequence %u has no staging region (open the "
+				    "sequence with stage_buf_id)",
+				    q->id);
 	if (!nlayers || layer0 >= p->layers || nlayers > p->layers - layer0)
 		return kvtd_op_fail(s, -EINVAL, "layers %u..+%u outside the sequence's %u layers",
 				    layer0, nlayers, p->layers);
 	if (!flags || flags & ~(KVT_FETCH_F_T1 | KVT_FETCH_F_T2 | KVT_FETCH_F_LIST) ||
 	    ((flags & KVT_FETCH_F_LIST) && flags != KVT_FETCH_F_LIST))
-		return kvtd_op_fail(s, -EINVAL, "op_flags %#x: give F_T1 and/or F_T2, or F_LIST "
-				    "alone", flags);
+		return kvtd_op_fail(s, -EINVAL,
+				    "op_flags %#x: give F_T1 and/or F_T2, or F_LIST "
+				    "alone",
+				    flags);
 	r = seq_ensure_ws(q);
 	if (r < 0)
 		return r;
@@ -1108,8 +1114,8 @@ kvtd_seq_fetch(struct kvtd_session *s, struct kvtd_seq *q, unsigned flags, uint3
 		for (uint32_t i = 0; i < count; i++) {
 			if (pos[i] >= q->ts.n)
 				return kvtd_op_fail(s, -EINVAL,
-						    "position %u (entry %u) >= the %llu tokens", pos[i],
-						    i, (unsigned long long)q->ts.n);
+						    "position %u (entry %u) >= the %llu tokens",
+						    pos[i], i, (unsigned long long)q->ts.n);
 			if ((q->ts.tier[pos[i]] & KVT_TIER_MASK) == KVT_T3)
 				return kvtd_op_fail(s, -ENOENT, "position %u was evicted", pos[i]);
 		}
@@ -1180,12 +1186,15 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 	int r;
 
 	if (!q->paris)
-		return kvtd_op_fail(s, -EINVAL, "sequence %u has no retrieval (open it with "
-				    "ret_update > 0)", q->id);
+		return kvtd_op_fail(s, -EINVAL,
+				    "sequence %u has no retrieval (open it with "
+				    "ret_update > 0)",
+				    q->id);
 	if (layer >= p->layers || !k ||
 	    (flags & ~(KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH | KVT_TOPK_F_ESTIMATE)))
-		return kvtd_op_fail(s, -EINVAL, "layer %u (of %u), k %u (must be > 0), op_flags %#x",
-				    layer, p->layers, k, flags);
+		return kvtd_op_fail(s, -EINVAL,
+				    "layer %u (of %u), k %u (must be > 0), op_flags %#x", layer,
+				    p->layers, k, flags);
 	if (q_len != (uint64_t)qh * p->head_dim)
 		return kvtd_op_fail(s, -EINVAL, "query of %llu f32, needs q_heads x head_dim = %u",
 				    (unsigned long long)q_len, qh * p->head_dim);
@@ -1198,8 +1207,10 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 		return r;
 	*ret_n = (uint64_t)r;
 	if (k > (uint32_t)r)
-		return kvtd_op_fail(s, -ERANGE, "k %u > the %d keys in retrieval at layer %u "
-				    "(attend densely)", k, r, layer);
+		return kvtd_op_fail(s, -ERANGE,
+				    "k %u > the %d keys in retrieval at layer %u "
+				    "(attend densely)",
+				    k, r, layer);
 	/* With KVT_TOPK_F_UNION the stride is k * q_heads / kv_heads: keep it (and every size
 	 * derived from it) far from u32 overflow; no arena could hold such an answer anyway. */
 	if ((flags & KVT_TOPK_F_UNION) && (uint64_t)k * (qh / H) > (1u << 24))
