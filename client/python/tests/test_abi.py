@@ -147,6 +147,16 @@ def test_header_structs_are_all_mirrored():
     assert defined - shared_memory_only <= set(_abi.STRUCTS), defined - set(_abi.STRUCTS)
 
 
+def test_default_socket_is_kvt_abi_h_s():
+    """The Python client connects where kvtierd listens by default: the one definition is
+    KVT_DEFAULT_SOCKET in kvt_abi.h."""
+    import re
+    m = re.search(r'^#define KVT_DEFAULT_SOCKET "([^"]+)"',
+                  (REPO / "proto" / "kvt_abi.h").read_text(), re.M)
+    assert m, "KVT_DEFAULT_SOCKET is not defined in proto/kvt_abi.h"
+    assert _abi.DEFAULT_SOCKET == m.group(1)
+
+
 def test_every_exported_call_is_declared():
     """Every kvt_* the library exports (nm -D) is reachable from Python."""
     nm = shutil.which("nm")
