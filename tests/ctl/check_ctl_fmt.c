@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "ctl_fmt.h"
+#include "kvt_test.h"
 
 static const char status_json[] =
     "{\"version\":\"0.1.0\",\"abi\":{\"major\":1,\"minor\":0},\"backend\":\"host\",\"pid\":123,"
@@ -269,11 +270,5 @@ ctl_fmt_suite(void)
 int
 main(void)
 {
-	SRunner *sr = srunner_create(ctl_fmt_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return kvt_check_run(ctl_fmt_suite());
 }

@@ -24,6 +24,7 @@
 #include "cuda_shim.h"
 #include "harness.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 #define L      2
 #define D      64
@@ -509,8 +510,6 @@ main(int argc, char **argv)
 {
 	Suite *s = suite_create("cuda_client");
 	TCase *t = tcase_create("client");
-	SRunner *sr;
-	int failed;
 
 	tcase_set_timeout(t, 60);
 	if (argc == 3 && !strcmp(argv[1], "stub")) {
@@ -530,9 +529,5 @@ main(int argc, char **argv)
 	tcase_add_test(t, default_driver);
 run:
 	suite_add_tcase(s, t);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return kvt_check_run(s);
 }

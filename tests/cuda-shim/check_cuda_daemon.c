@@ -21,6 +21,7 @@
 #include "harness.h"
 #include "kvt_ctl.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 #define L     2
 #define D     64
@@ -267,22 +268,5 @@ START_TEST(cuda_daemon_host_buffer_refused)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("cuda_daemon");
-	TCase *t = tcase_create("daemon");
-	SRunner *sr;
-	int failed;
-
-	tcase_set_timeout(t, 60);
-	tcase_add_test(t, cuda_daemon_append_fetch_bit_exact);
-	tcase_add_test(t, cuda_daemon_ipc_closed_once);
-	tcase_add_test(t, cuda_daemon_host_buffer_refused);
-	suite_add_tcase(s, t);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+KVT_CHECK_MAIN("cuda_daemon", 60, NULL, NULL, cuda_daemon_append_fetch_bit_exact,
+	       cuda_daemon_ipc_closed_once, cuda_daemon_host_buffer_refused)

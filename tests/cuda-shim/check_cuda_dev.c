@@ -21,6 +21,7 @@
 #include "cuda_shim.h"
 #include "kvt_ctl.h"
 #include "kvt_dev.h"
+#include "kvt_test.h"
 
 #define MIB (1ull << 20)
 
@@ -678,11 +679,5 @@ suite(void)
 int
 main(void)
 {
-	SRunner *sr = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return kvt_check_run(suite());
 }

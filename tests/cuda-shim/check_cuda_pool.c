@@ -15,6 +15,7 @@
 #include "cuda_shim.h"
 #include "kvt_dev.h"
 #include "pool.h"
+#include "kvt_test.h"
 
 #define MIB (1ull << 20)
 
@@ -107,22 +108,5 @@ START_TEST(pool_moves_to_host_alloc_when_pinning_refused)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("cuda_pool");
-	TCase *t = tcase_create("pool");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_checked_fixture(t, setup, NULL);
-	tcase_add_test(t, pool_pinned_in_chunks);
-	tcase_add_test(t, pool_third_chunk_fails_cleanly);
-	tcase_add_test(t, pool_moves_to_host_alloc_when_pinning_refused);
-	suite_add_tcase(s, t);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+KVT_CHECK_MAIN("cuda_pool", 0, setup, NULL, pool_pinned_in_chunks, pool_third_chunk_fails_cleanly,
+	       pool_moves_to_host_alloc_when_pinning_refused)

@@ -35,6 +35,7 @@
 #include "kvt_ring.h"
 #include "kvtd.h"
 #include "session.h"
+#include "kvt_test.h"
 
 #define ARENA (8u << 20)
 
@@ -199,10 +200,7 @@ static unsigned max_sqes = 12; /* per input; long runs raise it (KVT_FUZZ_SQES) 
 static uint32_t
 rnd(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (uint32_t)(rng >> 32);
+	return (uint32_t)(kvt_test_xorshift(&rng) >> 32);
 }
 
 /* Small numbers, edges, and now and then anything. */

@@ -25,6 +25,7 @@
 #include "kvt_abi.h"
 #include "kvt_ctl.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 #define VICTIMS	   40
 #define L	   2
@@ -35,15 +36,6 @@
 #define STAGE_ROWS 2048
 
 static struct kvtd_proc D;
-
-static uint64_t
-xs(uint64_t *s)
-{
-	*s ^= *s << 13;
-	*s ^= *s >> 7;
-	*s ^= *s << 17;
-	return *s;
-}
 
 /* A victim's life: everything at once until the signal lands. Never returns normally. */
 static void
@@ -82,9 +74,9 @@ victim(unsigned id, int ready_fd)
 	if (kvt_seq_open(c, &p, &seq) < 0)
 		_exit(11);
 	for (size_t i = 0; i < sizeof(rows) / 2; i++)
-		rows[i] = (uint16_t)(0x3000 + xs(&s) % 0x0c00);
+		rows[i] = (uint16_t)(0x3000 + kvt_test_xorshift(&s) % 0x0c00);
 	for (int i = 0; i < 2 * H * DIM; i++)
-		q[i] = (float)(xs(&s) % 1000) / 1000.0f - 0.5f;
+		q[i] = (float)(kvt_test_xorshift(&s) % 1000) / 1000.0f - 0.5f;
 	if (write(ready_fd, "x", 1) != 1)
 		_exit(12);
 	for (uint64_t n = 0;; n += 32) {
@@ -96,22 +88,22 @@ victim(unsigned id, int ready_fd)
 		if (kvt_append(c, seq, rows, sizeof(rows), 32, NULL) < 0)
 			_exit(14);
 		for (int i = 0; i < 32; i++)
-			w[i] = (float)(xs(&s) % 100) / 100.0f;
+			w[i] = (float)(kvt_test_xorshift(&s) % 100) / 100.0f;
 		if (kvt_score_add(c, seq, n, w, 32) < 0)
 			_exit(15);
 		(void)kvt_retier(c, seq, out, sizeof(out)); /* -ENOMEM/-EDQUOT allowed */
-		(void)kvt_topk(c, seq, (uint32_t)(xs(&s) % L), 8,
-			       xs(&s) % 2 ? KVT_TOPK_F_FETCH : KVT_TOPK_F_ESTIMATE, q, 2 * H * DIM,
-			       out, sizeof(out));
+		(void)kvt_topk(c, seq, (uint32_t)(kvt_test_xorshift(&s) % L), 8,
+			       kvt_test_xorshift(&s) % 2 ? KVT_TOPK_F_FETCH : KVT_TOPK_F_ESTIMATE,
+			       q, 2 * H * DIM, out, sizeof(out));
 		(void)kvt_fetch(c, seq, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, L, 0, pos, STAGE_ROWS);
-		if (!tmp && xs(&s) % 4 == 0) {
+		if (!tmp && kvt_test_xorshift(&s) % 4 == 0) {
 			if (kvt_buf_alloc(c, 1 << 20, &tmp) < 0)
 				tmp = NULL;
-		} else if (tmp && xs(&s) % 4 == 0) {
+		} else if (tmp && kvt_test_xorshift(&s) % 4 == 0) {
 			kvt_buf_free(c, tmp);
 			tmp = NULL;
 		}
-		if (!extra && xs(&s) % 8 == 0) { /* a second sequence, left open */
+		if (!extra && kvt_test_xorshift(&s) % 8 == 0) { /* a second sequence, left open */
 			struct kvt_seq_params p2 = p;
 
 			p2.ret_update = 0;
@@ -206,7 +198,7 @@ kill_one(unsigned id, uint64_t *s)
 	close(p[1]);
 	ck_assert_int_eq(read(p[0], &ch, 1), 1); /* set up, now working */
 	close(p[0]);
-	usleep((useconds_t)(xs(s) % 30000));
+	usleep((useconds_t)(kvt_test_xorshift(s) % 30000));
 	kill(v, SIGKILL);
 	ck_assert_int_eq(waitpid(v, &st, 0), v);
 	/* died by the signal, not by a failed request */
@@ -259,20 +251,4 @@ START_TEST(t_chaos)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("chaos");
-	TCase *tc = tcase_create("chaos");
-	SRunner *sr;
-	int failed;
-
-	tcase_set_timeout(tc, 300);
-	tcase_add_test(tc, t_chaos);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+KVT_CHECK_MAIN("chaos", 300, NULL, NULL, t_chaos)

@@ -28,6 +28,7 @@
 #include "kvt_abi.h"
 #include "kvt_ctl.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 #define NOBODY	    65534
 #define GROUP_USE   4242 /* in allowed_gids */
@@ -273,22 +274,5 @@ START_TEST(t_sessions_visible_to_owner_and_admins)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("ctl_access");
-	TCase *tc = tcase_create("ctl_access");
-	SRunner *sr;
-	int failed;
-
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, t_refused_uid_reads_eacces);
-	tcase_add_test(tc, t_allowed_gids_supplementary);
-	tcase_add_test(tc, t_sessions_visible_to_owner_and_admins);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+KVT_CHECK_MAIN("ctl_access", 120, NULL, NULL, t_refused_uid_reads_eacces,
+	       t_allowed_gids_supplementary, t_sessions_visible_to_owner_and_admins)

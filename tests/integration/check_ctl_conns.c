@@ -21,6 +21,7 @@
 #include "harness.h"
 #include "kvt_abi.h"
 #include "kvt_ctl.h"
+#include "kvt_test.h"
 
 /* A spinning main thread takes up to 100 ticks a second (less on a loaded machine: 27 a second
  * was seen); an idle one a few in all, sanitizers included. */
@@ -250,22 +251,4 @@ START_TEST(t_emfile)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("ctl_conns");
-	TCase *tc = tcase_create("ctl_conns");
-	SRunner *sr;
-	int failed;
-
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, t_admin_idle_timeout);
-	tcase_add_test(tc, t_max_connections);
-	tcase_add_test(tc, t_emfile);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+KVT_CHECK_MAIN("ctl_conns", 120, NULL, NULL, t_admin_idle_timeout, t_max_connections, t_emfile)

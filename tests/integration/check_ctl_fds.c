@@ -21,6 +21,7 @@
 #include "harness.h"
 #include "kvt_ctl.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 static struct kvtd_proc D;
 
@@ -158,21 +159,4 @@ down(void)
 	ck_assert_int_eq(daemon_stop(&D), 0);
 }
 
-int
-main(void)
-{
-	Suite *s = suite_create("ctl_fds");
-	TCase *tc = tcase_create("ctl_fds");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_checked_fixture(tc, up, down);
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, t_passed_fds_never_stay);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("ctl_fds", 60, up, down, t_passed_fds_never_stay)

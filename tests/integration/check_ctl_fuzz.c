@@ -29,6 +29,7 @@
 #include "kvt_abi.h"
 #include "kvt_ctl.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 #define ROUNDS 400 /* connections; $KVT_CTL_FUZZ_ROUNDS overrides (tests/fuzz/long.sh) */
 
@@ -377,21 +378,4 @@ teardown(void)
 	ck_assert_int_eq(daemon_stop(&D), 0);
 }
 
-int
-main(void)
-{
-	Suite *s = suite_create("ctl_fuzz");
-	TCase *tc = tcase_create("ctl_fuzz");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_checked_fixture(tc, setup, teardown);
-	tcase_set_timeout(tc, 300);
-	tcase_add_test(tc, t_ctl_fuzz);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+KVT_CHECK_MAIN("ctl_fuzz", 300, setup, teardown, t_ctl_fuzz)

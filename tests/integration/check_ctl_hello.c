@@ -17,6 +17,7 @@
 #include "harness.h"
 #include "kvt_abi.h"
 #include "kvt_ctl.h"
+#include "kvt_test.h"
 
 static struct kvtd_proc D;
 
@@ -150,22 +151,4 @@ teardown(void)
 	ck_assert_int_eq(daemon_stop(&D), 0);
 }
 
-int
-main(void)
-{
-	Suite *s = suite_create("ctl_hello");
-	TCase *tc = tcase_create("ctl_hello");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_checked_fixture(tc, setup, teardown);
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, t_hello_huge_sizes);
-	tcase_add_test(tc, t_hello_reserved_nonzero);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+KVT_CHECK_MAIN("ctl_hello", 60, setup, teardown, t_hello_huge_sizes, t_hello_reserved_nonzero)

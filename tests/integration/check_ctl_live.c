@@ -17,6 +17,7 @@
 #include "harness.h"
 #include "kvt_ctl.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 static struct kvtd_proc D;
 
@@ -287,8 +288,6 @@ main(void)
 {
 	Suite *s = suite_create("ctl-live");
 	TCase *tc = tcase_create("ctl-live");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_checked_fixture(tc, up, down);
 	tcase_add_test(tc, t_status_clients_seqs);
@@ -298,9 +297,5 @@ main(void)
 	tc = tcase_create("notify");
 	tcase_add_test(tc, t_sd_notify);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return kvt_check_run(s);
 }

@@ -19,6 +19,7 @@
 
 #include "harness.h"
 #include "kvt_ctl.h"
+#include "kvt_test.h"
 
 /* The whole log of a daemon, NUL-terminated (static). */
 static const char *
@@ -181,24 +182,6 @@ START_TEST(t_second_daemon_refuses_before_pool)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("ctl_startup");
-	TCase *tc = tcase_create("ctl_startup");
-	SRunner *sr;
-	int failed;
-
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, t_socket_path_regular_file);
-	tcase_add_test(tc, t_socket_path_stale_socket);
-	tcase_add_test(tc, t_exit_unlinks_only_own_socket);
-	tcase_add_test(tc, t_config_directory);
-	tcase_add_test(tc, t_second_daemon_refuses_before_pool);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+KVT_CHECK_MAIN("ctl_startup", 60, NULL, NULL, t_socket_path_regular_file,
+	       t_socket_path_stale_socket, t_exit_unlinks_only_own_socket, t_config_directory,
+	       t_second_daemon_refuses_before_pool)

@@ -22,6 +22,7 @@
 #include "kvt_ctl.h"
 #include "kvt_ring.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 static struct kvtd_proc D;
 
@@ -771,11 +772,5 @@ suite(void)
 int
 main(void)
 {
-	SRunner *sr = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return kvt_check_run(suite());
 }

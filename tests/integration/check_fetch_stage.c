@@ -16,6 +16,7 @@
 
 #include "harness.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 enum { L = 3, H = 2, D = 16, NTOK = 40, STAGE = 64 };
 #define ROW	 (H * D)       /* floats per (token, layer, K|V) */
@@ -77,8 +78,7 @@ fixture_open(struct fixture *f)
 	p.stage_layer_stride = 2ull * STAGE * ROW * 4;
 	ck_assert_int_eq(kvt_seq_open(f->c, &p, &f->seq), 0);
 	for (int i = 0; i < NTOK * TOK; i++) {
-		s = s * 6364136223846793005ull + 1442695040888963407ull;
-		f->ref[i] = (float)((s >> 40) & 0xffff) / 65536.0f - 0.5f;
+		f->ref[i] = (float)((kvt_test_lcg(&s) >> 40) & 0xffff) / 65536.0f - 0.5f;
 	}
 	ck_assert_int_eq(kvt_append(f->c, f->seq, f->ref, sizeof(f->ref), NTOK, NULL), NTOK);
 }
@@ -187,22 +187,4 @@ down(void)
 	ck_assert_int_eq(daemon_stop(&Dm), 0);
 }
 
-int
-main(void)
-{
-	Suite *s = suite_create("fetch_stage");
-	TCase *tc = tcase_create("fetch_stage");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_checked_fixture(tc, up, down);
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, t_stage_row_t1);
-	tcase_add_test(tc, t_stage_row_list);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("fetch_stage", 60, up, down, t_stage_row_t1, t_stage_row_list)

@@ -20,6 +20,7 @@
 #include "harness.h"
 #include "kvt_ctl.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 static struct kvtd_proc D;
 
@@ -154,22 +155,4 @@ down(void)
 	ck_assert_int_eq(daemon_stop(&D), 0);
 }
 
-int
-main(void)
-{
-	Suite *s = suite_create("hello_abi");
-	TCase *tc = tcase_create("hello_abi");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_checked_fixture(tc, up, down);
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, t_other_majors_refused);
-	tcase_add_test(tc, t_same_major_any_minor);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("hello_abi", 60, up, down, t_other_majors_refused, t_same_major_any_minor)

@@ -17,6 +17,7 @@
 
 #include "harness.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 enum { L = 2, H = 2, D = 64, NTOK = 512 };
 #define ROW (H * D)
@@ -227,22 +228,4 @@ down(void)
 	ck_assert_int_eq(daemon_stop(&Dm), 0);
 }
 
-int
-main(void)
-{
-	Suite *s = suite_create("isolation");
-	TCase *tc = tcase_create("isolation");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_checked_fixture(tc, up, down);
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, t_ids_are_per_session);
-	tcase_add_test(tc, t_no_starvation);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("isolation", 120, up, down, t_ids_are_per_session, t_no_starvation)

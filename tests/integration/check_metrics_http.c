@@ -26,6 +26,7 @@
 #include "kvt_abi.h"
 #include "kvt_ctl.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 static struct kvtd_proc D;
 
@@ -276,21 +277,4 @@ START_TEST(t_metrics_not_loopback)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("metrics_http");
-	TCase *tc = tcase_create("metrics_http");
-	SRunner *sr;
-	int failed;
-
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, t_metrics_http);
-	tcase_add_test(tc, t_metrics_not_loopback);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+KVT_CHECK_MAIN("metrics_http", 120, NULL, NULL, t_metrics_http, t_metrics_not_loopback)

@@ -36,6 +36,7 @@
 #include "kvtier.h"
 
 #include "../../daemon/restart.h"
+#include "kvt_test.h"
 
 enum { L = 2, H = 2, D = 64, STEP_TOK = 16, STEPS = 90, PAUSE_AT = 40, STAGE = 2048 };
 #define ROW (H * D)	  /* floats per (token, layer, K|V) */
@@ -65,8 +66,7 @@ fnv(uint64_t h, const void *p, size_t n)
 static uint64_t
 rnd(uint64_t *s)
 {
-	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
-	return *s >> 11;
+	return kvt_test_lcg(s) >> 11;
 }
 
 static float
@@ -566,24 +566,5 @@ START_TEST(t_restart_not_admin)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("restart");
-	TCase *tc = tcase_create("restart");
-	SRunner *sr;
-	int failed;
-
-	tcase_set_timeout(tc, 300);
-	tcase_add_test(tc, t_restart_lossless);
-	tcase_add_test(tc, t_restart_refused_image);
-	tcase_add_test(tc, t_restart_keeps_quota);
-	tcase_add_test(tc, t_restart_lowered_limits);
-	tcase_add_test(tc, t_restart_not_admin);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("restart", 300, NULL, NULL, t_restart_lossless, t_restart_refused_image,
+	       t_restart_keeps_quota, t_restart_lowered_limits, t_restart_not_admin)

@@ -14,6 +14,7 @@
 
 #include "harness.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 enum { L = 1, H = 1, D = 8, SLOTS = 8, DELTA = 2, STEPS = 150 };
 
@@ -22,8 +23,7 @@ static struct kvtd_proc Dm;
 static uint32_t
 rnd(uint64_t *s)
 {
-	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
-	return (uint32_t)(*s >> 33);
+	return (uint32_t)(kvt_test_lcg(s) >> 33);
 }
 
 static void
@@ -106,21 +106,4 @@ down(void)
 	ck_assert_int_eq(daemon_stop(&Dm), 0);
 }
 
-int
-main(void)
-{
-	Suite *s = suite_create("retier_size");
-	TCase *tc = tcase_create("retier_size");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_checked_fixture(tc, up, down);
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, t_retier_out_size_holds);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+KVT_CHECK_MAIN("retier_size", 120, up, down, t_retier_out_size_holds)

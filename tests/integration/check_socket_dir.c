@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "kvt_test.h"
 
 static const char *
 read_log(const char *path)
@@ -56,19 +57,4 @@ START_TEST(t_socket_dir_missing)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("socket_dir");
-	TCase *tc = tcase_create("start");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_test(tc, t_socket_dir_missing);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("socket_dir", 0, NULL, NULL, t_socket_dir_missing)

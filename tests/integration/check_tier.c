@@ -15,6 +15,7 @@
 
 #include "harness.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 enum { L = 2, H = 2, D = 32, SLOTS = 256, DELTA = 16, STEPS = 600 };
 #define ROW (H * D)	  /* floats per (token, layer, K|V) */
@@ -38,8 +39,7 @@ struct client {
 static float
 frand(uint64_t *s)
 {
-	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
-	return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
+	return (float)((kvt_test_lcg(s) >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
 }
 
 static float *
@@ -487,8 +487,6 @@ main(void)
 {
 	Suite *s = suite_create("tier");
 	TCase *tc = tcase_create("tier");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_checked_fixture(tc, up, down);
 	tcase_set_timeout(tc, 120);
@@ -497,9 +495,5 @@ main(void)
 	tcase_add_test(tc, t_t2_key_channel);
 	tcase_add_test(tc, t_bad_input);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return kvt_check_run(s);
 }

@@ -14,24 +14,13 @@
 
 #include "harness.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 enum { L = 2, H = 2, QH = 4, D = 64, S = 4, W = 64, U = 32, N_TOK = 4096, K = 64 };
 #define ROW (H * D)
 #define TOK (L * 2 * ROW)
 
 static struct kvtd_proc Dm;
-
-static float
-gauss(uint64_t *s)
-{
-	float u, v;
-
-	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
-	u = ((*s >> 40) + 1) / 16777217.0f;
-	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
-	v = (*s >> 40) / 16777216.0f;
-	return sqrtf(-2 * logf(u)) * cosf(6.2831853f * v);
-}
 
 struct fixture {
 	struct kvt_client *c;
@@ -72,7 +61,8 @@ open_seq_p(struct fixture *f, int retrieval, uint8_t policy, float evict)
 	for (uint64_t i = 0; i < (uint64_t)TOK * N_TOK; i++) {
 		uint32_t d = i % D;
 
-		f->ref[i] = gauss(&rng) * (d == 3 || d == 17 ? 6.0f : 1.0f + (d % 8) * 0.1f);
+		f->ref[i] =
+		    kvt_test_lcg_gauss(&rng) * (d == 3 || d == 17 ? 6.0f : 1.0f + (d % 8) * 0.1f);
 	}
 	for (uint32_t t = 0; t < N_TOK; t += 256)
 		ck_assert_int_eq(kvt_append(f->c, f->seq, f->ref + (uint64_t)t * TOK,
@@ -102,7 +92,7 @@ query_near(const struct fixture *f, uint32_t layer, uint32_t target, float noise
 		for (int d = 0; d < D; d++)
 			q[h * D + d] = f->ref[(uint64_t)target * TOK + 2 * layer * ROW +
 					      (h / (QH / H)) * D + d] +
-				       noise * gauss(rng);
+				       noise * kvt_test_lcg_gauss(rng);
 }
 
 /* Exact <key, mean of kv head h's query heads> over the @nret retrieval-zone keys. */
@@ -141,7 +131,7 @@ START_TEST(t_recall_and_fetch)
 		const float *score = (const float *)(pos + H * K);
 
 		/* A query near a random retrieval-zone key of head 0, plus noise. */
-		uint32_t target = S + (uint32_t)(gauss(&rng) * 1e6f) % nret;
+		uint32_t target = S + (uint32_t)(kvt_test_lcg_gauss(&rng) * 1e6f) % nret;
 
 		query_near(&f, layer, target, 0.3f, &rng, q);
 		stride =
@@ -205,7 +195,8 @@ START_TEST(t_estimate)
 	open_seq(&f, 1);
 	nret = U * ((N_TOK - S - W) / U);
 	for (int trial = 0; trial < 8; trial++) {
-		uint32_t layer = trial % L, target = S + (uint32_t)(gauss(&rng) * 1e6f) % nret;
+		uint32_t layer = trial % L,
+			 target = S + (uint32_t)(kvt_test_lcg_gauss(&rng) * 1e6f) % nret;
 		const uint32_t *n = (const void *)out, *pos = n + H;
 		const float *score = (const float *)(pos + H * K);
 
@@ -346,24 +337,4 @@ down(void)
 	ck_assert_int_eq(daemon_stop(&Dm), 0);
 }
 
-int
-main(void)
-{
-	Suite *s = suite_create("topk");
-	TCase *tc = tcase_create("topk");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_checked_fixture(tc, up, down);
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, t_recall_and_fetch);
-	tcase_add_test(tc, t_estimate);
-	tcase_add_test(tc, t_evicted);
-	tcase_add_test(tc, t_bad_topk);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("topk", 120, up, down, t_recall_and_fetch, t_estimate, t_evicted, t_bad_topk)

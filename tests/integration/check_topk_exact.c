@@ -26,6 +26,7 @@
 
 #include "harness.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 enum { L = 2, H = 2, QH = 4, G = QH / H, D = 64, S = 4, W = 16, U = 16 };
 #define ROW	(H * D)
@@ -41,18 +42,6 @@ struct fixture {
 	uint64_t rng;
 	float *ref; /* [MAX_TOK][TOK] */
 };
-
-static float
-gauss(uint64_t *s)
-{
-	float u, v;
-
-	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
-	u = ((*s >> 40) + 1) / 16777217.0f;
-	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
-	v = (*s >> 40) / 16777216.0f;
-	return sqrtf(-2 * logf(u)) * cosf(6.2831853f * v);
-}
 
 static void
 fixture_open(struct fixture *f)
@@ -79,7 +68,7 @@ fixture_open(struct fixture *f)
 	ck_assert_ptr_nonnull(f->ref);
 	/* Keys with outlier channels, as real keys have: the estimates are then visibly off. */
 	for (uint64_t i = 0; i < (uint64_t)TOK * MAX_TOK; i++)
-		f->ref[i] = gauss(&f->rng) * (i % D == 3 || i % D == 17 ? 5.0f : 1.0f);
+		f->ref[i] = kvt_test_lcg_gauss(&f->rng) * (i % D == 3 || i % D == 17 ? 5.0f : 1.0f);
 }
 
 static void
@@ -148,7 +137,7 @@ topk_check(struct fixture *f, uint32_t zone, uint32_t layer, uint32_t k, unsigne
 	int r;
 
 	for (int i = 0; i < QH * D; i++)
-		q[i] = gauss(&f->rng);
+		q[i] = kvt_test_lcg_gauss(&f->rng);
 	r = kvt_topk(f->c, f->seq, layer, k, flags, q, QH * D, out, sizeof(out));
 	ck_assert_msg(r == (int)stride, "TOPK k %u: %d (%s)", k, r, kvt_strerror(r));
 	for (uint32_t h = 0; h < H; h++) {
@@ -246,22 +235,4 @@ down(void)
 	ck_assert_int_eq(daemon_stop(&Dm), 0);
 }
 
-int
-main(void)
-{
-	Suite *s = suite_create("topk_exact");
-	TCase *tc = tcase_create("topk_exact");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_checked_fixture(tc, up, down);
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, t_scores_exact);
-	tcase_add_test(tc, t_union_scores_exact);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("topk_exact", 120, up, down, t_scores_exact, t_union_scores_exact)

@@ -38,6 +38,7 @@
 #include "kvt_ctl.h"
 #include "kvt_ring.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 #define DEADLINE_S 5
 #define SPIN_US	   50 /* the daemon's --spin-us: idle time before its poller sleeps */
@@ -51,15 +52,6 @@ now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static uint64_t
-xs(uint64_t *s)
-{
-	*s ^= *s << 13;
-	*s ^= *s >> 7;
-	*s ^= *s << 17;
-	return *s;
 }
 
 /* One completion within DEADLINE_S, or -ETIME. Peeks only: a wait that sleeps on the CQ
@@ -228,7 +220,7 @@ START_TEST(t_submit_races_sleep)
 		/* an idle gap of 0-3x the spin time, busy (a sleep's own slack is larger than
 		 * the spin time): the submit lands before, during and after the poller's
 		 * decision to sleep */
-		uint64_t gap = xs(&s) % (3 * SPIN_US * 1000), t0 = now_ns();
+		uint64_t gap = kvt_test_xorshift(&s) % (3 * SPIN_US * 1000), t0 = now_ns();
 
 		while (now_ns() - t0 < gap)
 			;
@@ -453,7 +445,7 @@ worker_main(void *arg)
 	seq = (uint32_t)r;
 	arena = kvt_arena(c, NULL);
 	for (int b = 0; b < BATCHES; b++) {
-		unsigned want = 1 + xs(&s) % SQ, got = 0;
+		unsigned want = 1 + kvt_test_xorshift(&s) % SQ, got = 0;
 
 		for (; got < want; got++) {
 			struct kvt_sqe *e = kvt_get_sqe(c);
@@ -467,7 +459,7 @@ worker_main(void *arg)
 				FAIL(w, "user_data %llu still in flight 65536 ops later",
 				     (unsigned long long)(next - 65536));
 			f->live = 1;
-			f->kind = xs(&s) % 3;
+			f->kind = kvt_test_xorshift(&s) % 3;
 			e->user_data = ud;
 			if (f->kind == K_NOP) {
 				e->opcode = KVT_OP_NOP;
@@ -499,7 +491,7 @@ worker_main(void *arg)
 					e->seq = seq;
 					e->count = 1;
 					e->arena_len = 4;
-					e->arg0 = xs(&s) % ntok;
+					e->arg0 = kvt_test_xorshift(&s) % ntok;
 					f->res = 0;
 				}
 			}
@@ -508,7 +500,8 @@ worker_main(void *arg)
 		if ((r = kvt_submit(c)) != (int)got)
 			FAIL(w, "submit: %d of %u", r, got);
 		/* reap some now, the rest later, or all: CQEs of several batches mix */
-		for (unsigned n = xs(&s) % 4 ? kvt_inflight(c) : kvt_inflight(c) / 2; n; n--) {
+		for (unsigned n = kvt_test_xorshift(&s) % 4 ? kvt_inflight(c) : kvt_inflight(c) / 2;
+		     n; n--) {
 			struct kvt_cqe cqe;
 			struct inflight *f;
 
@@ -533,8 +526,8 @@ worker_main(void *arg)
 				     (unsigned long long)cqe.user_data,
 				     (unsigned long long)cqe.aux[0], (unsigned long long)f->first);
 		}
-		if (xs(&s) % 8 == 0) { /* idle: the poller may go to sleep */
-			struct timespec gap = {0, (long)(xs(&s) % 200000)};
+		if (kvt_test_xorshift(&s) % 8 == 0) { /* idle: the poller may go to sleep */
+			struct timespec gap = {0, (long)(kvt_test_xorshift(&s) % 200000)};
 
 			nanosleep(&gap, NULL);
 		}
@@ -610,8 +603,6 @@ main(void)
 {
 	Suite *s = suite_create("wakeup");
 	TCase *tc = tcase_create("one_poller");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_checked_fixture(tc, up_one, down);
 	tcase_set_timeout(tc, 120);
@@ -624,9 +615,5 @@ main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, t_threads_stress);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return kvt_check_run(s);
 }

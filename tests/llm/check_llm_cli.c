@@ -14,6 +14,7 @@
 #include <json-c/json.h>
 
 #include "llm_test.h"
+#include "kvt_test.h"
 
 struct run {
 	int status;
@@ -161,8 +162,6 @@ main(void)
 {
 	Suite *s = suite_create("llm_cli");
 	TCase *tc = tcase_create("cli");
-	SRunner *sr;
-	int failed;
 
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_help);
@@ -171,9 +170,5 @@ main(void)
 	tcase_add_test(tc, test_not_gguf);
 	tcase_add_test(tc, test_json_run);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return kvt_check_run(s);
 }

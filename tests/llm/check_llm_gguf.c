@@ -13,6 +13,7 @@
 
 #include "gguf.h"
 #include "llm_quant.h"
+#include "kvt_test.h"
 
 /* ---- a minimal GGUF writer --------------------------------------------------------------- */
 
@@ -503,29 +504,7 @@ START_TEST(test_bad_tensor_info)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("llm_gguf");
-	TCase *tc = tcase_create("gguf");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_test(tc, test_roundtrip_mmap);
-	tcase_add_test(tc, test_roundtrip_memory);
-	tcase_add_test(tc, test_missing_file);
-	tcase_add_test(tc, test_truncated);
-	tcase_add_test(tc, test_bad_magic);
-	tcase_add_test(tc, test_bad_version);
-	tcase_add_test(tc, test_offset_beyond_file);
-	tcase_add_test(tc, test_misaligned_offset);
-	tcase_add_test(tc, test_absurd_counts);
-	tcase_add_test(tc, test_nested_array_and_duplicates);
-	tcase_add_test(tc, test_bad_tensor_info);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+KVT_CHECK_MAIN("llm_gguf", 0, NULL, NULL, test_roundtrip_mmap, test_roundtrip_memory,
+	       test_missing_file, test_truncated, test_bad_magic, test_bad_version,
+	       test_offset_beyond_file, test_misaligned_offset, test_absurd_counts,
+	       test_nested_array_and_duplicates, test_bad_tensor_info)

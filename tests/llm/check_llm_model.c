@@ -19,6 +19,7 @@
 
 #include "llm_test.h"
 #include "simd.h"
+#include "kvt_test.h"
 
 static struct llm_model *model;
 static struct llm_tok *tok;
@@ -458,8 +459,6 @@ main(void)
 {
 	Suite *s = suite_create("llm_model");
 	TCase *tc = tcase_create("model");
-	SRunner *sr;
-	int failed;
 
 	llm_test_model_or_skip("check_llm_model");
 	tcase_add_checked_fixture(tc, setup, teardown);
@@ -473,9 +472,5 @@ main(void)
 	tcase_add_test(tc, test_contract_violations);
 	tcase_add_test(tc, test_seeded_sampling);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return kvt_check_run(s);
 }

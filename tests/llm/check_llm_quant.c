@@ -12,6 +12,7 @@
 #include "gguf.h"
 #include "llm_quant.h"
 #include "simd.h"
+#include "kvt_test.h"
 
 START_TEST(test_f16_all)
 {
@@ -244,17 +245,11 @@ main(void)
 {
 	Suite *s = suite_create("llm_quant");
 	TCase *tc = tcase_create("quant");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, test_f16_all);
 	tcase_add_test(tc, test_dequant_known_blocks);
 	tcase_add_loop_test(tc, test_dequant_and_dot, 0, sizeof(types) / sizeof(types[0]));
 	tcase_add_test(tc, test_matvec_rows);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return kvt_check_run(s);
 }

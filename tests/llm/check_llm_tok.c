@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "llm_test.h"
+#include "kvt_test.h"
 
 static struct llm_model *model;
 static struct llm_tok *tok;
@@ -211,8 +212,6 @@ main(void)
 {
 	Suite *s = suite_create("llm_tok");
 	TCase *tc = tcase_create("tok");
-	SRunner *sr;
-	int failed;
 
 	llm_test_model_or_skip("check_llm_tok");
 	tcase_add_checked_fixture(tc, setup, teardown);
@@ -223,9 +222,5 @@ main(void)
 	tcase_add_test(tc, test_specials);
 	tcase_add_test(tc, test_chat_prompt);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return kvt_check_run(s);
 }

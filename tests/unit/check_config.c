@@ -9,6 +9,7 @@
 
 #include "config.h"
 #include "kvt_dev.h"
+#include "kvt_test.h"
 
 static char path[64];
 
@@ -232,26 +233,5 @@ START_TEST(t_config_keys)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("config");
-	TCase *tc = tcase_create("config");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_test(tc, t_defaults_without_file);
-	tcase_add_test(tc, t_file_then_flags);
-	tcase_add_test(tc, t_bad_values);
-	tcase_add_test(tc, t_bad_flags);
-	tcase_add_test(tc, t_missing_explicit_file);
-	tcase_add_test(tc, t_sizes);
-	tcase_add_test(tc, t_shipped_example);
-	tcase_add_test(tc, t_config_keys);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("config", 0, NULL, NULL, t_defaults_without_file, t_file_then_flags, t_bad_values,
+	       t_bad_flags, t_missing_explicit_file, t_sizes, t_shipped_example, t_config_keys)

@@ -12,6 +12,7 @@
 #include "kvt_ring.h"
 #include "kvtd.h"
 #include "session.h"
+#include "kvt_test.h"
 
 static struct kvtd D;
 static struct kvtd_session *S;
@@ -227,27 +228,6 @@ START_TEST(t_slice_ends_a_turn)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("ops");
-	TCase *tc = tcase_create("ops");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_checked_fixture(tc, setup, teardown);
-	tcase_add_test(tc, t_nop_and_unknown);
-	tcase_add_test(tc, t_every_unused_field_checked);
-	tcase_add_test(tc, t_arena_bounds);
-	tcase_add_test(tc, t_seq_ids);
-	tcase_add_test(tc, t_cq_full_leaves_sqes);
-	tcase_add_test(tc, t_unstamped_entries_wait);
-	tcase_add_test(tc, t_garbage_tail_breaks_session);
-	tcase_add_test(tc, t_slice_ends_a_turn);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("ops", 0, setup, teardown, t_nop_and_unknown, t_every_unused_field_checked,
+	       t_arena_bounds, t_seq_ids, t_cq_full_leaves_sqes, t_unstamped_entries_wait,
+	       t_garbage_tail_breaks_session, t_slice_ends_a_turn)

@@ -21,6 +21,7 @@
 #include "simd.h"
 #include "srht.h"
 #include "test_req.h"
+#include "kvt_test.h"
 
 /* ---- deterministic data ---- */
 
@@ -1922,11 +1923,5 @@ paris_suite(void)
 int
 main(void)
 {
-	SRunner *sr = srunner_create(paris_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return kvt_check_run(paris_suite());
 }

@@ -9,6 +9,7 @@
 
 #include "config.h"
 #include "pool.h"
+#include "kvt_test.h"
 
 static struct kvtd_pool P;
 
@@ -322,28 +323,6 @@ START_TEST(t_claim_rebuild)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("pool");
-	TCase *tc = tcase_create("pool");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_checked_fixture(tc, setup, teardown);
-	tcase_add_test(tc, t_classes);
-	tcase_add_test(tc, t_alloc_free_distinct);
-	tcase_add_test(tc, t_all_or_nothing);
-	tcase_add_test(tc, t_chunks_return_across_classes);
-	tcase_add_test(tc, t_reuse_after_free);
-	tcase_add_test(tc, t_quota);
-	tcase_add_test(tc, t_bad_init);
-	tcase_add_test(tc, t_memfd_shared);
-	tcase_add_test(tc, t_claim_rebuild);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("pool", 0, setup, teardown, t_classes, t_alloc_free_distinct, t_all_or_nothing,
+	       t_chunks_return_across_classes, t_reuse_after_free, t_quota, t_bad_init,
+	       t_memfd_shared, t_claim_rebuild)

@@ -16,6 +16,7 @@
 
 #include "kvt_ctl.h"
 #include "prom.h"
+#include "kvt_test.h"
 
 static const char status_json[] =
     "{\"version\":\"0.1.0\",\"abi\":{\"major\":1,\"minor\":0},\"backend\":\"host\",\"pid\":123,"
@@ -444,11 +445,5 @@ prom_suite(void)
 int
 main(void)
 {
-	SRunner *sr = srunner_create(prom_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return kvt_check_run(prom_suite());
 }

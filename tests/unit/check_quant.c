@@ -17,17 +17,14 @@
 #include "simd.h"
 
 #include "test_req.h"
+#include "kvt_test.h"
 
 static uint64_t rng_state = 0x9a7;
 
 static uint64_t
 rnd(void)
 {
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
+	return kvt_test_splitmix(&rng_state);
 }
 
 /* Standard normal-ish value (sum of uniforms), enough for test data. */
@@ -446,28 +443,6 @@ START_TEST(test_errors)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("quant");
-	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
-
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, test_f16_vs_f16c);
-	tcase_add_test(tc, test_bf16);
-	tcase_add_test(tc, test_simd_exact);
-	tcase_add_test(tc, test_error_bound);
-	tcase_add_test(tc, test_channel_outliers);
-	tcase_add_test(tc, test_special_groups);
-	tcase_add_test(tc, test_gather);
-	tcase_add_test(tc, test_to_f32);
-	tcase_add_test(tc, test_errors);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+KVT_CHECK_MAIN("quant", 60, NULL, NULL, test_f16_vs_f16c, test_bf16, test_simd_exact,
+	       test_error_bound, test_channel_outliers, test_special_groups, test_gather,
+	       test_to_f32, test_errors)

@@ -13,6 +13,7 @@
 
 #include "kvt_abi.h"
 #include "restart.h"
+#include "kvt_test.h"
 
 struct img {
 	uint8_t b[8192];
@@ -221,20 +222,4 @@ START_TEST(t_parse_refused)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("restart");
-	TCase *tc = tcase_create("restart");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_test(tc, t_parse_valid);
-	tcase_add_test(tc, t_parse_refused);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("restart", 0, NULL, NULL, t_parse_valid, t_parse_refused)

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kvt_ring.h"
+#include "kvt_test.h"
 
 START_TEST(t_arith_wraps)
 {
@@ -94,23 +95,4 @@ START_TEST(t_spsc_wrap)
 }
 END_TEST
 
-int
-main(void)
-{
-	Suite *s = suite_create("ring");
-	TCase *tc = tcase_create("ring");
-	SRunner *sr;
-	int failed;
-
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, t_arith_wraps);
-	tcase_add_test(tc, t_flags);
-	tcase_add_test(tc, t_spsc_in_order);
-	tcase_add_test(tc, t_spsc_wrap);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("ring", 60, NULL, NULL, t_arith_wraps, t_flags, t_spsc_in_order, t_spsc_wrap)

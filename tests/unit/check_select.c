@@ -10,18 +10,14 @@
 #include "select.h"
 
 #include "test_req.h"
+#include "kvt_test.h"
 
 static uint64_t rng_state;
 
 static uint64_t
 rnd(void)
 {
-	/* splitmix64: deterministic across runs and platforms */
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
+	return kvt_test_splitmix(&rng_state);
 }
 
 static int
@@ -254,8 +250,6 @@ main(void)
 {
 	Suite *s = suite_create("select");
 	TCase *tc = tcase_create("core");
-	SRunner *sr;
-	int failed;
 
 	rng_state = 0x5eed;
 	tcase_set_timeout(tc, 60);
@@ -266,9 +260,5 @@ main(void)
 	tcase_add_test(tc, test_ties_go_to_older);
 	tcase_add_test(tc, test_errors);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return kvt_check_run(s);
 }

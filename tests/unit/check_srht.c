@@ -10,6 +10,7 @@
 #include "simd.h"
 #include "srht.h"
 #include "test_req.h"
+#include "kvt_test.h"
 
 START_TEST(test_init_dims)
 {
@@ -199,11 +200,5 @@ srht_suite(void)
 int
 main(void)
 {
-	SRunner *sr = srunner_create(srht_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return kvt_check_run(srht_suite());
 }

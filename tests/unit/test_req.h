@@ -13,6 +13,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kvt_test.h"
+
 #define REQ(c)                                                                                     \
 	do {                                                                                       \
 		if (!(c))                                                                          \
@@ -36,18 +38,15 @@
 #define REQ_GT(a, b) REQ_CMP(a, >, b)
 #define REQ_GE(a, b) REQ_CMP(a, >=, b)
 
-/* Deterministic data: splitmix64, a uniform double in (0, 1), a standard normal (Box-Muller).
- * Each test file has its own state; a test that wants a fixed stream sets test_rng_state. */
+/* Deterministic data: splitmix64 (kvt_test_splitmix()), a uniform double in (0, 1), a standard
+ * normal (Box-Muller). Each test file has its own state; a test that wants a fixed stream sets
+ * test_rng_state. */
 static uint64_t test_rng_state;
 
 static inline uint64_t
 test_rand64(void)
 {
-	uint64_t z = (test_rng_state += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
+	return kvt_test_splitmix(&test_rng_state);
 }
 
 static inline double
