@@ -287,8 +287,22 @@ kvtd_op_name(unsigned opcode)
 								   : "unknown";
 }
 
-/* The first field outside @fields that is not zero, or NULL. Generic names: kvt_abi.h gives each
- * its per-opcode aliases. */
+/* Fields outside @fields are zero (the per-op check: plain compares). */
+static bool
+unused_zero(const struct kvt_sqe *e, unsigned fields)
+{
+	if (!(fields & F_ARENA) && (e->arena_off || e->arena_len))
+		return false;
+	if (!(fields & F_COUNT) && e->count)
+		return false;
+	if ((!(fields & F_ARG0) && e->arg0) || (!(fields & F_ARG1) && e->arg1) ||
+	    (!(fields & F_ARG2) && e->arg2))
+		return false;
+	return (fields & F_BUF) || !e->buf_id;
+}
+
+/* The first field outside @fields that is not zero, or NULL: the refusal's reason, computed only
+ * once unused_zero() failed. Generic names: kvt_abi.h gives each its per-opcode aliases. */
 static const char *
 unused_nonzero(const struct kvt_sqe *e, unsigned fields, uint64_t *ret_val)
 {
@@ -358,7 +372,7 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 {
 	const struct kvtd_op_def *def;
 	struct kvtd_seq *q = NULL;
-	uint64_t t0 = kvtd_now_ns(), in0 = 0, out0 = 0, val;
+	uint64_t t0 = kvtd_now_ns(), in0 = 0, out0 = 0, val = 0;
 	const char *field;
 	int r = -EINVAL;
 
@@ -405,8 +419,8 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 				 e->op_flags, e->op_flags & ~def->op_flags);
 		goto out;
 	}
-	field = unused_nonzero(e, def->fields, &val);
-	if (field) {
+	if (!unused_zero(e, def->fields)) {
+		field = unused_nonzero(e, def->fields, &val);
 		r = kvtd_op_fail(s, -EINVAL,
 				 "field %s is %#llx, but this opcode does not use it: "
 				 "it must be 0",
