@@ -11,12 +11,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sched.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
@@ -614,6 +618,77 @@ image_write(struct kvtd *d, struct wbuf *w, struct fdlist *fds)
 	return 0;
 }
 
+/*
+ * The teardown child: it shares the daemon's address space (CLONE_VM, not a thread) and waits
+ * for the exec, which closes the pipe's write end. The exec then only drops its reference to
+ * the old address space and the child, exiting, unmaps it: the pool's page tables (and its
+ * munlock) are torn down after the new process runs, not inside execve, where a 1 GiB pool of
+ * 4 KiB pages cost 340 ms of the pause. Raw syscalls only, no sanitizer hooks: the child runs on
+ * the parent's thread pointer.
+ */
+__attribute__((no_sanitize_address, no_sanitize_thread, no_sanitize_undefined)) static int
+teardown_child(void *arg)
+{
+	const int *p = arg;
+	char c;
+
+	syscall(SYS_close, p[1]);
+	while (syscall(SYS_read, p[0], &c, 1) < 0)
+		;
+	syscall(SYS_exit, 0);
+	return 0;
+}
+
+/* Returns the child's pid and sets *ret_wfd (close-on-exec), or -1: the exec then tears down
+ * the address space itself, in the pause. */
+static pid_t
+teardown_start(int *ret_wfd)
+{
+	static int p[2]; /* read by the child before the parent can change them */
+	const size_t stack = 64 << 10;
+	void *st;
+	pid_t pid;
+
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -1;
+	st = mmap(NULL, stack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1,
+		  0);
+	if (st == MAP_FAILED) {
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
+	/* The stack stays mapped: it lives in the old address space, which the child ends. */
+	pid = clone(teardown_child, (uint8_t *)st + stack, CLONE_VM | SIGCHLD, p);
+	close(p[0]);
+	if (pid < 0) {
+		close(p[1]);
+		munmap(st, stack);
+		return -1;
+	}
+	*ret_wfd = p[1];
+	return pid;
+}
+
+static void *
+reap_thread(void *arg)
+{
+	/* The teardown child of the previous process is ours now (same pid); kvtierd has no
+	 * other children. */
+	while (waitpid(-1, NULL, 0) > 0 || errno == EINTR)
+		;
+	return arg;
+}
+
+static void
+reaper_start(void)
+{
+	pthread_t t;
+
+	if (pthread_create(&t, NULL, reap_thread, NULL) == 0)
+		pthread_detach(t);
+}
+
 static void
 set_cloexec(const struct fdlist *l, int on)
 {
@@ -657,7 +732,8 @@ kvtd_restart(struct kvtd *d)
 	struct wbuf w = {0};
 	struct fdlist fds = {0};
 	char fdarg[16], **argv = NULL;
-	int r, img_fd = -1;
+	int r, img_fd = -1, twfd = -1;
+	pid_t tpid;
 
 	if (kvt_dev_kind(d->dev) != KVT_DEV_HOST || d->pool.fd < 0) {
 		log_err(
@@ -719,9 +795,14 @@ kvtd_restart(struct kvtd *d)
 	log_notice("restart %u: re-executing %s with %u descriptors, image %zu KiB", d->restarts,
 		   d->exe, fds.n, w.len >> 10);
 	sd_notify(0, "RELOADING=1\nSTATUS=restarting in place");
+	tpid = teardown_start(&twfd);
 	set_cloexec(&fds, 0);
 	execv(d->exe, argv);
 	r = -errno;
+	if (tpid > 0) {
+		close(twfd);
+		waitpid(tpid, NULL, 0);
+	}
 	set_cloexec(&fds, 1);
 	log_err("restart: exec %s: %s (still serving)", d->exe, strerror(-r));
 	sd_notify(0, "READY=1\nSTATUS=serving (a restart failed)");
@@ -742,6 +823,7 @@ err:
 void
 kvtd_restart_drop_inherited(void)
 {
+	reaper_start();
 	DIR *dir = opendir("/proc/self/fd");
 	int fds[1024], n = 0;
 	struct dirent *e;
@@ -957,6 +1039,7 @@ kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
 	uint32_t i;
 	int r = 0;
 
+	reaper_start();
 	d->next_session_id = img->next_session_id;
 	d->restarts = img->restarts;
 	d->start_ns = img->start_ns;
