@@ -571,6 +571,12 @@ handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, 
 				   "restart is for root, kvtierd's uid or an admin_gids group");
 			return 0;
 		}
+		if (d->restart_pending) {
+			send_error(c->fd, h->id, -EALREADY,
+				   "a restart is already under way; the request that asked first "
+				   "gets its answer");
+			return 0;
+		}
 		/* At the end of this turn of the loop; the reply comes from the new process. */
 		d->restart_pending = 1;
 		d->restart_conn = c;
@@ -844,8 +850,9 @@ on_signal(struct kvtd *d)
 			sd_notify(0, "READY=1");
 		} else if (si.ssi_signo == SIGUSR2) {
 			log_notice("SIGUSR2: restarting in place");
+			if (!d->restart_pending) /* a RESTART asked first: it gets the answer */
+				d->restart_conn = NULL;
 			d->restart_pending = 1;
-			d->restart_conn = NULL;
 		} else {
 			log_notice("signal %u: stopping", si.ssi_signo);
 			d->stopping = 1;

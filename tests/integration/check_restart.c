@@ -526,6 +526,49 @@ START_TEST(t_restart_lowered_limits)
 }
 END_TEST
 
+/* Two RESTART requests before the first is carried out: one restart, each request answered
+ * (the second -EALREADY), none left without a reply. */
+START_TEST(t_restart_twice_pipelined)
+{
+	struct kvtd_proc d;
+	struct kvt_ctl_hdr h[2] = {{.type = KVT_CTL_RESTART, .len = sizeof(h[0]), .id = 1},
+				   {.type = KVT_CTL_RESTART, .len = sizeof(h[0]), .id = 2}};
+	static char buf[KVT_CTL_MAX_MSG];
+	int fd, got_json = 0, got_err = 0;
+	struct json_object *st;
+
+	daemon_start(&d, NULL);
+	fd = ctl_raw_connect(d.sock);
+	ck_assert_int_ge(fd, 0);
+	/* one sendmmsg-free burst: both sit in the socket before the daemon reads either */
+	ck_assert_int_eq(send(fd, &h[0], sizeof(h[0]), 0), sizeof(h[0]));
+	ck_assert_int_eq(send(fd, &h[1], sizeof(h[1]), 0), sizeof(h[1]));
+	for (int i = 0; i < 2; i++) {
+		ssize_t n = ctl_raw_recv(fd, buf, sizeof(buf), 10000);
+		const struct kvt_ctl_hdr *r = (const void *)buf;
+
+		ck_assert_int_ge(n, (ssize_t)sizeof(*r));
+		if (r->type == KVT_CTL_JSON) {
+			ck_assert_uint_eq(r->id, 1);
+			got_json++;
+		} else {
+			ck_assert_uint_eq(r->type, KVT_CTL_ERROR);
+			ck_assert_uint_eq(r->id, 2);
+			ck_assert_int_eq(((const struct kvt_ctl_error *)buf)->err, -EALREADY);
+			got_err++;
+		}
+	}
+	ck_assert_int_eq(got_json, 1);
+	ck_assert_int_eq(got_err, 1);
+	close(fd);
+	st = admin_request(d.sock, KVT_CTL_STATUS);
+	ck_assert_ptr_nonnull(st);
+	ck_assert_int_eq(json_get_i64(st, "restarts"), 1);
+	json_object_put(st);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(t_restart_not_admin)
 {
 	struct kvtd_proc d;
@@ -567,4 +610,5 @@ START_TEST(t_restart_not_admin)
 END_TEST
 
 KVT_CHECK_MAIN("restart", 300, NULL, NULL, t_restart_lossless, t_restart_refused_image,
-	       t_restart_keeps_quota, t_restart_lowered_limits, t_restart_not_admin)
+	       t_restart_keeps_quota, t_restart_lowered_limits,
+	       t_restart_twice_pipelined, t_restart_not_admin)
