@@ -610,5 +610,5 @@ START_TEST(t_restart_not_admin)
 END_TEST
 
 KVT_CHECK_MAIN("restart", 300, NULL, NULL, t_restart_lossless, t_restart_refused_image,
-	       t_restart_keeps_quota, t_restart_lowered_limits,
-	       t_restart_twice_pipelined, t_restart_not_admin)
+	       t_restart_keeps_quota, t_restart_lowered_limits, t_restart_twice_pipelined,
+	       t_restart_not_admin)
