@@ -372,7 +372,8 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 {
 	const struct kvtd_op_def *def;
 	struct kvtd_seq *q = NULL;
-	uint64_t t0 = kvtd_now_ns(), in0 = 0, out0 = 0, val = 0;
+	/* the start the drain loop read, else (a direct caller) now */
+	uint64_t t0 = s->op_clock_ns ? s->op_clock_ns : kvtd_now_ns(), in0 = 0, out0 = 0, val = 0;
 	const char *field;
 	int r = -EINVAL;
 
@@ -441,7 +442,8 @@ out:
 	c->res = r;
 	/* Per-session counters only: the hot path touches no shared cache line. The daemon
 	 * totals fold them in when a session ends (loop.c). */
-	kvtd_op_stats_add(&s->opst, e->opcode, r, kvtd_now_ns() - t0);
+	s->op_clock_ns = kvtd_now_ns();
+	kvtd_op_stats_add(&s->opst, e->opcode, r, s->op_clock_ns - t0);
 	s->ops++;
 	if (r < 0) {
 		s->errors++;

@@ -333,13 +333,13 @@ kvtd_session_drain(struct kvtd_session *s, uint64_t slice_ns)
 
 		if (!kvt_ring_load_stamp(&slot->stamp, s->sq_head))
 			break;
-		if (slice_ns) {
-			uint64_t t = kvtd_now_ns();
-
-			if (!n)
-				t0 = t;
-			else if (t - t0 >= slice_ns)
-				break; /* the rest next round, after the other sessions */
+		/* One clock read per op: the previous op's end (kvtd_op_run leaves it in
+		 * op_clock_ns) is this one's start, for the slice and the latency histogram. */
+		if (!n) {
+			t0 = kvtd_now_ns();
+			s->op_clock_ns = t0;
+		} else if (slice_ns && s->op_clock_ns - t0 >= slice_ns) {
+			break; /* the rest next round, after the other sessions */
 		}
 		/* Copy once: the client may rewrite the entry while we work on it. */
 		memcpy(&sqe, slot, sizeof(sqe));

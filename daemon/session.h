@@ -67,6 +67,7 @@ struct kvtd_session {
 	struct kvtd_uid *uid_ent;
 	uint64_t ops, errors;
 	struct kvtd_op_stats opst;	 /* per opcode, folded into kvtd.opst_ended at the end */
+	uint64_t op_clock_ns;		 /* drain <-> kvtd_op_run: the op's start, then its end */
 	struct kvt_dev_event *dev_event; /* EVENT_GET: recorded after each op's copies */
 	uint8_t event_handle[64];
 };
