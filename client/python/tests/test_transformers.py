@@ -7,7 +7,9 @@ tools/fetch-model.sh fetches, loaded by transformers with gguf_file=).
   transformers' eager attention arithmetic (Proposition 1 through transformers);
 - the C runner: kvtier-llm's greedy ids equal transformers' for a fixed prompt;
 - evict 10 %: runs, agrees with the full cache up to the first eviction, reports agreement,
-  and the daemon's tier counts (SEQS document) equal cache.stats();
+  and the daemon's tier counts (kvtierctl seqs --json) equal cache.stats(); replayed through
+  DynamicCache restricted to the positions kvtier attended, it gives the same ids;
+- the int8 tier runs with its rows staged dequantized;
 - one APPEND and one SCORE_ADD per step: kvtierd's per-session op count says so;
 - h2o and streaming keep what they promise; batch > 1 and other transformers majors are
   refused with a clear message.
