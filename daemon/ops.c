@@ -435,8 +435,8 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 	r = def->run(s, e, q, c);
 	/* SEQ_CLOSE freed q; the other ops leave it open */
 	if (q && e->opcode != KVT_OP_SEQ_CLOSE) {
-		s->opst.bytes_in += q->bytes_in - in0;
-		s->opst.bytes_out += q->bytes_out - out0;
+		s->opst.bytes_in[e->opcode] += q->bytes_in - in0;
+		s->opst.bytes_out[e->opcode] += q->bytes_out - out0;
 	}
 out:
 	c->res = r;

@@ -10,7 +10,7 @@ kvtd_op_stats_fold(struct kvtd_op_stats *dst, const struct kvtd_op_stats *src)
 		dst->sum_ns[o] += src->sum_ns[o];
 		for (unsigned b = 0; b <= KVTD_LAT_BUCKETS; b++)
 			dst->bucket[o][b] += src->bucket[o][b];
+		dst->bytes_in[o] += src->bytes_in[o];
+		dst->bytes_out[o] += src->bytes_out[o];
 	}
-	dst->bytes_in += src->bytes_in;
-	dst->bytes_out += src->bytes_out;
 }

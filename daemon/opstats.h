@@ -26,8 +26,9 @@ struct kvtd_op_stats {
 	uint64_t errors[KVTD_OP_SLOTS];
 	uint64_t sum_ns[KVTD_OP_SLOTS];
 	uint64_t bucket[KVTD_OP_SLOTS][KVTD_LAT_BUCKETS + 1]; /* not cumulative */
-	uint64_t bytes_in;  /* rows and scores the clients wrote into the pool */
-	uint64_t bytes_out; /* rows copied out of the pool to clients */
+	uint64_t bytes_in[KVTD_OP_SLOTS];  /* rows the op copied into the pool (APPEND) */
+	uint64_t bytes_out[KVTD_OP_SLOTS]; /* rows it copied out: RETIER promotions to T0,
+					    * FETCH and TOPK rows to the staging buffer */
 };
 
 /* The bucket of a duration: the smallest i with @ns <= 2^i us, KVTD_LAT_BUCKETS past the last. */

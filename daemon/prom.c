@@ -526,14 +526,17 @@ fams_ops(struct sink *k, const struct kvtd_op_stats *st)
 	}
 #undef EACH_OP
 	{
-		struct fam f =
-		    FAM(k, "kvtier_pool_bytes_total", "counter",
-			"Bytes moved between clients and the pool: in = rows and "
-			"scores written by APPEND, out = rows copied by FETCH and TOPK.");
-		struct label in = {"direction", "in"}, out = {"direction", "out"};
+		struct fam f = FAM(k, "kvtier_pool_bytes_total", "counter",
+				   "Row bytes moved by ops: in = into the pool (append), out = out "
+				   "of it (retier: promotions to T0; fetch, topk: to staging).");
 
-		sample_u64(&f, NULL, &in, 1, st->bytes_in);
-		sample_u64(&f, NULL, &out, 1, st->bytes_out);
+		for (o = 0; o < KVT_OP__COUNT; o++) {
+			struct label in[] = {{"op", kvtd_op_name(o)}, {"direction", "in"}};
+			struct label out[] = {{"op", kvtd_op_name(o)}, {"direction", "out"}};
+
+			sample_u64(&f, NULL, in, 2, st->bytes_in[o]);
+			sample_u64(&f, NULL, out, 2, st->bytes_out[o]);
+		}
 	}
 }
 
@@ -791,8 +794,10 @@ gather_session(struct kvtd_session *s, void *arg)
 	c->pool_bytes += s->acct.bytes;
 	c->ops += s->ops;
 	c->errors += s->errors;
-	c->bytes_in += s->opst.bytes_in;
-	c->bytes_out += s->opst.bytes_out;
+	for (i = 0; i < KVTD_OP_SLOTS; i++) {
+		c->bytes_in += s->opst.bytes_in[i];
+		c->bytes_out += s->opst.bytes_out[i];
+	}
 	/* the tail is the client's to write: a value past the ring is an update in flight or a
 	 * broken client, shown as 0 rather than as a huge backlog */
 	ready = kvt_ring_ready(s->sq_head, kvt_ring_load_tail(s->sq));

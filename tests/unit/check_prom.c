@@ -258,8 +258,8 @@ snap_fill(struct kvtd_prom_snap *sn, struct kvtd_prom_client *cl)
 	kvtd_op_stats_add(&a, KVT_OP_TOPK, -EINVAL, 2000000);	     /* le 0.002048 */
 	kvtd_op_stats_add(&b, KVT_OP_RETIER, 0, 20ull * 1000000000); /* past the last bucket */
 	kvtd_op_stats_add(&b, 200, -EINVAL, 100);		     /* not an opcode */
-	a.bytes_in = 4096;
-	b.bytes_out = 512;
+	a.bytes_in[KVT_OP_APPEND] = 4096;
+	b.bytes_out[KVT_OP_FETCH] = 512;
 	kvtd_op_stats_fold(&sn->ops, &a);
 	kvtd_op_stats_fold(&sn->ops, &b);
 	memset(cl, 0, 2 * sizeof(*cl));
@@ -305,8 +305,9 @@ START_TEST(test_metrics_snapshot)
 	    "kvtier_op_duration_seconds_bucket{op=\"retier\",le=\"8.388608\"} 0\n",
 	    "kvtier_op_duration_seconds_bucket{op=\"retier\",le=\"+Inf\"} 1\n",
 	    "kvtier_op_duration_seconds_sum{op=\"retier\"} 20\n",
-	    "kvtier_pool_bytes_total{direction=\"in\"} 4096\n",
-	    "kvtier_pool_bytes_total{direction=\"out\"} 512\n",
+	    "kvtier_pool_bytes_total{op=\"append\",direction=\"in\"} 4096\n",
+	    "kvtier_pool_bytes_total{op=\"fetch\",direction=\"out\"} 512\n",
+	    "kvtier_pool_bytes_total{op=\"retier\",direction=\"out\"} 0\n",
 	    "kvtier_client_sessions{client=\"vllm\"} 2\n",
 	    "kvtier_client_sessions{client=\"a\\\"b\\\\c\\nd\"} 1\n",
 	    "kvtier_client_ops_total{client=\"vllm\"} 7\n",
@@ -329,9 +330,9 @@ START_TEST(test_metrics_snapshot)
 	/* no per-session family without the documents that carry them */
 	ck_assert_ptr_null(strstr(out, "kvtier_session_"));
 	ck_assert_ptr_null(strstr(out, "kvtier_seq_"));
-	/* 10 op rows x (op, errors, 24 + 1 buckets, sum, count) + 2 bytes; 2 clients x 8 + 2
-	 * x 2 bytes; 6 process */
-	ck_assert_uint_eq(check_exposition(out), 10 * 29 + 2 + 2 * 7 + 4 + 6);
+	/* 10 op rows x (op, errors, 24 + 1 buckets, sum, count) + 9 opcodes x 2 bytes; 2
+	 * clients x 7 + 2 x 2 bytes; 6 process */
+	ck_assert_uint_eq(check_exposition(out), 10 * 29 + 9 * 2 + 2 * 7 + 4 + 6);
 	free(out);
 }
 END_TEST
