@@ -456,56 +456,78 @@ protected_one(struct moves *m, const struct kvt_tier_seq *s, uint32_t pos, unsig
 	cnt[t]++;
 }
 
-int
-kvt_tier_plan(const struct kvt_tier_cfg *cfg, const struct kvt_tier_seq *s, void *ws,
-	      size_t ws_size, struct kvt_tier_plan *ret_plan)
-{
+/*
+ * One plan in the making: the zones of the sequence, the budgets, and what the phases of
+ * kvt_tier_plan() hand each other.
+ */
+struct planner {
+	const struct kvt_tier_cfg *cfg;
+	const struct kvt_tier_seq *s;
 	struct ws_layout w;
 	struct kvt_tier_plan p;
-	struct cut lo, hi, qc;
 	struct moves mv;
-	unsigned ptgt, ptgt_q;
-	uint32_t n, pre, wstart, head, cap0, ncand, np_live, e_new, t0c, t0_tot, q_tgt, q_live,
-	    q_new;
-	uint32_t nmid, n_p1, n_p2, i, ci, mi, t_q, q_evicted;
-	uint32_t cnt[4] = {0, 0, 0, 0};
+	uint32_t n;
+	uint32_t cap0;	 /* T0 slots positions may hold (delta kept free), 0 when pool-only */
+	uint32_t pre;	 /* [0, pre): the protected head (sinks, the prompt if protected) */
+	uint32_t wstart; /* [wstart, n): the protected window; candidates lie between */
+	uint32_t ncand;	 /* live candidates, their keys in w.cand_key */
+	uint32_t np_live;
+	uint32_t t0c;	/* candidates promoted to or kept in T0 */
+	uint32_t e_new; /* candidates newly evicted */
+	uint32_t q_tgt; /* int8 positions wanted (tiered policy) */
+	uint32_t nmid;	/* middle candidates without an int8 copy, in w.cand_pos/cand_key */
+	uint32_t cnt[4];
+};
 
-	if (!cfg || !s || !ws || ((uintptr_t)ws & 7) || !ret_plan || cfg->t0_slots != s->t0_slots)
-		return -EINVAL;
-	if (!cfg->delta || (cfg->t0_slots && cfg->delta > cfg->t0_slots))
-		return -EINVAL;
-	n = s->n;
-	if (ws_size < kvt_tier_ws_bytes(n, cfg->t0_slots, cfg->delta))
-		return -EINVAL;
-	ws_layout(&w, ws, n, cfg->t0_slots, cfg->delta);
+/* The protected head and window around the candidates. */
+static void
+plan_zones(struct planner *pl)
+{
+	const struct kvt_tier_cfg *cfg = pl->cfg;
+	uint32_t head, n = pl->n;
 
-	cap0 = cfg->t0_slots ? cfg->t0_slots - cfg->delta : 0;
+	pl->cap0 = cfg->t0_slots ? cfg->t0_slots - cfg->delta : 0;
 	head = cfg->sinks;
 	if (cfg->protect_prompt && cfg->prompt_len > head)
 		head = cfg->prompt_len;
-	pre = min_u32(head, n);
-	wstart = n > cfg->window ? n - cfg->window : 0;
-	if (wstart < pre)
-		wstart = pre;
+	pl->pre = min_u32(head, n);
+	pl->wstart = n > cfg->window ? n - cfg->window : 0;
+	if (pl->wstart < pl->pre)
+		pl->wstart = pl->pre;
+}
 
-	/* Candidates: [pre, wstart) minus evicted, in position order. */
-	ncand = 0;
-	for (i = pre; i < wstart; i++) {
+/* Candidates: [pre, wstart) minus evicted, their keys in position order; live protected ones. */
+static void
+plan_candidates(struct planner *pl)
+{
+	const struct kvt_tier_seq *s = pl->s;
+	uint32_t i, ncand = 0, np_live = 0, n = pl->n;
+
+	for (i = pl->pre; i < pl->wstart; i++) {
 		float sc;
 
 		if ((s->tier[i] & KVT_TIER_MASK) == KVT_T3)
 			continue;
 		sc = s->score[i];
-		if (cfg->score_mode == KVT_SCORE_MEAN)
+		if (pl->cfg->score_mode == KVT_SCORE_MEAN)
 			sc /= (float)(n - i);
-		w.cand_key[ncand] = kvt_score_key(sc);
+		pl->w.cand_key[ncand] = kvt_score_key(sc);
 		ncand++;
 	}
-	np_live = 0;
-	for (i = 0; i < pre; i++)
+	for (i = 0; i < pl->pre; i++)
 		np_live += (s->tier[i] & KVT_TIER_MASK) != KVT_T3;
-	for (i = wstart; i < n; i++)
+	for (i = pl->wstart; i < n; i++)
 		np_live += (s->tier[i] & KVT_TIER_MASK) != KVT_T3;
+	pl->ncand = ncand;
+	pl->np_live = np_live;
+}
+
+/* How many candidates each policy keeps in T0, evicts, and how many int8 rows it wants. */
+static int
+plan_budgets(struct planner *pl)
+{
+	const struct kvt_tier_cfg *cfg = pl->cfg;
+	uint32_t n = pl->n, cap0 = pl->cap0, ncand = pl->ncand, np_live = pl->np_live, t0_tot;
 
 	/* kvt_tier_cfg_init() guarantees this; a hand-made cfg could overflow the slot lists. */
 	if (cap0 && np_live > cap0)
@@ -514,155 +536,218 @@ kvt_tier_plan(const struct kvt_tier_cfg *cfg, const struct kvt_tier_seq *s, void
 	if (t0_tot < np_live)
 		t0_tot = np_live;
 	t0_tot = min_u32(t0_tot, cap0);
-	q_tgt = 0;
+	pl->q_tgt = 0;
 	switch (cfg->policy) {
 	case KVT_POLICY_TIERED:
-		e_new = min_u32(sub_sat(budget_floor(cfg->evict_frac, n), s->count[KVT_T3]), ncand);
-		t0c = min_u32(sub_sat(t0_tot, np_live), ncand - e_new);
-		q_tgt = budget_floor(cfg->t2_frac, n);
+		pl->e_new =
+		    min_u32(sub_sat(budget_floor(cfg->evict_frac, n), pl->s->count[KVT_T3]), ncand);
+		pl->t0c = min_u32(sub_sat(t0_tot, np_live), ncand - pl->e_new);
+		pl->q_tgt = budget_floor(cfg->t2_frac, n);
 		break;
 	case KVT_POLICY_H2O:
-		t0c = min_u32(sub_sat(t0_tot, np_live), ncand);
-		e_new = ncand - t0c;
+		pl->t0c = min_u32(sub_sat(t0_tot, np_live), ncand);
+		pl->e_new = ncand - pl->t0c;
 		break;
 	case KVT_POLICY_STREAMING:
-		t0c = 0;
-		e_new = ncand;
+		pl->t0c = 0;
+		pl->e_new = ncand;
 		break;
 	default: /* KVT_POLICY_FULL */
-		t0c = min_u32(sub_sat(cap0, np_live), ncand);
-		e_new = 0;
+		pl->t0c = min_u32(sub_sat(cap0, np_live), ncand);
+		pl->e_new = 0;
 		break;
 	}
+	return 0;
+}
 
-	cut_bottom(&lo, w.cand_key, ncand, e_new, w.surv, w.hist);
-	cut_top(&hi, w.cand_key, ncand, t0c, w.surv, w.hist);
+/*
+ * The candidates between the eviction cut @lo and the T0 cut @hi: each one's target tier, its
+ * moves, and (when the int8 set may grow) the middle ones without an int8 copy compacted into
+ * cand_pos/cand_key for the T2 selection (index mi < ci: the key written was already read).
+ * Branch-free except for the rare positions that move (and evicted ones, ~evict_frac of them).
+ */
+static void
+plan_classify_candidates(struct planner *pl, const struct cut *lo, const struct cut *hi)
+{
+	const struct kvt_tier_seq *s = pl->s;
+	uint32_t *cand_pos = pl->w.cand_pos, *cand_key = pl->w.cand_key;
+	/* Inactive cuts get bounds no key can meet. */
+	const uint32_t lo_v = lo->active ? lo->v : 0, hi_v = hi->active ? hi->v : UINT32_MAX;
+	const uint64_t lo_th = lo->active ? lo->tie_hi : 0,
+		       hi_tl = hi->active ? hi->tie_lo : UINT64_MAX;
+	static const uint8_t tgt_of[8] = {
+	    [0] = KVT_T1, [1] = KVT_T3, [2] = KVT_T0, [3] = KVT_T0, /* no int8 copy */
+	    [4] = KVT_T2, [5] = KVT_T3, [6] = KVT_T0, [7] = KVT_T0, /* int8 copy */
+	};
+	uint64_t t_lo = 0, t_hi = 0;
+	uint32_t c_top = 0, c_q = 0, c_mid = 0, mi = 0, ci = 0, i;
+	/* Middle candidates are only collected when the int8 set may grow. */
+	const unsigned collect = pl->q_tgt > 0;
 
-	/*
-	 * One pass in position order: the protected prefix, the candidates, the window. Promotions
-	 * from T1 fill promote_pos from the front and those from T2 from the back (reversed below),
-	 * so each part ends up ascending. When the int8 set may grow, middle candidates without an
-	 * int8 copy are compacted into cand_pos/cand_key for the T2 selection (index mi < ci: the
-	 * key written was already read). The candidate loop is branch-free except for the rare
-	 * positions that move (and evicted ones, ~evict_frac of them).
-	 */
-	p = (struct kvt_tier_plan){.n = n, .gen = s->gen};
-	mv = (struct moves){.w = &w, .p = &p, .cap0 = cap0};
-	ptgt_q = cap0 ? KVT_T0 : KVT_T2;
-	ptgt = cap0 ? KVT_T0 : KVT_T1;
-	for (i = 0; i < pre; i++)
-		protected_one(&mv, s, i, ptgt, ptgt_q, cnt);
-	{
-		/* Inactive cuts get bounds no key can meet. */
-		const uint32_t lo_v = lo.active ? lo.v : 0, hi_v = hi.active ? hi.v : UINT32_MAX;
-		const uint64_t lo_th = lo.active ? lo.tie_hi : 0,
-			       hi_tl = hi.active ? hi.tie_lo : UINT64_MAX;
-		static const uint8_t tgt_of[8] = {
-		    [0] = KVT_T1, [1] = KVT_T3, [2] = KVT_T0, [3] = KVT_T0, /* no int8 copy */
-		    [4] = KVT_T2, [5] = KVT_T3, [6] = KVT_T0, [7] = KVT_T0, /* int8 copy */
-		};
-		uint64_t t_lo = 0, t_hi = 0;
-		uint32_t c_top = 0, c_q = 0;
+	for (i = pl->pre; i < pl->wstart; i++) {
+		unsigned tb = s->tier[i], q = (tb >> 2) & 1;
+		uint32_t k;
+		unsigned eqlo, eqhi, ev, top, tgt;
 
-		/* Middle candidates are only collected when the int8 set may grow. */
-		const unsigned collect = q_tgt > 0;
-		uint32_t c_mid = 0;
-
-		mi = 0;
-		ci = 0;
-		for (i = pre; i < wstart; i++) {
-			unsigned tb = s->tier[i], q = (tb >> 2) & 1;
-			uint32_t k;
-			unsigned eqlo, eqhi, ev, top, tgt;
-
-			if ((tb & KVT_TIER_MASK) == KVT_T3)
-				continue;
-			k = w.cand_key[ci++];
-			eqlo = k == lo_v;
-			eqhi = k == hi_v;
-			/* Both tie counters see every tied key, whichever cut takes it. */
-			ev = (k < lo_v) | (eqlo & (t_lo < lo_th));
-			top = (k > hi_v) | (eqhi & (t_hi >= hi_tl));
-			tgt = tgt_of[ev | top << 1 | q << 2];
-			t_lo += eqlo;
-			t_hi += eqhi;
-			c_top += top;
-			c_q += q & !(ev | top);
-			c_mid += tgt == KVT_T1;
-			if (collect) {
-				w.cand_pos[mi] = i;
-				w.cand_key[mi] = k;
-				mi += tgt == KVT_T1;
-			}
-			if (tgt != (tb & KVT_TIER_MASK))
-				move_one(&mv, s, i, tb & KVT_TIER_MASK, tgt, q);
+		if ((tb & KVT_TIER_MASK) == KVT_T3)
+			continue;
+		k = cand_key[ci++];
+		eqlo = k == lo_v;
+		eqhi = k == hi_v;
+		/* Both tie counters see every tied key, whichever cut takes it. */
+		ev = (k < lo_v) | (eqlo & (t_lo < lo_th));
+		top = (k > hi_v) | (eqhi & (t_hi >= hi_tl));
+		tgt = tgt_of[ev | top << 1 | q << 2];
+		t_lo += eqlo;
+		t_hi += eqhi;
+		c_top += top;
+		c_q += q & !(ev | top);
+		c_mid += tgt == KVT_T1;
+		if (collect) {
+			cand_pos[mi] = i;
+			cand_key[mi] = k;
+			mi += tgt == KVT_T1;
 		}
-		cnt[KVT_T0] += c_top;
-		cnt[KVT_T2] += c_q;
-		cnt[KVT_T1] += c_mid;
+		if (tgt != (tb & KVT_TIER_MASK))
+			move_one(&pl->mv, s, i, tb & KVT_TIER_MASK, tgt, q);
 	}
-	for (i = wstart; i < n; i++)
-		protected_one(&mv, s, i, ptgt, ptgt_q, cnt);
-	cnt[KVT_T3] = s->count[KVT_T3] + p.n_evict;
-	n_p1 = mv.n_p1;
-	n_p2 = mv.n_p2;
-	q_evicted = mv.q_evicted;
+	pl->cnt[KVT_T0] += c_top;
+	pl->cnt[KVT_T2] += c_q;
+	pl->cnt[KVT_T1] += c_mid;
+	pl->nmid = mi;
+}
 
-	nmid = mi;
-	q_live = s->n_int8 - q_evicted;
-	q_new = min_u32(sub_sat(q_tgt, q_live), nmid);
-	cut_bottom(&qc, w.cand_key, nmid, q_new, w.surv, w.hist);
-	t_q = 0;
-	for (i = 0; qc.active && i < nmid; i++) {
-		uint32_t k = w.cand_key[i];
+/*
+ * One pass in position order: the protected prefix, the candidates, the window. Promotions
+ * from T1 fill promote_pos from the front and those from T2 from the back (reversed by
+ * plan_order_promotions()), so each part ends up ascending.
+ */
+static void
+plan_classify(struct planner *pl)
+{
+	struct cut lo, hi;
+	unsigned ptgt, ptgt_q;
+	uint32_t i;
+
+	cut_bottom(&lo, pl->w.cand_key, pl->ncand, pl->e_new, pl->w.surv, pl->w.hist);
+	cut_top(&hi, pl->w.cand_key, pl->ncand, pl->t0c, pl->w.surv, pl->w.hist);
+	pl->mv = (struct moves){.w = &pl->w, .p = &pl->p, .cap0 = pl->cap0};
+	ptgt_q = pl->cap0 ? KVT_T0 : KVT_T2;
+	ptgt = pl->cap0 ? KVT_T0 : KVT_T1;
+	for (i = 0; i < pl->pre; i++)
+		protected_one(&pl->mv, pl->s, i, ptgt, ptgt_q, pl->cnt);
+	plan_classify_candidates(pl, &lo, &hi);
+	for (i = pl->wstart; i < pl->n; i++)
+		protected_one(&pl->mv, pl->s, i, ptgt, ptgt_q, pl->cnt);
+	pl->cnt[KVT_T3] = pl->s->count[KVT_T3] + pl->p.n_evict;
+}
+
+/* New int8 rows: the lowest keys among the middle candidates, up to the T2 budget. */
+static void
+plan_quantize(struct planner *pl)
+{
+	struct ws_layout *w = &pl->w;
+	struct kvt_tier_plan *p = &pl->p;
+	struct cut qc;
+	uint32_t i, t_q = 0, q_live, q_new;
+
+	q_live = pl->s->n_int8 - pl->mv.q_evicted;
+	q_new = min_u32(sub_sat(pl->q_tgt, q_live), pl->nmid);
+	cut_bottom(&qc, w->cand_key, pl->nmid, q_new, w->surv, w->hist);
+	for (i = 0; qc.active && i < pl->nmid; i++) {
+		uint32_t k = w->cand_key[i];
 
 		if (k < qc.v || (k == qc.v && t_q++ < qc.tie_hi))
-			w.quant[p.n_quant++] = w.cand_pos[i];
+			w->quant[p->n_quant++] = w->cand_pos[i];
 	}
-	cnt[KVT_T1] -= p.n_quant;
-	cnt[KVT_T2] += p.n_quant;
+	pl->cnt[KVT_T1] -= p->n_quant;
+	pl->cnt[KVT_T2] += p->n_quant;
+}
 
-	/* T2-sourced promotions were written backwards from cap0 - 1: reverse them in place, then
-	 * move them right after the T1 ones. */
-	for (i = 0; i < n_p2 / 2; i++) {
-		uint32_t *a = &w.promote_pos[cap0 - n_p2 + i], *b = &w.promote_pos[cap0 - 1 - i];
+/*
+ * T2-sourced promotions were written backwards from cap0 - 1: reverse them in place, then move
+ * them right after the T1 ones.
+ */
+static void
+plan_order_promotions(struct planner *pl)
+{
+	uint32_t *pp = pl->w.promote_pos, cap0 = pl->cap0, n_p1 = pl->mv.n_p1, n_p2 = pl->mv.n_p2;
+
+	for (uint32_t i = 0; i < n_p2 / 2; i++) {
+		uint32_t *a = &pp[cap0 - n_p2 + i], *b = &pp[cap0 - 1 - i];
 		uint32_t t = *a;
 
 		*a = *b;
 		*b = t;
 	}
 	if (n_p2)
-		memmove(&w.promote_pos[n_p1], &w.promote_pos[cap0 - n_p2], 4 * (size_t)n_p2);
-	p.n_promote = n_p1 + n_p2;
-	p.n_promote_t1 = n_p1;
+		memmove(&pp[n_p1], &pp[cap0 - n_p2], 4 * (size_t)n_p2);
+	pl->p.n_promote = n_p1 + n_p2;
+	pl->p.n_promote_t1 = n_p1;
+}
 
-	/* Slots: free now or freed by a demotion, lowest first, to promotions then appends. */
-	if (cfg->t0_slots) {
-		uint32_t slot, k = 0;
+/* Slots: free now or freed by a demotion, lowest first, to promotions then appends. */
+static void
+plan_slots(struct planner *pl)
+{
+	const struct kvt_tier_cfg *cfg = pl->cfg;
+	struct ws_layout *w = &pl->w;
+	struct kvt_tier_plan *p = &pl->p;
+	uint32_t i, slot, k = 0;
 
-		memset(w.mark, 0, cfg->t0_slots);
-		for (i = 0; i < p.n_demote; i++)
-			w.mark[w.demote_slot[i]] = 1;
-		for (slot = 0; slot < cfg->t0_slots && p.n_free < cfg->delta; slot++) {
-			if (s->slot_pos[slot] >= 0 && !w.mark[slot])
-				continue;
-			if (k < p.n_promote)
-				w.promote_slot[k++] = slot;
-			else
-				w.free_slot[p.n_free++] = slot;
-		}
+	if (!cfg->t0_slots)
+		return;
+	memset(w->mark, 0, cfg->t0_slots);
+	for (i = 0; i < p->n_demote; i++)
+		w->mark[w->demote_slot[i]] = 1;
+	for (slot = 0; slot < cfg->t0_slots && p->n_free < cfg->delta; slot++) {
+		if (pl->s->slot_pos[slot] >= 0 && !w->mark[slot])
+			continue;
+		if (k < p->n_promote)
+			w->promote_slot[k++] = slot;
+		else
+			w->free_slot[p->n_free++] = slot;
 	}
+}
 
-	p.demote_slot = w.demote_slot;
-	p.demote_pos = w.demote_pos;
-	p.promote_pos = w.promote_pos;
-	p.promote_slot = w.promote_slot;
-	p.quant_pos = w.quant;
-	p.evict_pos = w.evict;
-	p.free_slot = w.free_slot;
-	memcpy(p.count, cnt, sizeof(cnt));
-	p.evicted_ratio = n ? (float)cnt[KVT_T3] / (float)n : 0.0f;
-	*ret_plan = p;
+int
+kvt_tier_plan(const struct kvt_tier_cfg *cfg, const struct kvt_tier_seq *s, void *ws,
+	      size_t ws_size, struct kvt_tier_plan *ret_plan)
+{
+	struct planner pl;
+	struct kvt_tier_plan *p = &pl.p;
+	int r;
+
+	if (!cfg || !s || !ws || ((uintptr_t)ws & 7) || !ret_plan || cfg->t0_slots != s->t0_slots)
+		return -EINVAL;
+	if (!cfg->delta || (cfg->t0_slots && cfg->delta > cfg->t0_slots))
+		return -EINVAL;
+	if (ws_size < kvt_tier_ws_bytes(s->n, cfg->t0_slots, cfg->delta))
+		return -EINVAL;
+	pl = (struct planner){.cfg = cfg, .s = s, .n = s->n};
+	ws_layout(&pl.w, ws, pl.n, cfg->t0_slots, cfg->delta);
+
+	plan_zones(&pl);
+	plan_candidates(&pl);
+	r = plan_budgets(&pl);
+	if (r < 0)
+		return r;
+	pl.p = (struct kvt_tier_plan){.n = pl.n, .gen = s->gen};
+	plan_classify(&pl);
+	plan_quantize(&pl);
+	plan_order_promotions(&pl);
+	plan_slots(&pl);
+
+	p->demote_slot = pl.w.demote_slot;
+	p->demote_pos = pl.w.demote_pos;
+	p->promote_pos = pl.w.promote_pos;
+	p->promote_slot = pl.w.promote_slot;
+	p->quant_pos = pl.w.quant;
+	p->evict_pos = pl.w.evict;
+	p->free_slot = pl.w.free_slot;
+	memcpy(p->count, pl.cnt, sizeof(pl.cnt));
+	p->evicted_ratio = pl.n ? (float)pl.cnt[KVT_T3] / (float)pl.n : 0.0f;
+	*ret_plan = *p;
 	return 0;
 }
 
