@@ -64,4 +64,10 @@ names=$(cat "$mon/kvtier-dashboard.json" "$mon/kvtier-alerts.yml" |
 for n in $names; do
 	grep -q "^# TYPE $n " "$dir/ctl.prom" || fail "monitoring/ uses $n, which kvtierd does not export"
 done
+# and the daemon that served it all stops cleanly (a sanitizer report would fail it here)
+kill "$pid"
+st=0
+wait "$pid" || st=$?
+pid=
+[ "$st" = 0 ] || fail "kvtierd exited $st: $(cat "$dir/log")"
 echo "monitoring: rules, rule tests, $(echo "$names" | wc -l) metric names and 3 scrapes check out"
