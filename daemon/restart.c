@@ -1024,9 +1024,9 @@ reply_asker(struct kvtd *d, void *conn, uint64_t id, unsigned sessions, unsigned
 	char text[256];
 
 	snprintf(text, sizeof(text),
-		 "{\"restarted\":true,\"pid\":%d,\"restarts\":%u,\"sessions\":%u,\"seqs\":%u,"
-		 "\"pause_ms\":%.3f,\"version\":\"%s\"}",
-		 (int)getpid(), d->restarts, sessions, seqs, pause_ms, KVTIER_VERSION);
+		 "{\"schema\":%d,\"restarted\":true,\"pid\":%d,\"restarts\":%u,\"sessions\":%u,"
+		 "\"seqs\":%u,\"pause_ms\":%.3f,\"version\":\"%s\"}",
+		 KVT_CTL_SCHEMA, (int)getpid(), d->restarts, sessions, seqs, pause_ms, KVT_VERSION);
 	kvtd_loop_reply(d, conn, id, 0, text);
 }
 

@@ -169,6 +169,8 @@ _Static_assert(sizeof(struct kvt_ctl_event) == 96, "kvt_ctl_event ABI");
  *	"dtype" ("f16" | "bf16" | "f32"), "policy" ("tiered" | "h2o" | "streaming" | "full"),
  *	"t2_keys" ("head" | "channel"), "tiers": [T0..T3 tokens], "evicted_ratio",
  *	"pool_bytes"}...]}
+ * RESTART: {"schema", "restarted" (true), "pid", "restarts", "sessions", "seqs", "pause_ms",
+ *	"version"}, from the new process.
  * METRICS with KVT_CTL_METRICS_F_JSON: {"schema", "metrics": [{"name", "type" ("counter" |
  *	"gauge" | "histogram"), "help", "samples": [{"labels": {name: value...}, "suffix"
  *	(histograms only: "_bucket" | "_sum" | "_count"), "value"}...]}...]}, the families of
