@@ -15,12 +15,9 @@
 #include "config.h"
 #include "kvt_abi.h"
 #include "kvt_dev.h"
+#include "kvt_version.h"
 #include "log.h"
 #include "metrics.h"
-
-#ifndef KVTIER_VERSION
-#define KVTIER_VERSION "0.0.0"
-#endif
 
 int
 kvtd_parse_size(const char *s, uint64_t *ret)
@@ -575,7 +572,7 @@ kvtd_config_load(struct kvtd_config *cfg, int argc, char **argv, char *err, size
 			usage();
 			return 1;
 		} else if (c == 'V') {
-			printf("kvtierd %s (ABI %d.%d)\n", KVTIER_VERSION, KVT_ABI_MAJOR,
+			printf("kvtierd %s (ABI %d.%d)\n", KVT_VERSION, KVT_ABI_MAJOR,
 			       KVT_ABI_MINOR);
 			return 1;
 		} else if (c == 'K') {

@@ -11,6 +11,7 @@
 #include <systemd/sd-daemon.h>
 
 #include "kvt_dev.h"
+#include "kvt_version.h"
 #include "kvtd.h"
 #include "log.h"
 #include "loop.h"
@@ -60,7 +61,7 @@ main(int argc, char **argv)
 			d.cfg.backend == KVT_DEV_CUDA ? "cuda" : "auto", strerror(-r));
 		goto err_listen;
 	}
-	log_notice("kvtierd %s starting: backend %s", KVTIER_VERSION, kvt_dev_name(d.dev));
+	log_notice("kvtierd %s starting: backend %s", KVT_VERSION, kvt_dev_name(d.dev));
 	if (img) {
 		r = kvtd_restart_pool(&d, img);
 		if (r < 0) {

@@ -27,6 +27,7 @@
 #include "kvt_ctl.h"
 #include "kvt_dev.h"
 #include "kvt_ring.h"
+#include "kvt_version.h"
 #include "kvtd.h"
 #include "log.h"
 #include "loop.h"
@@ -342,7 +343,7 @@ kvtd_image_parse(const void *buf, size_t len, struct kvtd_image **ret_img)
 		log_err("restart: image version %u from kvtierd '%.31s' is not one this kvtierd %s "
 			"reads (version %u): the previous sessions are dropped",
 			h.version, memcmp(h.magic, KVTD_IMAGE_MAGIC, 8) ? "?" : h.daemon_version,
-			KVTIER_VERSION, KVTD_IMAGE_VERSION);
+			KVT_VERSION, KVTD_IMAGE_VERSION);
 		return -EPROTONOSUPPORT;
 	}
 	if (h.size != len ||
@@ -611,7 +612,7 @@ image_write(struct kvtd *d, struct wbuf *w, struct fdlist *fds)
 	memcpy(h.magic, KVTD_IMAGE_MAGIC, sizeof(KVTD_IMAGE_MAGIC));
 	h.version = KVTD_IMAGE_VERSION;
 	h.hdr_size = sizeof(h);
-	snprintf(h.daemon_version, sizeof(h.daemon_version), "%s", KVTIER_VERSION);
+	snprintf(h.daemon_version, sizeof(h.daemon_version), "%s", KVT_VERSION);
 	h.size = w->len;
 	h.checksum = kvtd_image_checksum(w->p + sizeof(h), w->len - sizeof(h));
 	memcpy(w->p, &h, sizeof(h));

@@ -42,7 +42,7 @@ struct kvtd_image_hdr {
 	char magic[8]; /* KVTD_IMAGE_MAGIC, NUL-padded */
 	uint32_t version;
 	uint32_t hdr_size;
-	char daemon_version[32]; /* KVTIER_VERSION of the writer, for the log */
+	char daemon_version[32]; /* KVT_VERSION of the writer, for the log */
 	uint64_t size;		 /* the whole image */
 	uint64_t checksum;	 /* FNV-1a 64 of the bytes after the header */
 };

@@ -7,15 +7,12 @@
 
 #include "kvt_ctl.h"
 #include "kvt_dev.h"
+#include "kvt_version.h"
 #include "kvtd.h"
 #include "poller.h"
 #include "seq.h"
 #include "session.h"
 #include "stats.h"
-
-#ifndef KVTIER_VERSION
-#define KVTIER_VERSION "0.0.0"
-#endif
 
 static const char *const dtype_names[] = {"f16", "bf16", "f32"};
 static const char *const policy_names[] = {"tiered", "h2o", "streaming", "full"};
@@ -74,7 +71,7 @@ kvtd_stats_status(struct kvtd *d)
 	kvtd_stats_for_each_session(d, sum_session, &t);
 	kvtd_pool_usage(&d->pool, &u);
 	ADD(o, "schema", json_object_new_int(KVT_CTL_SCHEMA));
-	ADD(o, "version", json_object_new_string(KVTIER_VERSION));
+	ADD(o, "version", json_object_new_string(KVT_VERSION));
 	abi = json_object_new_object();
 	ADD(abi, "major", json_object_new_int(KVT_ABI_MAJOR));
 	ADD(abi, "minor", json_object_new_int(KVT_ABI_MINOR));

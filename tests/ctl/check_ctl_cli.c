@@ -17,6 +17,8 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "kvt_test.h"
+#include "kvt_version.h"
 
 #ifndef KVTIERCTL_PATH
 #error "KVTIERCTL_PATH must name the kvtierctl binary"
@@ -237,11 +239,5 @@ ctl_cli_suite(void)
 int
 main(void)
 {
-	SRunner *sr = srunner_create(ctl_cli_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return kvt_check_run(ctl_cli_suite());
 }

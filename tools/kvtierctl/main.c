@@ -23,12 +23,9 @@
 #include <json-c/json.h>
 
 #include "kvt_ctl.h"
+#include "kvt_version.h"
 #include "ctl_conn.h"
 #include "ctl_fmt.h"
-
-#ifndef KVT_VERSION
-#error "KVT_VERSION must be defined by the build"
-#endif
 
 #define DEFAULT_SOCKET KVT_DEFAULT_SOCKET
 
