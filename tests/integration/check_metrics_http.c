@@ -252,13 +252,12 @@ END_TEST
 START_TEST(t_metrics_not_loopback)
 {
 	const char *bin = getenv("KVTIERD");
-	char log[] = "/tmp/kvt-metrics-XXXXXX";
-	int fd = mkstemp(log), st;
+	char log[64];
+	int fd = kvt_test_tmpfile(log, sizeof(log), "metrics"), st;
 	pid_t pid;
 	char buf[4096] = "";
 
 	ck_assert_ptr_nonnull(bin);
-	ck_assert_int_ge(fd, 0);
 	pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {

@@ -75,7 +75,7 @@ static void
 run_kvtierd(const char *const *extra, long memlock_kb, struct run *ret)
 {
 	const char *bin = getenv("KVTIERD");
-	char dir[] = "/tmp/kvt-pool-XXXXXX", sock[64], logp[64];
+	char dir[64], sock[96], logp[96];
 	const char *argv[32];
 	struct rusage ru;
 	int n = 0, fd, exited = 0;
@@ -83,7 +83,7 @@ run_kvtierd(const char *const *extra, long memlock_kb, struct run *ret)
 	pid_t pid;
 
 	ck_assert_msg(bin, "KVTIERD is not set");
-	ck_assert_ptr_nonnull(mkdtemp(dir));
+	kvt_test_tmpdir(dir, sizeof(dir), "pool");
 	snprintf(sock, sizeof(sock), "%s/kvtierd.sock", dir);
 	snprintf(logp, sizeof(logp), "%s/kvtierd.log", dir);
 	argv[n++] = bin;

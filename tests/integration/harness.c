@@ -17,13 +17,13 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "kvt_test.h"
 #include "kvt_ctl.h"
 
 void
 daemon_prepare(struct kvtd_proc *p)
 {
-	snprintf(p->dir, sizeof(p->dir), "/tmp/kvt-test-XXXXXX");
-	ck_assert(mkdtemp(p->dir));
+	kvt_test_tmpdir(p->dir, sizeof(p->dir), "test");
 	snprintf(p->sock, sizeof(p->sock), "%s/kvtierd.sock", p->dir);
 	snprintf(p->log, sizeof(p->log), "%s/kvtierd.log", p->dir);
 }

@@ -37,12 +37,12 @@ slurp(int fd, char *buf, size_t cap)
 static void
 run(struct run *r, const char *const *argv)
 {
-	char outp[] = "/tmp/check_llm_cli.out.XXXXXX", errp[] = "/tmp/check_llm_cli.err.XXXXXX";
-	int fo = mkstemp(outp), fe = mkstemp(errp), st;
+	char outp[64], errp[64];
+	int fo = kvt_test_tmpfile(outp, sizeof(outp), "llm-cli-out"),
+	    fe = kvt_test_tmpfile(errp, sizeof(errp), "llm-cli-err"), st;
 	const char *args[32] = {KVTIER_LLM_PATH};
 	pid_t pid;
 
-	ck_assert(fo >= 0 && fe >= 0);
 	for (int i = 0; argv[i]; i++)
 		args[i + 1] = argv[i];
 	pid = fork();

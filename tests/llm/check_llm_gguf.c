@@ -260,12 +260,11 @@ START_TEST(test_roundtrip_mmap)
 {
 	struct layout lo;
 	struct buf b = build(&lo);
-	char path[] = "/tmp/check_llm_gguf.XXXXXX";
+	char path[64];
 	struct gguf_file *f = NULL;
 	char err[256];
-	int fd = mkstemp(path);
+	int fd = kvt_test_tmpfile(path, sizeof(path), "llm-gguf");
 
-	ck_assert_int_ge(fd, 0);
 	ck_assert_int_eq(write(fd, b.p, b.n), (ssize_t)b.n);
 	close(fd);
 	ck_assert_msg(gguf_open(path, &f, err, sizeof(err)) == 0, "gguf_open: %s", err);
