@@ -105,25 +105,32 @@ struct retier_result {
 	double ours_us, base_us, speedup; /* speedup: median of per-repetition ratios */
 };
 
-static void
-bench_retier(uint32_t n, int reps, struct retier_result *res)
+/* The benchmarked sequence: tiered, a protected prompt of @prompt_len, half of it in T0. */
+static struct kvt_seq_params
+bench_params(uint32_t prompt_len, uint32_t t0_slots)
 {
-	uint32_t cap = n + (uint32_t)(reps + 2) * DELTA, t0_slots = cap / 2 + 4 * DELTA;
-	struct kvt_seq_params p = {
-	    .size = sizeof(p),
+	return (struct kvt_seq_params){
+	    .size = sizeof(struct kvt_seq_params),
 	    .policy = KVT_POLICY_TIERED,
 	    .score_mode = KVT_SCORE_SUM,
 	    .protect_prompt = 1,
 	    .delta = DELTA,
 	    .sinks = 4,
 	    .window = 128,
-	    .prompt_len = 512,
+	    .prompt_len = prompt_len,
 	    .hbm_frac = 0.5f,
 	    .evict_frac = 0.03f,
 	    .t2_frac = 0.0f,
 	    .t0_buf_id = 1,
 	    .t0_slots = t0_slots,
 	};
+}
+
+static void
+bench_retier(uint32_t n, int reps, struct retier_result *res)
+{
+	uint32_t cap = n + (uint32_t)(reps + 2) * DELTA, t0_slots = cap / 2 + 4 * DELTA;
+	struct kvt_seq_params p = bench_params(512, t0_slots);
 	struct kvt_tier_cfg cfg;
 	struct kvt_tier_seq s;
 	struct kvt_tier_plan plan;
@@ -222,21 +229,7 @@ static void
 bench_trace(struct trace_result *res)
 {
 	const uint32_t cap = TRACE_PROMPT + TRACE_STEPS, t0_slots = cap / 2 + 2 * DELTA;
-	struct kvt_seq_params p = {
-	    .size = sizeof(p),
-	    .policy = KVT_POLICY_TIERED,
-	    .score_mode = KVT_SCORE_SUM,
-	    .protect_prompt = 1,
-	    .delta = DELTA,
-	    .sinks = 4,
-	    .window = 128,
-	    .prompt_len = TRACE_PROMPT,
-	    .hbm_frac = 0.5f,
-	    .evict_frac = 0.03f,
-	    .t2_frac = 0.0f,
-	    .t0_buf_id = 1,
-	    .t0_slots = t0_slots,
-	};
+	struct kvt_seq_params p = bench_params(TRACE_PROMPT, t0_slots);
 	struct kvt_tier_cfg cfg;
 	struct kvt_tier_seq s;
 	struct kvt_tier_plan plan;
