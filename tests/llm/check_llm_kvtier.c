@@ -31,6 +31,7 @@
 #include "kv_kvtier.h"
 #include "llm_test.h"
 #include "model.h"
+#include "kvt_test.h"
 
 static struct llm_model *model;
 static struct llm_tok *tok;
@@ -52,8 +53,7 @@ daemon_start(struct kvtd *p)
 	struct kvt_client *c = NULL;
 
 	ck_assert_msg(bin, "KVTIERD is not set");
-	snprintf(p->dir, sizeof(p->dir), "/tmp/kvt-llm-test-XXXXXX");
-	ck_assert(mkdtemp(p->dir));
+	kvt_test_tmpdir(p->dir, sizeof(p->dir), "llm-test");
 	snprintf(p->sock, sizeof(p->sock), "%s/kvtierd.sock", p->dir);
 	snprintf(p->log, sizeof(p->log), "%s/kvtierd.log", p->dir);
 	p->pid = fork();
@@ -318,13 +318,13 @@ END_TEST
 static int
 run_cli(const char *const *argv, char *out, size_t outlen, char *err, size_t errlen)
 {
-	char op[] = "/tmp/check_llm_kvtier.out.XXXXXX", ep[] = "/tmp/check_llm_kvtier.err.XXXXXX";
-	int fo = mkstemp(op), fe = mkstemp(ep), st;
+	char op[64], ep[64];
+	int fo = kvt_test_tmpfile(op, sizeof(op), "llm-kvtier-out"),
+	    fe = kvt_test_tmpfile(ep, sizeof(ep), "llm-kvtier-err"), st;
 	const char *args[40] = {KVTIER_LLM_PATH};
 	ssize_t n;
 	pid_t pid;
 
-	ck_assert(fo >= 0 && fe >= 0);
 	for (int i = 0; argv[i] && i < 38; i++)
 		args[i + 1] = argv[i];
 	pid = fork();
@@ -469,8 +469,6 @@ main(void)
 {
 	Suite *s = suite_create("llm_kvtier");
 	TCase *tc = tcase_create("kvtier");
-	SRunner *sr;
-	int failed;
 
 	llm_test_model_or_skip("check_llm_kvtier");
 	tcase_add_checked_fixture(tc, setup, teardown);
@@ -483,9 +481,5 @@ main(void)
 	tcase_add_test(tc, test_cli_kvtier);
 	tcase_add_test(tc, test_cli_eval);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return kvt_check_run(s);
 }
