@@ -18,6 +18,7 @@
 #include "generate.h"
 #include "kv.h"
 #include "kv_kvtier.h"
+#include "kvdump.h"
 #include "model.h"
 #include "simd.h"
 #include "tokenizer.h"
@@ -40,6 +41,7 @@ struct opts {
 	struct kv_kvtier_opts ko; /* --socket, --policy, --hbm, ... */
 	int kvtier_opt;		  /* a kvtier-only option was given */
 	uint32_t hold_s;
+	const char *dump_kv; /* --dump-kv FILE */
 	int eval, quick;
 	struct llm_eval_opts eo;
 	/* -1: the --eval/--quick default */
@@ -83,6 +85,9 @@ usage(FILE *out)
 	    "      --sinks N         first tokens always in T0 (4)\n"
 	    "      --hold-seconds N  keep the sequence open N seconds after generating, so\n"
 	    "                        'kvtierctl seqs' can show its tiers (0)\n"
+	    "      --dump-kv FILE    append this run's post-RoPE keys and queries (every layer\n"
+	    "                        and head, f16) to FILE as one sequence, for\n"
+	    "                        kvtier-bench-retrieval --data real (format: kvdump.h)\n"
 	    "\n"
 	    "Evaluation (needs kvtierd; no --prompt):\n"
 	    "      --eval            token agreement and perplexity per tiering policy and budget\n"
@@ -169,6 +174,7 @@ parse_opts(int argc, char **argv, struct opts *o)
 		O_JOBS,
 		O_SPEED_TOKENS,
 		O_SPEED_REPS,
+		O_DUMP_KV,
 	};
 	static const struct option lo[] = {
 	    {"model", required_argument, NULL, 'm'},
@@ -201,6 +207,7 @@ parse_opts(int argc, char **argv, struct opts *o)
 	    {"jobs", required_argument, NULL, O_JOBS},
 	    {"speed-tokens", required_argument, NULL, O_SPEED_TOKENS},
 	    {"speed-reps", required_argument, NULL, O_SPEED_REPS},
+	    {"dump-kv", required_argument, NULL, O_DUMP_KV},
 	    {0},
 	};
 	int64_t delta = -1, window = -1;
@@ -289,6 +296,9 @@ parse_opts(int argc, char **argv, struct opts *o)
 				return -EINVAL;
 			}
 			o->kvtier = !strcmp(optarg, "kvtier");
+			break;
+		case O_DUMP_KV:
+			o->dump_kv = optarg;
 			break;
 		case O_SOCKET:
 			o->ko.socket = optarg;
@@ -398,9 +408,9 @@ parse_opts(int argc, char **argv, struct opts *o)
 		return -EINVAL;
 	}
 	if (o->eval) {
-		if (o->prompt || o->kvtier) {
-			fprintf(stderr, "kvtier-llm: --eval takes no --prompt and no --kv (it runs "
-					"both backends)\n");
+		if (o->prompt || o->kvtier || o->dump_kv) {
+			fprintf(stderr, "kvtier-llm: --eval takes no --prompt, --kv or --dump-kv (it "
+					"runs both backends)\n");
 			return -EINVAL;
 		}
 		llm_eval_opts_default(&o->eo, o->quick);
@@ -581,6 +591,7 @@ main(int argc, char **argv)
 	struct llm_tok *tok = NULL;
 	struct kv_backend *kv = NULL;
 	struct llm_ctx *ctx = NULL;
+	struct llm_kvdump *dump = NULL;
 	struct llm_sampler smp = {0};
 	struct llm_ids prompt = {0}, out = {0};
 	struct llm_gen_stats st;
@@ -664,6 +675,14 @@ main(int argc, char **argv)
 	ret = llm_ctx_create(m, kv, o.threads, &ctx);
 	if (ret < 0)
 		goto err_errno;
+	if (o.dump_kv) {
+		ret = llm_kvdump_open(o.dump_kv, &m->cfg, &dump, err, sizeof(err));
+		if (ret < 0) {
+			fprintf(stderr, "kvtier-llm: --dump-kv: %s\n", err);
+			goto out;
+		}
+		ctx->dump = dump;
+	}
 	ret = llm_sampler_init(&smp, m->cfg.n_vocab, o.temp, o.top_p, o.seed);
 	if (ret < 0)
 		goto err_errno;
@@ -681,6 +700,12 @@ main(int argc, char **argv)
 			   o.json ? NULL : print_token, &stream, &out, &st);
 	if (ret < 0)
 		goto err_errno;
+	ret = llm_kvdump_close(dump);
+	dump = NULL;
+	if (ret < 0) {
+		fprintf(stderr, "kvtier-llm: --dump-kv %s: %s\n", o.dump_kv, strerror(-ret));
+		goto out;
+	}
 	if (o.json) {
 		ret = print_json(&o, path, m, tok, &prompt, &out, &st, kv);
 		if (ret < 0)
@@ -745,6 +770,9 @@ out:
 	llm_ids_free(&prompt);
 	llm_ids_free(&out);
 	llm_ctx_free(ctx);
+	/* a failed run's records stay uncounted: the next open cuts them off */
+	if (dump)
+		llm_kvdump_discard(dump);
 	kv_destroy(kv);
 	llm_tok_free(tok);
 	llm_model_free(m);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "kvdump.h"
 #include "llm_pool.h"
 #include "simd.h"
 
@@ -509,6 +510,8 @@ llm_step(struct llm_ctx *c, uint32_t token, const float **ret_logits)
 		matvecs(c, c->xb, 3, &L->wq, c->q, &L->wk, k, &L->wv, v);
 		rope_apply(c, c->q, cfg->n_head);
 		rope_apply(c, k, cfg->n_head_kv);
+		if (c->dump)
+			llm_kvdump_layer(c->dump, l, c->q, k);
 
 		ret = kv->ops->view(kv, l, &c->view);
 		if (ret < 0)
@@ -557,6 +560,11 @@ llm_step(struct llm_ctx *c, uint32_t token, const float **ret_logits)
 	ret = kv->ops->append(kv, c->cur_pos, c->tok);
 	if (ret < 0)
 		return ret;
+	if (c->dump) {
+		ret = llm_kvdump_token(c->dump, c->cur_pos);
+		if (ret < 0)
+			return ret;
+	}
 	if (kv->ops->score) {
 		float norm = 1.0f / ((float)cfg->n_layer * (float)cfg->n_head);
 

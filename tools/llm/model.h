@@ -68,6 +68,7 @@ int llm_model_load(const char *path, struct llm_model **ret_model, char *err, si
 void llm_model_free(struct llm_model *m);
 
 struct llm_pool;
+struct llm_kvdump;
 
 /*
  * A running sequence: scratch buffers, the thread pool and the KV backend. Not thread-safe;
@@ -94,6 +95,7 @@ struct llm_ctx {
 	const struct llm_mat *job_mats[3];
 	float *job_outs[3];
 	uint32_t job_n;
+	struct llm_kvdump *dump; /* optional, borrowed: gets each step's post-RoPE Q and K */
 };
 
 /*
@@ -107,8 +109,8 @@ void llm_ctx_free(struct llm_ctx *c);
 /*
  * llm_step() - run @token at position kv->n through the model; on success *@ret_logits points
  * to n_vocab logits valid until the next step, and the token's rows are appended to the backend.
- * Returns 0, -EINVAL (token out of range), -EPROTO (the backend broke the view contract), or
- * the backend's error.
+ * Returns 0, -EINVAL (token out of range), -EPROTO (the backend broke the view contract), the
+ * backend's error, or the dump's write error (c->dump).
  */
 int llm_step(struct llm_ctx *c, uint32_t token, const float **ret_logits);
 
