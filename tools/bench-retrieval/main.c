@@ -27,7 +27,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h> /* munmap */
+#include <fcntl.h>
+#include <sys/mman.h> /* mmap, munmap */
+#include <sys/stat.h>
+#include <unistd.h>
 #include <time.h>
 
 #if defined(__x86_64__)
@@ -36,8 +39,10 @@
 
 #include <json-c/json.h>
 
+#include "../llm/kvdump.h"
 #include "gen.h"
 #include "paris.h"
+#include "quant.h" /* kvt_f16_to_f32 */
 #include "simd.h"
 #include "srht.h"
 #include "thp.h"
@@ -45,7 +50,10 @@
 #include "faiss_peer.h"
 #endif
 
-#define D    128
+#define DMAX 128
+/* Key dimension of the running case: DMAX for the synthetic sets, the model's head_dim for real
+ * keys (64 for SmolLM2, which is what kvtierd indexes for it). A multiple of 16. */
+static int D = DMAX;
 #define KMAX 200
 #define NK   3
 static const uint32_t ks[NK] = {64, 100, 200};
@@ -183,7 +191,7 @@ add_row(const char *data, uint32_t n, uint32_t k, const char *method, const char
 		snprintf(w->param, sizeof(w->param), "%s", param);
 	}
 	fprintf(stderr,
-		"  %-8s n=%-8u k=%-4u %-18s recall %.3f p5 %.3f  %10.1f us/query  build %.2f s"
+		"  %-11s n=%-8u k=%-4u %-18s recall %.3f p5 %.3f  %10.1f us/query  build %.2f s"
 		"  [%s]\n",
 		data, n, k, method, recall, low, us, build_s, param);
 }
@@ -296,7 +304,7 @@ __attribute__((target("avx2,fma,f16c"))) static void
 exact_scan(const uint16_t *kh, uint32_t n, const float *q, uint32_t k, uint32_t *ret)
 {
 	struct heap h = {.k = k};
-	__m256 qv[D / 8];
+	__m256 qv[DMAX / 8];
 
 	for (int b = 0; b < D / 8; b++)
 		qv[b] = _mm256_loadu_ps(q + 8 * b);
@@ -508,7 +516,7 @@ peer_sweep(struct fpeer *p, enum fpeer_kind kind, const char *method, const char
 
 						if (ids[i] < 0)
 							continue;
-						for (unsigned int j = 0; j < D; j++)
+						for (int j = 0; j < D; j++)
 							s += key[j] * q[j];
 						cid[m] = (uint32_t)ids[i];
 						cs[m++] = s;
@@ -538,12 +546,10 @@ out:
 
 /* ---- one (data set, n) ---- */
 
+/* Every method on @keys [n][D] and @qs [nq][D]; rows are named @name. */
 static int
-run_case(enum gen_set set, uint32_t n, uint32_t nq)
+run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint32_t nq)
 {
-	const char *name = gen_name(set);
-	float *keys = malloc((size_t)n * D * sizeof(float));
-	float *qs = malloc((size_t)nq * D * sizeof(float));
 	uint32_t *truth = malloc((size_t)nq * KMAX * sizeof(uint32_t));
 	double *lat = malloc(nq * sizeof(double)), *rec = malloc(nq * sizeof(double));
 	int64_t ids[KMAX];
@@ -552,12 +558,9 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 	double t0, build;
 	int r = -ENOMEM;
 
-	if (!keys || !qs || !truth || !lat || !rec)
+	if (!truth || !lat || !rec)
 		goto out;
-	fprintf(stderr, "%s n=%u: generating, ground truth for %u queries\n", name, n, nq);
-	r = gen_make(set, n, D, nq, 1, keys, qs);
-	if (r < 0)
-		goto out;
+	fprintf(stderr, "%s n=%u: ground truth for %u queries\n", name, n, nq);
 	for (uint32_t qi = 0; qi < nq; qi++)
 		ground_truth(keys, n, qs + (size_t)qi * D, truth + (size_t)qi * KMAX);
 
@@ -566,7 +569,8 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 		struct kvt_srht srht;
 		struct kvt_paris_index ix;
 		struct kvt_paris_scratch scr = {0};
-		const struct kvt_paris_keys kacc = {raw_key, keys, raw_key_prefetch};
+		/* the accessor only reads: ctx is void * for other callers' state */
+		const struct kvt_paris_keys kacc = {raw_key, (void *)keys, raw_key_prefetch};
 		struct arena ar = {0};
 		const struct kvt_paris_alloc alloc = {arena_get, arena_put, &ar};
 
@@ -684,6 +688,12 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 					n, fname[kind], hnsw_max);
 				continue;
 			}
+			/* PQ's 256 centroids per sub-quantizer need 256 training keys (n / 10) */
+			if (kind == FPEER_IVFPQ && n / 10 < 256) {
+				fprintf(stderr, "%s n=%u: skipping %s below 2560 keys\n", name, n,
+					fname[kind]);
+				continue;
+			}
 			fprintf(stderr, "%s n=%u: building %s\n", name, n, fname[kind]);
 			t0 = now();
 			r = fpeer_build((enum fpeer_kind)kind, keys, n, D, n / 10, &p);
@@ -721,11 +731,170 @@ run_case(enum gen_set set, uint32_t n, uint32_t nq)
 #endif
 	r = 0;
 out:
-	free(keys);
-	free(qs);
 	free(truth);
 	free(lat);
 	free(rec);
+	return r;
+}
+
+/* ---- real keys: a kvtier-llm --dump-kv file (tools/llm/kvdump.h) ---- */
+
+#define REAL_MAX_HEADS 16
+
+struct real_head {
+	uint32_t layer, kv_head;
+	char name[24]; /* "real/l15h0": rows point at it */
+};
+
+static struct real_head real_heads[REAL_MAX_HEADS];
+static uint32_t n_real_heads;
+
+/* "L.H" (layer, kv head) for --real-head; 0 or -EINVAL */
+static int
+parse_real_head(const char *s)
+{
+	unsigned int l, h;
+	int used = 0;
+
+	if (n_real_heads == REAL_MAX_HEADS || sscanf(s, "%u.%u%n", &l, &h, &used) != 2 ||
+	    s[used])
+		return -EINVAL;
+	real_heads[n_real_heads++] = (struct real_head){.layer = l, .kv_head = h};
+	return 0;
+}
+
+/*
+ * One (layer, kv head) of the dump is one key set: the keys of every token of every sequence
+ * pooled (n = the dump's token count), at the model's head_dim; the cache one head of kvtierd
+ * indexes, with several sequences in a row to reach a useful n. Queries: @nq tokens spread
+ * evenly over the dump (the last of each nq-th slice), each through one of the query heads
+ * that read this kv head (cycling through the GQA group), searched against the whole pool.
+ */
+static int
+run_real(const char *path, uint32_t nq)
+{
+	const struct llm_kvdump_hdr *h;
+	struct stat st;
+	uint8_t *map = MAP_FAILED;
+	float *keys = NULL, *qs = NULL;
+	const char *why;
+	uint32_t n, group;
+	int fd, r;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		r = -errno;
+		fprintf(stderr, "kvtier-bench-retrieval: --keys %s: %s\n", path, strerror(-r));
+		goto out;
+	}
+	if ((uint64_t)st.st_size >= sizeof(*h))
+		map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+	if (map == MAP_FAILED) {
+		r = (uint64_t)st.st_size < sizeof(*h) ? -EINVAL : -errno;
+		fprintf(stderr, "kvtier-bench-retrieval: --keys %s: %s\n", path,
+			r == -EINVAL ? "shorter than a dump header" : strerror(-r));
+		goto out;
+	}
+	h = (const struct llm_kvdump_hdr *)map;
+	why = llm_kvdump_hdr_check(h, (uint64_t)st.st_size);
+	r = -EINVAL;
+	if (why) {
+		fprintf(stderr, "kvtier-bench-retrieval: --keys %s: %s\n", path, why);
+		goto out;
+	}
+	if (h->head_dim % 16 || h->head_dim > DMAX || h->n_tokens < 256 ||
+	    h->n_tokens > (1u << 26)) {
+		fprintf(stderr,
+			"kvtier-bench-retrieval: --keys %s: head_dim %u and %llu tokens; the "
+			"benchmark needs head_dim a multiple of 16 up to %d and 256 .. 2^26 tokens "
+			"(make a longer dump: tools/make-real-keys.sh)\n",
+			path, h->head_dim, (unsigned long long)h->n_tokens, DMAX);
+		goto out;
+	}
+	n = (uint32_t)h->n_tokens;
+	group = h->q_heads / h->kv_heads;
+	if (!n_real_heads) {
+		/* an early, a middle and the last layer, kv head 0 */
+		real_heads[n_real_heads++] = (struct real_head){.layer = 1 % h->layers};
+		real_heads[n_real_heads++] = (struct real_head){.layer = h->layers / 2};
+		real_heads[n_real_heads++] = (struct real_head){.layer = h->layers - 1};
+	}
+	for (uint32_t i = 0; i < n_real_heads; i++)
+		if (real_heads[i].layer >= h->layers || real_heads[i].kv_head >= h->kv_heads) {
+			fprintf(stderr,
+				"kvtier-bench-retrieval: --real-head %u.%u: the dump has layers "
+				"0..%u and kv heads 0..%u\n",
+				real_heads[i].layer, real_heads[i].kv_head, h->layers - 1,
+				h->kv_heads - 1);
+			goto out;
+		}
+	D = (int)h->head_dim;
+	r = -ENOMEM;
+	keys = malloc((size_t)n * D * sizeof(float));
+	qs = malloc((size_t)nq * D * sizeof(float));
+	if (!keys || !qs)
+		goto out;
+	fprintf(stderr,
+		"real: %s: %llu tokens in %u sequences, %u layers, %u kv heads, %u query heads, "
+		"head_dim %u\n",
+		path, (unsigned long long)h->n_tokens, h->n_seqs, h->layers, h->kv_heads,
+		h->q_heads, h->head_dim);
+	for (uint32_t hi = 0; hi < n_real_heads; hi++) {
+		struct real_head *rh = &real_heads[hi];
+		const size_t kn = (size_t)h->kv_heads * D, qn = (size_t)h->q_heads * D;
+
+		snprintf(rh->name, sizeof(rh->name), "real/l%uh%u", rh->layer, rh->kv_head);
+		for (uint32_t t = 0; t < n; t++) {
+			const uint16_t *k = (const uint16_t *)(map + h->hdr_bytes +
+							       (size_t)t * h->rec_bytes + 8) +
+					    rh->layer * kn + (size_t)rh->kv_head * D;
+
+			for (int j = 0; j < D; j++)
+				keys[(size_t)t * D + j] = kvt_f16_to_f32(k[j]);
+		}
+		for (uint32_t qi = 0; qi < nq; qi++) {
+			uint64_t t = ((uint64_t)(qi + 1) * n) / nq - 1;
+			uint32_t qh = rh->kv_head * group + qi % group;
+			const uint16_t *q = (const uint16_t *)(map + h->hdr_bytes +
+							       t * h->rec_bytes + 8) +
+					    h->layers * kn + rh->layer * qn + (size_t)qh * D;
+
+			for (int j = 0; j < D; j++)
+				qs[(size_t)qi * D + j] = kvt_f16_to_f32(q[j]);
+		}
+		r = run_case(rh->name, keys, n, qs, nq);
+		if (r < 0)
+			goto out;
+	}
+	r = 0;
+out:
+	if (map != MAP_FAILED)
+		munmap(map, (size_t)st.st_size);
+	if (fd >= 0)
+		close(fd);
+	free(keys);
+	free(qs);
+	D = DMAX;
+	return r;
+}
+
+static int
+run_synthetic(enum gen_set set, uint32_t n, uint32_t nq)
+{
+	float *keys = malloc((size_t)n * DMAX * sizeof(float));
+	float *qs = malloc((size_t)nq * DMAX * sizeof(float));
+	int r = -ENOMEM;
+
+	if (!keys || !qs)
+		goto out;
+	D = DMAX;
+	fprintf(stderr, "%s n=%u: generating\n", gen_name(set), n);
+	r = gen_make(set, n, D, nq, 1, keys, qs);
+	if (r >= 0)
+		r = run_case(gen_name(set), keys, n, qs, nq);
+out:
+	free(keys);
+	free(qs);
 	return r;
 }
 
@@ -756,10 +925,10 @@ print_json(void)
 static void
 print_table(void)
 {
-	printf("%-8s %8s %4s %-18s %7s %7s %12s %9s\n", "data", "n", "k", "method", "recall", "p5",
+	printf("%-11s %8s %4s %-18s %7s %7s %12s %9s\n", "data", "n", "k", "method", "recall", "p5",
 	       "us/query", "build_s");
 	for (int i = 0; i < nrows; i++)
-		printf("%-8s %8u %4u %-18s %7.3f %7.3f %12.1f %9.2f\n", rows[i].data, rows[i].n,
+		printf("%-11s %8u %4u %-18s %7.3f %7.3f %12.1f %9.2f\n", rows[i].data, rows[i].n,
 		       rows[i].k, rows[i].method, rows[i].recall, rows[i].recall_p5, rows[i].us,
 		       rows[i].build_s);
 }
@@ -772,6 +941,8 @@ usage(FILE *f)
 	    "usage: kvtier-bench-retrieval [--json] [--quick] [--queries N] [--hnsw-max N]\n"
 	    "                              [--size N] [--no-faiss] [--no-thp] [--stages]\n"
 	    "                              [--sweep] [--simd scalar|avx2|avx512]\n"
+	    "                              [--data outlier|drift|real]... [--keys FILE]\n"
+	    "                              [--real-head L.H]...\n"
 	    "  --json        print {\"rows\":[...]} on stdout instead of a table\n"
 	    "  --quick       N = 32K and 128K only (the full run adds 1M)\n"
 	    "  --queries N   queries per case (default 32)\n"
@@ -782,7 +953,13 @@ usage(FILE *f)
 	    "  --stages      also print where kvtier's search spends its time (stderr)\n"
 	    "  --sweep       recall-time curves at k = 100: kvtier's ratios with and without\n"
 	    "                refine, IVFPQ nprobe (alone and + exact rescoring), HNSW efSearch\n"
-	    "  --simd L      cap the engine's SIMD level at L (default: the best the CPU has)\n");
+	    "  --simd L      cap the engine's SIMD level at L (default: the best the CPU has)\n"
+	    "  --data SET    only this data set (repeatable); default outlier and drift, and\n"
+	    "                real when --keys is given\n"
+	    "  --keys FILE   the real set: a kvtier-llm --dump-kv file (tools/make-real-keys.sh),\n"
+	    "                measured at the n it holds (--size and --quick do not apply)\n"
+	    "  --real-head L.H  layer L, kv head H of the dump (repeatable, up to 16; default\n"
+	    "                layers 1, L/2 and the last, kv head 0)\n");
 }
 
 int
@@ -794,15 +971,19 @@ main(int argc, char **argv)
 	    {"size", required_argument, NULL, 's'},    {"no-faiss", no_argument, NULL, 'F'},
 	    {"no-thp", no_argument, NULL, 'T'},	       {"stages", no_argument, NULL, 'S'},
 	    {"sweep", no_argument, NULL, 'W'},	       {"simd", required_argument, NULL, 'L'},
-	    {"help", no_argument, NULL, 'h'},	       {0},
+	    {"help", no_argument, NULL, 'h'},	       {"data", required_argument, NULL, 'D'},
+	    {"keys", required_argument, NULL, 'K'},    {"real-head", required_argument, NULL, 'H'},
+	    {0},
 	};
+	const char *keys_path = NULL;
+	unsigned int data_mask = 0; /* 1 << GEN_OUTLIER | 1 << GEN_DRIFT | 1 << 2 (real) */
 	uint32_t sizes[3] = {32768, 131072, 1048576}, nsizes = 3;
 	bool json = false, quick = false;
 	uint32_t nq = 32;
 	double t0 = now();
 	int c, r;
 
-	while ((c = getopt_long(argc, argv, "jqn:m:s:FTSWL:h", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "jqn:m:s:FTSWL:hD:K:H:", opts, NULL)) != -1) {
 		switch (c) {
 		case 'j':
 			json = true;
@@ -848,6 +1029,31 @@ main(int argc, char **argv)
 			}
 			kvt_simd_cap((enum kvt_simd)r);
 			break;
+		case 'D':
+			if (!strcmp(optarg, "outlier") || !strcmp(optarg, "drift")) {
+				data_mask |= 1u << (strcmp(optarg, "outlier") ? GEN_DRIFT : GEN_OUTLIER);
+			} else if (!strcmp(optarg, "real")) {
+				data_mask |= 1u << 2;
+			} else {
+				fprintf(stderr,
+					"kvtier-bench-retrieval: --data wants outlier, drift or real, "
+					"got '%s'\n",
+					optarg);
+				return 2;
+			}
+			break;
+		case 'K':
+			keys_path = optarg;
+			break;
+		case 'H':
+			if (parse_real_head(optarg) < 0) {
+				fprintf(stderr,
+					"kvtier-bench-retrieval: --real-head wants LAYER.KVHEAD (e.g. "
+					"15.0), at most %d times, got '%s'\n",
+					REAL_MAX_HEADS, optarg);
+				return 2;
+			}
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -859,18 +1065,35 @@ main(int argc, char **argv)
 #ifndef KVT_HAVE_FAISS
 	fprintf(stderr, "note: built without FAISS; only kvtier and exact are measured\n");
 #endif
-	fprintf(stderr, "kvtier-bench-retrieval: 1 thread, D = %d, simd %s\n", D,
+	fprintf(stderr, "kvtier-bench-retrieval: 1 thread, D = %d (synthetic sets), simd %s\n", D,
 		kvt_simd_name(kvt_simd_level()));
+	if (!data_mask)
+		data_mask = 1u << GEN_OUTLIER | 1u << GEN_DRIFT | (keys_path ? 1u << 2 : 0);
+	if ((data_mask & 1u << 2) && !keys_path) {
+		fprintf(stderr, "kvtier-bench-retrieval: --data real needs --keys FILE (make one "
+				"with tools/make-real-keys.sh)\n");
+		return 2;
+	}
 	if (quick && nsizes == 3)
 		nsizes = 2;
 	for (uint32_t si = 0; si < nsizes; si++) {
 		for (int set = GEN_OUTLIER; set <= GEN_DRIFT; set++) {
-			r = run_case((enum gen_set)set, sizes[si], nq);
+			if (!(data_mask & 1u << set))
+				continue;
+			r = run_synthetic((enum gen_set)set, sizes[si], nq);
 			if (r < 0) {
 				fprintf(stderr, "kvtier-bench-retrieval: %s n=%u failed: %s\n",
 					gen_name((enum gen_set)set), sizes[si], strerror(-r));
 				return 1;
 			}
+		}
+	}
+	if (data_mask & 1u << 2) {
+		r = run_real(keys_path, nq);
+		if (r < 0) {
+			fprintf(stderr, "kvtier-bench-retrieval: real keys %s failed: %s\n",
+				keys_path, strerror(-r));
+			return 1;
 		}
 	}
 	if (json)
