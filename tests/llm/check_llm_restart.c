@@ -29,6 +29,7 @@
 #include "harness.h"
 #include "kvt_ctl.h"
 #include "llm_test.h"
+#include "kvt_test.h"
 
 static const char *model_path;
 static unsigned ntok = 96;
@@ -113,8 +114,11 @@ seq_tokens(const char *sock, int64_t *ret_n, unsigned n_ret)
 		ret_n[i] = 0;
 	ck_assert_ptr_nonnull(o);
 	ck_assert(json_object_object_get_ex(o, "seqs", &a));
-	for (size_t i = 0; i < json_object_array_length(a) && i < n_ret; i++)
-		ret_n[i] = json_get_i64(json_object_array_get_idx(a, i), "n");
+	for (size_t i = 0; i < json_object_array_length(a) && i < n_ret; i++) {
+		ret_n[i] = json_get_i64(json_object_array_get_idx(a, i), "tokens");
+		ck_assert_msg(ret_n[i] >= 0, "SEQS has no \"tokens\": %s",
+			      json_object_to_json_string(o));
+	}
 	json_object_put(o);
 }
 
@@ -221,8 +225,6 @@ main(void)
 	Suite *s = suite_create("llm_restart");
 	TCase *tc = tcase_create("llm_restart");
 	const char *e = getenv("KVT_RESTART_TOKENS");
-	SRunner *sr;
-	int failed;
 
 	model_path = llm_test_model_or_skip("check_llm_restart");
 	if (e && atoi(e) >= 40)
@@ -230,9 +232,5 @@ main(void)
 	tcase_set_timeout(tc, 3600);
 	tcase_add_test(tc, t_generate_through_restarts);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
+	return kvt_check_run(s);
 }
