@@ -771,12 +771,15 @@ run_one(struct kvt_client *c, struct kvt_sqe *e, struct kvt_cqe *ret)
 	int r;
 
 	e->user_data = ud;
-	last_error[0] = '\0';
 	r = kvt_submit(c);
-	if (r < 0)
+	if (r < 0) {
+		kvtc_set_error("could not submit to kvtierd: %s", kvt_strerror(r));
 		return r;
+	}
 	for (;;) {
 		r = wait_raw(c, &cqe);
+		if (r == -ECONNRESET) /* else the daemon's own message, set by session_lost() */
+			set_last_error("connection to kvtierd lost");
 		if (r < 0)
 			return r;
 		if (cqe.user_data == ud)
@@ -796,13 +799,13 @@ sync_sqe(struct kvt_client *c, int uses_arena, int *ret_err)
 {
 	struct kvt_sqe *e;
 
-	last_error[0] = '\0';
 	*ret_err = c->dead ? c->dead : -EBUSY;
 	if (c->dead)
 		return NULL;
 	if (uses_arena && c->inflight) {
-		set_last_error("operations in flight: a blocking call with a payload needs the whole "
-			       "arena (reap them first)");
+		set_last_error(
+		    "operations in flight: a blocking call with a payload needs the whole "
+		    "arena (reap them first)");
 		return NULL;
 	}
 	e = kvt_get_sqe(c);
@@ -871,8 +874,10 @@ kvt_seq_open(struct kvt_client *c, const struct kvt_seq_params *p, uint32_t *ret
 	struct kvt_sqe *e;
 
 	r = seq_params_rebase(c, &q);
-	if (r < 0)
+	if (r < 0) {
+		set_last_error("a T0 or staging offset overflows with its buffer's offset");
 		return r;
+	}
 	e = payload_sqe(c, &q, sizeof(q), &r);
 	if (!e)
 		return r;
@@ -989,8 +994,11 @@ kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer0, u
 
 	if (len > c->arena_size)
 		len = c->arena_size & ~3ull; /* as many positions as the arena holds */
-	if ((flags & KVT_FETCH_F_LIST) && len != (uint64_t)count * sizeof(uint32_t))
+	if ((flags & KVT_FETCH_F_LIST) && len != (uint64_t)count * sizeof(uint32_t)) {
+		kvtc_set_error("%u positions are more than the %llu-byte arena holds", count,
+			       (unsigned long long)c->arena_size);
 		return -E2BIG;
+	}
 	e = sync_sqe(c, 1, &r);
 	if (!e)
 		return r;
@@ -1011,8 +1019,11 @@ kvt_topk(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigne
 	struct kvt_sqe *e;
 	int r;
 
-	if (out_off > c->arena_size || out_len > c->arena_size - out_off || out_len > UINT32_MAX)
+	if (out_off > c->arena_size || out_len > c->arena_size - out_off || out_len > UINT32_MAX) {
+		kvtc_set_error("the query and the output do not fit the %llu-byte arena",
+			       (unsigned long long)c->arena_size);
 		return -E2BIG;
+	}
 	e = sync_sqe(c, 1, &r);
 	if (!e)
 		return r;

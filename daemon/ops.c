@@ -348,8 +348,12 @@ op_refused(struct kvtd_session *s, const struct kvt_sqe *e, int r)
 	op[i] = '\0';
 	if (!s->why_set)
 		snprintf(s->why, sizeof(s->why), "%s", strerror(-r));
-	log_debug("session %u (pid %d): %s refused (seq %u, user_data %#llx): %s: %s", s->id,
-		  (int)s->pid, op, e->seq, (unsigned long long)e->user_data, strerror(-r), s->why);
+	/* The journal gets SESSION=, PID=, SEQ= and OP= with it (log.h). */
+	kvtd_log_f(
+	    KVTD_LOG_DEBUG,
+	    &(struct kvtd_log_fields){.session = s->id, .pid = s->pid, .seq = e->seq, .op = name},
+	    "session %u (pid %d): %s refused (seq %u, user_data %#llx): %s: %s", s->id, (int)s->pid,
+	    op, e->seq, (unsigned long long)e->user_data, strerror(-r), s->why);
 	if (s->op_err) {
 		struct kvt_op_err *x = s->op_err;
 

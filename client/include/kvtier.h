@@ -59,9 +59,10 @@ int kvt_connect(const char *path, const struct kvt_opts *opts, struct kvt_client
 /* Ends the session: the daemon frees every sequence, slot and buffer it held. NULL is fine. */
 void kvt_disconnect(struct kvt_client *c);
 
-/* The daemon's error message for the last failed connect, buffer registration or
- * unregistration, or blocking operation (kvt_nop() ... kvt_topk(): "FETCH: ...", the op and
- * what was wrong) of this thread (empty when it gave none; each of those calls clears it first).
+/* The error message for this thread's last failed connect, buffer registration or
+ * unregistration (the daemon's; empty when it gave none; each of those calls clears it first),
+ * or blocking operation (kvt_nop() ... kvt_topk(), set when one fails: "FETCH: ...", the op and
+ * what was wrong; a successful one leaves it, so read it right after the failure).
  * Valid until the next libkvtier call on this thread. */
 const char *kvt_last_error(void);
 

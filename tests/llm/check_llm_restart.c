@@ -133,10 +133,17 @@ wait_tokens(const char *sock, int64_t n, struct gen *g)
 		seq_tokens(sock, t, 2);
 		if (t[0] >= n && t[1] >= n)
 			return;
-		for (int i = 0; i < 2; i++)
+		for (int i = 0; i < 2; i++) {
+			struct pollfd p = {.fd = g[i].out, .events = POLLIN};
+
 			ck_assert_msg(waitpid(g[i].pid, &st, WNOHANG) == 0,
 				      "kvtier-llm %d ended before %lld tokens", (int)g[i].pid,
 				      (long long)n);
+			/* its JSON is out: it finished generating short of the restart point */
+			ck_assert_msg(poll(&p, 1, 0) == 0,
+				      "kvtier-llm %d finished before %lld tokens", (int)g[i].pid,
+				      (long long)n);
+		}
 		usleep(20000);
 	}
 }
