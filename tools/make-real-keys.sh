@@ -5,7 +5,7 @@
 # Runs kvtier-llm --dump-kv once per prompt (plain prompts, sampled at temperature 0.8 with a
 # fixed seed per run, so the text does not loop), appending one sequence per run, until the
 # file holds at least $TOKENS tokens (default 8192). Every token of every layer is kept:
-# 46,080 bytes per token for SmolLM2-135M (30 layers, 3 kv heads, 9 query heads, head_dim 64,
+# 46,088 bytes per token for SmolLM2-135M (30 layers, 3 kv heads, 9 query heads, head_dim 64,
 # f16), about 380 MB for 8K tokens. It takes a few minutes on one core and is not committed.
 #
 # Idempotent: an existing file with enough tokens is left alone (remove it to remake it).
