@@ -300,7 +300,8 @@ def _print_table(res: dict[str, Any]) -> None:
               f"{res[f'tok_s_{kind}_p95']:>9.2f}{res[f'step_us_{kind}']['p50']:>13}"
               f"{res[f'cpu_us_{kind}']['p50']:>12}")
     if "kvtier_us_per_step" in res:
-        print(f"kvtier: {res['kvtier_us_per_step']} us of a {res['kvtier_us_per_step'] + res['model_us_per_step']:.0f} us "
+        step = res["kvtier_us_per_step"] + res["model_us_per_step"]
+        print(f"kvtier: {res['kvtier_us_per_step']} us of a {step:.0f} us "
               f"step (median; mean share {res['kvtier_share_of_step']:.1%}); "
               f"kvtier/dynamic tok/s {res.get('kvtier_vs_dynamic')}")
 

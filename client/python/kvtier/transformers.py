@@ -44,7 +44,7 @@ import errno as _errno
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -452,8 +452,9 @@ class KvtierCache(Cache):
             self._inflight -= 1
             if cqe.res < 0:
                 what = "SCORE_ADD" if cqe.user_data & _UD_SCORE == _UD_SCORE else "APPEND"
+                n = cqe.user_data & 0xFFFFFFFF
                 raise KvtierError(cqe.res, f"queued {what}",
-                                  f"kvtierd refused the {what} of step {cqe.user_data & 0xFFFFFFFF}")
+                                  f"kvtierd refused the {what} of the pass that ends at n={n}")
             if cqe.user_data & _UD_SCORE == _UD_APPEND:
                 pos = cqe.user_data & 0xFFFFFFFF
                 if cqe.res != pos:

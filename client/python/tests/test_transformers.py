@@ -299,3 +299,41 @@ def test_evicted_run_equals_attention_over_live_positions(lm, kvtierd_module):
     assert max(hidden) == st.tier_count[3], hidden
     again, _ = generate(lm, p, Restricted(cache.visible), "kvtier")
     assert again == ids
+
+
+def test_daemon_killed_mid_generation(lm, kvtierd_factory):
+    """kvtierd SIGKILLed between two steps: the next RETIER raises KvtierError(ECONNRESET)
+    out of generate() (no hang, no garbage tokens), and the cache keeps refusing."""
+    import errno
+    import signal
+
+    from transformers import StoppingCriteria
+
+    import kvtier
+
+    d = kvtierd_factory()
+    model, tok = lm
+
+    class KillAt(StoppingCriteria):
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, input_ids, scores, **kw):
+            self.calls += 1
+            if self.calls == 3:
+                d.kill(signal.SIGKILL)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    cache = KvtierCache(model, socket=d.socket, policy="tiered", hbm_frac=0.5,
+                        evict_frac=0.0, **SMALL)
+    ids = tok(PROMPTS[0], return_tensors="pt")
+    with pytest.raises(kvtier.KvtierError) as ei:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            model.generate(**ids, past_key_values=cache, max_new_tokens=32, min_new_tokens=32,
+                           do_sample=False, stopping_criteria=[KillAt()])
+    assert ei.value.errno == errno.ECONNRESET, ei.value
+    with pytest.raises(kvtier.KvtierError):
+        cache.update(torch.zeros(1, cache.kv_heads, 1, cache.head_dim),
+                     torch.zeros(1, cache.kv_heads, 1, cache.head_dim), 0)
+    cache.close()
