@@ -21,6 +21,7 @@
 
 #include "kvt_ctl.h"
 #include "kvt_ring.h"
+#include "kvt_version.h"
 #include "kvtier.h"
 #include "kvtier_int.h"
 
@@ -342,6 +343,12 @@ KVT_EXPORT uint32_t
 kvt_abi_version(void)
 {
 	return (uint32_t)KVT_ABI_MAJOR << 16 | KVT_ABI_MINOR;
+}
+
+KVT_EXPORT const char *
+kvt_version(void)
+{
+	return KVT_VERSION;
 }
 
 KVT_EXPORT uint32_t

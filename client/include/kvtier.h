@@ -73,6 +73,12 @@ const char *kvt_last_error(void);
  */
 uint32_t kvt_abi_version(void);
 
+/*
+ * kvt_version() - the kvtier release this libkvtier belongs to, "major.minor.patch" (the
+ * KVT_VERSION kvtierd --version and kvtierctl --version print). Static storage; thread-safe.
+ */
+const char *kvt_version(void);
+
 /* Session id, as kvtierctl shows it. */
 uint32_t kvt_session_id(const struct kvt_client *c);
 

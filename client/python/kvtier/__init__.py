@@ -69,6 +69,21 @@ from .core import (
 
 __version__ = "0.1.0"
 
+
+def version() -> str:
+    """The kvtier release of the loaded libkvtier (kvt_version()), "major.minor.patch"."""
+    import ctypes
+
+    from . import _lib, core
+
+    if not _lib.has(core._LIB, "kvt_version"):
+        raise LibraryError(f"{LIBRARY_PATH} predates kvt_version()")
+    fn = core._LIB.kvt_version
+    fn.argtypes = []
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
+
+
 __all__ = [
     "ABI_MAJOR", "ABI_MINOR", "APPEND_F_T0", "FETCH_F_LIST", "FETCH_F_T1", "FETCH_F_T2",
     "OP_APPEND", "OP_FETCH", "OP_NOP", "OP_RETIER", "OP_SCORE_ADD", "OP_SEQ_CLOSE",
@@ -78,4 +93,5 @@ __all__ = [
     "CHANGE_DTYPE", "DTYPES", "LIBRARY_PATH", "PARAM_FIELDS", "POLICIES", "SCORE_MODES",
     "AppendResult", "Buffer", "Client", "FetchResult", "KvtierError", "RetierResult",
     "Sequence", "SeqStat", "TopkResult", "abi_version", "connect", "make_params", "strerror",
+    "version",
 ]
