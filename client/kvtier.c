@@ -780,13 +780,16 @@ run_one(struct kvt_client *c, struct kvt_sqe *e, struct kvt_cqe *ret)
 	e->user_data = ud;
 	r = kvt_submit(c);
 	if (r < 0) {
-		kvtc_set_error("could not submit to kvtierd: %s", kvt_strerror(r));
+		if (c->dead)
+			last_error[0] = '\0'; /* nothing stale; kvt_strerror() says it all */
+		else
+			kvtc_set_error("could not ring kvtierd's doorbell: %s", kvt_strerror(r));
 		return r;
 	}
 	for (;;) {
 		r = wait_raw(c, &cqe);
 		if (r == -ECONNRESET) /* else the daemon's own message, set by session_lost() */
-			set_last_error("connection to kvtierd lost");
+			last_error[0] = '\0';
 		if (r < 0)
 			return r;
 		if (cqe.user_data == ud)
@@ -807,8 +810,10 @@ sync_sqe(struct kvt_client *c, int uses_arena, int *ret_err)
 	struct kvt_sqe *e;
 
 	*ret_err = c->dead ? c->dead : -EBUSY;
-	if (c->dead)
+	if (c->dead) {
+		last_error[0] = '\0'; /* an earlier refusal's reason must not explain this */
 		return NULL;
+	}
 	if (uses_arena && c->inflight) {
 		set_last_error(
 		    "operations in flight: a blocking call with a payload needs the whole "
