@@ -39,10 +39,7 @@ static uint64_t rng = 0x2545f4914f6cdd1dull;
 static uint32_t
 rnd(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (uint32_t)(rng >> 32);
+	return (uint32_t)(kvt_test_xorshift(&rng) >> 32);
 }
 
 static int

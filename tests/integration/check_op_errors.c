@@ -24,6 +24,7 @@
 #include "kvt_ctl.h"
 #include "kvt_ring.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 enum { L = 2, H = 1, D = 64 };
 
@@ -609,24 +610,5 @@ down(void)
 	ck_assert_int_eq(daemon_stop(&Dm), 0);
 }
 
-int
-main(void)
-{
-	Suite *s = suite_create("op_errors");
-	TCase *tc = tcase_create("op_errors");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_checked_fixture(tc, up, down);
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, t_async_op_error);
-	tcase_add_test(tc, t_blocking_last_error);
-	tcase_add_test(tc, t_raw_reader);
-	tcase_add_test(tc, t_raw_scribble);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("op_errors", 60, up, down, t_async_op_error, t_blocking_last_error, t_raw_reader,
+	       t_raw_scribble)

@@ -13,6 +13,7 @@
 
 #include "harness.h"
 #include "kvtier.h"
+#include "kvt_test.h"
 
 enum { L = 1, H = 2, QH = 4, D = 64, S = 4, W = 64, U = 32, N_TOK = 4096, K = 64 };
 #define ROW   (H * D)
@@ -25,18 +26,6 @@ enum { L = 1, H = 2, QH = 4, D = 64, S = 4, W = 64, U = 32, N_TOK = 4096, K = 64
 #define ZONE_END (S + U * ((N_TOK - S - W) / U))
 
 static struct kvtd_proc Dm;
-
-static float
-gauss(uint64_t *s)
-{
-	float u, v;
-
-	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
-	u = ((*s >> 40) + 1) / 16777217.0f;
-	*s = *s * 6364136223846793005ull + 1442695040888963407ull;
-	v = (*s >> 40) / 16777216.0f;
-	return sqrtf(-2 * logf(u)) * cosf(6.2831853f * v);
-}
 
 /*
  * 95 % evicted, the oldest first: 109 live keys in a zone of 4000. The index used to keep the
@@ -70,7 +59,7 @@ START_TEST(t_evicted_count)
 	p.ret_update = U;
 	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
 	for (size_t i = 0; i < (size_t)TOK * N_TOK; i++)
-		keys[i] = gauss(&rng) * (i % D == 3 ? 6.0f : 1.0f);
+		keys[i] = kvt_test_lcg_gauss(&rng) * (i % D == 3 ? 6.0f : 1.0f);
 	for (uint32_t t = 0; t < N_TOK; t += 256)
 		ck_assert_int_eq(
 		    kvt_append(c, seq, keys + (size_t)t * TOK, 256ull * TOK * 4, 256, NULL),
@@ -85,7 +74,7 @@ START_TEST(t_evicted_count)
 	/* the zero query, then a random one; refine and estimate; GQA mean and union */
 	for (int trial = 0; trial < 2; trial++) {
 		for (int i = 0; i < QH * D; i++)
-			q[i] = trial ? gauss(&rng) : 0.0f;
+			q[i] = trial ? kvt_test_lcg_gauss(&rng) : 0.0f;
 		for (unsigned flags = 0; flags < 4; flags++) {
 			unsigned f = (flags & 1 ? KVT_TOPK_F_ESTIMATE : 0) |
 				     (flags & 2 ? KVT_TOPK_F_UNION : 0);
@@ -123,21 +112,4 @@ down(void)
 	ck_assert_int_eq(daemon_stop(&Dm), 0);
 }
 
-int
-main(void)
-{
-	Suite *s = suite_create("topk_evict");
-	TCase *tc = tcase_create("topk_evict");
-	SRunner *sr;
-	int failed;
-
-	tcase_add_checked_fixture(tc, up, down);
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, t_evicted_count);
-	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? 1 : 0;
-}
+KVT_CHECK_MAIN("topk_evict", 120, up, down, t_evicted_count)

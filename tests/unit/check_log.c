@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "kvt_test.h"
 
 /* The iovecs as "A|B|C". */
 static void
@@ -151,11 +152,5 @@ log_suite(void)
 int
 main(void)
 {
-	SRunner *sr = srunner_create(log_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return kvt_check_run(log_suite());
 }
