@@ -569,6 +569,49 @@ START_TEST(t_restart_twice_pipelined)
 }
 END_TEST
 
+/* The op error record's generation (a sequence lock the daemon writes) goes on across a restart
+ * instead of starting again at 0, where a reader holding an old even generation could take a
+ * record the new process is half way through writing for a whole one. */
+static uint32_t
+op_err_gen(struct kvt_client *c)
+{
+	uint64_t sz;
+	const uint8_t *a = kvt_arena(c, &sz), *p = a - 4096;
+	const struct kvt_region_hdr *h;
+
+	/* the region header is on the first page of the mapping the arena ends */
+	for (;; p -= 4096) {
+		h = (const void *)p;
+		if (h->magic == KVT_REGION_MAGIC && p + h->arena_off == a)
+			break;
+	}
+	ck_assert_uint_ne(h->err_off, 0);
+	return __atomic_load_n(&((const struct kvt_op_err *)(p + h->err_off))->gen,
+			       __ATOMIC_ACQUIRE);
+}
+
+START_TEST(t_restart_op_err_gen)
+{
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_client *c;
+	struct kvtd_proc d;
+	uint32_t g1, g2;
+
+	daemon_start(&d, NULL);
+	ck_assert_int_eq(kvt_connect(d.sock, &o, &c), 0);
+	ck_assert_int_lt(kvt_seq_close(c, 5), 0);
+	ck_assert_int_lt(kvt_seq_close(c, 6), 0);
+	g1 = op_err_gen(c);
+	ck_assert_uint_ge(g1, 4);
+	restart(&d, 1);
+	ck_assert_int_lt(kvt_seq_close(c, 7), 0);
+	g2 = op_err_gen(c);
+	ck_assert_uint_eq(g2, g1 + 2);
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 START_TEST(t_restart_not_admin)
 {
 	struct kvtd_proc d;
@@ -611,4 +654,4 @@ END_TEST
 
 KVT_CHECK_MAIN("restart", 300, NULL, NULL, t_restart_lossless, t_restart_refused_image,
 	       t_restart_keeps_quota, t_restart_lowered_limits, t_restart_twice_pipelined,
-	       t_restart_not_admin)
+	       t_restart_op_err_gen, t_restart_not_admin)
