@@ -95,7 +95,8 @@ START_TEST(t_status_clients_seqs)
 	ck_assert_ptr_nonnull(strstr(out, "kvtier_op_total{op=\"append\"} 1\n"));
 	ck_assert_ptr_nonnull(strstr(out, "kvtier_op_total{op=\"seq_open\"} 1\n"));
 	ck_assert_ptr_nonnull(strstr(out, "kvtier_client_sessions{client=\"ctl-live\"} 1\n"));
-	ck_assert_ptr_nonnull(strstr(out, "kvtier_pool_bytes_total{op=\"append\",direction=\"in\"} 2560\n"));
+	ck_assert_ptr_nonnull(
+	    strstr(out, "kvtier_pool_bytes_total{op=\"append\",direction=\"in\"} 2560\n"));
 	ck_assert_ptr_nonnull(strstr(out, "process_open_fds "));
 	ck_assert_ptr_null(strstr(out, "kvtier_session_"));
 	ck_assert_ptr_null(strstr(out, "kvtier_seq_"));
