@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -268,5 +269,58 @@ START_TEST(cuda_daemon_host_buffer_refused)
 }
 END_TEST
 
+/* Restart in place is refused on the CUDA backend (its registrations and IPC mappings do not
+ * cross an exec): RESTART is -EOPNOTSUPP with a reason, SIGUSR2 re-reads the configuration
+ * instead, and the session and its rows go on in the same process. */
+START_TEST(cuda_daemon_restart_refused)
+{
+	struct kvt_opts o = {.size = sizeof(o)};
+	struct kvt_ctl_hdr h = {.type = KVT_CTL_RESTART, .len = sizeof(h), .id = 9};
+	struct kvt_ctl_error e;
+	struct json_object *st;
+	struct kvt_client *c;
+	int fd;
+
+	start();
+	ck_assert_int_eq(kvt_connect(Dm.sock, &o, &c), 0);
+	fd = ctl_raw_connect(Dm.sock);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(send(fd, &h, sizeof(h), 0), sizeof(h));
+	ck_assert_int_ge(ctl_raw_recv(fd, &e, sizeof(e), 10000), (ssize_t)sizeof(e.hdr));
+	ck_assert_uint_eq(e.hdr.type, KVT_CTL_ERROR);
+	ck_assert_uint_eq(e.hdr.id, 9);
+	ck_assert_int_eq(e.err, -EOPNOTSUPP);
+	close(fd);
+	ck_assert_int_eq(kill(Dm.pid, SIGUSR2), 0);
+	{
+		int seen = 0;
+
+		for (int i = 0; i < 500 && !seen; i++) {
+			char line[512];
+			FILE *f = fopen(Dm.log, "r");
+
+			while (f && !seen && fgets(line, sizeof(line), f))
+				seen = strstr(line, "reloading the configuration instead") != NULL;
+			if (f)
+				fclose(f);
+			if (!seen)
+				usleep(10000);
+		}
+		ck_assert_msg(seen, "SIGUSR2 on the CUDA backend did not fall back to a reload");
+	}
+	ck_assert_int_eq(kvt_nop(c), 0); /* same session, same process */
+	st = admin_request(Dm.sock, KVT_CTL_STATUS);
+	ck_assert_ptr_nonnull(st);
+	ck_assert_int_eq(json_get_i64(st, "restarts"), 0);
+	ck_assert_int_eq(json_get_i64(st, "sessions"), 1);
+	json_object_put(st);
+	kvt_disconnect(c);
+	ck_assert(daemon_alive(&Dm));
+	stop();
+	unlink(shim_log);
+}
+END_TEST
+
 KVT_CHECK_MAIN("cuda_daemon", 60, NULL, NULL, cuda_daemon_append_fetch_bit_exact,
-	       cuda_daemon_ipc_closed_once, cuda_daemon_host_buffer_refused)
+	       cuda_daemon_ipc_closed_once, cuda_daemon_host_buffer_refused,
+	       cuda_daemon_restart_refused)
