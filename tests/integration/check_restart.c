@@ -526,44 +526,44 @@ START_TEST(t_restart_lowered_limits)
 }
 END_TEST
 
-/* Two RESTART requests before the first is carried out: one restart, each request answered
- * (the second -EALREADY), none left without a reply. */
+/* Two RESTART requests pipelined: each answered once (the second -EALREADY when it is read
+ * before the first is carried out), none left without a reply. */
 START_TEST(t_restart_twice_pipelined)
 {
 	struct kvtd_proc d;
 	struct kvt_ctl_hdr h[2] = {{.type = KVT_CTL_RESTART, .len = sizeof(h[0]), .id = 1},
 				   {.type = KVT_CTL_RESTART, .len = sizeof(h[0]), .id = 2}};
 	static char buf[KVT_CTL_MAX_MSG];
-	int fd, got_json = 0, got_err = 0;
+	int fd, answered[3] = {0}, restarts = 0;
 	struct json_object *st;
 
 	daemon_start(&d, NULL);
 	fd = ctl_raw_connect(d.sock);
 	ck_assert_int_ge(fd, 0);
-	/* one sendmmsg-free burst: both sit in the socket before the daemon reads either */
+	/* Both sit in the socket before the daemon reads either, or (a slow daemon) the second
+	 * is read by the restarted process: one reply each either way, the first a restart. */
 	ck_assert_int_eq(send(fd, &h[0], sizeof(h[0]), 0), sizeof(h[0]));
 	ck_assert_int_eq(send(fd, &h[1], sizeof(h[1]), 0), sizeof(h[1]));
 	for (int i = 0; i < 2; i++) {
 		ssize_t n = ctl_raw_recv(fd, buf, sizeof(buf), 10000);
 		const struct kvt_ctl_hdr *r = (const void *)buf;
 
-		ck_assert_int_ge(n, (ssize_t)sizeof(*r));
+		ck_assert_msg(n >= (ssize_t)sizeof(*r), "reply %d of 2: %zd", i + 1, n);
+		ck_assert(r->id == 1 || r->id == 2);
+		ck_assert_int_eq(answered[r->id]++, 0);
 		if (r->type == KVT_CTL_JSON) {
-			ck_assert_uint_eq(r->id, 1);
-			got_json++;
+			restarts++;
 		} else {
 			ck_assert_uint_eq(r->type, KVT_CTL_ERROR);
 			ck_assert_uint_eq(r->id, 2);
 			ck_assert_int_eq(((const struct kvt_ctl_error *)buf)->err, -EALREADY);
-			got_err++;
 		}
 	}
-	ck_assert_int_eq(got_json, 1);
-	ck_assert_int_eq(got_err, 1);
+	ck_assert_int_ge(restarts, 1);
 	close(fd);
 	st = admin_request(d.sock, KVT_CTL_STATUS);
 	ck_assert_ptr_nonnull(st);
-	ck_assert_int_eq(json_get_i64(st, "restarts"), 1);
+	ck_assert_int_eq(json_get_i64(st, "restarts"), restarts);
 	json_object_put(st);
 	ck_assert_int_eq(daemon_stop(&d), 0);
 }
