@@ -378,6 +378,7 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 	struct kvtd_seq *q = NULL;
 	/* the start the drain loop read, else (a direct caller) now */
 	uint64_t t0 = s->op_clock_ns ? s->op_clock_ns : kvtd_now_ns(), in0 = 0, out0 = 0, val = 0;
+	uint64_t out_t2_0 = 0, quant0 = 0;
 	const char *field;
 	int r = -EINVAL;
 
@@ -435,12 +436,20 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 	if (q) {
 		in0 = q->bytes_in;
 		out0 = q->bytes_out;
+		out_t2_0 = q->bytes_out_t2;
+		quant0 = q->bytes_quant;
 	}
 	r = def->run(s, e, q, c);
 	/* SEQ_CLOSE freed q; the other ops leave it open */
 	if (q && e->opcode != KVT_OP_SEQ_CLOSE) {
+		uint64_t out = q->bytes_out - out0, out_t2 = q->bytes_out_t2 - out_t2_0;
+
 		s->opst.bytes_in[e->opcode] += q->bytes_in - in0;
-		s->opst.bytes_out[e->opcode] += q->bytes_out - out0;
+		s->opst.bytes_out[e->opcode] += out;
+		s->opst.flow_bytes[KVTD_FLOW_CLIENT_T1] += q->bytes_in - in0;
+		s->opst.flow_bytes[KVTD_FLOW_T1_T2] += q->bytes_quant - quant0;
+		s->opst.flow_bytes[KVTD_FLOW_T1_DEVICE] += out - out_t2;
+		s->opst.flow_bytes[KVTD_FLOW_T2_DEVICE] += out_t2;
 	}
 out:
 	c->res = r;

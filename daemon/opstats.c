@@ -13,4 +13,6 @@ kvtd_op_stats_fold(struct kvtd_op_stats *dst, const struct kvtd_op_stats *src)
 		dst->bytes_in[o] += src->bytes_in[o];
 		dst->bytes_out[o] += src->bytes_out[o];
 	}
+	for (unsigned f = 0; f < KVTD_FLOW__COUNT; f++)
+		dst->flow_bytes[f] += src->flow_bytes[f];
 }

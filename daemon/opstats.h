@@ -19,7 +19,18 @@
 #include "kvt_abi.h"
 
 #define KVTD_LAT_BUCKETS 24
-#define KVTD_OP_SLOTS	 (KVT_OP__COUNT + 1) /* the last one: opcodes outside the table */
+
+/* Where row bytes move (kvtier_tier_bytes_total{from, to}): the client's rows (arena or T0
+ * region) into T1; T1 rows quantized into T2 (the int8 bytes written); T1 and T2 rows copied to
+ * the device (T0 promotions, staging; T2 rows dequantized, counted at full width). */
+enum {
+	KVTD_FLOW_CLIENT_T1,
+	KVTD_FLOW_T1_T2,
+	KVTD_FLOW_T1_DEVICE,
+	KVTD_FLOW_T2_DEVICE,
+	KVTD_FLOW__COUNT
+};
+#define KVTD_OP_SLOTS (KVT_OP__COUNT + 1) /* the last one: opcodes outside the table */
 
 struct kvtd_op_stats {
 	uint64_t count[KVTD_OP_SLOTS];
@@ -29,6 +40,7 @@ struct kvtd_op_stats {
 	uint64_t bytes_in[KVTD_OP_SLOTS];  /* rows the op copied into the pool (APPEND) */
 	uint64_t bytes_out[KVTD_OP_SLOTS]; /* rows it copied out: RETIER promotions to T0,
 					    * FETCH and TOPK rows to the staging buffer */
+	uint64_t flow_bytes[KVTD_FLOW__COUNT];
 };
 
 /* The bucket of a duration: the smallest i with @ns <= 2^i us, KVTD_LAT_BUCKETS past the last. */

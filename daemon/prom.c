@@ -538,6 +538,25 @@ fams_ops(struct sink *k, const struct kvtd_op_stats *st)
 			sample_u64(&f, NULL, out, 2, st->bytes_out[o]);
 		}
 	}
+	{
+		static const char *const flow[KVTD_FLOW__COUNT][2] = {
+		    [KVTD_FLOW_CLIENT_T1] = {"client", "t1"},
+		    [KVTD_FLOW_T1_T2] = {"t1", "t2"},
+		    [KVTD_FLOW_T1_DEVICE] = {"t1", "device"},
+		    [KVTD_FLOW_T2_DEVICE] = {"t2", "device"},
+		};
+		struct fam f =
+		    FAM(k, "kvtier_tier_bytes_total", "counter",
+			"Row bytes moved between tiers: client rows into T1 (append), T1 "
+			"rows quantized into T2 (int8 bytes), T1 and T2 rows copied to the "
+			"device (T0 promotions, staging; T2 dequantized, at full width).");
+
+		for (unsigned i = 0; i < KVTD_FLOW__COUNT; i++) {
+			struct label l[] = {{"from", flow[i][0]}, {"to", flow[i][1]}};
+
+			sample_u64(&f, NULL, l, 2, st->flow_bytes[i]);
+		}
+	}
 }
 
 struct cfam {

@@ -821,7 +821,7 @@ struct row_batch {
 	struct kvt_dev_copy rows[COPY_BATCH];
 	uint8_t *tmp; /* COPY_BATCH rows */
 	unsigned n;
-	uint64_t bytes;
+	uint64_t bytes, bytes_t2; /* rows added; of them, dequantized from T2 */
 };
 
 static int
@@ -846,6 +846,8 @@ batch_add(struct row_batch *b, const struct kvtd_seq *q, uint32_t pos, uint32_t 
 	b->rows[b->n].buf_off = dst_off;
 	b->rows[b->n].len = q->row_bytes;
 	b->bytes += q->row_bytes;
+	if (q->ts.tier[pos] & KVT_TIER_F_INT8)
+		b->bytes_t2 += q->row_bytes;
 	return ++b->n == COPY_BATCH ? batch_flush(b) : 0;
 }
 
@@ -975,6 +977,7 @@ quantize_positions(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *p
 	for (uint32_t done = 0; done < n; done += COPY_BATCH)
 		kvtd_pool_free(&s->d->pool, q->cls, n - done < COPY_BATCH ? n - done : COPY_BATCH,
 			       &s->acct, uid_acct(s), qs + done);
+	q->bytes_quant += (uint64_t)n * q->q_bytes;
 }
 
 int
@@ -1018,7 +1021,7 @@ kvtd_seq_retier(struct kvtd_session *s, struct kvtd_seq *q, void *out, uint64_t 
 		b->s = s;
 		b->buf = q->t0_buf;
 		b->n = 0;
-		b->bytes = 0;
+		b->bytes = b->bytes_t2 = 0;
 		/* Only newly promoted positions are copied, every layer, in batches. */
 		for (uint32_t i = 0; i < plan.n_promote && r == 0; i++)
 			for (uint32_t l = 0; l < q->p.layers && r == 0; l++)
@@ -1028,6 +1031,7 @@ kvtd_seq_retier(struct kvtd_session *s, struct kvtd_seq *q, void *out, uint64_t 
 		if (r == 0)
 			r = batch_flush(b);
 		q->bytes_out += b->bytes;
+		q->bytes_out_t2 += b->bytes_t2;
 		free(b->tmp);
 		free(b);
 		if (r < 0) {
@@ -1146,7 +1150,7 @@ kvtd_seq_fetch(struct kvtd_session *s, struct kvtd_seq *q, unsigned flags, uint3
 	b->s = s;
 	b->buf = q->stage_buf;
 	b->n = 0;
-	b->bytes = 0;
+	b->bytes = b->bytes_t2 = 0;
 	r = 0;
 	for (uint32_t l = layer0; l < layer0 + nlayers && r == 0; l++)
 		for (uint32_t kv = 0; kv < 2 && r == 0; kv++)
@@ -1156,6 +1160,7 @@ kvtd_seq_fetch(struct kvtd_session *s, struct kvtd_seq *q, unsigned flags, uint3
 	if (r == 0)
 		r = batch_flush(b);
 	q->bytes_out += b->bytes;
+	q->bytes_out_t2 += b->bytes_t2;
 	free(b->tmp);
 	free(b);
 	if (r < 0)
@@ -1263,7 +1268,7 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 		b->s = s;
 		b->buf = q->stage_buf;
 		b->n = 0;
-		b->bytes = 0;
+		b->bytes = b->bytes_t2 = 0;
 		r = 0;
 		for (uint32_t h = 0; h < H && r == 0; h++)
 			for (uint32_t i = 0; i < counts[h] && r == 0; i++)
@@ -1273,6 +1278,7 @@ kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32
 		if (r == 0)
 			r = batch_flush(b);
 		q->bytes_out += b->bytes;
+		q->bytes_out_t2 += b->bytes_t2;
 		free(b->tmp);
 		free(b);
 		if (r < 0)

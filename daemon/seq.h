@@ -36,6 +36,9 @@ struct kvtd_seq {
 	void **slot;	 /* [ts.cap] pool slot per position (T1 or T2 by KVT_TIER_F_INT8) */
 	struct kvt_dev_buf *t0_buf, *stage_buf;
 	uint64_t bytes_in, bytes_out;
+	/* by tier, for metrics (not in SEQ_STAT, not kept across a restart): of bytes_out, the
+	 * rows that came from T2 (dequantized); the int8 bytes quantization wrote into T2 */
+	uint64_t bytes_out_t2, bytes_quant;
 	double score_total;
 	/* retrieval (TOPK), when ret_update > 0 */
 	struct kvt_paris_seq *paris;

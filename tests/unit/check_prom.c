@@ -330,9 +330,9 @@ START_TEST(test_metrics_snapshot)
 	/* no per-session family without the documents that carry them */
 	ck_assert_ptr_null(strstr(out, "kvtier_session_"));
 	ck_assert_ptr_null(strstr(out, "kvtier_seq_"));
-	/* 10 op rows x (op, errors, 24 + 1 buckets, sum, count) + 9 opcodes x 2 bytes; 2
-	 * clients x 7 + 2 x 2 bytes; 6 process */
-	ck_assert_uint_eq(check_exposition(out), 10 * 29 + 9 * 2 + 2 * 7 + 4 + 6);
+	/* 10 op rows x (op, errors, 24 + 1 buckets, sum, count) + 9 opcodes x 2 bytes + 4 tier
+	 * flows; 2 clients x 7 + 2 x 2 bytes; 6 process */
+	ck_assert_uint_eq(check_exposition(out), 10 * 29 + 9 * 2 + 4 + 2 * 7 + 4 + 6);
 	free(out);
 }
 END_TEST
