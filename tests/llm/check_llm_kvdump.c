@@ -214,9 +214,9 @@ START_TEST(test_dump)
 		ck_assert_int_eq(kv->ops->view(kv, l, &vw), 0);
 		ck_assert_uint_eq(vw.n, n0);
 		for (uint32_t t = 0; t < n0; t++) {
-			const uint16_t *k = (const uint16_t *)(buf + sizeof(h) +
-							       (size_t)t * h.rec_bytes + 8) +
-					    (size_t)l * kn;
+			const uint16_t *k =
+			    (const uint16_t *)(buf + sizeof(h) + (size_t)t * h.rec_bytes + 8) +
+			    (size_t)l * kn;
 
 			ck_assert_uint_eq(vw.pos[t], t);
 			for (uint32_t i = 0; i < kn; i++)
@@ -231,8 +231,8 @@ START_TEST(test_dump)
 
 		ck_assert_ptr_nonnull(want);
 		for (uint32_t p = 0; p < 4; p++) {
-			const uint16_t *k = (const uint16_t *)(buf + sizeof(h) +
-							       (size_t)p * h.rec_bytes + 8);
+			const uint16_t *k =
+			    (const uint16_t *)(buf + sizeof(h) + (size_t)p * h.rec_bytes + 8);
 
 			layer0_proj(m, prompt.v[p], p, &m->layers[0].wk, h.kv_heads, want);
 			assert_close(k, want, kn, "layer-0 key", p);
@@ -248,10 +248,10 @@ START_TEST(test_dump)
 		json_object *j, *rows, *v;
 		int seen_refine = 0, seen_kvtier = 0, seen_exact = 0;
 
-		run(&r, (const char *const[]){KVTIER_BENCH_RETRIEVAL_PATH, "--data", "real",
-					      "--keys", path, "--queries", "8", "--no-faiss",
-					      "--real-head", "0.0", "--real-head", "29.2", "--json",
-					      NULL});
+		run(&r,
+		    (const char *const[]){KVTIER_BENCH_RETRIEVAL_PATH, "--data", "real", "--keys",
+					  path, "--queries", "8", "--no-faiss", "--real-head",
+					  "0.0", "--real-head", "29.2", "--json", NULL});
 		ck_assert_msg(r.status == 0, "%s", r.err);
 		j = json_tokener_parse(r.out);
 		ck_assert_ptr_nonnull(j);
@@ -336,8 +336,8 @@ START_TEST(test_bad_files)
 	buf = read_file(path, &len);
 	ck_assert_int_eq(truncate(path, (off_t)len - 2), 0);
 	free(buf);
-	run(&r, (const char *const[]){KVTIER_BENCH_RETRIEVAL_PATH, "--data", "real", "--keys",
-				      path, "--no-faiss", NULL});
+	run(&r, (const char *const[]){KVTIER_BENCH_RETRIEVAL_PATH, "--data", "real", "--keys", path,
+				      "--no-faiss", NULL});
 	ck_assert_int_eq(r.status, 1);
 	ck_assert_msg(strstr(r.err, "shorter than its token count"), "%s", r.err);
 	run(&r, (const char *const[]){KVTIER_BENCH_RETRIEVAL_PATH, "--data", "real", NULL});

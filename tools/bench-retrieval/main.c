@@ -756,8 +756,7 @@ parse_real_head(const char *s)
 	unsigned int l, h;
 	int used = 0;
 
-	if (n_real_heads == REAL_MAX_HEADS || sscanf(s, "%u.%u%n", &l, &h, &used) != 2 ||
-	    s[used])
+	if (n_real_heads == REAL_MAX_HEADS || sscanf(s, "%u.%u%n", &l, &h, &used) != 2 || s[used])
 		return -EINVAL;
 	real_heads[n_real_heads++] = (struct real_head){.layer = l, .kv_head = h};
 	return 0;
@@ -845,9 +844,9 @@ run_real(const char *path, uint32_t nq)
 
 		snprintf(rh->name, sizeof(rh->name), "real/l%uh%u", rh->layer, rh->kv_head);
 		for (uint32_t t = 0; t < n; t++) {
-			const uint16_t *k = (const uint16_t *)(map + h->hdr_bytes +
-							       (size_t)t * h->rec_bytes + 8) +
-					    rh->layer * kn + (size_t)rh->kv_head * D;
+			const uint16_t *k =
+			    (const uint16_t *)(map + h->hdr_bytes + (size_t)t * h->rec_bytes + 8) +
+			    rh->layer * kn + (size_t)rh->kv_head * D;
 
 			for (int j = 0; j < D; j++)
 				keys[(size_t)t * D + j] = kvt_f16_to_f32(k[j]);
@@ -855,9 +854,9 @@ run_real(const char *path, uint32_t nq)
 		for (uint32_t qi = 0; qi < nq; qi++) {
 			uint64_t t = ((uint64_t)(qi + 1) * n) / nq - 1;
 			uint32_t qh = rh->kv_head * group + qi % group;
-			const uint16_t *q = (const uint16_t *)(map + h->hdr_bytes +
-							       t * h->rec_bytes + 8) +
-					    h->layers * kn + rh->layer * qn + (size_t)qh * D;
+			const uint16_t *q =
+			    (const uint16_t *)(map + h->hdr_bytes + t * h->rec_bytes + 8) +
+			    h->layers * kn + rh->layer * qn + (size_t)qh * D;
 
 			for (int j = 0; j < D; j++)
 				qs[(size_t)qi * D + j] = kvt_f16_to_f32(q[j]);
@@ -966,13 +965,20 @@ int
 main(int argc, char **argv)
 {
 	static const struct option opts[] = {
-	    {"json", no_argument, NULL, 'j'},	       {"quick", no_argument, NULL, 'q'},
-	    {"queries", required_argument, NULL, 'n'}, {"hnsw-max", required_argument, NULL, 'm'},
-	    {"size", required_argument, NULL, 's'},    {"no-faiss", no_argument, NULL, 'F'},
-	    {"no-thp", no_argument, NULL, 'T'},	       {"stages", no_argument, NULL, 'S'},
-	    {"sweep", no_argument, NULL, 'W'},	       {"simd", required_argument, NULL, 'L'},
-	    {"help", no_argument, NULL, 'h'},	       {"data", required_argument, NULL, 'D'},
-	    {"keys", required_argument, NULL, 'K'},    {"real-head", required_argument, NULL, 'H'},
+	    {"json", no_argument, NULL, 'j'},
+	    {"quick", no_argument, NULL, 'q'},
+	    {"queries", required_argument, NULL, 'n'},
+	    {"hnsw-max", required_argument, NULL, 'm'},
+	    {"size", required_argument, NULL, 's'},
+	    {"no-faiss", no_argument, NULL, 'F'},
+	    {"no-thp", no_argument, NULL, 'T'},
+	    {"stages", no_argument, NULL, 'S'},
+	    {"sweep", no_argument, NULL, 'W'},
+	    {"simd", required_argument, NULL, 'L'},
+	    {"help", no_argument, NULL, 'h'},
+	    {"data", required_argument, NULL, 'D'},
+	    {"keys", required_argument, NULL, 'K'},
+	    {"real-head", required_argument, NULL, 'H'},
 	    {0},
 	};
 	const char *keys_path = NULL;
@@ -1031,14 +1037,16 @@ main(int argc, char **argv)
 			break;
 		case 'D':
 			if (!strcmp(optarg, "outlier") || !strcmp(optarg, "drift")) {
-				data_mask |= 1u << (strcmp(optarg, "outlier") ? GEN_DRIFT : GEN_OUTLIER);
+				data_mask |=
+				    1u << (strcmp(optarg, "outlier") ? GEN_DRIFT : GEN_OUTLIER);
 			} else if (!strcmp(optarg, "real")) {
 				data_mask |= 1u << 2;
 			} else {
-				fprintf(stderr,
-					"kvtier-bench-retrieval: --data wants outlier, drift or real, "
-					"got '%s'\n",
-					optarg);
+				fprintf(
+				    stderr,
+				    "kvtier-bench-retrieval: --data wants outlier, drift or real, "
+				    "got '%s'\n",
+				    optarg);
 				return 2;
 			}
 			break;
@@ -1047,10 +1055,11 @@ main(int argc, char **argv)
 			break;
 		case 'H':
 			if (parse_real_head(optarg) < 0) {
-				fprintf(stderr,
-					"kvtier-bench-retrieval: --real-head wants LAYER.KVHEAD (e.g. "
-					"15.0), at most %d times, got '%s'\n",
-					REAL_MAX_HEADS, optarg);
+				fprintf(
+				    stderr,
+				    "kvtier-bench-retrieval: --real-head wants LAYER.KVHEAD (e.g. "
+				    "15.0), at most %d times, got '%s'\n",
+				    REAL_MAX_HEADS, optarg);
 				return 2;
 			}
 			break;

@@ -74,8 +74,8 @@ llm_kvdump_open(const char *path, const struct llm_config *cfg, struct llm_kvdum
 		h->q_heads = cfg->n_head;
 		h->head_dim = cfg->head_dim;
 		h->dtype = LLM_KVDUMP_F16;
-		h->rec_bytes = (uint32_t)llm_kvdump_rec_bytes(h->layers, h->kv_heads, h->q_heads,
-							      h->head_dim);
+		h->rec_bytes =
+		    (uint32_t)llm_kvdump_rec_bytes(h->layers, h->kv_heads, h->q_heads, h->head_dim);
 		ret = write_all(d->fd, h, sizeof(*h), 0);
 		if (ret < 0) {
 			snprintf(err, errlen, "%s: %s", path, strerror(-ret));

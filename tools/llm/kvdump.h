@@ -30,17 +30,17 @@
 #define LLM_KVDUMP_F16	   0u /* dtype: KVT_DTYPE_F16's value (proto/kvt_abi.h) */
 
 struct llm_kvdump_hdr {
-	char magic[8];	   /* LLM_KVDUMP_MAGIC */
-	uint32_t version;  /* LLM_KVDUMP_VERSION */
+	char magic[8];	    /* LLM_KVDUMP_MAGIC */
+	uint32_t version;   /* LLM_KVDUMP_VERSION */
 	uint32_t hdr_bytes; /* sizeof(struct llm_kvdump_hdr): records start here */
 	uint32_t layers;
 	uint32_t kv_heads;
 	uint32_t q_heads; /* a multiple of kv_heads */
 	uint32_t head_dim;
-	uint32_t dtype;	    /* LLM_KVDUMP_F16 */
-	uint32_t rec_bytes; /* bytes per token record, see above */
-	uint64_t n_tokens;  /* records in the file */
-	uint32_t n_seqs;    /* sequences (runs or prompts) */
+	uint32_t dtype;	      /* LLM_KVDUMP_F16 */
+	uint32_t rec_bytes;   /* bytes per token record, see above */
+	uint64_t n_tokens;    /* records in the file */
+	uint32_t n_seqs;      /* sequences (runs or prompts) */
 	uint32_t reserved[3]; /* zero */
 };
 _Static_assert(sizeof(struct llm_kvdump_hdr) == 64, "llm_kvdump_hdr layout");

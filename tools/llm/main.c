@@ -409,8 +409,9 @@ parse_opts(int argc, char **argv, struct opts *o)
 	}
 	if (o->eval) {
 		if (o->prompt || o->kvtier || o->dump_kv) {
-			fprintf(stderr, "kvtier-llm: --eval takes no --prompt, --kv or --dump-kv (it "
-					"runs both backends)\n");
+			fprintf(stderr,
+				"kvtier-llm: --eval takes no --prompt, --kv or --dump-kv (it "
+				"runs both backends)\n");
 			return -EINVAL;
 		}
 		llm_eval_opts_default(&o->eo, o->quick);
