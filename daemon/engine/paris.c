@@ -1,4 +1,13 @@
 /* SPDX-License-Identifier: MIT */
+/*
+ * paris.c - one ParisKV index (a layer and kv head's retrieval keys) and the search over it,
+ * as docs/retrieval.md describes: keys are rotated (srht.c), given a sign-pattern centroid id per
+ * block and 4-bit RSQ-IP codes, in pages from the caller's allocator; a query builds vote tables,
+ * every live key gets a vote count, a histogram cut keeps the candidates, the 4-bit estimates
+ * rerank them, and an optional exact refine rescores the best from the full-precision keys.
+ * Each hot loop has a scalar version and AVX2 / AVX-512 ones chosen at run time (simd.h); the
+ * unit tests hold the SIMD paths equal to the scalar ones.
+ */
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
@@ -36,6 +45,8 @@ default_page_put(void *ctx, void *page, size_t len)
 	free(page);
 }
 
+/* ---- index pages: layout of a page's centroid ids, codes and weights ------------------------- */
+
 size_t
 kvt_paris_page_bytes(unsigned int dim, unsigned int page_keys)
 {
@@ -65,6 +76,8 @@ key_w(const struct kvt_paris_index *ix, uint32_t p, uint32_t off)
 {
 	return (float *)(key_code(ix, p, off) + (size_t)4 * ix->nblk);
 }
+
+/* ---- the index: init, growth, encoding and appending keys, dropping evicted ones ------------- */
 
 int
 kvt_paris_index_init(struct kvt_paris_index *ix, unsigned int dim, unsigned int page_keys,
@@ -264,6 +277,8 @@ kvt_paris_key_codes(const struct kvt_paris_index *ix, uint32_t i, const uint8_t 
 	return 0;
 }
 
+/* ---- ratio schedules and query preparation (rotation, norm in double) ------------------------ */
+
 void
 kvt_paris_schedule(uint32_t n, double *ret_rho_cand, double *ret_rho_col)
 {
@@ -308,6 +323,8 @@ kvt_paris_query_prep(const struct kvt_srht *srht, const float *q, struct kvt_par
 		ret_q->x[i] = ret_q->dnorm > 0.0 ? (float)(q[i] / ret_q->dnorm) : 0.0f;
 	kvt_srht_apply(srht, ret_q->x, ret_q->y);
 }
+
+/* ---- vote tables and the vote pass (scalar, AVX2, AVX-512 VBMI) ------------------------------ */
 
 /*
  * The first @limit (<= 256) of the 256 flip masks of a block ranked by cost, cost(x) = sum of
@@ -653,6 +670,8 @@ kvt_paris_votes(const struct kvt_paris_index *ix, const uint8_t (*tab)[256], uin
 		ret_hist[0] -= ix->ndead;
 }
 
+/* ---- candidate selection: the histogram cut and the emit of survivors ------------------------ */
+
 /* The cut vote tau and how many keys voting exactly tau are taken (the lowest-index ones). */
 static void
 select_cut(const uint32_t *hist, uint32_t c, uint32_t *ret_tau, uint32_t *ret_eq)
@@ -812,6 +831,8 @@ select_live(const struct kvt_paris_index *ix, const uint8_t *votes, uint32_t c,
 	}
 	return o;
 }
+
+/* ---- rerank: 4-bit RSQ-IP estimates of the candidates (scalar, AVX2, AVX-512) ---------------- */
 
 static void
 rerank_scalar(const struct kvt_paris_index *ix, const struct kvt_paris_query *q, float norm,
@@ -1076,6 +1097,8 @@ kvt_paris_rerank(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 {
 	rerank_norm(ix, q, q->norm, cand, nc, ret_score);
 }
+
+/* ---- top-k of scored positions: partial sort and heap ---------------------------------------- */
 
 /*
  * (score, index) as one integer that sorts ascending in the order top-k wants: higher score
@@ -1370,6 +1393,8 @@ kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, uint3
 		heap_down(ret_idx, ret_score, end - 1, 0);
 	}
 }
+
+/* ---- scratch, the exact refine and the search pipeline --------------------------------------- */
 
 void
 kvt_paris_scratch_fini(struct kvt_paris_scratch *s)
