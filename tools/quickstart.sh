@@ -5,7 +5,9 @@
 # tools/quickstart.sh test   install what is missing, build, run every test through ctest: the
 #                            regular build (CUDA sources compile when the toolkit is present),
 #                            then unit, integration and fuzz tests again under ASan + UBSan,
-#                            again under TSan, and a few suites under valgrind.
+#                            again under TSan, and a few suites under valgrind; then the
+#                            Python package's tests (pytest, transformers included) in a cached
+#                            virtual environment (~/.cache/kvtier/venv).
 #
 # Debian 12 (bookworm). Needs root or sudo for apt-get the first time. Environment:
 #   KVT_BUILD_DIR  build directory (default: build/ in the checkout)
@@ -23,7 +25,7 @@ die() { printf 'quickstart: %s\n' "$*" >&2; exit 1; }
 case "$mode" in
 run | test) ;;
 -h | --help)
-	sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
 	exit 0
 	;;
 *) die "unknown mode '$mode' (expected nothing or 'test')" ;;
