@@ -72,16 +72,11 @@ __version__ = "0.1.0"
 
 def version() -> str:
     """The kvtier release of the loaded libkvtier (kvt_version()), "major.minor.patch"."""
-    import ctypes
-
     from . import _lib, core
 
     if not _lib.has(core._LIB, "kvt_version"):
         raise LibraryError(f"{LIBRARY_PATH} predates kvt_version()")
-    fn = core._LIB.kvt_version
-    fn.argtypes = []
-    fn.restype = ctypes.c_char_p
-    return fn().decode()
+    return core._LIB.kvt_version().decode()
 
 
 __all__ = [

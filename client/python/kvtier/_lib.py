@@ -97,6 +97,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvt_buf_offset": (c_uint64, [P]),
         "kvt_cuda_stream_wait": (c_int, [P, P]),
         "kvt_op_error": (c_int, [P, c_uint64, c_char_p, c_size_t]),
+        "kvt_version": (c_char_p, []),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
