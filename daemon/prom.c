@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "kvt_ctl.h"
+#include "kvt_json_text.h"
 #include "kvt_ring.h"
 #include "kvtd.h"
 #include "ops.h"
@@ -45,45 +46,6 @@ is_num(struct json_object *v)
 {
 	return json_object_is_type(v, json_type_int) || json_object_is_type(v, json_type_double) ||
 	       json_object_is_type(v, json_type_boolean);
-}
-
-static const char *
-as_str(struct json_object *v)
-{
-	return json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
-}
-
-/*
- * A number the way Prometheus reads it: integers exactly (json-c keeps them as 64-bit), doubles
- * with 15 significant digits so 0.03 does not print as 0.0299999..., booleans as 0 or 1.
- */
-static bool
-num_text(struct json_object *v, char *buf, size_t len)
-{
-	double d;
-
-	switch (json_object_get_type(v)) {
-	case json_type_int:
-		if (json_object_get_int64(v) == INT64_MAX)
-			snprintf(buf, len, "%" PRIu64, json_object_get_uint64(v));
-		else
-			snprintf(buf, len, "%" PRId64, json_object_get_int64(v));
-		return true;
-	case json_type_double:
-		d = json_object_get_double(v);
-		if (isnan(d))
-			snprintf(buf, len, "NaN");
-		else if (isinf(d))
-			snprintf(buf, len, d > 0 ? "+Inf" : "-Inf");
-		else
-			snprintf(buf, len, "%.15g", d);
-		return true;
-	case json_type_boolean:
-		snprintf(buf, len, "%d", json_object_get_boolean(v) ? 1 : 0);
-		return true;
-	default:
-		return false;
-	}
 }
 
 /* ---- the two outputs ---- */
@@ -160,7 +122,7 @@ sample_v(struct fam *f, const char *suffix, const struct label *l, size_t nl, st
 	bool first = true;
 	size_t i;
 
-	if (!num_text(v, buf, sizeof(buf)))
+	if (!kvt_json_num_text(v, buf, sizeof(buf)))
 		return;
 	if (!f->samples)
 		start(f);
@@ -259,9 +221,9 @@ fams_status(struct sink *k, struct json_object *st)
 		    FAM(k, "kvtier_build_info", "gauge",
 			"Constant 1, labelled with the daemon's version, ABI and backend.");
 		struct label l[] = {
-		    {"version", as_str(get(st, "version"))},
+		    {"version", kvt_json_str(get(st, "version"))},
 		    {"abi", NULL},
-		    {"backend", as_str(get(st, "backend"))},
+		    {"backend", kvt_json_str(get(st, "backend"))},
 		};
 
 		if (is_num(get(abi, "major")) && is_num(get(abi, "minor"))) {
@@ -283,7 +245,7 @@ fams_status(struct sink *k, struct json_object *st)
 	{
 		struct fam f = FAM(k, "kvtier_pool_info", "gauge",
 				   "Constant 1, labelled with the pool's backing memory.");
-		struct label l = {"backing", as_str(get(get(st, "pool"), "backing"))};
+		struct label l = {"backing", kvt_json_str(get(get(st, "pool"), "backing"))};
 
 		if (l.value)
 			sample_u64(&f, NULL, &l, 1, 1);
@@ -350,13 +312,13 @@ static bool
 id_text(struct json_object *row, const char *key, char *buf, size_t len)
 {
 	return json_object_is_type(get(row, key), json_type_int) &&
-	       num_text(get(row, key), buf, len);
+	       kvt_json_num_text(get(row, key), buf, len);
 }
 
 static const char *
 opt_num(struct json_object *v, char *buf, size_t len)
 {
-	return num_text(v, buf, len) ? buf : NULL;
+	return kvt_json_num_text(v, buf, len) ? buf : NULL;
 }
 
 static void
@@ -381,7 +343,7 @@ fams_sessions(struct sink *k, struct json_object *doc)
 			    {"pid", opt_num(get(row, "pid"), pid, sizeof(pid))},
 			    {"uid", opt_num(get(row, "uid"), uid, sizeof(uid))},
 			    {"gid", opt_num(get(row, "gid"), gid, sizeof(gid))},
-			    {"name", as_str(get(row, "name"))},
+			    {"name", kvt_json_str(get(row, "name"))},
 			};
 
 			if (id_text(row, "session", sess, sizeof(sess)))
@@ -425,9 +387,9 @@ fams_seqs(struct sink *k, struct json_object *doc)
 			    {"layers", opt_num(get(row, "layers"), layers, sizeof(layers))},
 			    {"kv_heads", opt_num(get(row, "kv_heads"), heads, sizeof(heads))},
 			    {"head_dim", opt_num(get(row, "head_dim"), dim, sizeof(dim))},
-			    {"dtype", as_str(get(row, "dtype"))},
-			    {"policy", as_str(get(row, "policy"))},
-			    {"t2_keys", as_str(get(row, "t2_keys"))},
+			    {"dtype", kvt_json_str(get(row, "dtype"))},
+			    {"policy", kvt_json_str(get(row, "policy"))},
+			    {"t2_keys", kvt_json_str(get(row, "t2_keys"))},
 			};
 
 			if (id_text(row, "session", sess, sizeof(sess)) &&

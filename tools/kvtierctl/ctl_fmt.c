@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "ctl_fmt.h"
+#include "kvt_json_text.h"
 
 #define CELL_MAX 48 /* a session name is at most 31 bytes (kvt_ctl_hello.name) */
 
@@ -42,45 +43,6 @@ as_num(struct json_object *v, double *ret)
 		return true;
 	case json_type_boolean:
 		*ret = json_object_get_boolean(v) ? 1 : 0;
-		return true;
-	default:
-		return false;
-	}
-}
-
-static const char *
-as_str(struct json_object *v)
-{
-	return json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
-}
-
-/*
- * A number the way a person and Prometheus both read it: integers exactly (json-c keeps them
- * as 64-bit), doubles with 15 significant digits so 0.03 does not print as 0.0299999...
- */
-static bool
-num_text(struct json_object *v, char *buf, size_t len)
-{
-	double d;
-
-	switch (json_object_get_type(v)) {
-	case json_type_int:
-		if (json_object_get_int64(v) == INT64_MAX)
-			snprintf(buf, len, "%" PRIu64, json_object_get_uint64(v));
-		else
-			snprintf(buf, len, "%" PRId64, json_object_get_int64(v));
-		return true;
-	case json_type_double:
-		d = json_object_get_double(v);
-		if (isnan(d))
-			snprintf(buf, len, "NaN");
-		else if (isinf(d))
-			snprintf(buf, len, d > 0 ? "+Inf" : "-Inf");
-		else
-			snprintf(buf, len, "%.15g", d);
-		return true;
-	case json_type_boolean:
-		snprintf(buf, len, "%d", json_object_get_boolean(v) ? 1 : 0);
 		return true;
 	default:
 		return false;
@@ -196,7 +158,7 @@ render_cell(char *buf, const struct col *c, struct json_object *row)
 	}
 	switch (c->kind) {
 	case COL_STR:
-		s = as_str(v);
+		s = kvt_json_str(v);
 		if (s) {
 			safe_copy(buf, CELL_MAX, s);
 			return;
@@ -208,7 +170,7 @@ render_cell(char *buf, const struct col *c, struct json_object *row)
 			snprintf(buf, CELL_MAX, "%.0f", d);
 			return;
 		}
-		if (num_text(v, buf, CELL_MAX))
+		if (kvt_json_num_text(v, buf, CELL_MAX))
 			return;
 		break;
 	case COL_BYTES:
@@ -348,7 +310,7 @@ kv_num(FILE *out, const char *key, struct json_object *v)
 {
 	char buf[64];
 
-	kv_line(out, key, num_text(v, buf, sizeof(buf)) ? buf : "-");
+	kv_line(out, key, kvt_json_num_text(v, buf, sizeof(buf)) ? buf : "-");
 }
 
 static void
@@ -356,8 +318,8 @@ kv_str(FILE *out, const char *key, struct json_object *v)
 {
 	char buf[128];
 
-	if (as_str(v)) {
-		safe_copy(buf, sizeof(buf), as_str(v));
+	if (kvt_json_str(v)) {
+		safe_copy(buf, sizeof(buf), kvt_json_str(v));
 		kv_line(out, key, buf);
 	} else {
 		kv_line(out, key, "-");
@@ -389,7 +351,7 @@ kv_counters(FILE *out, const char *key, struct json_object *obj)
 		json_object_object_foreach(obj, k, v)
 		{
 			safe_copy(name, sizeof(name), k);
-			if (!num_text(v, num, sizeof(num)))
+			if (!kvt_json_num_text(v, num, sizeof(num)))
 				snprintf(num, sizeof(num), "-");
 			append(line, sizeof(line), &off, "%s%s %s", off ? ", " : "", name, num);
 		}
@@ -406,7 +368,7 @@ kv_tiers(FILE *out, const char *key, struct json_object *arr)
 	line[0] = '\0';
 	n = json_object_is_type(arr, json_type_array) ? json_object_array_length(arr) : 0;
 	for (i = 0; i < n && i < 8; i++) {
-		if (!num_text(json_object_array_get_idx(arr, i), num, sizeof(num)))
+		if (!kvt_json_num_text(json_object_array_get_idx(arr, i), num, sizeof(num)))
 			snprintf(num, sizeof(num), "-");
 		append(line, sizeof(line), &off, "%sT%zu %s", off ? "  " : "", i, num);
 	}
@@ -454,7 +416,7 @@ kvtctl_fmt_status(FILE *out, struct json_object *st)
 		kv_line(out, "pool used", "-");
 	}
 	kv_bytes(out, "pool free", get(pool, "free"));
-	if (!num_text(get(pool, "chunks_free"), b1, sizeof(b1)))
+	if (!kvt_json_num_text(get(pool, "chunks_free"), b1, sizeof(b1)))
 		snprintf(b1, sizeof(b1), "-");
 	if (as_num(get(pool, "chunk_size"), &a))
 		kvtctl_fmt_bytes(b2, sizeof(b2), a);
