@@ -39,9 +39,8 @@ kvtd_op_fail(struct kvtd_session *s, int r, const char *fmt, ...)
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(s->why, sizeof(s->why), fmt, ap);
+	kvtd_why_vset(&s->why, r, fmt, ap);
 	va_end(ap);
-	s->why_set = 1;
 	return r;
 }
 
@@ -58,13 +57,15 @@ arena_fail(struct kvtd_session *s, uint64_t off, uint64_t len, unsigned align)
 }
 
 static int
-op_nop(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
+op_nop(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
+       struct kvtd_seq *q, struct kvt_cqe *c)
 {
 	return 0;
 }
 
 static int
-op_seq_open(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
+op_seq_open(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
+	    struct kvtd_seq *q, struct kvt_cqe *c)
 {
 	struct kvt_seq_params p;
 	const void *src;
@@ -77,11 +78,12 @@ op_seq_open(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q,
 	if (!src)
 		return arena_fail(s, e->arena_off, e->arena_len, 8);
 	memcpy(&p, src, sizeof(p));
-	return kvtd_seq_open(s, &p);
+	return kvtd_session_seq_open(s, &p);
 }
 
 static int
-op_append(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
+op_append(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
+	  struct kvtd_seq *q, struct kvt_cqe *c)
 {
 	uint64_t first = q->ts.n, len;
 	const void *src;
@@ -98,7 +100,7 @@ op_append(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, s
 		src = arena_range(s, e->arena_off, len, 4);
 		if (!src)
 			return arena_fail(s, e->arena_off, len, 4);
-		r = kvtd_seq_append_t0(s, q, src, e->ntok);
+		r = kvtd_seq_append_t0(x, q, src, e->ntok);
 	} else {
 		len = (uint64_t)e->ntok * q->token_bytes;
 		if (e->arena_len != len)
@@ -110,7 +112,7 @@ op_append(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, s
 		src = arena_range(s, e->arena_off, len, 1);
 		if (!src)
 			return arena_fail(s, e->arena_off, len, 1);
-		r = kvtd_seq_append_rows(s, q, src, e->ntok);
+		r = kvtd_seq_append_rows(x, q, src, e->ntok);
 	}
 	if (r < 0)
 		return (int)r;
@@ -119,7 +121,8 @@ op_append(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, s
 }
 
 static int
-op_score_add(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
+op_score_add(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
+	     struct kvtd_seq *q, struct kvt_cqe *c)
 {
 	const float *v;
 
@@ -130,11 +133,12 @@ op_score_add(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q
 	v = arena_range(s, e->arena_off, e->arena_len, 4);
 	if (!v)
 		return arena_fail(s, e->arena_off, e->arena_len, 4);
-	return kvtd_seq_score_add(s, q, e->first_pos, e->npos, v);
+	return kvtd_seq_score_add(x, q, e->first_pos, e->npos, v);
 }
 
 static int
-op_retier(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
+op_retier(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
+	  struct kvtd_seq *q, struct kvt_cqe *c)
 {
 	uint32_t changes = 0;
 	void *out;
@@ -143,13 +147,14 @@ op_retier(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, s
 	out = arena_range(s, e->arena_off, e->arena_len, 8);
 	if (!out)
 		return arena_fail(s, e->arena_off, e->arena_len, 8);
-	r = kvtd_seq_retier(s, q, out, e->arena_len, &changes);
+	r = kvtd_seq_retier(x, q, out, e->arena_len, &changes);
 	c->aux[0] = changes;
 	return r;
 }
 
 static int
-op_fetch(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
+op_fetch(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
+	 struct kvtd_seq *q, struct kvt_cqe *c)
 {
 	void *list;
 
@@ -169,12 +174,13 @@ op_fetch(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, st
 	list = arena_range(s, e->arena_off, e->arena_len, 4);
 	if (!list)
 		return arena_fail(s, e->arena_off, e->arena_len, 4);
-	return kvtd_seq_fetch(s, q, e->op_flags, (uint32_t)e->layer0, (uint32_t)e->nlayers,
+	return kvtd_seq_fetch(x, q, e->op_flags, (uint32_t)e->layer0, (uint32_t)e->nlayers,
 			      e->stage_row, list, e->arena_len / 4, e->npos);
 }
 
 static int
-op_topk(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
+op_topk(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
+	struct kvtd_seq *q, struct kvt_cqe *c)
 {
 	const float *query;
 	void *out;
@@ -197,20 +203,22 @@ op_topk(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, str
 		    "output (out_off %llu, out_len %u) is not 8-byte aligned inside "
 		    "the %llu-byte arena",
 		    (unsigned long long)e->out_off, e->out_len, (unsigned long long)s->arena_size);
-	r = kvtd_seq_topk(s, q, (uint32_t)e->layer, e->k, e->op_flags, query, e->arena_len / 4, out,
+	r = kvtd_seq_topk(x, q, (uint32_t)e->layer, e->k, e->op_flags, query, e->arena_len / 4, out,
 			  e->out_len, &n);
 	c->aux[0] = n;
 	return r;
 }
 
 static int
-op_seq_close(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
+op_seq_close(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
+	     struct kvtd_seq *q, struct kvt_cqe *c)
 {
-	return kvtd_seq_close(s, q->id);
+	return kvtd_session_seq_close(s, q->id);
 }
 
 static int
-op_seq_stat(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q, struct kvt_cqe *c)
+op_seq_stat(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
+	    struct kvtd_seq *q, struct kvt_cqe *c)
 {
 	struct kvt_seq_stat st;
 	void *dst;
@@ -228,7 +236,7 @@ op_seq_stat(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q,
 	st.n_tokens = q->ts.n;
 	for (int t = 0; t < 4; t++)
 		st.tier_count[t] = q->ts.count[t];
-	st.pool_bytes = kvtd_seq_pool_bytes(s, q);
+	st.pool_bytes = kvtd_seq_pool_bytes(x->pool, q);
 	st.bytes_in = q->bytes_in;
 	st.bytes_out = q->bytes_out;
 	st.score_total = q->score_total;
@@ -260,8 +268,8 @@ struct kvtd_op_def {
 	uint8_t fields;
 	uint16_t op_flags;
 	bool needs_seq;
-	int (*run)(struct kvtd_session *s, const struct kvt_sqe *e, struct kvtd_seq *q,
-		   struct kvt_cqe *c);
+	int (*run)(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
+		   struct kvtd_seq *q, struct kvt_cqe *c);
 };
 
 static const struct kvtd_op_def kvtd_op_defs[] = {
@@ -346,14 +354,14 @@ op_refused(struct kvtd_session *s, const struct kvt_sqe *e, int r)
 	else
 		i = (unsigned)snprintf(op, sizeof(op), "OPCODE %u", e->opcode);
 	op[i] = '\0';
-	if (!s->why_set)
-		snprintf(s->why, sizeof(s->why), "%s", strerror(-r));
+	if (!s->why.set)
+		snprintf(s->why.msg, sizeof(s->why.msg), "%s", strerror(-r));
 	/* The journal gets SESSION=, PID=, SEQ= and OP= with it (log.h). */
 	kvtd_log_f(
 	    KVTD_LOG_DEBUG,
 	    &(struct kvtd_log_fields){.session = s->id, .pid = s->pid, .seq = e->seq, .op = name},
 	    "session %u (pid %d): %s refused (seq %u, user_data %#llx): %s: %s", s->id, (int)s->pid,
-	    op, e->seq, (unsigned long long)e->user_data, strerror(-r), s->why);
+	    op, e->seq, (unsigned long long)e->user_data, strerror(-r), s->why.msg);
 	if (s->op_err) {
 		struct kvt_op_err *x = s->op_err;
 
@@ -366,7 +374,7 @@ op_refused(struct kvtd_session *s, const struct kvt_sqe *e, int r)
 		x->reserved[0] = 0;
 		/* Long reasons are cut (precision: the cut is meant, not a warning). */
 		snprintf(x->msg, sizeof(x->msg), "%s: %.*s", op,
-			 (int)(sizeof(x->msg) - 3 - strlen(op)), s->why);
+			 (int)(sizeof(x->msg) - 3 - strlen(op)), s->why.msg);
 		kvt_op_err_end(x, &s->op_err_gen);
 	}
 }
@@ -384,7 +392,7 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 
 	c->res = 0;
 	c->aux[0] = c->aux[1] = 0;
-	s->why_set = 0; /* a reason stated outside an op (a restore) must not explain this one */
+	s->why.set = 0; /* a reason stated outside an op (a restore) must not explain this one */
 	if (e->opcode >= KVT_OP__COUNT) {
 		r = kvtd_op_fail(s, -EINVAL,
 				 "unknown opcode %u (this kvtierd knows 0..%u, ABI %u.%u)",
@@ -408,7 +416,7 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 			    s->max_seqs);
 			goto out;
 		}
-		q = kvtd_seq_get(s, e->seq);
+		q = kvtd_session_seq(s, e->seq);
 		if (!q) {
 			r = kvtd_op_fail(s, -ENOENT, "seq %u is not open (closed, or never opened)",
 					 e->seq);
@@ -439,7 +447,7 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 		out_t2_0 = q->bytes_out_t2;
 		quant0 = q->bytes_quant;
 	}
-	r = def->run(s, e, q, c);
+	r = def->run(s, kvtd_session_ctx(s), e, q, c);
 	/* SEQ_CLOSE freed q; the other ops leave it open */
 	if (q && e->opcode != KVT_OP_SEQ_CLOSE) {
 		uint64_t out = q->bytes_out - out0, out_t2 = q->bytes_out_t2 - out_t2_0;

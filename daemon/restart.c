@@ -996,7 +996,7 @@ session_restore(struct kvtd *d, struct img_conn *c)
 	for (uint32_t i = 0; i < c->n_seqs; i++) {
 		struct img_seq *q = &c->seqs[i];
 
-		r = kvtd_seq_restore(s, &q->p, q->id, &q->si);
+		r = kvtd_session_seq_restore(s, &q->p, q->id, &q->si);
 		if (r < 0) {
 			log_err("restart: session %u seq %u: %s", s->id, q->id, strerror(-r));
 			return r;
@@ -1079,7 +1079,7 @@ kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
 
 		for (unsigned k = 0; s && k < s->max_seqs && r == 0; k++)
 			if (s->seqs[k]) {
-				r = kvtd_seq_restore_retrieval(s, s->seqs[k]);
+				r = kvtd_seq_restore_retrieval(kvtd_session_ctx(s), s->seqs[k]);
 				if (r < 0)
 					log_err(
 					    "restart: session %u seq %u: rebuilding its retrieval "

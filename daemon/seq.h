@@ -2,11 +2,15 @@
 /*
  * seq.h - per-sequence state: geometry, the pool slot of every position (full precision for
  * T1, int8 for T2), and the tier state of daemon/engine/tier.h (scores, tiers, T0 slot map).
- * Poller lock held for everything here.
+ * The functions take the sequence and a struct kvtd_seq_ctx, never the session: the session
+ * (session.c) keeps the table of sequences and builds the context. Implemented in seq.c,
+ * seq_t2.c, seq_copy.c and seq_topk.c (seq_int.h says what each holds). Poller lock held for
+ * everything here.
  */
 #ifndef KVTD_SEQ_H
 #define KVTD_SEQ_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -14,8 +18,52 @@
 #include "paris_seq.h"
 #include "tier.h"
 
-struct kvtd_session;
+struct kvt_dev;
 struct kvt_dev_buf;
+struct kvt_dev_event;
+struct kvtd_acct;
+struct kvtd_pool;
+struct kvtd_scratch;
+
+/* Why the op being run was refused: ops.c prefixes the opcode's name and hands it to the client
+ * (struct kvt_op_err). */
+struct kvtd_why {
+	int set; /* msg holds the reason of the op being run */
+	char msg[KVT_OP_ERR_MSG_LEN];
+};
+
+/* Formats @fmt into @w, marks it set and returns @r. Only on the error path. */
+int kvtd_why_vset(struct kvtd_why *w, int r, const char *fmt, va_list ap);
+
+/*
+ * struct kvtd_seq_ctx - what a sequence operation needs besides the sequence: its owner's
+ * resources, narrowed to what the sequence layer touches. The owner (a session, or a test)
+ * keeps the table of sequences; nothing here reaches back into it.
+ * @pool: where every slot and index page comes from.
+ * @dev: the device backend the copies go through.
+ * @acct, @uid_acct: the accounts charged for pool bytes (@uid_acct may be NULL).
+ * @event: recorded after each op's device copies (NULL: none asked for).
+ * @scr: per-op scratch (the poller's): row batches, quantization room, query copies.
+ * @bufs, @n_bufs: the owner's registered buffers (index = buf id - 1) for SEQ_OPEN's regions.
+ * @why: where a refusal's reason goes (kvtd_seq_fail()).
+ * @owner_id: the session id, for logs.
+ */
+struct kvtd_seq_ctx {
+	struct kvtd_pool *pool;
+	struct kvt_dev *dev;
+	struct kvtd_acct *acct, *uid_acct;
+	struct kvt_dev_event *event;
+	struct kvtd_scratch *scr;
+	struct kvt_dev_buf *const *bufs;
+	unsigned n_bufs;
+	uint32_t owner_id;
+	struct kvtd_why *why;
+};
+
+/* kvtd_seq_fail() - state why the op is refused, printf-style, into @x->why; returns @r so a
+ * function can `return kvtd_seq_fail(x, -EINVAL, "...")`. */
+int kvtd_seq_fail(const struct kvtd_seq_ctx *x, int r, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 struct kvtd_seq {
 	uint32_t id;
@@ -43,55 +91,58 @@ struct kvtd_seq {
 	/* retrieval (TOPK), when ret_update > 0 */
 	struct kvt_paris_seq *paris;
 	struct kvt_paris_scratch scr;
-	struct kvtd_session *owner; /* for the index page allocator */
-	int cls_pg;		    /* pool class of index pages */
-	float *keybuf;		    /* f32 keys being encoded, U tokens */
+	/* the owner's context, for the index page allocator (paris calls back without one) */
+	const struct kvtd_seq_ctx *owner;
+	int cls_pg;    /* pool class of index pages */
+	float *keybuf; /* f32 keys being encoded, U tokens */
 	uint32_t *topk_pos;
 	float *topk_score;
 	uint32_t topk_cap;
 };
 
+/* kvtd_seq_check() - SEQ_OPEN's parameter checks alone (the reason in @x->why). Returns 0 or
+ * -EINVAL. */
+int kvtd_seq_check(const struct kvtd_seq_ctx *x, const struct kvt_seq_params *p);
+
 /*
- * kvtd_seq_open() - validate @p (already copied out of the arena) and create a sequence.
- * Returns the id (> 0), -EINVAL (bad field, reason logged at debug level), -EMFILE
- * (seqs_per_session reached), -ENOENT (buffer id not registered), -ERANGE (region outside its
- * buffer), -E2BIG (a token slot larger than a pool chunk), -ENOSPC (no pool class left), -ENOMEM.
+ * kvtd_seq_create() - validate @p (already copied out of the arena) and create a sequence, its
+ * id left 0 for the owner to assign. Returns 0, -EINVAL (bad field, reason in @x->why), -ENOENT
+ * (buffer id not registered), -ERANGE (region outside its buffer), -E2BIG (a token slot larger
+ * than a pool chunk), -ENOSPC (no pool class left), -ENOMEM.
  */
-int kvtd_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p);
-/* Frees the sequence's slots and buffer references. Returns 0 or -ENOENT. */
-int kvtd_seq_close(struct kvtd_session *s, uint32_t id);
-void kvtd_seq_destroy(struct kvtd_session *s, struct kvtd_seq *q);
-/* NULL when @id names no open sequence. */
-struct kvtd_seq *kvtd_seq_get(struct kvtd_session *s, uint32_t id);
+int kvtd_seq_create(const struct kvtd_seq_ctx *x, const struct kvt_seq_params *p,
+		    struct kvtd_seq **ret_q);
+/* Frees the sequence's slots, index pages and buffer references. NULL is fine. */
+void kvtd_seq_destroy(const struct kvtd_seq_ctx *x, struct kvtd_seq *q);
 
 /* APPEND from rows in memory laid out [token][layer][K,V][row]. Returns the new n or -errno. */
-int64_t kvtd_seq_append_rows(struct kvtd_session *s, struct kvtd_seq *q, const uint8_t *rows,
+int64_t kvtd_seq_append_rows(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const uint8_t *rows,
 			     uint32_t ntok);
 /* APPEND from free T0 slots @slots of the T0 region. Returns the new n, -EINVAL (slot out of
  * range or named twice), -EBUSY (slot holds a live token), -E2BIG (more than 256 tokens). */
-int64_t kvtd_seq_append_t0(struct kvtd_session *s, struct kvtd_seq *q, const uint32_t *slots,
+int64_t kvtd_seq_append_t0(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const uint32_t *slots,
 			   uint32_t ntok);
 
 /* SCORE_ADD. Returns 0, -EINVAL (range past n, a value negative, NaN or infinite). */
-int kvtd_seq_score_add(struct kvtd_session *s, struct kvtd_seq *q, uint64_t first, uint32_t count,
-		       const float *v);
+int kvtd_seq_score_add(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint64_t first,
+		       uint32_t count, const float *v);
 
-/* Pool bytes the sequence holds (T1 and T2 slots). */
-uint64_t kvtd_seq_pool_bytes(struct kvtd_session *s, const struct kvtd_seq *q);
+/* Pool bytes the sequence holds (T1 and T2 slots, key-scale blocks). */
+uint64_t kvtd_seq_pool_bytes(const struct kvtd_pool *pool, const struct kvtd_seq *q);
 
 /* RETIER: result written to @out (@out_len bytes). Returns bytes written or -errno. */
-int kvtd_seq_retier(struct kvtd_session *s, struct kvtd_seq *q, void *out, uint64_t out_len,
+int kvtd_seq_retier(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, void *out, uint64_t out_len,
 		    uint32_t *ret_changes);
 
 /* FETCH (see KVT_FETCH_F_* in kvt_abi.h). @list: the arena (positions in or out), @list_cap
  * entries. Returns rows staged per (layer, K|V) or -errno. */
-int kvtd_seq_fetch(struct kvtd_session *s, struct kvtd_seq *q, unsigned flags, uint32_t layer0,
-		   uint32_t nlayers, uint32_t stage_row, uint32_t *list, uint32_t list_cap,
-		   uint32_t count);
+int kvtd_seq_fetch(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, unsigned flags,
+		   uint32_t layer0, uint32_t nlayers, uint32_t stage_row, uint32_t *list,
+		   uint32_t list_cap, uint32_t count);
 
 /* TOPK (see KVT_TOPK_F_* in kvt_abi.h). @query: @q_len floats in the arena; @out: @out_len
  * bytes in the arena. Returns the stride or -errno; @ret_n: the retrieval keys N. */
-int kvtd_seq_topk(struct kvtd_session *s, struct kvtd_seq *q, uint32_t layer, uint32_t k,
+int kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t layer, uint32_t k,
 		  unsigned flags, const float *query, uint64_t q_len, void *out, uint64_t out_len,
 		  uint64_t *ret_n);
 
@@ -113,17 +164,17 @@ struct kvtd_seq_image {
 };
 
 /*
- * kvtd_seq_restore() - re-create sequence @id of @s from @img: parameters checked as SEQ_OPEN
- * does, tier state by kvt_tier_seq_restore(), every slot claimed back from the pool
- * (kvtd_pool_claim(), before kvtd_pool_claim_done()). No retrieval state yet: see
- * kvtd_seq_restore_retrieval(). Returns 0, -EINVAL (the image contradicts itself or the pool),
- * -EEXIST (a slot claimed twice), or a SEQ_OPEN error. On failure the sequence may be half
- * built inside @s: the caller drops the session.
+ * kvtd_seq_restore() - re-create a sequence from @img: parameters checked as SEQ_OPEN does, tier
+ * state by kvt_tier_seq_restore(), every slot claimed back from the pool (kvtd_pool_claim(),
+ * before kvtd_pool_claim_done()). No retrieval state yet: see kvtd_seq_restore_retrieval().
+ * Returns 0, -EINVAL (the image contradicts itself or the pool), -EEXIST (a slot claimed twice),
+ * or a SEQ_OPEN error. On failure what was claimed is not given back (the caller abandons the
+ * pool, see restart.c) and *@ret_q is untouched.
  */
-int kvtd_seq_restore(struct kvtd_session *s, const struct kvt_seq_params *p, uint32_t id,
-		     const struct kvtd_seq_image *img);
+int kvtd_seq_restore(const struct kvtd_seq_ctx *x, const struct kvt_seq_params *p,
+		     const struct kvtd_seq_image *img, struct kvtd_seq **ret_q);
 /* After kvtd_pool_claim_done(): rebuild the retrieval index by encoding again, in order, the
  * keys that had been encoded. Returns 0 or -errno. */
-int kvtd_seq_restore_retrieval(struct kvtd_session *s, struct kvtd_seq *q);
+int kvtd_seq_restore_retrieval(const struct kvtd_seq_ctx *x, struct kvtd_seq *q);
 
 #endif

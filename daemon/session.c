@@ -207,7 +207,7 @@ kvtd_session_destroy(struct kvtd_session *s)
 	if (!s)
 		return;
 	for (unsigned i = 0; s->seqs && i < s->max_seqs; i++)
-		kvtd_seq_destroy(s, s->seqs[i]);
+		kvtd_seq_destroy(kvtd_session_ctx(s), s->seqs[i]);
 	for (unsigned i = 0; s->bufs && i < s->max_bufs; i++)
 		kvt_dev_buf_put(s->bufs[i]);
 	kvt_dev_event_destroy(s->d->dev, s->dev_event);
@@ -222,6 +222,87 @@ kvtd_session_destroy(struct kvtd_session *s)
 	free(s->bufs);
 	free(s->seqs);
 	free(s);
+}
+
+const struct kvtd_seq_ctx *
+kvtd_session_ctx(struct kvtd_session *s)
+{
+	struct kvtd_seq_ctx *x = &s->ctx;
+
+	x->pool = &s->d->pool;
+	x->dev = s->d->dev;
+	x->acct = &s->acct;
+	x->uid_acct = s->uid_ent ? &s->uid_ent->acct : NULL;
+	x->event = s->dev_event;
+	x->bufs = s->bufs;
+	x->n_bufs = s->max_bufs;
+	x->owner_id = s->id;
+	x->why = &s->why;
+	return x;
+}
+
+struct kvtd_seq *
+kvtd_session_seq(struct kvtd_session *s, uint32_t id)
+{
+	if (!id || id > s->max_seqs)
+		return NULL;
+	return s->seqs[id - 1];
+}
+
+int
+kvtd_session_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p)
+{
+	const struct kvtd_seq_ctx *x = kvtd_session_ctx(s);
+	struct kvtd_seq *q;
+	unsigned idx;
+	int r;
+
+	r = kvtd_seq_check(x, p);
+	if (r < 0)
+		return r;
+	if (s->n_seqs >= s->max_seqs)
+		return kvtd_seq_fail(
+		    x, -EMFILE, "%u sequences open, the session's limit: close one", s->n_seqs);
+	r = kvtd_seq_create(x, p, &q);
+	if (r < 0)
+		return r;
+	for (idx = 0; idx < s->max_seqs && s->seqs[idx]; idx++)
+		;
+	q->id = idx + 1;
+	s->seqs[idx] = q;
+	s->n_seqs++;
+	return (int)q->id;
+}
+
+int
+kvtd_session_seq_close(struct kvtd_session *s, uint32_t id)
+{
+	struct kvtd_seq *q = kvtd_session_seq(s, id);
+
+	if (!q)
+		return -ENOENT;
+	s->seqs[id - 1] = NULL;
+	s->n_seqs--;
+	kvtd_seq_destroy(kvtd_session_ctx(s), q);
+	return 0;
+}
+
+int
+kvtd_session_seq_restore(struct kvtd_session *s, const struct kvt_seq_params *p, uint32_t id,
+			 const struct kvtd_seq_image *img)
+{
+	struct kvtd_seq *q;
+	int r;
+
+	if (!id || id > s->max_seqs || s->seqs[id - 1])
+		return -EINVAL;
+	r = kvtd_seq_restore(kvtd_session_ctx(s), p, img, &q);
+	if (r < 0)
+		return r;
+	q->id = id;
+	s->seqs[id - 1] = q;
+	s->n_seqs++;
+	return 0;
 }
 
 int

@@ -13,8 +13,9 @@
 #include <sys/types.h>
 
 #include "kvt_abi.h"
-#include "pool.h"
 #include "opstats.h"
+#include "pool.h"
+#include "seq.h"
 
 struct kvtd;
 struct kvtd_poller;
@@ -54,13 +55,13 @@ struct kvtd_session {
 	/* why the last op was refused (ops.c); poller lock */
 	struct kvt_op_err *op_err; /* shared: written only, never read back (ops.c) */
 	uint32_t op_err_gen;	   /* private copy of op_err->gen */
-	int why_set;		   /* why holds the reason of the op being run (kvtd_op_fail) */
-	char why[KVT_OP_ERR_MSG_LEN];
+	struct kvtd_why why;	   /* of the op being run (kvtd_op_fail, kvtd_seq_fail) */
 
 	/* poller lock */
 	struct kvt_dev_buf **bufs; /* index = buf_id - 1 */
 	unsigned max_bufs;
-	struct kvtd_seq **seqs; /* index = seq id - 1 */
+	struct kvtd_seq_ctx ctx; /* what the sequences work with: kvtd_session_ctx() */
+	struct kvtd_seq **seqs;	 /* index = seq id - 1 */
 	unsigned max_seqs;
 	unsigned n_seqs;
 	struct kvtd_acct acct;
@@ -101,6 +102,26 @@ int kvtd_session_buf_register(struct kvtd_session *s, struct kvt_dev_buf *buf);
 int kvtd_session_buf_unregister(struct kvtd_session *s, uint32_t buf_id);
 /* Poller lock held. NULL when @buf_id names no buffer. */
 struct kvt_dev_buf *kvtd_session_buf(struct kvtd_session *s, uint32_t buf_id);
+
+/*
+ * kvtd_session_ctx() - the session's sequence context, brought up to date (the uid account,
+ * the device event and the poller's scratch come and go after the session is made). The
+ * pointer stays the same for the session's life: sequences keep it for their index pages.
+ * Poller lock held, or a session no poller has yet.
+ */
+const struct kvtd_seq_ctx *kvtd_session_ctx(struct kvtd_session *s);
+
+/* Poller lock held. SEQ_OPEN: returns the new id (> 0), -EMFILE (seqs_per_session open) or a
+ * kvtd_seq_create() error; the reason in s->why. */
+int kvtd_session_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p);
+/* Poller lock held. Closes and frees sequence @id. Returns 0 or -ENOENT. */
+int kvtd_session_seq_close(struct kvtd_session *s, uint32_t id);
+/* Poller lock held. NULL when @id names no open sequence. */
+struct kvtd_seq *kvtd_session_seq(struct kvtd_session *s, uint32_t id);
+/* A restart: sequence @id re-created from @img (kvtd_seq_restore()). Returns 0, -EINVAL (id
+ * out of range or taken) or a kvtd_seq_restore() error. */
+int kvtd_session_seq_restore(struct kvtd_session *s, const struct kvt_seq_params *p, uint32_t id,
+			     const struct kvtd_seq_image *img);
 
 /*
  * Poller: drain the SQ, run ops, post CQEs. With @slice_ns > 0, stop after the op during which

@@ -178,7 +178,7 @@ add_seqs(struct kvtd_session *s, void *arg)
 		}
 		ADD(c, "evicted_ratio",
 		    json_object_new_double(q->ts.n ? (double)q->ts.count[KVT_T3] / q->ts.n : 0.0));
-		ADD(c, "pool_bytes", U64(kvtd_seq_pool_bytes(s, q)));
+		ADD(c, "pool_bytes", U64(kvtd_seq_pool_bytes(&s->d->pool, q)));
 		json_object_array_add(arg, c);
 	}
 }

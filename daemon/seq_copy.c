@@ -1,0 +1,247 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * seq_copy.c - rows from pool slots to a device region: RETIER (quantize, evict, refill promoted
+ * T0 slots) and FETCH (rows staged by tier or by list), in batches of COPY_BATCH rows, T2 rows
+ * dequantized on the way.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvt_dev.h"
+#include "log.h"
+#include "pool.h"
+#include "seq_int.h"
+
+/* Rows of one position for (l, kv), from its pool slot: a pointer into a T1 slot, or the row
+ * dequantized from a T2 slot into @tmp. */
+static const void *
+pos_row(const struct kvtd_seq *q, uint32_t pos, uint32_t l, uint32_t kv, void *tmp)
+{
+	const uint8_t *slot = q->slot[pos];
+	uint32_t r = 2 * l + kv;
+
+	if (!(q->ts.tier[pos] & KVT_TIER_F_INT8))
+		return slot + r * q->row_bytes;
+	seq_t2_dequant(q, slot, r, 0, q->p.kv_heads, q->p.dtype, tmp);
+	return tmp;
+}
+
+int
+seq_batch_flush(struct row_batch *b)
+{
+	int r = b->n ? kvt_dev_copy_h2d(b->x->dev, b->buf, b->rows, b->n) : 0;
+
+	/* The host rows (and dequantized temporaries) must stay put until the copy is done. */
+	if (r == 0 && b->n)
+		r = kvt_dev_sync(b->x->dev);
+	if (r == 0 && b->n)
+		r = kvt_dev_event_record(b->x->dev, b->x->event);
+	b->n = 0;
+	return r;
+}
+
+int
+seq_batch_add(struct row_batch *b, const struct kvtd_seq *q, uint32_t pos, uint32_t l, uint32_t kv,
+	      uint64_t dst_off)
+{
+	b->rows[b->n].host = (void *)pos_row(q, pos, l, kv, b->tmp + b->n * q->row_bytes);
+	b->rows[b->n].buf_off = dst_off;
+	b->rows[b->n].len = q->row_bytes;
+	b->bytes += q->row_bytes;
+	if (q->ts.tier[pos] & KVT_TIER_F_INT8)
+		b->bytes_t2 += q->row_bytes;
+	return ++b->n == COPY_BATCH ? seq_batch_flush(b) : 0;
+}
+
+int
+kvtd_seq_retier(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, void *out, uint64_t out_len,
+		uint32_t *ret_changes)
+{
+	struct kvt_retier_result res;
+	struct kvt_tier_plan plan;
+	struct row_batch *b = NULL;
+	struct quant_room qr;
+	uint64_t need;
+	uint8_t *o = out;
+	int r;
+
+	r = seq_ensure_ws(q);
+	if (r < 0)
+		return r;
+	r = kvt_tier_plan(&q->cfg, &q->ts, q->ws, q->ws_size, &plan);
+	if (r < 0)
+		return r;
+	need = sizeof(res) + (uint64_t)(plan.n_demote + plan.n_promote) * 8 + plan.n_free * 4ull;
+	if (need > out_len)
+		return kvtd_seq_fail(x, -ENOSPC,
+				     "the output needs %llu bytes, arena_len is %llu "
+				     "(KVT_RETIER_OUT_SIZE(t0_slots) always fits)",
+				     (unsigned long long)need, (unsigned long long)out_len);
+	/* Pool room for the int8 rows first, all or nothing: the only step that may fail for
+	 * want of memory, taken before anything is moved. */
+	r = seq_quant_room_get(x, q, plan.n_quant, &qr);
+	if (r < 0)
+		return r;
+	if (plan.n_promote) {
+		b = malloc(sizeof(*b));
+		if (b)
+			b->tmp = malloc(COPY_BATCH * q->row_bytes);
+		if (!b || !b->tmp) {
+			free(b);
+			r = -ENOMEM;
+			goto err_qs;
+		}
+		b->x = x;
+		b->buf = q->t0_buf;
+		b->n = 0;
+		b->bytes = b->bytes_t2 = 0;
+		/* Only newly promoted positions are copied, every layer, in batches. */
+		for (uint32_t i = 0; i < plan.n_promote && r == 0; i++)
+			for (uint32_t l = 0; l < q->p.layers && r == 0; l++)
+				for (uint32_t kv = 0; kv < 2 && r == 0; kv++)
+					r = seq_batch_add(
+					    b, q, plan.promote_pos[i], l, kv,
+					    t0_off(&q->p, plan.promote_slot[i], l, kv));
+		if (r == 0)
+			r = seq_batch_flush(b);
+		q->bytes_out += b->bytes;
+		q->bytes_out_t2 += b->bytes_t2;
+		free(b->tmp);
+		free(b);
+		if (r < 0) {
+			/* The T0 slots being refilled are in an unknown state now; the plan is
+			 * dropped and the client must treat its T0 region as lost. */
+			log_err("session %u seq %u: promotion copy failed: %s", x->owner_id, q->id,
+				strerror(-r));
+			goto err_qs;
+		}
+	}
+	seq_quantize_positions(x, q, plan.quant_pos, &qr);
+	seq_quant_room_put(x, q, &qr, true);
+	seq_free_positions(x, q, plan.evict_pos, plan.n_evict);
+	/* Evicted keys leave the retrieval index, so that TOPK ranks only live keys and returns
+	 * min(k, live) per head (topk_dropped() stays as the backstop). */
+	for (uint32_t i = 0; q->paris && i < plan.n_evict; i++)
+		kvt_paris_seq_drop(q->paris, plan.evict_pos[i]);
+	r = kvt_tier_commit(&q->ts, &plan);
+	if (r < 0)
+		return r;
+
+	memset(&res, 0, sizeof(res));
+	res.size = sizeof(res);
+	res.n_changes = plan.n_demote + plan.n_promote;
+	res.n_free = plan.n_free;
+	res.evicted_ratio = plan.evicted_ratio;
+	res.n_tokens = q->ts.n;
+	for (int t = 0; t < 4; t++)
+		res.tier_count[t] = q->ts.count[t];
+	memcpy(o, &res, sizeof(res));
+	o += sizeof(res);
+	for (uint32_t i = 0; i < plan.n_demote; i++, o += 8) {
+		struct kvt_slot_change c = {plan.demote_slot[i], -1};
+
+		memcpy(o, &c, sizeof(c));
+	}
+	for (uint32_t i = 0; i < plan.n_promote; i++, o += 8) {
+		struct kvt_slot_change c = {plan.promote_slot[i], (int32_t)plan.promote_pos[i]};
+
+		memcpy(o, &c, sizeof(c));
+	}
+	memcpy(o, plan.free_slot, plan.n_free * sizeof(uint32_t));
+	*ret_changes = res.n_changes;
+	return (int)need;
+
+err_qs:
+	seq_quant_room_put(x, q, &qr, false);
+	return r;
+}
+
+int
+kvtd_seq_fetch(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, unsigned flags, uint32_t layer0,
+	       uint32_t nlayers, uint32_t stage_row, uint32_t *list, uint32_t list_cap,
+	       uint32_t count)
+{
+	const struct kvt_seq_params *p = &q->p;
+	struct row_batch *b;
+	uint32_t *pos, m;
+	int r;
+
+	if (!q->stage_buf)
+		return kvtd_seq_fail(x, -EINVAL,
+				     "sequence %u has no staging region (open the "
+				     "sequence with stage_buf_id)",
+				     q->id);
+	if (!nlayers || layer0 >= p->layers || nlayers > p->layers - layer0)
+		return kvtd_seq_fail(x, -EINVAL, "layers %u..+%u outside the sequence's %u layers",
+				     layer0, nlayers, p->layers);
+	if (!flags || flags & ~(KVT_FETCH_F_T1 | KVT_FETCH_F_T2 | KVT_FETCH_F_LIST) ||
+	    ((flags & KVT_FETCH_F_LIST) && flags != KVT_FETCH_F_LIST))
+		return kvtd_seq_fail(x, -EINVAL,
+				     "op_flags %#x: give F_T1 and/or F_T2, or F_LIST "
+				     "alone",
+				     flags);
+	r = seq_ensure_ws(q);
+	if (r < 0)
+		return r;
+	pos = q->ws; /* private: positions are validated here and used to index q->slot */
+	if (flags & KVT_FETCH_F_LIST) {
+		if (!count || count > q->ts.n || count > list_cap)
+			return kvtd_seq_fail(x, -EINVAL, "npos %u: F_LIST needs 1..%llu positions",
+					     count, (unsigned long long)q->ts.n);
+		memcpy(pos, list, count * sizeof(uint32_t));
+		for (uint32_t i = 0; i < count; i++) {
+			if (pos[i] >= q->ts.n)
+				return kvtd_seq_fail(x, -EINVAL,
+						     "position %u (entry %u) >= the %llu tokens",
+						     pos[i], i, (unsigned long long)q->ts.n);
+			if ((q->ts.tier[pos[i]] & KVT_TIER_MASK) == KVT_T3)
+				return kvtd_seq_fail(x, -ENOENT, "position %u was evicted", pos[i]);
+		}
+		m = count;
+	} else {
+		unsigned mask = ((flags & KVT_FETCH_F_T1) ? 1u << KVT_T1 : 0) |
+				((flags & KVT_FETCH_F_T2) ? 1u << KVT_T2 : 0);
+
+		r = kvt_tier_fetch_list(&q->ts, mask, q->ts.n, pos);
+		if (r < 0)
+			return r;
+		m = (uint32_t)r;
+		if (m > list_cap)
+			return kvtd_seq_fail(x, -ENOSPC, "%u positions, the arena holds %u", m,
+					     list_cap);
+	}
+	if (stage_row > p->stage_slots || m > p->stage_slots - stage_row)
+		return kvtd_seq_fail(x, -ENOSPC, "%u rows from staging row %u pass its %u rows", m,
+				     stage_row, p->stage_slots);
+	b = malloc(sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	b->tmp = malloc(COPY_BATCH * q->row_bytes);
+	if (!b->tmp) {
+		free(b);
+		return -ENOMEM;
+	}
+	b->x = x;
+	b->buf = q->stage_buf;
+	b->n = 0;
+	b->bytes = b->bytes_t2 = 0;
+	r = 0;
+	for (uint32_t l = layer0; l < layer0 + nlayers && r == 0; l++)
+		for (uint32_t kv = 0; kv < 2 && r == 0; kv++)
+			for (uint32_t i = 0; i < m && r == 0; i++)
+				r = seq_batch_add(b, q, pos[i], l, kv,
+						  stage_off(p, stage_row + i, l, kv));
+	if (r == 0)
+		r = seq_batch_flush(b);
+	q->bytes_out += b->bytes;
+	q->bytes_out_t2 += b->bytes_t2;
+	free(b->tmp);
+	free(b);
+	if (r < 0)
+		return r;
+	if (!(flags & KVT_FETCH_F_LIST))
+		memcpy(list, pos, m * sizeof(uint32_t));
+	return (int)m;
+}

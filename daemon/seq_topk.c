@@ -1,0 +1,315 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * seq_topk.c - retrieval (ret_update > 0): the PARIS index of a sequence (engine/paris_seq.h),
+ * its pages from the pool, keys encoded as they leave the dense window, TOPK with an exact refine
+ * from the pool's keys, and the index rebuilt after a restart.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool.h"
+#include "seq_int.h"
+
+/* Index pages come from the pool, charged to the owner's accounts like rows. */
+static void *
+page_get(void *ctx, size_t len)
+{
+	struct kvtd_seq *q = ctx;
+	const struct kvtd_seq_ctx *x = q->owner;
+	void *p;
+
+	if (kvtd_pool_alloc(x->pool, q->cls_pg, 1, x->acct, x->uid_acct, &p) < 0)
+		return NULL;
+	return p;
+}
+
+static void
+page_put(void *ctx, void *page, size_t len)
+{
+	struct kvtd_seq *q = ctx;
+	const struct kvtd_seq_ctx *x = q->owner;
+
+	kvtd_pool_free(x->pool, q->cls_pg, 1, x->acct, x->uid_acct, &page);
+}
+
+int
+seq_retrieval_init(const struct kvtd_seq_ctx *x, struct kvtd_seq *q)
+{
+	const struct kvt_seq_params *p = &q->p;
+	struct kvt_paris_geom g = {p->layers, p->q_heads ? p->q_heads : p->kv_heads, p->kv_heads,
+				   p->head_dim};
+	struct kvt_paris_zone_cfg z = {p->sinks, p->window, p->ret_update, 0};
+	struct kvt_paris_alloc a = {page_get, page_put, q};
+	unsigned page_keys = KVT_PARIS_PAGE_KEYS;
+	struct kvt_srht rot;
+	int r;
+
+	/* A page must fit in one pool chunk. */
+	while (page_keys > 64 && kvt_paris_page_bytes(p->head_dim, page_keys) > x->pool->chunk_size)
+		page_keys /= 2;
+	r = kvtd_pool_class_get(x->pool, kvt_paris_page_bytes(p->head_dim, page_keys));
+	if (r < 0)
+		return r;
+	q->cls_pg = r;
+	q->owner = x;
+	/* The rotation is a pure function of (dim, seed): every daemon and restart agrees. */
+	r = kvt_srht_init(&rot, p->head_dim, KVT_SRHT_SEED);
+	if (r < 0)
+		return r;
+	q->paris = calloc(1, sizeof(*q->paris));
+	q->keybuf = malloc(sizeof(float) * p->kv_heads * p->head_dim * 256);
+	if (!q->paris || !q->keybuf)
+		return -ENOMEM;
+	r = kvt_paris_seq_init(q->paris, &g, &z, &rot, page_keys, &a);
+	if (r < 0) {
+		free(q->paris);
+		q->paris = NULL;
+	}
+	return r;
+}
+
+/*
+ * The key of (pos, layer), kv heads h0 .. h0 + nh - 1, as f32 ([nh][head_dim]), whatever the
+ * pool holds (full precision, or int8 dequantized).
+ */
+static void
+key_f32(const struct kvtd_seq *q, uint32_t pos, uint32_t l, uint32_t h0, uint32_t nh, float *out)
+{
+	uint32_t D = q->p.head_dim, m = nh * D;
+	const uint8_t *slot = q->slot[pos];
+	const void *row;
+
+	if (!slot) { /* evicted before it left the dense window: it can never be retrieved */
+		memset(out, 0, m * sizeof(float));
+		return;
+	}
+	if (q->ts.tier[pos] & KVT_TIER_F_INT8) {
+		seq_t2_dequant(q, slot, 2 * l, h0, nh, KVT_DTYPE_F32, out);
+		return;
+	}
+	row = slot + (uint64_t)2 * l * q->row_bytes;
+	kvt_to_f32(q->p.dtype, (const uint8_t *)row + (uint64_t)h0 * D * kvt_dtype_size(q->p.dtype),
+		   m, out);
+}
+
+/* TOPK's exact refine stage reads one head's key at a time (struct kvt_paris_seq_keys). */
+static const float *
+topk_key(void *ctx, uint32_t layer, uint32_t head, uint32_t pos, float *tmp)
+{
+	const struct kvtd_seq *q = ctx;
+
+	if (pos >= q->ts.n)
+		return NULL;
+	key_f32(q, pos, layer, head, 1, tmp);
+	return tmp;
+}
+
+/* TOPK never returns a position evicted (slot freed) after it was encoded. */
+static bool
+topk_dropped(void *ctx, uint32_t pos)
+{
+	const struct kvtd_seq *q = ctx;
+
+	return pos >= q->ts.n || !q->slot[pos];
+}
+
+/* The cache lines topk_key() will read for (layer, head, pos): its row in the pool slot. */
+static void
+topk_key_prefetch(void *ctx, uint32_t layer, uint32_t head, uint32_t pos)
+{
+	const struct kvtd_seq *q = ctx;
+	uint64_t D = q->p.head_dim, len = D * kvt_dtype_size(q->p.dtype);
+	const uint8_t *slot, *row;
+
+	if (pos >= q->ts.n || !(slot = q->slot[pos]))
+		return;
+	if (q->ts.tier[pos] & KVT_TIER_F_INT8) {
+		const float *sc;
+		bool ch;
+
+		row = (const uint8_t *)(seq_t2_row(q, slot, 2 * layer, &sc, &ch) + head * D);
+		len = D;
+	} else {
+		row = slot + 2ull * layer * q->row_bytes + head * len;
+	}
+	for (uint64_t off = 0; off < len; off += 64)
+		__builtin_prefetch(row + off);
+}
+
+/* After an append: encode the keys that left the dense window (every U tokens). */
+int
+seq_retrieval_flush(struct kvtd_seq *q)
+{
+	uint32_t n = (uint32_t)q->p.kv_heads * q->p.head_dim, T = q->ts.n;
+
+	if (!q->paris || T < q->p.prompt_len)
+		return 0;
+	for (uint32_t l = 0; l < q->p.layers; l++) {
+		uint32_t pos, count;
+		int r = kvt_paris_seq_len(q->paris, l);
+
+		if (r < 0)
+			return r;
+		r = kvt_paris_zone_flush(&q->paris->zone, q->p.prompt_len, T, (uint32_t)r, &pos,
+					 &count);
+		if (r < 0)
+			return r;
+		while (count) {
+			uint32_t k = count < 256 ? count : 256;
+
+			for (uint32_t i = 0; i < k; i++)
+				key_f32(q, pos + i, l, 0, q->p.kv_heads,
+					q->keybuf + (uint64_t)i * n);
+			r = kvt_paris_seq_append(q->paris, l, pos, k, q->keybuf, n);
+			if (r < 0)
+				return r;
+			/* evicted while still dense: encoded as zeros, dropped at once */
+			for (uint32_t i = 0; i < k; i++)
+				if (!q->slot[pos + i])
+					kvt_paris_seq_drop(q->paris, pos + i);
+			pos += k;
+			count -= k;
+		}
+	}
+	return 0;
+}
+
+int
+kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t layer, uint32_t k,
+	      unsigned flags, const float *query, uint64_t q_len, void *out, uint64_t out_len,
+	      uint64_t *ret_n)
+{
+	const struct kvt_seq_params *p = &q->p;
+	/* Exact refine of the 4k best estimates from the pool's keys (paris_seq.h): recall@100
+	 * 0.97-0.98 instead of 0.81-0.84 on the benchmark sets (docs/bench-retrieval.md). */
+	const struct kvt_paris_seq_keys keys = {topk_key, q, topk_key_prefetch};
+	struct kvt_paris_topk_opts opts = {.k = k,
+					   .refine = k > UINT32_MAX / 4 ? UINT32_MAX : 4 * k,
+					   .keys = &keys,
+					   .dropped = topk_dropped,
+					   .drop_ctx = q};
+	uint32_t H = p->kv_heads, qh = p->q_heads ? p->q_heads : H, stride,
+		 counts[KVT_MAX_KV_HEADS];
+	uint64_t need;
+	float *qbuf;
+	int r;
+
+	if (!q->paris)
+		return kvtd_seq_fail(x, -EINVAL,
+				     "sequence %u has no retrieval (open it with "
+				     "ret_update > 0)",
+				     q->id);
+	if (layer >= p->layers || !k ||
+	    (flags & ~(KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH | KVT_TOPK_F_ESTIMATE)))
+		return kvtd_seq_fail(x, -EINVAL,
+				     "layer %u (of %u), k %u (must be > 0), op_flags %#x", layer,
+				     p->layers, k, flags);
+	if (q_len != (uint64_t)qh * p->head_dim)
+		return kvtd_seq_fail(x, -EINVAL, "query of %llu f32, needs q_heads x head_dim = %u",
+				     (unsigned long long)q_len, qh * p->head_dim);
+	if (flags & KVT_TOPK_F_ESTIMATE)
+		opts.refine = 0; /* the spec's pipeline and schedule, estimated scores */
+	if (flags & KVT_TOPK_F_UNION)
+		opts.flags = KVT_PARIS_F_UNION;
+	r = kvt_paris_seq_len(q->paris, layer);
+	if (r < 0)
+		return r;
+	*ret_n = (uint64_t)r;
+	if (k > (uint32_t)r)
+		return kvtd_seq_fail(x, -ERANGE,
+				     "k %u > the %d keys in retrieval at layer %u "
+				     "(attend densely)",
+				     k, r, layer);
+	/* With KVT_TOPK_F_UNION the stride is k * q_heads / kv_heads: keep it (and every size
+	 * derived from it) far from u32 overflow; no arena could hold such an answer anyway. */
+	if ((flags & KVT_TOPK_F_UNION) && (uint64_t)k * (qh / H) > (1u << 24))
+		return -ENOSPC;
+	stride = kvt_paris_seq_topk_stride(q->paris, &opts);
+	need = (uint64_t)H * 4 + (uint64_t)H * stride * 8;
+	if (need > out_len)
+		return kvtd_seq_fail(x, -ENOSPC, "out_len %llu, the output needs %llu bytes",
+				     (unsigned long long)out_len, (unsigned long long)need);
+	if ((flags & KVT_TOPK_F_FETCH) && !q->stage_buf)
+		return kvtd_seq_fail(x, -EINVAL, "F_FETCH on sequence %u with no staging region",
+				     q->id);
+	if ((flags & KVT_TOPK_F_FETCH) && (uint64_t)H * stride > p->stage_slots)
+		return kvtd_seq_fail(x, -ENOSPC, "F_FETCH needs %llu staging rows, there are %u",
+				     (unsigned long long)H * stride, p->stage_slots);
+	if ((uint64_t)H * stride > q->topk_cap) {
+		free(q->topk_pos);
+		free(q->topk_score);
+		q->topk_cap = H * stride;
+		q->topk_pos = malloc(sizeof(uint32_t) * q->topk_cap);
+		q->topk_score = malloc(sizeof(float) * q->topk_cap);
+		if (!q->topk_pos || !q->topk_score) {
+			q->topk_cap = 0;
+			return -ENOMEM;
+		}
+	}
+	/* A private copy of the query: the arena is shared. */
+	qbuf = malloc(q_len * sizeof(float));
+	if (!qbuf)
+		return -ENOMEM;
+	memcpy(qbuf, query, q_len * sizeof(float));
+	for (uint64_t i = 0; i < q_len; i++)
+		if (!isfinite(qbuf[i])) {
+			free(qbuf);
+			return kvtd_seq_fail(x, -EINVAL, "query value %llu is NaN or infinite",
+					     (unsigned long long)i);
+		}
+	r = kvt_paris_seq_topk(q->paris, layer, qbuf, q_len, &opts, &q->scr, q->topk_pos,
+			       q->topk_score, counts);
+	free(qbuf);
+	if (r < 0)
+		return r;
+	if (flags & KVT_TOPK_F_FETCH) {
+		struct row_batch *b = malloc(sizeof(*b));
+
+		if (!b || !(b->tmp = malloc(COPY_BATCH * q->row_bytes))) {
+			free(b);
+			return -ENOMEM;
+		}
+		b->x = x;
+		b->buf = q->stage_buf;
+		b->n = 0;
+		b->bytes = b->bytes_t2 = 0;
+		r = 0;
+		for (uint32_t h = 0; h < H && r == 0; h++)
+			for (uint32_t i = 0; i < counts[h] && r == 0; i++)
+				for (uint32_t kv = 0; kv < 2 && r == 0; kv++)
+					r = seq_batch_add(b, q, q->topk_pos[h * stride + i], layer,
+							  kv,
+							  stage_off(p, h * stride + i, layer, kv));
+		if (r == 0)
+			r = seq_batch_flush(b);
+		q->bytes_out += b->bytes;
+		q->bytes_out_t2 += b->bytes_t2;
+		free(b->tmp);
+		free(b);
+		if (r < 0)
+			return r;
+	}
+	memcpy(out, counts, H * sizeof(uint32_t));
+	memcpy((uint8_t *)out + H * 4, q->topk_pos, (size_t)H * stride * 4);
+	memcpy((uint8_t *)out + H * 4 + (size_t)H * stride * 4, q->topk_score,
+	       (size_t)H * stride * 4);
+	return (int)stride;
+}
+
+int
+kvtd_seq_restore_retrieval(const struct kvtd_seq_ctx *x, struct kvtd_seq *q)
+{
+	int r;
+
+	if (!q->p.ret_update)
+		return 0;
+	r = seq_retrieval_init(x, q);
+	if (r < 0)
+		return r;
+	/* The keys of every position that had left the dense window, encoded again from the pool
+	 * in position order; evicted ones are dropped as they were. */
+	return seq_retrieval_flush(q);
+}
