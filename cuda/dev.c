@@ -199,6 +199,24 @@ kvt_dev_sync(struct kvt_dev *dev)
 	return ops_of(dev)->sync(dev);
 }
 
+uint64_t
+kvt_dev_fence(struct kvt_dev *dev)
+{
+	return ops_of(dev)->fence ? ops_of(dev)->fence(dev) : 0;
+}
+
+uint64_t
+kvt_dev_fence_done(struct kvt_dev *dev)
+{
+	return ops_of(dev)->fence_done ? ops_of(dev)->fence_done(dev) : 0;
+}
+
+int
+kvt_dev_fence_wait(struct kvt_dev *dev, uint64_t f)
+{
+	return ops_of(dev)->fence_wait ? ops_of(dev)->fence_wait(dev, f) : 0;
+}
+
 int
 kvt_dev_event_create(struct kvt_dev *dev, const uint8_t device_uuid[16],
 		     struct kvt_dev_event **ret_ev, uint8_t ret_handle[64])

@@ -3,11 +3,14 @@
  * dev_cuda.c - the CUDA backend of the device layer.
  *
  * Per device: a high-priority prefetch stream (h2d: FETCH, promotions) and a low-priority
- * offload stream (d2h: APPEND), each a "lane" with pinned staging (the kernel's row descriptors
- * and a bounce buffer for host rows outside registered memory) and an event marking the end of
- * the lane's last use of that staging. A batch of rows is one launch of kvt_rows_copy (rows.cu),
- * reading and writing pinned host memory through UVA, or one cudaMemcpyAsync when the rows are
- * contiguous on both sides: never one copy per row.
+ * offload stream (d2h: APPEND), each a "lane" with a ring of LANE_RING batches in flight: each
+ * entry has its pinned descriptor block and the event recorded after its batch, and carries the
+ * batch's fence (kvt_dev_fence()). A batch takes the oldest entry back only once its event has
+ * completed, so the CPU runs up to LANE_RING batches ahead of the device and never waits per
+ * batch. Host rows outside registered memory go through one bounce buffer per lane, reused once
+ * the last batch that read it has completed. A batch of rows is one launch of kvt_rows_copy
+ * (rows.cu), reading and writing pinned host memory through UVA, or one cudaMemcpyAsync when the
+ * rows are contiguous on both sides: never one copy per row.
  *
  * Pool memory: cudaHostRegister(Portable | Mapped) in chunks of at most KVT_CUDA_REG_CHUNK,
  * all or nothing. Client buffers: cudaIpcOpenMemHandle, once per (device, handle), shared by
@@ -35,6 +38,7 @@
 #define KVT_CUDA_REG_CHUNK (64ull << 30)
 #endif
 #define LANE_ROWS  1024	      /* rows per kernel launch */
+#define LANE_RING  64	      /* batches in flight per lane */
 #define BOUNCE_MIN (1u << 20) /* first bounce buffer size */
 
 static int
@@ -87,15 +91,23 @@ cuda_check(cudaError_t e, int level, const char *call, const char *func)
 
 typedef CUresult (*get_range_fn)(CUdeviceptr *base, size_t *size, CUdeviceptr p);
 
+/* One batch in flight: its event and fence; its descriptors are desc[index * LANE_ROWS]. */
+struct ring_ent {
+	cudaEvent_t ev;
+	uint64_t fence;
+};
+
 struct lane {
-	pthread_mutex_t lock; /* staging below */
+	pthread_mutex_t lock; /* submission: staging and ring slots being filled */
 	cudaStream_t stream;
-	cudaEvent_t done;	   /* after the last kernel that read the staging */
-	int pending;		   /* @done recorded and not yet waited for */
-	struct kvt_row_desc *desc; /* LANE_ROWS, pinned and mapped */
+	cudaEvent_t join; /* this lane's tail, for the other lane to wait on */
+	struct ring_ent ring[LANE_RING];
+	unsigned head, count;	   /* pending entries: under the device's fence_lock */
+	struct kvt_row_desc *desc; /* LANE_RING * LANE_ROWS, pinned and mapped */
 	struct kvt_row_desc *desc_dev;
 	uint8_t *bounce, *bounce_dev;
 	size_t bounce_size;
+	uint64_t bounce_fence; /* the last batch that read or wrote the bounce buffer */
 };
 
 struct gpu {
@@ -135,6 +147,11 @@ struct kvt_dev {
 	unsigned n_regions, cap_regions;
 	pthread_mutex_t ipc_lock;
 	struct ipc_map *maps;
+	/* Fences: @submitted counts batches; every lane's ring (head, count) changes under it, so
+	 * that a fence is never visible as submitted before its batch is in a ring. Held only for
+	 * non-blocking work (event queries). */
+	pthread_mutex_t fence_lock;
+	uint64_t submitted, done;
 };
 
 struct kvt_dev_buf {
@@ -160,8 +177,11 @@ lane_fini(struct lane *l)
 {
 	if (l->stream)
 		KVT_CUDA(cudaStreamSynchronize(l->stream));
-	if (l->done)
-		KVT_CUDA(cudaEventDestroy(l->done));
+	for (unsigned i = 0; i < LANE_RING; i++)
+		if (l->ring[i].ev)
+			KVT_CUDA(cudaEventDestroy(l->ring[i].ev));
+	if (l->join)
+		KVT_CUDA(cudaEventDestroy(l->join));
 	if (l->stream)
 		KVT_CUDA(cudaStreamDestroy(l->stream));
 	if (l->desc)
@@ -182,9 +202,12 @@ lane_init(struct lane *l, int priority)
 	/* Non-blocking: the legacy default stream of other threads must never serialize us. */
 	r = KVT_CUDA(cudaStreamCreateWithPriority(&l->stream, cudaStreamNonBlocking, priority));
 	if (r == 0)
-		r = KVT_CUDA(cudaEventCreateWithFlags(&l->done, cudaEventDisableTiming));
+		r = KVT_CUDA(cudaEventCreateWithFlags(&l->join, cudaEventDisableTiming));
+	for (unsigned i = 0; i < LANE_RING && r == 0; i++)
+		r = KVT_CUDA(cudaEventCreateWithFlags(&l->ring[i].ev, cudaEventDisableTiming));
 	if (r == 0)
-		r = KVT_CUDA(cudaHostAlloc((void **)&l->desc, LANE_ROWS * sizeof(*l->desc),
+		r = KVT_CUDA(cudaHostAlloc((void **)&l->desc,
+					   LANE_RING * LANE_ROWS * sizeof(*l->desc),
 					   cudaHostAllocPortable | cudaHostAllocMapped));
 	if (r == 0)
 		r = KVT_CUDA(cudaHostGetDevicePointer((void **)&l->desc_dev, l->desc, 0));
@@ -255,6 +278,7 @@ cuda_close(struct kvt_dev *dev)
 	free(dev->regions);
 	pthread_rwlock_destroy(&dev->regions_lock);
 	pthread_mutex_destroy(&dev->ipc_lock);
+	pthread_mutex_destroy(&dev->fence_lock);
 	free(dev);
 }
 
@@ -279,6 +303,7 @@ kvt_dev_cuda_open(struct kvt_dev **ret_dev)
 	dev->base.ops = &kvt_dev_cuda_ops;
 	pthread_rwlock_init(&dev->regions_lock, NULL);
 	pthread_mutex_init(&dev->ipc_lock, NULL);
+	pthread_mutex_init(&dev->fence_lock, NULL);
 	dev->gpus = calloc((size_t)n, sizeof(*dev->gpus));
 	if (!dev->gpus) {
 		r = -ENOMEM;
@@ -322,6 +347,8 @@ cuda_name(const struct kvt_dev *dev)
 {
 	return dev->name;
 }
+
+static int cuda_sync(struct kvt_dev *dev);
 
 static int
 regions_add(struct kvt_dev *dev, uint8_t *host, uint8_t *dptr, size_t len)
@@ -418,6 +445,8 @@ cuda_unregister(struct kvt_dev *dev, void *p, size_t len)
 	uint8_t *base = p;
 	size_t n = len ? (len - 1) / KVT_CUDA_REG_CHUNK + 1 : 0;
 
+	/* Queued batches may still read or write the range: let them finish first. */
+	cuda_sync(dev);
 	/* Reverse order of registration. */
 	while (n-- > 0) {
 		regions_del(dev, base + n * KVT_CUDA_REG_CHUNK);
@@ -448,6 +477,7 @@ cuda_host_alloc(struct kvt_dev *dev, size_t len, void **ret_p)
 static void
 cuda_host_free(struct kvt_dev *dev, void *p, size_t len)
 {
+	cuda_sync(dev); /* queued batches may still use it */
 	regions_del(dev, p);
 	KVT_CUDA(cudaFreeHost(p));
 }
@@ -586,27 +616,122 @@ rows_contiguous(const struct kvt_dev_copy *rows, unsigned n)
 	return 1;
 }
 
-/* Lane lock held: wait until the last kernel that read this lane's staging is done. */
+/* fence_lock held: drop the lane's completed entries from the front of its ring (event
+ * queries, no waiting); the fence of its oldest pending batch, or UINT64_MAX when none. */
+static uint64_t
+lane_reap(struct lane *l)
+{
+	while (l->count) {
+		cudaError_t e = cudaEventQuery(l->ring[l->head].ev);
+
+		if (e == cudaErrorNotReady)
+			return l->ring[l->head].fence;
+		if (e != cudaSuccess) {
+			/* A failed batch: say so once; its waiter (sync) reports the error. */
+			KVT_CUDA_LVL(KVT_DEV_LOG_WARNING, e);
+			return l->ring[l->head].fence;
+		}
+		l->head = (l->head + 1) % LANE_RING;
+		l->count--;
+	}
+	return UINT64_MAX;
+}
+
+/* Every fence up to the returned one has completed (fence_lock held). */
+static uint64_t
+fences_reap(struct kvt_dev *dev)
+{
+	uint64_t done = dev->submitted;
+
+	for (int i = 0; i < dev->n_gpus; i++) {
+		struct gpu *g = &dev->gpus[i];
+		uint64_t a, b;
+
+		if (!g->ready)
+			continue;
+		a = lane_reap(&g->prefetch);
+		b = lane_reap(&g->offload);
+		if (a != UINT64_MAX && a - 1 < done)
+			done = a - 1;
+		if (b != UINT64_MAX && b - 1 < done)
+			done = b - 1;
+	}
+	if (done > dev->done)
+		dev->done = done;
+	return dev->done;
+}
+
+/* Lane lock held: wait (blocking) until every batch of this lane with fence <= @f is done. */
 static int
-lane_quiesce(struct lane *l)
+lane_wait(struct kvt_dev *dev, struct lane *l, uint64_t f)
 {
 	int r = 0;
 
-	if (l->pending)
-		r = KVT_CUDA(cudaEventSynchronize(l->done));
-	l->pending = 0;
-	return r;
+	for (;;) {
+		cudaEvent_t ev;
+
+		pthread_mutex_lock(&dev->fence_lock);
+		lane_reap(l);
+		if (!l->count || l->ring[l->head].fence > f) {
+			pthread_mutex_unlock(&dev->fence_lock);
+			return r;
+		}
+		ev = l->ring[l->head].ev;
+		pthread_mutex_unlock(&dev->fence_lock);
+		/* Only this lane's submitters (holding its lock) record these events. */
+		r = KVT_CUDA(cudaEventSynchronize(ev));
+		if (r < 0)
+			return r;
+	}
+}
+
+/* Lane lock held: a free ring entry, waiting for the oldest batch when all are in flight. */
+static int
+lane_slot(struct kvt_dev *dev, struct lane *l, unsigned *ret_idx)
+{
+	int r = 0;
+
+	pthread_mutex_lock(&dev->fence_lock);
+	lane_reap(l);
+	if (l->count == LANE_RING) {
+		uint64_t f = l->ring[l->head].fence;
+
+		pthread_mutex_unlock(&dev->fence_lock);
+		r = lane_wait(dev, l, f);
+		if (r < 0)
+			return r;
+		pthread_mutex_lock(&dev->fence_lock);
+	}
+	*ret_idx = (l->head + l->count) % LANE_RING;
+	pthread_mutex_unlock(&dev->fence_lock);
+	return 0;
+}
+
+/* Lane lock held: the batch just queued on entry @idx is in flight; returns its fence. */
+static uint64_t
+lane_push(struct kvt_dev *dev, struct lane *l, unsigned idx)
+{
+	uint64_t f;
+
+	pthread_mutex_lock(&dev->fence_lock);
+	f = ++dev->submitted;
+	l->ring[idx].fence = f;
+	l->count++;
+	pthread_mutex_unlock(&dev->fence_lock);
+	return f;
 }
 
 static int
-lane_bounce(struct lane *l, size_t need)
+lane_bounce(struct kvt_dev *dev, struct lane *l, size_t need)
 {
 	size_t size = l->bounce_size ? l->bounce_size : BOUNCE_MIN;
 	uint8_t *p, *dptr;
 	int r;
 
-	if (need <= l->bounce_size)
-		return 0;
+	/* The last batch through the bounce buffer must be done before it is refilled. */
+	r = lane_wait(dev, l, l->bounce_fence);
+	if (r < 0 || need <= l->bounce_size)
+		return r;
 	while (size < need)
 		size *= 2;
 	r = KVT_CUDA(cudaHostAlloc((void **)&p, size, cudaHostAllocPortable | cudaHostAllocMapped));
@@ -625,37 +750,54 @@ lane_bounce(struct lane *l, size_t need)
 	return 0;
 }
 
-/* One launch for up to LANE_ROWS rows. Lane lock held. */
+/* One launch for up to LANE_ROWS rows, or one cudaMemcpyAsync when they are contiguous on both
+ * sides. Lane lock held. */
 static int
 lane_launch(struct kvt_dev *dev, struct lane *l, struct kvt_dev_buf *buf,
 	    const struct kvt_dev_copy *rows, unsigned n, int to_dev)
 {
 	uint8_t *bp = buf->map->ptr;
 	size_t bounce = 0, boff = 0;
-	unsigned blocks = n < 1024 ? n : 1024;
+	unsigned blocks = n < 1024 ? n : 1024, idx;
+	struct kvt_row_desc *desc, *desc_dev;
+	uint64_t f;
 	void *args[2];
 	int r;
 
-	r = lane_quiesce(l);
+	r = lane_slot(dev, l, &idx);
 	if (r < 0)
 		return r;
+	if (rows_contiguous(rows, n)) {
+		uint8_t *d = bp + rows[0].buf_off;
+		uint64_t len = rows[n - 1].buf_off + rows[n - 1].len - rows[0].buf_off;
+
+		r = KVT_CUDA(cudaMemcpyAsync(to_dev ? d : rows[0].host, to_dev ? rows[0].host : d,
+					     len, cudaMemcpyDefault, l->stream));
+		if (r == 0)
+			r = KVT_CUDA(cudaEventRecord(l->ring[idx].ev, l->stream));
+		if (r == 0)
+			lane_push(dev, l, idx);
+		return r;
+	}
+	desc = l->desc + (size_t)idx * LANE_ROWS;
+	desc_dev = l->desc_dev + (size_t)idx * LANE_ROWS;
 	pthread_rwlock_rdlock(&dev->regions_lock);
 	for (unsigned i = 0; i < n; i++) {
 		uint8_t *hd = regions_find(dev, rows[i].host, rows[i].len);
 
-		l->desc[i].len = rows[i].len;
-		l->desc[i].src = (uint64_t)(uintptr_t)hd; /* 0: through the bounce buffer */
+		desc[i].len = rows[i].len;
+		desc[i].src = (uint64_t)(uintptr_t)hd; /* 0: through the bounce buffer */
 		if (!hd)
 			bounce += (rows[i].len + 15) & ~(size_t)15;
 	}
 	pthread_rwlock_unlock(&dev->regions_lock);
 	if (bounce) {
-		r = lane_bounce(l, bounce);
+		r = lane_bounce(dev, l, bounce);
 		if (r < 0)
 			return r;
 	}
 	for (unsigned i = 0; i < n; i++) {
-		uint64_t h = l->desc[i].src, d = (uint64_t)(uintptr_t)(bp + rows[i].buf_off);
+		uint64_t h = desc[i].src, d = (uint64_t)(uintptr_t)(bp + rows[i].buf_off);
 
 		if (!h) {
 			h = (uint64_t)(uintptr_t)(l->bounce_dev + boff);
@@ -663,22 +805,25 @@ lane_launch(struct kvt_dev *dev, struct lane *l, struct kvt_dev_buf *buf,
 				memcpy(l->bounce + boff, rows[i].host, rows[i].len);
 			boff += (rows[i].len + 15) & ~(size_t)15;
 		}
-		l->desc[i].src = to_dev ? h : d;
-		l->desc[i].dst = to_dev ? d : h;
+		desc[i].src = to_dev ? h : d;
+		desc[i].dst = to_dev ? d : h;
 	}
-	args[0] = &l->desc_dev;
+	args[0] = &desc_dev;
 	args[1] = &n;
 	r = KVT_CUDA(cudaLaunchKernel((const void *)dev->rows_kernel, (dim3){blocks, 1, 1},
 				      (dim3){256, 1, 1}, args, 0, l->stream));
 	if (r == 0)
-		r = KVT_CUDA(cudaEventRecord(l->done, l->stream));
+		r = KVT_CUDA(cudaEventRecord(l->ring[idx].ev, l->stream));
 	if (r < 0)
 		return r;
-	l->pending = 1;
-	if (bounce && !to_dev) {
+	f = lane_push(dev, l, idx);
+	if (!bounce)
+		return 0;
+	l->bounce_fence = f;
+	if (!to_dev) {
 		/* Rows for unregistered host memory land in the bounce buffer: copy them out now,
 		 * since nothing runs on the host when the stream gets there. */
-		r = lane_quiesce(l);
+		r = lane_wait(dev, l, f);
 		if (r < 0)
 			return r;
 		boff = 0;
@@ -698,20 +843,27 @@ cuda_copy(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_cop
 	  int to_dev)
 {
 	struct gpu *g = &dev->gpus[buf->map->gpu];
-	struct lane *l = to_dev ? &g->prefetch : &g->offload;
-	int r = set_device(g);
+	struct lane *l = to_dev ? &g->prefetch : &g->offload,
+		    *o = to_dev ? &g->offload : &g->prefetch;
+	int r = set_device(g), other_busy;
 
 	if (r < 0)
 		return r;
-	if (rows_contiguous(rows, n)) {
-		uint8_t *d = buf->map->ptr + rows[0].buf_off;
-		uint64_t len = rows[n - 1].buf_off + rows[n - 1].len - rows[0].buf_off;
-
-		return KVT_CUDA(cudaMemcpyAsync(to_dev ? d : rows[0].host,
-						to_dev ? rows[0].host : d, len, cudaMemcpyDefault,
-						l->stream));
+	pthread_mutex_lock(&dev->fence_lock);
+	other_busy = lane_reap(o) != UINT64_MAX;
+	pthread_mutex_unlock(&dev->fence_lock);
+	/* The two lanes run side by side, but a batch must not overtake the other lane's queued
+	 * batches: an h2d into a T0 slot, then a d2h out of it, or the reverse. A device-side wait
+	 * on the other lane's tail, only when it has work in flight. The other lane's lock is not
+	 * held with ours (lock order); a later record of its join only waits for more. */
+	if (other_busy) {
+		pthread_mutex_lock(&o->lock);
+		r = KVT_CUDA(cudaEventRecord(o->join, o->stream));
+		pthread_mutex_unlock(&o->lock);
 	}
 	pthread_mutex_lock(&l->lock);
+	if (other_busy && r == 0)
+		r = KVT_CUDA(cudaStreamWaitEvent(l->stream, o->join, 0));
 	for (unsigned done = 0; done < n && r == 0; done += LANE_ROWS)
 		r = lane_launch(dev, l, buf, rows + done,
 				n - done < LANE_ROWS ? n - done : LANE_ROWS, to_dev);
@@ -730,6 +882,55 @@ cuda_sync(struct kvt_dev *dev)
 		if (k < 0 && r == 0)
 			r = k;
 	}
+	pthread_mutex_lock(&dev->fence_lock);
+	fences_reap(dev);
+	pthread_mutex_unlock(&dev->fence_lock);
+	return r;
+}
+
+static uint64_t
+cuda_fence(struct kvt_dev *dev)
+{
+	uint64_t f;
+
+	pthread_mutex_lock(&dev->fence_lock);
+	f = dev->submitted;
+	pthread_mutex_unlock(&dev->fence_lock);
+	return f;
+}
+
+static uint64_t
+cuda_fence_done(struct kvt_dev *dev)
+{
+	uint64_t f;
+
+	pthread_mutex_lock(&dev->fence_lock);
+	f = fences_reap(dev);
+	pthread_mutex_unlock(&dev->fence_lock);
+	return f;
+}
+
+static int
+cuda_fence_wait(struct kvt_dev *dev, uint64_t f)
+{
+	int r = 0;
+
+	for (int i = 0; i < dev->n_gpus && r == 0; i++) {
+		struct gpu *g = &dev->gpus[i];
+
+		if (!g->ready)
+			continue;
+		r = set_device(g);
+		for (int k = 0; k < 2 && r == 0; k++) {
+			struct lane *l = k ? &g->offload : &g->prefetch;
+
+			pthread_mutex_lock(&l->lock);
+			r = lane_wait(dev, l, f);
+			pthread_mutex_unlock(&l->lock);
+		}
+	}
+	if (r == 0)
+		cuda_fence_done(dev);
 	return r;
 }
 
@@ -805,6 +1006,9 @@ const struct kvt_dev_ops kvt_dev_cuda_ops = {
     .buf_release = cuda_release,
     .copy = cuda_copy,
     .sync = cuda_sync,
+    .fence = cuda_fence,
+    .fence_done = cuda_fence_done,
+    .fence_wait = cuda_fence_wait,
     .event_create = cuda_event_create,
     .event_record = cuda_event_record,
     .event_destroy = cuda_event_destroy,

@@ -25,6 +25,10 @@ struct kvt_dev_ops {
 	int (*copy)(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows,
 		    unsigned n, int to_dev);
 	int (*sync)(struct kvt_dev *dev);
+	/* NULL on a backend whose copies are complete on return (fences are always 0). */
+	uint64_t (*fence)(struct kvt_dev *dev);
+	uint64_t (*fence_done)(struct kvt_dev *dev);
+	int (*fence_wait)(struct kvt_dev *dev, uint64_t f);
 	int (*event_create)(struct kvt_dev *dev, const uint8_t device_uuid[16],
 			    struct kvt_dev_event **ret_ev, uint8_t ret_handle[64]);
 	int (*event_record)(struct kvt_dev *dev, struct kvt_dev_event *ev);

@@ -134,8 +134,12 @@ int kvt_dev_buf_fd(const struct kvt_dev_buf *buf);
  * device's high-priority prefetch stream (h2d) or its offload stream (d2h), and kvt_dev_sync()
  * waits for it. CUDA moves a batch with one gather kernel reading and writing host rows through
  * UVA (or one cudaMemcpyAsync when the rows are contiguous on both sides), never one copy per
- * row. Host rows outside registered memory go through a pinned bounce buffer; a d2h batch that
- * needs it is complete on return. The host rows must stay valid until kvt_dev_sync().
+ * row, and never waiting for the device unless LANE_RING batches are already in flight. A batch
+ * on one stream is ordered after the batches queued before it on the other (a device-side
+ * wait). Host rows outside registered memory go through a pinned bounce buffer (an h2d batch
+ * reads them before returning; a d2h batch that needs it is complete on return). Registered
+ * host rows are read or written when the batch runs: they must stay untouched until its fence
+ * completes (kvt_dev_fence() after the call, kvt_dev_fence_done()) or kvt_dev_sync().
  * Returns 0, -ERANGE (row outside the buffer), -ENOMEM, -EIO (logged).
  */
 int kvt_dev_copy_h2d(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows,
@@ -146,12 +150,28 @@ int kvt_dev_copy_d2h(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct 
 int kvt_dev_sync(struct kvt_dev *dev);
 
 /*
+ * Fences: every copy batch submitted gets the next number of a per-device counter.
+ * kvt_dev_fence() - the fence of the last batch submitted so far (0 before the first). Memory a
+ *   queued batch reads or writes may be reused once kvt_dev_fence_done() reaches the fence
+ *   kvt_dev_fence() returned after the copy call.
+ * kvt_dev_fence_done() - every batch up to the returned fence has completed (event queries,
+ *   never blocking; a failed batch stops it advancing until kvt_dev_sync()).
+ * kvt_dev_fence_wait() - blocks until kvt_dev_fence_done() >= @f. Returns 0 or -EIO (logged).
+ * The host backend copies synchronously: its fences are always 0, so always done.
+ * Thread safety: any thread.
+ */
+uint64_t kvt_dev_fence(struct kvt_dev *dev);
+uint64_t kvt_dev_fence_done(struct kvt_dev *dev);
+int kvt_dev_fence_wait(struct kvt_dev *dev, uint64_t f);
+
+/*
  * Session events: let a client's stream wait for the daemon's copies with no CPU round trip.
  * kvt_dev_event_create() makes an interprocess event on the device named by @device_uuid and
  * writes its 64-byte IPC handle (cudaIpcEventHandle_t) to @ret_handle; the client opens it with
  * cudaIpcOpenEventHandle() (kvt_event_get_cuda() in libkvtier). kvt_dev_event_record() records
  * it after everything queued so far on both of that device's streams: a client stream that
- * waits on it (cudaStreamWaitEvent) after reaping a CQE sees that op's rows.
+ * waits on it (cudaStreamWaitEvent) after reaping a CQE sees that op's rows, though the daemon
+ * posted the CQE without waiting for them.
  * create returns 0, -EOPNOTSUPP (host backend), -ENODEV (no such device), -ENOMEM, -EIO;
  * record returns 0 or -EIO; NULL @ev is a no-op for record and destroy.
  * Thread safety: record may race with copies on other threads; destroy after the last record.

@@ -377,6 +377,7 @@ START_TEST(import_survives_sigkilled_client)
 	ck_assert_int_eq(kvt_dev_sync(dev), 0);
 	ck_assert_uint_eq(host[0], 0x11);
 	ck_assert_int_eq(kvt_dev_copy_d2h(dev, b, &row, 1), 0);
+	ck_assert_int_eq(kvt_dev_sync(dev), 0);
 	ck_assert_uint_eq(host[4095], 0x22);
 	/* The session of the killed client ends: its import is closed once, the other stays. */
 	kvt_dev_buf_put(a);
@@ -592,12 +593,21 @@ START_TEST(batch_range_and_faults)
 	kvt_shim_fail("cudaStreamSynchronize", 1, cudaErrorIllegalAddress);
 	ck_assert_int_eq(kvt_dev_sync(f.dev), -EIO);
 	ck_assert_ptr_nonnull(strstr(msgs, "cudaErrorIllegalAddress"));
-	/* A batch waits for the lane's previous kernel before reusing its staging. */
-	ck_assert_int_eq(kvt_dev_copy_h2d(f.dev, f.buf, rows, 2), 0);
+	/* A lane runs 64 batches ahead of the device without waiting; the 65th waits for the
+	 * oldest before reusing its descriptors. */
+	kvt_shim_hold(1);
+	kvt_shim_reset(1);
+	for (unsigned i = 0; i < 64; i++)
+		ck_assert_int_eq(kvt_dev_copy_h2d(f.dev, f.buf, rows, 2), 0);
+	ck_assert_uint_eq(kvt_shim_count("cudaEventSynchronize"), 0);
+	ck_assert_uint_eq(kvt_shim_queued(), 64);
 	kvt_shim_fail("cudaEventSynchronize", 1, cudaErrorLaunchFailure);
 	ck_assert_int_eq(kvt_dev_copy_h2d(f.dev, f.buf, rows, 2), -EIO);
-	/* The lane recovers: the next batch goes through. */
+	/* The lane recovers: the next batch waits for the oldest and goes through. */
 	ck_assert_int_eq(kvt_dev_copy_h2d(f.dev, f.buf, rows, 2), 0);
+	ck_assert_uint_eq(kvt_shim_count("cudaEventSynchronize"), 2);
+	kvt_shim_hold(0);
+	ck_assert_int_eq(kvt_dev_sync(f.dev), 0);
 	copy_fix_stop(&f);
 }
 END_TEST

@@ -9,8 +9,14 @@
  *   through /proc/<pid>/fd/<fd> when it opens the IPC handle);
  * - pinned host memory: a table of registered ranges and cudaHostAlloc blocks (device pointer
  *   = host pointer, as UVA gives on Linux);
- * - streams and events: tokens; work is done when called;
- * - the kvt_rows_copy kernel: its descriptors are executed with memcpy.
+ * - streams: tokens. Copies and kernels are queued in one FIFO per process (a legal schedule of
+ *   every stream) and executed later by the shim's device thread, or by whoever synchronizes
+ *   (stream or event) first. kvt_shim_hold() stops the device thread so a test can look at the
+ *   state while copies are still queued;
+ * - events: a slot of a per-process table in a shared memfd (recorded and completed counts),
+ *   so another process that opened the IPC handle can wait for the recording process's work;
+ * - the kvt_rows_copy kernel: its descriptors are read and executed with memcpy when the
+ *   queued launch runs, not when it is enqueued.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -18,7 +24,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,11 +60,40 @@ struct ipc_mem {
 	uint64_t size, serial;
 };
 
+/* One event's state, in the process's shared event table. */
+struct ev_slot {
+	_Atomic uint64_t recorded;  /* records so far */
+	_Atomic uint64_t completed; /* the last record whose preceding work has run */
+};
+
+#define EV_SLOTS 4096
+
 struct ipc_ev {
 	uint64_t magic;
 	int32_t pid;
 	uint32_t interprocess;
 	uint64_t serial; /* the event's id "pid.serial" */
+	int32_t tab_fd;	 /* the owner's event table memfd, and this event's slot in it */
+	uint32_t idx;
+	/* not part of the IPC handle: */
+	struct ev_slot *slot;
+};
+#define IPC_EV_HANDLE_BYTES offsetof(struct ipc_ev, slot)
+
+/* Queued device work. */
+enum work_kind { W_COPY, W_ROWS, W_RECORD };
+
+struct work {
+	struct work *next;
+	enum work_kind kind;
+	void *dst; /* W_COPY */
+	const void *src;
+	size_t n;
+	void *own; /* W_COPY: a private copy of a pageable source, freed after */
+	const struct kvt_row_desc *desc; /* W_ROWS: read when the launch runs */
+	unsigned nrows;
+	struct ev_slot *slot; /* W_RECORD */
+	uint64_t rec;
 };
 
 struct arm {
@@ -82,6 +120,17 @@ static size_t log_len, log_cap;
 static int log_fd = -1;
 static cudaError_t last_error;
 static int kernel_token, library_token;
+static struct work *wq_head, *wq_tail;
+static int wq_hold, dev_thread_started;
+static pthread_cond_t wq_cond = PTHREAD_COND_INITIALIZER;
+static unsigned hazards;
+static struct ev_slot *ev_tab;
+static int ev_tab_fd = -1;
+static uint8_t ev_used[EV_SLOTS];
+
+static void atfork_child(void);
+static void work_run_one(void);
+static void release_check(const char *what, const void *p, size_t len);
 
 static void
 log_line(const char *fmt, ...)
@@ -208,6 +257,7 @@ shim_init(void)
 	s = getenv("KVT_SHIM_LOG");
 	if (s)
 		log_fd = open(s, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	pthread_atfork(NULL, NULL, atfork_child);
 }
 
 SHIM_EXPORT void
@@ -221,6 +271,7 @@ kvt_shim_reset(int devices)
 	if (logbuf)
 		logbuf[0] = 0;
 	last_error = cudaSuccess;
+	hazards = 0;
 	pthread_mutex_unlock(&lock);
 }
 
@@ -277,6 +328,96 @@ SHIM_EXPORT unsigned
 kvt_shim_registered(void)
 {
 	return count_kind(OBJ_REGISTERED);
+}
+
+
+static void *
+dev_thread(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&lock);
+	for (;;) {
+		while (!wq_head || wq_hold)
+			pthread_cond_wait(&wq_cond, &lock);
+		work_run_one();
+	}
+	return NULL;
+}
+
+static void
+atfork_child(void)
+{
+	/* The device thread stays behind in the parent; the child drains at its sync points. */
+	dev_thread_started = 0;
+}
+
+/* Lock held. */
+static void
+work_push(struct work *w)
+{
+	w->next = NULL;
+	if (wq_tail)
+		wq_tail->next = w;
+	else
+		wq_head = w;
+	wq_tail = w;
+	if (!dev_thread_started) {
+		pthread_t t;
+
+		if (pthread_create(&t, NULL, dev_thread, NULL) == 0) {
+			pthread_detach(t);
+			dev_thread_started = 1;
+		}
+	}
+	pthread_cond_broadcast(&wq_cond);
+}
+
+/* Lock held: runs until @slot's completion count reaches @rec (or the queue is empty). */
+static void
+drain_until(struct ev_slot *slot, uint64_t rec)
+{
+	while (wq_head && (!slot || atomic_load(&slot->completed) < rec))
+		work_run_one();
+}
+
+SHIM_EXPORT void
+kvt_shim_hold(int on)
+{
+	pthread_mutex_lock(&lock);
+	wq_hold = on;
+	pthread_cond_broadcast(&wq_cond);
+	pthread_mutex_unlock(&lock);
+}
+
+SHIM_EXPORT unsigned
+kvt_shim_queued(void)
+{
+	unsigned n = 0;
+
+	pthread_mutex_lock(&lock);
+	for (struct work *w = wq_head; w; w = w->next)
+		n += w->kind != W_RECORD;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
+SHIM_EXPORT void
+kvt_shim_run(void)
+{
+	pthread_mutex_lock(&lock);
+	drain_until(NULL, 0);
+	pthread_mutex_unlock(&lock);
+}
+
+SHIM_EXPORT unsigned
+kvt_shim_hazards(void)
+{
+	unsigned n;
+
+	pthread_mutex_lock(&lock);
+	n = hazards;
+	pthread_mutex_unlock(&lock);
+	return n;
 }
 
 /* ---- objects ------------------------------------------------------------------------------ */
@@ -369,6 +510,10 @@ cudaGetErrorName(cudaError_t e)
 		return "cudaErrorMapBufferObjectFailed";
 	case cudaErrorDevicesUnavailable:
 		return "cudaErrorDevicesUnavailable";
+	case cudaErrorNotReady:
+		return "cudaErrorNotReady";
+	case cudaErrorLaunchTimeout:
+		return "cudaErrorLaunchTimeout";
 	default:
 		return "cudaErrorUnknown";
 	}
@@ -485,31 +630,134 @@ SHIM_EXPORT cudaError_t
 cudaStreamSynchronize(cudaStream_t s)
 {
 	ENTER("");
+	drain_until(NULL, 0); /* one FIFO: everything queued before is this stream's or earlier */
 	LEAVE(cudaSuccess);
+}
+
+/* Lock held: the process's event table, a shared memfd other processes map through
+ * /proc/<pid>/fd when they open an event's IPC handle. */
+static int
+ev_tab_init(void)
+{
+	void *p;
+	int fd;
+
+	if (ev_tab)
+		return 0;
+	fd = memfd_create("kvt-shim-events", 0);
+	if (fd < 0)
+		return -1;
+	if (ftruncate(fd, EV_SLOTS * sizeof(struct ev_slot)) < 0) {
+		close(fd);
+		return -1;
+	}
+	p = mmap(NULL, EV_SLOTS * sizeof(struct ev_slot), PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+		 0);
+	if (p == MAP_FAILED) {
+		close(fd);
+		return -1;
+	}
+	ev_tab = p;
+	ev_tab_fd = fd;
+	return 0;
+}
+
+/* Lock held: map another process's event table (kept for the life of this process). */
+static struct ev_slot *
+ev_tab_remote(int pid, int fd)
+{
+	static struct {
+		int pid, fd;
+		struct ev_slot *tab;
+	} maps[16];
+	static unsigned n_maps;
+	char path[64];
+	void *p;
+	int f;
+
+	for (unsigned i = 0; i < n_maps; i++)
+		if (maps[i].pid == pid && maps[i].fd == fd)
+			return maps[i].tab;
+	if (n_maps == 16)
+		return NULL;
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
+	f = open(path, O_RDWR | O_CLOEXEC);
+	if (f < 0)
+		return NULL;
+	p = mmap(NULL, EV_SLOTS * sizeof(struct ev_slot), PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+	close(f);
+	if (p == MAP_FAILED)
+		return NULL;
+	maps[n_maps].pid = pid;
+	maps[n_maps].fd = fd;
+	maps[n_maps].tab = p;
+	return maps[n_maps++].tab;
+}
+
+/* Lock held on entry and exit: a stream of this process waits for another process's event.
+ * Its work would run after the recorded work; this process has nothing queued that could
+ * overtake it, so the wait is done here, on the CPU, with the lock dropped. */
+static int
+ev_wait_remote(struct ipc_ev *e)
+{
+	uint64_t target;
+
+	if (!e->slot)
+		return -1;
+	target = atomic_load(&e->slot->recorded);
+	for (unsigned i = 0; atomic_load(&e->slot->completed) < target; i++) {
+		if (kill(e->pid, 0) < 0 && errno == ESRCH)
+			return 0; /* its context is gone with it, and its queued work */
+		if (i == 300000)
+			return -1; /* 30 s: a lost record, say so rather than hang the test */
+		pthread_mutex_unlock(&lock);
+		usleep(100);
+		pthread_mutex_lock(&lock);
+	}
+	return 0;
 }
 
 SHIM_EXPORT cudaError_t
 cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned flags)
 {
+	struct ipc_ev *e = (struct ipc_ev *)ev;
+
 	ENTER("");
-	LEAVE(ev ? cudaSuccess : cudaErrorInvalidResourceHandle);
+	if (!e)
+		LEAVE(cudaErrorInvalidResourceHandle);
+	if (e->pid != getpid() && ev_wait_remote(e) < 0)
+		LEAVE(cudaErrorLaunchTimeout);
+	LEAVE(cudaSuccess); /* in this process: one FIFO, the recorded work is ahead already */
 }
 
 SHIM_EXPORT cudaError_t
 cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned flags)
 {
 	struct ipc_ev *e;
+	unsigned idx;
 
 	ENTER("flags=%u", flags);
 	if ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming))
 		LEAVE(cudaErrorInvalidValue); /* as CUDA requires */
+	if (ev_tab_init() < 0)
+		LEAVE(cudaErrorMemoryAllocation);
+	for (idx = 0; idx < EV_SLOTS && ev_used[idx]; idx++)
+		;
+	if (idx == EV_SLOTS)
+		LEAVE(cudaErrorMemoryAllocation);
 	e = calloc(1, sizeof(*e));
 	if (!e)
 		LEAVE(cudaErrorMemoryAllocation);
+	ev_used[idx] = 1;
 	e->magic = MAGIC;
 	e->pid = getpid();
 	e->interprocess = !!(flags & cudaEventInterprocess);
 	e->serial = next_serial++;
+	e->tab_fd = ev_tab_fd;
+	e->idx = idx;
+	e->slot = &ev_tab[idx];
+	atomic_store(&e->slot->recorded, 0);
+	atomic_store(&e->slot->completed, 0);
 	*ev = (cudaEvent_t)e;
 	LEAVE(cudaSuccess);
 }
@@ -517,21 +765,66 @@ cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned flags)
 SHIM_EXPORT cudaError_t
 cudaEventRecord(cudaEvent_t ev, cudaStream_t s)
 {
+	struct ipc_ev *e = (struct ipc_ev *)ev;
+	uint64_t rec;
+
 	ENTER("");
-	LEAVE(ev ? cudaSuccess : cudaErrorInvalidResourceHandle);
+	if (!e || e->pid != getpid())
+		LEAVE(cudaErrorInvalidResourceHandle);
+	rec = atomic_fetch_add(&e->slot->recorded, 1) + 1;
+	if (!wq_head) {
+		atomic_store(&e->slot->completed, rec); /* nothing ahead of it */
+	} else {
+		struct work *w = calloc(1, sizeof(*w));
+
+		if (!w)
+			LEAVE(cudaErrorMemoryAllocation);
+		w->kind = W_RECORD;
+		w->slot = e->slot;
+		w->rec = rec;
+		work_push(w);
+	}
+	LEAVE(cudaSuccess);
 }
 
 SHIM_EXPORT cudaError_t
 cudaEventSynchronize(cudaEvent_t ev)
 {
+	struct ipc_ev *e = (struct ipc_ev *)ev;
+
 	ENTER("");
-	LEAVE(ev ? cudaSuccess : cudaErrorInvalidResourceHandle);
+	if (!e)
+		LEAVE(cudaErrorInvalidResourceHandle);
+	if (e->pid != getpid())
+		LEAVE(ev_wait_remote(e) < 0 ? cudaErrorLaunchTimeout : cudaSuccess);
+	drain_until(e->slot, atomic_load(&e->slot->recorded));
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaEventQuery(cudaEvent_t ev)
+{
+	struct ipc_ev *e = (struct ipc_ev *)ev;
+
+	ENTER("");
+	if (!e || !e->slot)
+		LEAVE(cudaErrorInvalidResourceHandle);
+	if (atomic_load(&e->slot->completed) < atomic_load(&e->slot->recorded)) {
+		/* Not an error: the runtime does not make it the last error either. */
+		pthread_mutex_unlock(&lock);
+		return cudaErrorNotReady;
+	}
+	LEAVE(cudaSuccess);
 }
 
 SHIM_EXPORT cudaError_t
 cudaEventDestroy(cudaEvent_t ev)
 {
+	struct ipc_ev *e = (struct ipc_ev *)ev;
+
 	ENTER("");
+	if (e && e->pid == getpid() && e->slot == &ev_tab[e->idx])
+		ev_used[e->idx] = 0;
 	free(ev);
 	LEAVE(cudaSuccess);
 }
@@ -545,8 +838,23 @@ cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t ev)
 	if (!e || !e->interprocess)
 		LEAVE(cudaErrorInvalidResourceHandle);
 	memset(h, 0, sizeof(*h));
-	memcpy(h->reserved, e, sizeof(*e));
+	memcpy(h->reserved, e, IPC_EV_HANDLE_BYTES);
 	LEAVE(cudaSuccess);
+}
+
+/* Lock held: an event opened from a handle, its slot in the owner's table. */
+static struct ipc_ev *
+ev_open(const char *reserved)
+{
+	struct ipc_ev *e = calloc(1, sizeof(*e));
+	struct ev_slot *tab;
+
+	if (!e)
+		return NULL;
+	memcpy(e, reserved, IPC_EV_HANDLE_BYTES);
+	tab = e->pid == getpid() ? ev_tab : ev_tab_remote(e->pid, e->tab_fd);
+	e->slot = tab && e->idx < EV_SLOTS ? &tab[e->idx] : NULL;
+	return e;
 }
 
 SHIM_EXPORT cudaError_t
@@ -555,13 +863,12 @@ cudaIpcOpenEventHandle(cudaEvent_t *ev, cudaIpcEventHandle_t h)
 	struct ipc_ev in, *e;
 
 	ENTER("");
-	memcpy(&in, h.reserved, sizeof(in));
+	memcpy(&in, h.reserved, IPC_EV_HANDLE_BYTES);
 	if (in.magic != MAGIC || !in.interprocess)
 		LEAVE(cudaErrorInvalidResourceHandle);
-	e = malloc(sizeof(*e));
+	e = ev_open(h.reserved);
 	if (!e)
 		LEAVE(cudaErrorMemoryAllocation);
-	*e = in;
 	*ev = (cudaEvent_t)e;
 	LEAVE(cudaSuccess);
 }
@@ -590,6 +897,7 @@ cudaHostUnregister(void *p)
 	o = obj_at(p, OBJ_REGISTERED);
 	if (!o)
 		LEAVE(cudaErrorHostMemoryNotRegistered);
+	release_check("cudaHostUnregister", o->p, o->len);
 	obj_del(o);
 	LEAVE(cudaSuccess);
 }
@@ -620,6 +928,7 @@ cudaFreeHost(void *p)
 	o = obj_at(p, OBJ_HOSTALLOC);
 	if (!o)
 		LEAVE(cudaErrorInvalidValue);
+	release_check("cudaFreeHost", o->p, o->len);
 	munmap(o->p, o->len);
 	obj_del(o);
 	LEAVE(cudaSuccess);
@@ -681,6 +990,7 @@ cudaFree(void *p)
 	o = obj_at(p, OBJ_DEVMEM);
 	if (!o)
 		LEAVE(cudaErrorInvalidDevicePointer);
+	drain_until(NULL, 0); /* cudaFree synchronizes the device */
 	munmap(o->p, o->len);
 	close(o->fd);
 	obj_del(o);
@@ -779,6 +1089,7 @@ cudaIpcCloseMemHandle(void *p)
 	o = obj_at(p, OBJ_IPCMAP);
 	if (!o)
 		LEAVE(cudaErrorInvalidValue);
+	release_check("cudaIpcCloseMemHandle", o->p, o->len);
 	munmap(o->p, o->len);
 	obj_del(o);
 	LEAVE(cudaSuccess);
@@ -829,13 +1140,111 @@ mem_known(const void *p, size_t len)
 	return obj_find(p, len, 0xf) != NULL;
 }
 
+static int
+overlaps(const void *a, size_t na, const void *b, size_t nb)
+{
+	return (const uint8_t *)a < (const uint8_t *)b + nb &&
+	       (const uint8_t *)b < (const uint8_t *)a + na;
+}
+
+/* Lock held: does queued work still read or write [p, p+len)? */
+static int
+queued_touches(const void *p, size_t len)
+{
+	for (struct work *w = wq_head; w; w = w->next) {
+		if (w->kind == W_COPY &&
+		    (overlaps(w->dst, w->n, p, len) || (!w->own && overlaps(w->src, w->n, p, len))))
+			return 1;
+		if (w->kind != W_ROWS)
+			continue;
+		if (overlaps(w->desc, w->nrows * sizeof(*w->desc), p, len))
+			return 1;
+		for (unsigned i = 0; i < w->nrows; i++)
+			if (overlaps((void *)(uintptr_t)w->desc[i].dst, w->desc[i].len, p, len) ||
+			    overlaps((void *)(uintptr_t)w->desc[i].src, w->desc[i].len, p, len))
+				return 1;
+	}
+	return 0;
+}
+
+/* Lock held: memory is being released; a queued copy that still uses it is a hazard (counted
+ * for kvt_shim_hazards()), and the queue is drained so the emulation never touches it after. */
+static void
+release_check(const char *what, const void *p, size_t len)
+{
+	if (!queued_touches(p, len))
+		return;
+	hazards++;
+	log_line("  hazard: %s %p+%zu released while a queued copy uses it", what, p, len);
+	drain_until(NULL, 0);
+}
+
+static void
+work_run_one(void)
+{
+	struct work *w = wq_head;
+
+	wq_head = w->next;
+	if (!wq_head)
+		wq_tail = NULL;
+	switch (w->kind) {
+	case W_COPY:
+		memmove(w->dst, w->own ? w->own : w->src, w->n);
+		free(w->own);
+		break;
+	case W_ROWS:
+		/* The descriptors are read now, as the device reads them when the kernel runs. */
+		for (unsigned i = 0; i < w->nrows; i++) {
+			struct kvt_row_desc d = w->desc[i];
+			void *dst = (void *)(uintptr_t)d.dst;
+			const void *src = (const void *)(uintptr_t)d.src;
+
+			if (!mem_known(dst, d.len) || !mem_known(src, d.len)) {
+				last_error = cudaErrorIllegalAddress; /* sticky, as on a device */
+				log_line("  kvt_rows_copy row %u: illegal address when run", i);
+				continue;
+			}
+			memmove(dst, src, d.len);
+		}
+		break;
+	case W_RECORD:
+		atomic_store(&w->slot->completed, w->rec);
+		break;
+	}
+	free(w);
+}
+
 SHIM_EXPORT cudaError_t
 cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s)
 {
+	struct work *w;
+	int dst_known, src_known;
+
 	ENTER("dst=%p src=%p n=%zu", dst, src, n);
-	if (!mem_known(dst, n) && !mem_known(src, n))
+	dst_known = mem_known(dst, n);
+	src_known = mem_known(src, n);
+	if (!dst_known && !src_known)
 		LEAVE(cudaErrorInvalidValue); /* host to host through a stream: not our use */
-	memmove(dst, src, n);
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		LEAVE(cudaErrorMemoryAllocation);
+	w->kind = W_COPY;
+	w->dst = dst;
+	w->src = src;
+	w->n = n;
+	if (!src_known) {
+		/* From pageable memory CUDA stages the source before returning. */
+		w->own = malloc(n);
+		if (!w->own) {
+			free(w);
+			LEAVE(cudaErrorMemoryAllocation);
+		}
+		memcpy(w->own, src, n);
+	}
+	work_push(w);
+	if (!dst_known)
+		drain_until(NULL,
+			    0); /* to pageable memory the call returns when the copy is done */
 	LEAVE(cudaSuccess);
 }
 
@@ -873,6 +1282,7 @@ SHIM_EXPORT cudaError_t
 cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s)
 {
 	const struct kvt_row_desc *d;
+	struct work *w;
 	unsigned n;
 
 	if (func != (const void *)&kernel_token) {
@@ -885,15 +1295,19 @@ cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t sh
 	/* The descriptors are read through UVA: they must be pinned host memory. */
 	if (!obj_find(d, n * sizeof(*d), 1u << OBJ_HOSTALLOC | 1u << OBJ_REGISTERED))
 		LEAVE(cudaErrorIllegalAddress);
-	for (unsigned i = 0; i < n; i++) {
-		void *dst = (void *)(uintptr_t)d[i].dst;
-		const void *src = (const void *)(uintptr_t)d[i].src;
-
-		/* A kernel can touch only device memory and pinned, mapped host memory. */
-		if (!mem_known(dst, d[i].len) || !mem_known(src, d[i].len))
+	/* A kernel can touch only device memory and pinned, mapped host memory: checked at the
+	 * launch (a device would fault later; the test wants the error where it was made). */
+	for (unsigned i = 0; i < n; i++)
+		if (!mem_known((void *)(uintptr_t)d[i].dst, d[i].len) ||
+		    !mem_known((const void *)(uintptr_t)d[i].src, d[i].len))
 			LEAVE(cudaErrorIllegalAddress);
-		memmove(dst, src, d[i].len);
-	}
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		LEAVE(cudaErrorMemoryAllocation);
+	w->kind = W_ROWS;
+	w->desc = d;
+	w->nrows = n;
+	work_push(w);
 	LEAVE(cudaSuccess);
 }
 
@@ -959,6 +1373,8 @@ cu_name(CUresult e)
 		return "CUDA_ERROR_NOT_FOUND";
 	case CUDA_ERROR_ILLEGAL_ADDRESS:
 		return "CUDA_ERROR_ILLEGAL_ADDRESS";
+	case CUDA_ERROR_LAUNCH_TIMEOUT:
+		return "CUDA_ERROR_LAUNCH_TIMEOUT";
 	case CUDA_ERROR_CONTEXT_IS_DESTROYED:
 		return "CUDA_ERROR_CONTEXT_IS_DESTROYED";
 	case CUDA_ERROR_NOT_PERMITTED:
@@ -1267,6 +1683,7 @@ cuMemFree_v2(CUdeviceptr p)
 	o = obj_at((void *)(uintptr_t)p, OBJ_DEVMEM);
 	if (!o)
 		DLEAVE(CUDA_ERROR_INVALID_VALUE);
+	drain_until(NULL, 0); /* cuMemFree synchronizes the device */
 	munmap(o->p, o->len);
 	close(o->fd);
 	obj_del(o);
@@ -1295,15 +1712,14 @@ cuIpcOpenEventHandle(CUevent *ret, CUipcEventHandle h)
 {
 	struct ipc_ev in, *e;
 
-	memcpy(&in, h.reserved, sizeof(in));
+	memcpy(&in, h.reserved, IPC_EV_HANDLE_BYTES);
 	DENTER("id=%d.%llu", (int)in.pid, (unsigned long long)in.serial);
 	NEED_CTX();
 	if (in.magic != MAGIC || !in.interprocess)
 		DLEAVE(CUDA_ERROR_INVALID_HANDLE);
-	e = malloc(sizeof(*e));
+	e = ev_open(h.reserved);
 	if (!e)
 		DLEAVE(CUDA_ERROR_OUT_OF_MEMORY);
-	*e = in;
 	*ret = (CUevent)e;
 	DLEAVE(CUDA_SUCCESS);
 }
@@ -1385,7 +1801,13 @@ cuStreamWaitEvent(CUstream s, CUevent ev, unsigned flags)
 		DLEAVE(CUDA_ERROR_INVALID_HANDLE);
 	if (flags & ~1u) /* CU_EVENT_WAIT_DEFAULT, CU_EVENT_WAIT_EXTERNAL */
 		DLEAVE(CUDA_ERROR_INVALID_VALUE);
-	DLEAVE(CUDA_SUCCESS); /* work runs when queued: the wait is already satisfied */
+	/* The caller's stream has no queued work in the shim: waiting here is waiting before
+	 * anything the caller queues next. */
+	if (e->pid != getpid() && ev_wait_remote(e) < 0)
+		DLEAVE(CUDA_ERROR_LAUNCH_TIMEOUT);
+	if (e->pid == getpid() && e->slot)
+		drain_until(e->slot, atomic_load(&e->slot->recorded));
+	DLEAVE(CUDA_SUCCESS);
 }
 
 SHIM_EXPORT int

@@ -9,9 +9,15 @@
  * - "device memory" (cudaMalloc) is a shared memfd mapping; its IPC handle names the owner's
  *   pid and fd, and cudaIpcOpenMemHandle in another process maps /proc/<pid>/fd/<fd>, so two
  *   processes really share the bytes;
- * - every stream operation runs synchronously when called (events are always complete);
+ * - copies and kernel launches are queued (one FIFO per process) and run later, by the shim's
+ *   device thread or at the first stream or event synchronization that needs them: work is
+ *   asynchronous, and an event is complete only once the work before its record has run
+ *   (cudaEventQuery says cudaErrorNotReady until then). Event state lives in a shared table,
+ *   so a process that opened another's event handle waits for that process's work;
  * - the one kernel it knows, kvt_rows_copy from cuda/rows.cu (found through
- *   cudaLibraryGetKernel), is run on the host from its descriptors.
+ *   cudaLibraryGetKernel), is run on the host from its descriptors, read when it runs;
+ * - releasing memory a queued copy still uses (cudaIpcCloseMemHandle, cudaHostUnregister,
+ *   cudaFreeHost) is counted as a hazard (kvt_shim_hazards()).
  * It records every call in order and can fail the k-th call of a chosen function.
  *
  * It also exports the CUDA driver entry points libkvtier uses (cuInit, cuMemAlloc_v2,
@@ -45,6 +51,16 @@ unsigned kvt_shim_registered(void);
 /* The id "pid.serial" of an event (the creating process and its serial there): 0, or -1 when
  * @ev is not an event of the shim. */
 int kvt_shim_event_id(void *ev, int *ret_pid, unsigned long long *ret_serial);
+/* Stop (1) or let (0) the device thread run queued work. Held work still runs at a stream or
+ * event synchronization that needs it; cudaEventQuery and cuStreamWaitEvent from another
+ * process see it incomplete until then. */
+void kvt_shim_hold(int on);
+/* Copies and launches queued and not yet run. */
+unsigned kvt_shim_queued(void);
+/* Run everything queued now, held or not. */
+void kvt_shim_run(void);
+/* Memory released while a queued copy still used it, since the last reset. */
+unsigned kvt_shim_hazards(void);
 /* Driver contexts pushed on the calling thread's stack. */
 unsigned kvt_shim_ctx_depth(void);
 
