@@ -14,6 +14,35 @@
 #include "poller.h"
 #include "session.h"
 
+void *
+kvtd_scratch_get(struct kvtd_scratch *sc, unsigned i, size_t size)
+{
+	void *p;
+
+	if (size <= sc->size[i])
+		return sc->buf[i];
+	/* Room to spare, so a sequence that grows a little does not reallocate every op. */
+	size = (size + size / 4 + 4095) & ~(size_t)4095;
+	p = aligned_alloc(64, size);
+	if (!p)
+		return NULL;
+	free(sc->buf[i]);
+	sc->buf[i] = p;
+	sc->size[i] = size;
+	sc->grows++;
+	return p;
+}
+
+void
+kvtd_scratch_fini(struct kvtd_scratch *sc)
+{
+	for (unsigned i = 0; i < KVTD_SCRATCH_BUFS; i++) {
+		free(sc->buf[i]);
+		sc->buf[i] = NULL;
+		sc->size[i] = 0;
+	}
+}
+
 static void
 cpu_relax(void)
 {
@@ -215,6 +244,7 @@ poller_free(struct kvtd_poller *p)
 	if (p->wake_efd >= 0)
 		close(p->wake_efd);
 	pthread_mutex_destroy(&p->lock);
+	kvtd_scratch_fini(&p->scr);
 	free(p->sessions);
 	free(p->stalls);
 	free(p);

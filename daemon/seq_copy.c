@@ -6,7 +6,6 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kvt_dev.h"
@@ -26,6 +25,22 @@ pos_row(const struct kvtd_seq *q, uint32_t pos, uint32_t l, uint32_t kv, void *t
 		return slot + r * q->row_bytes;
 	seq_t2_dequant(q, slot, r, 0, q->p.kv_heads, q->p.dtype, tmp);
 	return tmp;
+}
+
+struct row_batch *
+seq_batch_start(const struct kvtd_seq_ctx *x, const struct kvtd_seq *q, struct kvt_dev_buf *buf)
+{
+	size_t head = (sizeof(struct row_batch) + 63) & ~(size_t)63;
+	struct row_batch *b = kvtd_scratch_get(x->scr, SCR_BATCH, head + COPY_BATCH * q->row_bytes);
+
+	if (!b)
+		return NULL;
+	b->x = x;
+	b->buf = buf;
+	b->tmp = (uint8_t *)b + head;
+	b->n = 0;
+	b->bytes = b->bytes_t2 = 0;
+	return b;
 }
 
 int
@@ -85,18 +100,11 @@ kvtd_seq_retier(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, void *out, uin
 	if (r < 0)
 		return r;
 	if (plan.n_promote) {
-		b = malloc(sizeof(*b));
-		if (b)
-			b->tmp = malloc(COPY_BATCH * q->row_bytes);
-		if (!b || !b->tmp) {
-			free(b);
+		b = seq_batch_start(x, q, q->t0_buf);
+		if (!b) {
 			r = -ENOMEM;
 			goto err_qs;
 		}
-		b->x = x;
-		b->buf = q->t0_buf;
-		b->n = 0;
-		b->bytes = b->bytes_t2 = 0;
 		/* Only newly promoted positions are copied, every layer, in batches. */
 		for (uint32_t i = 0; i < plan.n_promote && r == 0; i++)
 			for (uint32_t l = 0; l < q->p.layers && r == 0; l++)
@@ -108,8 +116,6 @@ kvtd_seq_retier(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, void *out, uin
 			r = seq_batch_flush(b);
 		q->bytes_out += b->bytes;
 		q->bytes_out_t2 += b->bytes_t2;
-		free(b->tmp);
-		free(b);
 		if (r < 0) {
 			/* The T0 slots being refilled are in an unknown state now; the plan is
 			 * dropped and the client must treat its T0 region as lost. */
@@ -215,18 +221,9 @@ kvtd_seq_fetch(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, unsigned flags,
 	if (stage_row > p->stage_slots || m > p->stage_slots - stage_row)
 		return kvtd_seq_fail(x, -ENOSPC, "%u rows from staging row %u pass its %u rows", m,
 				     stage_row, p->stage_slots);
-	b = malloc(sizeof(*b));
+	b = seq_batch_start(x, q, q->stage_buf);
 	if (!b)
 		return -ENOMEM;
-	b->tmp = malloc(COPY_BATCH * q->row_bytes);
-	if (!b->tmp) {
-		free(b);
-		return -ENOMEM;
-	}
-	b->x = x;
-	b->buf = q->stage_buf;
-	b->n = 0;
-	b->bytes = b->bytes_t2 = 0;
 	r = 0;
 	for (uint32_t l = layer0; l < layer0 + nlayers && r == 0; l++)
 		for (uint32_t kv = 0; kv < 2 && r == 0; kv++)
@@ -237,8 +234,6 @@ kvtd_seq_fetch(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, unsigned flags,
 		r = seq_batch_flush(b);
 	q->bytes_out += b->bytes;
 	q->bytes_out_t2 += b->bytes_t2;
-	free(b->tmp);
-	free(b);
 	if (r < 0)
 		return r;
 	if (!(flags & KVT_FETCH_F_LIST))

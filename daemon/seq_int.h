@@ -23,12 +23,22 @@
 #include <string.h>
 
 #include "kvt_dev.h"
+#include "poller.h"
 #include "quant.h"
 #include "seq.h"
 
 #define COPY_BATCH 256 /* rows per device copy call */
 
 _Static_assert(KVT_T2_KEY_BLOCK == KVT_QUANT_KEY_BLOCK, "per-channel key block");
+
+/* The buffers of x->scr (struct kvtd_scratch): what an op needs for its own duration. */
+enum {
+	SCR_BATCH,	 /* struct row_batch and its dequantized rows (seq_batch_start()) */
+	SCR_QUANT_SLOTS, /* struct quant_room's slot lists */
+	SCR_QUANT_TMP,	 /* struct quant_room's key rows and codes */
+	SCR_QUERY,	 /* TOPK's private copy of the query */
+};
+_Static_assert(SCR_QUERY < KVTD_SCRATCH_BUFS, "scratch buffers");
 
 /* A block of per-channel key scales (KVT_T2_F_KEY_CHANNEL). */
 struct kblk {
@@ -78,6 +88,10 @@ int seq_ensure_ws(struct kvtd_seq *q);
 /* Return the pool slots of @n positions (T1 or T2 each, by their tier flag). */
 void seq_free_positions(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const uint32_t *pos,
 			uint32_t n);
+/* Release the T1 slots @slots (at most COPY_BATCH) that positions @pos held: the sequence's own
+ * go back to the pool, a shared block's lose this position's reference. */
+void seq_t1_release(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const uint32_t *pos,
+		    void *const *slots, uint32_t n);
 
 /* seq_t2.c */
 /*
@@ -130,6 +144,10 @@ struct row_batch {
 	unsigned n;
 	uint64_t bytes, bytes_t2; /* rows added; of them, dequantized from T2 */
 };
+/* An empty batch of rows to @buf in x->scr (valid until the op's next seq_batch_start()).
+ * Returns NULL when out of memory. */
+struct row_batch *seq_batch_start(const struct kvtd_seq_ctx *x, const struct kvtd_seq *q,
+				  struct kvt_dev_buf *buf);
 int seq_batch_flush(struct row_batch *b);
 int seq_batch_add(struct row_batch *b, const struct kvtd_seq *q, uint32_t pos, uint32_t l,
 		  uint32_t kv, uint64_t dst_off);

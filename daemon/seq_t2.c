@@ -62,9 +62,10 @@ seq_quant_room_get(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t n,
 		return 0;
 	qr->n = n;
 	qr->nkb = key_channel(q) ? (n + KVT_T2_KEY_BLOCK - 1) / KVT_T2_KEY_BLOCK : 0;
-	qr->qs = malloc(((size_t)n + qr->nkb) * sizeof(void *));
+	qr->qs = kvtd_scratch_get(x->scr, SCR_QUANT_SLOTS, ((size_t)n + qr->nkb) * sizeof(void *));
 	if (qr->nkb)
-		qr->tmp = malloc(KVT_T2_KEY_BLOCK * (q->row_bytes + HD));
+		qr->tmp =
+		    kvtd_scratch_get(x->scr, SCR_QUANT_TMP, KVT_T2_KEY_BLOCK * (q->row_bytes + HD));
 	if (!qr->qs || (qr->nkb && !qr->tmp)) {
 		r = -ENOMEM;
 		goto err;
@@ -82,8 +83,6 @@ seq_quant_room_get(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t n,
 	}
 	return 0;
 err:
-	free(qr->qs);
-	free(qr->tmp);
 	memset(qr, 0, sizeof(*qr));
 	return r;
 }
@@ -98,8 +97,7 @@ seq_quant_room_put(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, struct quan
 		if (qr->nkb)
 			kvtd_pool_free(x->pool, q->cls_kb, qr->nkb, x->acct, x->uid_acct, qr->kb);
 	}
-	free(qr->qs);
-	free(qr->tmp);
+	memset(qr, 0, sizeof(*qr)); /* the lists stay in the scratch */
 }
 
 /* Keys of positions pos[0..m) into the key-scale block @b and their T2 slots (channel mode). */
@@ -163,9 +161,10 @@ seq_quantize_positions(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const u
 		q->slot[pos[i]] = qs[i];
 		qs[i] = old;
 	}
+	/* a shared row stays the block's: this sequence only drops its reference (COW) */
 	for (uint32_t done = 0; done < n; done += COPY_BATCH)
-		kvtd_pool_free(x->pool, q->cls, n - done < COPY_BATCH ? n - done : COPY_BATCH,
-			       x->acct, x->uid_acct, qs + done);
+		seq_t1_release(x, q, pos + done, qs + done,
+			       n - done < COPY_BATCH ? n - done : COPY_BATCH);
 	q->bytes_quant += (uint64_t)n * q->q_bytes;
 }
 

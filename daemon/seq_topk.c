@@ -250,32 +250,23 @@ kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t layer, 
 		}
 	}
 	/* A private copy of the query: the arena is shared. */
-	qbuf = malloc(q_len * sizeof(float));
+	qbuf = kvtd_scratch_get(x->scr, SCR_QUERY, q_len * sizeof(float));
 	if (!qbuf)
 		return -ENOMEM;
 	memcpy(qbuf, query, q_len * sizeof(float));
 	for (uint64_t i = 0; i < q_len; i++)
-		if (!isfinite(qbuf[i])) {
-			free(qbuf);
+		if (!isfinite(qbuf[i]))
 			return kvtd_seq_fail(x, -EINVAL, "query value %llu is NaN or infinite",
 					     (unsigned long long)i);
-		}
 	r = kvt_paris_seq_topk(q->paris, layer, qbuf, q_len, &opts, &q->scr, q->topk_pos,
 			       q->topk_score, counts);
-	free(qbuf);
 	if (r < 0)
 		return r;
 	if (flags & KVT_TOPK_F_FETCH) {
-		struct row_batch *b = malloc(sizeof(*b));
+		struct row_batch *b = seq_batch_start(x, q, q->stage_buf);
 
-		if (!b || !(b->tmp = malloc(COPY_BATCH * q->row_bytes))) {
-			free(b);
+		if (!b)
 			return -ENOMEM;
-		}
-		b->x = x;
-		b->buf = q->stage_buf;
-		b->n = 0;
-		b->bytes = b->bytes_t2 = 0;
 		r = 0;
 		for (uint32_t h = 0; h < H && r == 0; h++)
 			for (uint32_t i = 0; i < counts[h] && r == 0; i++)
@@ -287,8 +278,6 @@ kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t layer, 
 			r = seq_batch_flush(b);
 		q->bytes_out += b->bytes;
 		q->bytes_out_t2 += b->bytes_t2;
-		free(b->tmp);
-		free(b);
 		if (r < 0)
 			return r;
 	}
