@@ -19,6 +19,10 @@
 #include <time.h>
 #include <unistd.h>
 
+/* XXH3-128 for block keys, compiled in: libkvtier gains no run-time dependency. */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "kvt_ctl.h"
 #include "kvt_ring.h"
 #include "kvt_version.h"
@@ -879,7 +883,8 @@ seq_params_rebase(const struct kvt_client *c, struct kvt_seq_params *q)
 }
 
 KVT_EXPORT int
-kvt_seq_open(struct kvt_client *c, const struct kvt_seq_params *p, uint32_t *ret_seq)
+kvt_seq_open_prefix(struct kvt_client *c, const struct kvt_seq_params *p, uint32_t ns,
+		    uint32_t prefix_blocks, uint32_t *ret_seq)
 {
 	struct kvt_seq_params q = *p;
 	int r;
@@ -893,13 +898,19 @@ kvt_seq_open(struct kvt_client *c, const struct kvt_seq_params *p, uint32_t *ret
 	e = payload_sqe(c, &q, sizeof(q), &r);
 	if (!e)
 		return r;
-	kvt_prep_seq_open(e, 0);
+	kvt_prep_seq_open_prefix(e, 0, ns, prefix_blocks);
 	r = run_one(c, e, NULL);
 	if (r > 0) {
 		*ret_seq = (uint32_t)r;
 		r = 0;
 	}
 	return r;
+}
+
+KVT_EXPORT int
+kvt_seq_open(struct kvt_client *c, const struct kvt_seq_params *p, uint32_t *ret_seq)
+{
+	return kvt_seq_open_prefix(c, p, 0, 0, ret_seq);
 }
 
 KVT_EXPORT int
@@ -1044,6 +1055,140 @@ kvt_topk(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigne
 	r = run_one(c, e, NULL);
 	if (r > 0)
 		memcpy(out, c->arena + out_off, out_len);
+	return r;
+}
+
+/* ---- prefix blocks ------------------------------------------------------------------------ */
+
+KVT_EXPORT int
+kvt_ns_open(struct kvt_client *c, const struct kvt_ns_params *np, uint32_t *ret_ns)
+{
+	struct kvt_sqe *e;
+	int r;
+
+	e = payload_sqe(c, np, sizeof(*np), &r);
+	if (!e)
+		return r;
+	kvt_prep_ns_open(e, 0);
+	r = run_one(c, e, NULL);
+	if (r > 0) {
+		*ret_ns = (uint32_t)r;
+		r = 0;
+	}
+	return r;
+}
+
+KVT_EXPORT int
+kvt_ns_close(struct kvt_client *c, uint32_t ns)
+{
+	int r;
+	struct kvt_sqe *e = sync_sqe(c, 0, &r);
+
+	if (!e)
+		return r;
+	kvt_prep_ns_close(e, ns);
+	return run_one(c, e, NULL);
+}
+
+/* Little-endian bytes of @v at @p. */
+static uint8_t *
+put_le(uint8_t *p, uint64_t v, unsigned bytes)
+{
+	for (unsigned i = 0; i < bytes; i++)
+		*p++ = (uint8_t)(v >> (8 * i));
+	return p;
+}
+
+static struct kvt_block_key
+key_of(XXH128_hash_t h)
+{
+	return (struct kvt_block_key){.lo = h.low64, .hi = h.high64};
+}
+
+KVT_EXPORT int
+kvt_block_keys(const struct kvt_ns_params *np, const struct kvt_block_key *parent,
+	       const uint32_t *tokens, size_t ntok, struct kvt_block_key *keys, size_t max)
+{
+	size_t len = strnlen(np->name, sizeof(np->name)), n;
+	uint32_t bt = np->block_tokens ? np->block_tokens : KVT_BLOCK_TOKENS_DEFAULT;
+	uint8_t buf[16 + 4 * KVT_BLOCK_TOKENS_MAX], *p = buf;
+	struct kvt_block_key prev;
+
+	/* The daemon's NS_OPEN checks, so a key never names a namespace that cannot exist. */
+	if (np->size < sizeof(*np) || !np->layers || np->layers > KVT_MAX_LAYERS || !np->kv_heads ||
+	    np->kv_heads > KVT_MAX_KV_HEADS || !np->head_dim || np->head_dim > KVT_MAX_HEAD_DIM ||
+	    np->dtype >= KVT_DTYPE__COUNT || bt > KVT_BLOCK_TOKENS_MAX || !len ||
+	    len == sizeof(np->name)) {
+		set_last_error("the namespace parameters are not valid (see struct kvt_ns_params)");
+		return -EINVAL;
+	}
+	if (parent) {
+		prev = *parent;
+	} else {
+		/* the namespace's identity, in a fixed byte order */
+		memcpy(p, "kvtier-ns1", 10);
+		p += 10;
+		p = put_le(p, np->layers, 2);
+		p = put_le(p, np->kv_heads, 2);
+		p = put_le(p, np->head_dim, 2);
+		p = put_le(p, np->dtype, 1);
+		p = put_le(p, bt, 4);
+		memcpy(p, np->name, len);
+		prev = key_of(XXH3_128bits(buf, (size_t)(p - buf) + len));
+	}
+	n = ntok / bt < max ? ntok / bt : max;
+	for (size_t i = 0; i < n; i++) {
+		p = put_le(buf, prev.lo, 8);
+		p = put_le(p, prev.hi, 8);
+		for (uint32_t t = 0; t < bt; t++)
+			p = put_le(p, tokens[i * bt + t], 4);
+		prev = key_of(XXH3_128bits(buf, (size_t)(p - buf)));
+		keys[i] = prev;
+	}
+	return n > INT32_MAX ? INT32_MAX : (int)n;
+}
+
+/* @n keys to the start of the arena for LOOKUP or PUBLISH. */
+static struct kvt_sqe *
+keys_sqe(struct kvt_client *c, const struct kvt_block_key *keys, uint32_t n, int *ret_err)
+{
+	if (!n) {
+		*ret_err = -EINVAL;
+		set_last_error("no block keys");
+		return NULL;
+	}
+	return payload_sqe(c, keys, (uint64_t)n * sizeof(*keys), ret_err);
+}
+
+KVT_EXPORT int
+kvt_lookup(struct kvt_client *c, uint32_t ns, const struct kvt_block_key *keys, uint32_t n,
+	   unsigned flags)
+{
+	struct kvt_sqe *e;
+	int r;
+
+	e = keys_sqe(c, keys, n, &r);
+	if (!e)
+		return r;
+	kvt_prep_lookup(e, ns, flags, 0, n);
+	return run_one(c, e, NULL);
+}
+
+KVT_EXPORT int
+kvt_publish(struct kvt_client *c, uint32_t seq, const struct kvt_block_key *keys, uint32_t n,
+	    uint32_t *ret_new)
+{
+	struct kvt_cqe cqe;
+	struct kvt_sqe *e;
+	int r;
+
+	e = keys_sqe(c, keys, n, &r);
+	if (!e)
+		return r;
+	kvt_prep_publish(e, seq, 0, n);
+	r = run_one(c, e, &cqe);
+	if (r >= 0 && ret_new)
+		*ret_new = (uint32_t)cqe.aux[0];
 	return r;
 }
 

@@ -188,6 +188,39 @@ set_numa_node(struct kvtd_config *cfg, const char *val)
 	return 0;
 }
 
+/* A size, or "N%" of the pool (resolved by kvtd_config_prefix_bytes() once the pool size is
+ * final: flags may set it after this key). */
+static int
+set_prefix_cache(struct kvtd_config *cfg, const char *val)
+{
+	size_t len = strlen(val);
+	unsigned pct;
+	char num[8];
+
+	if (len > 1 && len < sizeof(num) && val[len - 1] == '%') {
+		memcpy(num, val, len - 1);
+		num[len - 1] = '\0';
+		if (parse_uint(num, 0, 100, &pct) < 0)
+			return -EINVAL;
+		cfg->prefix_cache_pct = pct;
+		cfg->prefix_cache_bytes = 0;
+		return 0;
+	}
+	if (kvtd_parse_size(val, &cfg->prefix_cache_bytes) < 0)
+		return -EINVAL;
+	cfg->prefix_cache_pct = -1;
+	return 0;
+}
+
+uint64_t
+kvtd_config_prefix_bytes(const struct kvtd_config *cfg)
+{
+	uint64_t b = cfg->prefix_cache_pct >= 0 ? cfg->pool_size / 100 * cfg->prefix_cache_pct
+						: cfg->prefix_cache_bytes;
+
+	return b < cfg->pool_size ? b : cfg->pool_size;
+}
+
 static int
 set_max_sq_entries(struct kvtd_config *cfg, const char *val)
 {
@@ -323,6 +356,14 @@ static const struct cfg_key cfg_keys[] = {
 	 "pool bytes one session may hold (0: no limit beyond the pool)"),
     SIZE("limits", "pool_bytes_per_uid", pool_bytes_per_uid, 0, 0, "0", NULL, 0, "SIZE",
 	 "pool bytes one uid may hold (0: no limit beyond the pool)"),
+    /* [prefix] (docs/prefix.md) */
+    FN("prefix", "cache_bytes", prefix_cache_bytes, set_prefix_cache, "25%", 0, NULL, 0, "SIZE",
+       "pool bytes shared prefix blocks may hold: a size, or N% of the pool (0: no sharing)",
+       ": a size such as 8G, or a percentage of the pool such as 25%"),
+    IDS("prefix", "share_uids", prefix_share_uids, n_prefix_share_uids,
+	"uids whose namespaces are one shared scope (others share only with their own uid)"),
+    IDS("prefix", "share_gids", prefix_share_gids, n_prefix_share_gids,
+	"groups (primary or supplementary) whose members share that scope too"),
 };
 
 #undef F

@@ -59,6 +59,13 @@ struct kvtd_config {
 	unsigned default_sq_entries;
 	uint64_t pool_bytes_per_session; /* 0: no limit beyond the pool */
 	uint64_t pool_bytes_per_uid;
+	/* [prefix] */
+	uint64_t prefix_cache_bytes; /* a size, when prefix_cache_pct is -1 */
+	int prefix_cache_pct;	     /* "N%" of pool_size; see kvtd_config_prefix_bytes() */
+	uid_t prefix_share_uids[KVTD_MAX_IDS];
+	unsigned n_prefix_share_uids;
+	gid_t prefix_share_gids[KVTD_MAX_IDS];
+	unsigned n_prefix_share_gids;
 };
 
 void kvtd_config_defaults(struct kvtd_config *cfg);
@@ -78,6 +85,9 @@ void kvtd_config_describe(FILE *f);
 
 /* 0 when every key's default parses as a value of that key, else -EINVAL with @err filled. */
 int kvtd_config_check_defaults(char *err, size_t errlen);
+
+/* [prefix] cache_bytes in bytes, percentages resolved against pool_size. */
+uint64_t kvtd_config_prefix_bytes(const struct kvtd_config *cfg);
 
 /* "64M", "2G", "4096" -> bytes. Returns 0 or -EINVAL (also on overflow). */
 int kvtd_parse_size(const char *s, uint64_t *ret);

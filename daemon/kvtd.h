@@ -21,6 +21,7 @@
 #include "config.h"
 #include "opstats.h"
 #include "pool.h"
+#include "prefix.h"
 
 struct kvt_dev;
 struct kvtd_poller;
@@ -49,6 +50,7 @@ struct kvtd {
 	struct kvtd_config cfg;
 	struct kvt_dev *dev;
 	struct kvtd_pool pool;
+	struct kvtd_prefix prefix; /* shared prefix blocks, over the pool (prefix.h) */
 	struct kvtd_poller **pollers;
 	unsigned n_pollers;
 	struct kvtd_counters cnt;

@@ -173,6 +173,8 @@ pow2_up(uint64_t v)
 	return p;
 }
 
+static int peer_in_groups(int fd, gid_t gid, const gid_t *list, unsigned n);
+
 static int
 handle_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hello *h, size_t len)
 {
@@ -254,6 +256,13 @@ handle_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hello *h,
 	s->uid = c->uid;
 	s->gid = c->gid;
 	s->uid_ent = c->uid_ent;
+	/* prefix blocks: the uid's own scope, or the shared one of prefix share_uids/gids */
+	s->prefix_scope = (uint64_t)c->uid + 1;
+	for (unsigned i = 0; i < cfg->n_prefix_share_uids; i++)
+		if (cfg->prefix_share_uids[i] == c->uid)
+			s->prefix_scope = 0;
+	if (peer_in_groups(c->fd, c->gid, cfg->prefix_share_gids, cfg->n_prefix_share_gids))
+		s->prefix_scope = 0;
 	memcpy(s->name, h->name, sizeof(s->name));
 	s->name[sizeof(s->name) - 1] = '\0';
 	for (char *p = s->name; *p; p++)

@@ -82,6 +82,9 @@ main(int argc, char **argv)
 		r = kvtd_pool_init(&d.pool, &d.cfg, d.dev);
 	if (r < 0)
 		goto err_dev;
+	r = kvtd_prefix_init(&d.prefix, &d.pool, kvtd_config_prefix_bytes(&d.cfg));
+	if (r < 0)
+		goto err_loop;
 	r = kvtd_loop_init(&d);
 	if (r < 0)
 		goto err_loop;
@@ -107,11 +110,13 @@ main(int argc, char **argv)
 err_pollers:
 	kvtd_loop_fini(&d);
 	kvtd_pollers_stop(&d);
+	kvtd_prefix_fini(&d.prefix);
 	kvtd_pool_fini(&d.pool);
 	kvt_dev_close(d.dev);
 	log_notice("kvtierd stopped");
 	return r < 0 ? 1 : 0;
 err_loop:
+	kvtd_prefix_fini(&d.prefix);
 	kvtd_pool_fini(&d.pool);
 err_dev:
 	kvt_dev_close(d.dev);

@@ -68,7 +68,10 @@ op_seq_open(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct k
 	    struct kvtd_seq *q, struct kvt_cqe *c)
 {
 	struct kvt_seq_params p;
+	struct kvtd_ns_handle *h = NULL;
 	const void *src;
+	uint64_t n = 0;
+	int r;
 
 	if (e->arena_len < sizeof(p))
 		return kvtd_op_fail(
@@ -78,7 +81,15 @@ op_seq_open(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct k
 	if (!src)
 		return arena_fail(s, e->arena_off, e->arena_len, 8);
 	memcpy(&p, src, sizeof(p));
-	return kvtd_session_seq_open(s, &p);
+	if (e->ns && !(h = kvtd_session_ns(s, e->ns)))
+		return kvtd_op_fail(s, -EINVAL, "ns %llu is not a namespace NS_OPEN returned",
+				    (unsigned long long)e->ns);
+	if (!h && e->prefix_blocks)
+		return kvtd_op_fail(s, -EINVAL, "prefix_blocks %u without a namespace (ns 0)",
+				    e->prefix_blocks);
+	r = kvtd_session_seq_open(s, &p, h, e->prefix_blocks, &n);
+	c->aux[0] = n;
+	return r;
 }
 
 static int
@@ -244,6 +255,100 @@ op_seq_stat(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct k
 	return sizeof(st);
 }
 
+static int
+op_ns_open(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
+	   struct kvtd_seq *q, struct kvt_cqe *c)
+{
+	struct kvt_ns_params np;
+	const void *src;
+	int r;
+
+	if (e->arena_len < sizeof(np))
+		return kvtd_op_fail(s, -EINVAL,
+				    "arena_len %u is shorter than struct kvt_ns_params (%zu bytes)",
+				    e->arena_len, sizeof(np));
+	src = arena_range(s, e->arena_off, e->arena_len, 8);
+	if (!src)
+		return arena_fail(s, e->arena_off, e->arena_len, 8);
+	memcpy(&np, src, sizeof(np));
+	r = kvtd_session_ns_open(s, &np);
+	if (r > 0)
+		c->aux[0] = kvtd_session_ns(s, (uint64_t)r)->ns->p.block_tokens;
+	return r;
+}
+
+/* The handle SQE field ns names, or NULL with the refusal's reason stated. */
+static struct kvtd_ns_handle *
+ns_get(struct kvtd_session *s, const struct kvt_sqe *e)
+{
+	struct kvtd_ns_handle *h = kvtd_session_ns(s, e->ns);
+
+	if (!h)
+		kvtd_op_fail(s, -EINVAL, "ns %llu is not a namespace NS_OPEN returned (1..%u)",
+			     (unsigned long long)e->ns, KVT_MAX_NS);
+	return h;
+}
+
+static int
+op_ns_close(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
+	    struct kvtd_seq *q, struct kvt_cqe *c)
+{
+	return ns_get(s, e) ? kvtd_session_ns_close(s, e->ns) : -EINVAL;
+}
+
+/* The @nkeys block keys LOOKUP and PUBLISH carry, or NULL with the reason stated. */
+static const struct kvt_block_key *
+keys_get(struct kvtd_session *s, const struct kvt_sqe *e)
+{
+	uint64_t len = (uint64_t)e->nkeys * sizeof(struct kvt_block_key);
+	const struct kvt_block_key *k;
+
+	if (!e->nkeys || e->arena_len != len) {
+		kvtd_op_fail(s, -EINVAL, "arena_len %u must be nkeys (%u) x 16 bytes, nkeys > 0",
+			     e->arena_len, e->nkeys);
+		return NULL;
+	}
+	k = arena_range(s, e->arena_off, len, 8);
+	if (!k)
+		arena_fail(s, e->arena_off, len, 8);
+	return k;
+}
+
+static int
+op_lookup(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
+	  struct kvtd_seq *q, struct kvt_cqe *c)
+{
+	struct kvtd_ns_handle *h = ns_get(s, e);
+	const struct kvt_block_key *keys;
+	int r;
+
+	if (!h)
+		return -EINVAL;
+	keys = keys_get(s, e);
+	if (!keys)
+		return -EINVAL;
+	r = kvtd_session_lookup(s, h, keys, e->nkeys, e->op_flags & KVT_LOOKUP_F_PIN);
+	if (r > 0)
+		c->aux[0] = (uint64_t)r * h->ns->p.block_tokens;
+	return r;
+}
+
+static int
+op_publish(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
+	   struct kvtd_seq *q, struct kvt_cqe *c)
+{
+	const struct kvt_block_key *keys = keys_get(s, e);
+	uint32_t n_new, n_found;
+	int r;
+
+	if (!keys)
+		return -EINVAL;
+	r = kvtd_seq_publish(x, q, keys, e->nkeys, &n_new, &n_found);
+	c->aux[0] = n_new;
+	c->aux[1] = n_found;
+	return r;
+}
+
 /* SQE fields an opcode reads (struct kvtd_op_def.fields); every other one must be zero. */
 enum {
 	F_ARENA = 1 << 0, /* arena_off, arena_len */
@@ -274,7 +379,7 @@ struct kvtd_op_def {
 
 static const struct kvtd_op_def kvtd_op_defs[] = {
     [KVT_OP_NOP] = {"nop", 0, 0, false, op_nop},
-    [KVT_OP_SEQ_OPEN] = {"seq_open", F_ARENA, 0, false, op_seq_open},
+    [KVT_OP_SEQ_OPEN] = {"seq_open", F_ARENA | F_COUNT | F_ARG0, 0, false, op_seq_open},
     [KVT_OP_SEQ_CLOSE] = {"seq_close", 0, 0, true, op_seq_close},
     [KVT_OP_APPEND] = {"append", F_ARENA | F_COUNT, KVT_APPEND_F_T0, true, op_append},
     [KVT_OP_SCORE_ADD] = {"score_add", F_ARENA | F_COUNT | F_ARG0, 0, true, op_score_add},
@@ -284,6 +389,10 @@ static const struct kvtd_op_def kvtd_op_defs[] = {
     [KVT_OP_TOPK] = {"topk", F_ARENA | F_COUNT | F_ARG0 | F_ARG1 | F_ARG2,
 		     KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH | KVT_TOPK_F_ESTIMATE, true, op_topk},
     [KVT_OP_SEQ_STAT] = {"seq_stat", F_ARENA, 0, true, op_seq_stat},
+    [KVT_OP_NS_OPEN] = {"ns_open", F_ARENA, 0, false, op_ns_open},
+    [KVT_OP_NS_CLOSE] = {"ns_close", F_ARG0, 0, false, op_ns_close},
+    [KVT_OP_LOOKUP] = {"lookup", F_ARENA | F_COUNT | F_ARG0, KVT_LOOKUP_F_PIN, false, op_lookup},
+    [KVT_OP_PUBLISH] = {"publish", F_ARENA | F_COUNT, 0, true, op_publish},
 };
 _Static_assert(sizeof(kvtd_op_defs) / sizeof(kvtd_op_defs[0]) == KVT_OP__COUNT,
 	       "one kvtd_op_defs row per opcode");

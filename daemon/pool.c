@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdbool.h>
 #include <numa.h>
 #include <numaif.h>
 #include <pthread.h>
@@ -17,6 +18,13 @@
 #include "kvt_dev.h"
 #include "log.h"
 #include "pool.h"
+
+/* A slot freed under a fence (kvtd_pool_free()). */
+struct kvtd_pool_quar {
+	void *slot;
+	int32_t cls;
+	uint64_t fence;
+};
 
 struct kvtd_pool_chunk {
 	struct kvtd_pool_chunk *next, *prev; /* free_list or its class's partial list */
@@ -576,6 +584,11 @@ kvtd_pool_fini(struct kvtd_pool *pool)
 		pthread_join(pool->populate_tid, NULL);
 		pool->populating = 0;
 	}
+	if (pool->n_quar)
+		kvt_dev_sync(pool->dev); /* the quarantine dies with the pool, after its copies */
+	free(pool->quar);
+	pool->quar = NULL;
+	pool->n_quar = pool->cap_quar = 0;
 	if (pool->dev_alloc) {
 		kvt_dev_host_free(pool->dev, pool->base, pool->size);
 		pool->base = NULL; /* not ours to unmap */
@@ -697,6 +710,73 @@ slot_give(struct kvtd_pool *pool, struct kvtd_pool_class *c, void *p)
 	ch->free_head = idx + 1;
 }
 
+/* Lock held: slots whose fence is <= @done go back to their chunks. */
+static unsigned
+quar_release(struct kvtd_pool *pool, uint64_t done)
+{
+	unsigned k = 0, n = 0;
+
+	for (uint32_t i = 0; i < pool->n_quar; i++) {
+		struct kvtd_pool_quar *q = &pool->quar[i];
+		struct kvtd_pool_class *c = &pool->classes[q->cls];
+
+		if (q->fence > done) {
+			pool->quar[k++] = *q;
+			continue;
+		}
+		slot_give(pool, c, q->slot);
+		pool->used_bytes -= c->slot_size;
+		pool->quar_bytes -= c->slot_size;
+		if (!c->refs && !c->chunks)
+			c->slot_size = 0;
+		n++;
+	}
+	pool->n_quar = k;
+	return n;
+}
+
+unsigned
+kvtd_pool_reclaim_fenced(struct kvtd_pool *pool)
+{
+	uint64_t done;
+	unsigned n;
+
+	pthread_mutex_lock(&pool->lock);
+	n = pool->n_quar;
+	pthread_mutex_unlock(&pool->lock);
+	if (!n || !pool->dev)
+		return 0;
+	done = kvt_dev_fence_done(pool->dev); /* outside the pool lock: it queries events */
+	pthread_mutex_lock(&pool->lock);
+	n = quar_release(pool, done);
+	pthread_mutex_unlock(&pool->lock);
+	return n;
+}
+
+/* Lock held on entry and exit (dropped while waiting): wait for the oldest quarantined fence and
+ * give back what completed. 0 when something came back, else -ENOMEM. */
+static int
+quar_wait_oldest(struct kvtd_pool *pool)
+{
+	uint64_t f = UINT64_MAX;
+	int r;
+
+	for (uint32_t i = 0; i < pool->n_quar; i++)
+		if (pool->quar[i].fence < f)
+			f = pool->quar[i].fence;
+	if (f == UINT64_MAX)
+		return -ENOMEM;
+	pthread_mutex_unlock(&pool->lock);
+	r = kvt_dev_fence_wait(pool->dev, f);
+	pthread_mutex_lock(&pool->lock);
+	if (r < 0) {
+		log_err("pool: waiting for device copies to free quarantined slots: %s",
+			strerror(-r));
+		return -ENOMEM;
+	}
+	return quar_release(pool, f) ? 0 : -ENOMEM;
+}
+
 static int
 acct_fits(const struct kvtd_acct *a, uint64_t bytes)
 {
@@ -709,9 +789,12 @@ kvtd_pool_alloc(struct kvtd_pool *pool, int cls, unsigned n, struct kvtd_acct *a
 {
 	struct kvtd_pool_class *c = &pool->classes[cls];
 	uint64_t bytes = (uint64_t)n * c->slot_size;
+	bool reclaimed = false;
 	unsigned i;
 
+	kvtd_pool_reclaim_fenced(pool);
 	pthread_mutex_lock(&pool->lock);
+again:
 	if (!acct_fits(acct, bytes) || !acct_fits(acct2, bytes)) {
 		pool->refused_quota++;
 		pthread_mutex_unlock(&pool->lock);
@@ -725,6 +808,18 @@ kvtd_pool_alloc(struct kvtd_pool *pool, int cls, unsigned n, struct kvtd_acct *a
 	if (i < n) {
 		while (i-- > 0)
 			slot_give(pool, c, ret_slots[i]);
+		/* Slots waiting for device copies come back before anything is refused. */
+		if (pool->n_quar && quar_wait_oldest(pool) == 0)
+			goto again;
+		/* Cached memory the pool can take back (unreferenced prefix blocks) goes before
+		 * a refusal. Outside the lock: the reclaimer frees through this pool. */
+		if (pool->reclaim && !reclaimed) {
+			pthread_mutex_unlock(&pool->lock);
+			pool->reclaim(pool->reclaim_ctx, bytes);
+			reclaimed = true;
+			pthread_mutex_lock(&pool->lock);
+			goto again;
+		}
 		pool->refused_nomem++;
 		pthread_mutex_unlock(&pool->lock);
 		return -ENOMEM;
@@ -743,26 +838,83 @@ kvtd_pool_free(struct kvtd_pool *pool, int cls, unsigned n, struct kvtd_acct *ac
 	       struct kvtd_acct *acct2, void *const *slots)
 {
 	struct kvtd_pool_class *c = &pool->classes[cls];
-	uint64_t bytes = (uint64_t)n * c->slot_size;
+	uint64_t bytes = (uint64_t)n * c->slot_size, fence = 0;
 
 	if (!n)
 		return;
+	/* A copy queued before this free may still read (FETCH) or write the slots. */
+	if (pool->dev) {
+		fence = kvt_dev_fence(pool->dev);
+		if (fence && kvt_dev_fence_done(pool->dev) >= fence)
+			fence = 0;
+	}
 	pthread_mutex_lock(&pool->lock);
-	for (unsigned i = 0; i < n; i++)
-		slot_give(pool, c, slots[i]);
+	if (fence && pool->n_quar + n > pool->cap_quar) {
+		uint32_t cap = pool->cap_quar ? pool->cap_quar : 1024;
+		struct kvtd_pool_quar *q;
+
+		while (cap < pool->n_quar + n)
+			cap *= 2;
+		q = realloc(pool->quar, cap * sizeof(*q));
+		if (q) {
+			pool->quar = q;
+			pool->cap_quar = cap;
+		} else {
+			/* No room to remember them: wait for the copies instead. */
+			pthread_mutex_unlock(&pool->lock);
+			if (kvt_dev_fence_wait(pool->dev, fence) < 0)
+				log_err("pool: freeing slots after a failed device copy");
+			fence = 0;
+			pthread_mutex_lock(&pool->lock);
+		}
+	}
+	for (unsigned i = 0; i < n; i++) {
+		if (fence)
+			pool->quar[pool->n_quar++] = (struct kvtd_pool_quar){slots[i], cls, fence};
+		else
+			slot_give(pool, c, slots[i]);
+	}
 	if (acct)
 		acct->bytes -= bytes;
 	if (acct2)
 		acct2->bytes -= bytes;
-	pool->used_bytes -= bytes;
+	if (fence)
+		pool->quar_bytes += bytes;
+	else
+		pool->used_bytes -= bytes;
 	if (!c->refs && !c->chunks)
 		c->slot_size = 0;
 	pthread_mutex_unlock(&pool->lock);
 }
 
+int
+kvtd_pool_recharge(struct kvtd_pool *pool, int cls, unsigned n, struct kvtd_acct *from,
+		   struct kvtd_acct *from2, struct kvtd_acct *to, struct kvtd_acct *to2)
+{
+	uint64_t bytes = (uint64_t)n * pool->classes[cls].slot_size;
+	int r = 0;
+
+	pthread_mutex_lock(&pool->lock);
+	if (!acct_fits(to, bytes) || !acct_fits(to2, bytes)) {
+		r = -EDQUOT;
+	} else {
+		if (from)
+			from->bytes -= bytes;
+		if (from2)
+			from2->bytes -= bytes;
+		if (to)
+			to->bytes += bytes;
+		if (to2)
+			to2->bytes += bytes;
+	}
+	pthread_mutex_unlock(&pool->lock);
+	return r;
+}
+
 void
 kvtd_pool_usage(struct kvtd_pool *pool, struct kvtd_pool_usage *ret)
 {
+	kvtd_pool_reclaim_fenced(pool);
 	pthread_mutex_lock(&pool->lock);
 	ret->size = pool->size;
 	ret->used = pool->used_bytes;

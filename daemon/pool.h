@@ -60,6 +60,15 @@ struct kvtd_pool {
 	int fd;		     /* the memfd behind base (a restart passes it on); -1 with dev_alloc */
 	int hugetlb;	     /* fd is a MFD_HUGETLB memfd */
 	uint8_t **claimed;   /* per chunk, between the first claim and kvtd_pool_claim_done() */
+	/* Called, without the lock, before an allocation is refused -ENOMEM: frees what it can
+	 * of memory held only as a cache (daemon/prefix.c); the allocation is retried once. */
+	void (*reclaim)(void *ctx, uint64_t bytes);
+	void *reclaim_ctx;
+	/* Slots freed while a queued device copy may still read or write them: given back to
+	 * their chunks once kvt_dev_fence_done() reaches the fence they were freed under. */
+	struct kvtd_pool_quar *quar;
+	uint32_t n_quar, cap_quar;
+	uint64_t quar_bytes;
 	pthread_t populate_tid; /* kvtd_pool_populate() */
 	int populating;
 	_Atomic int populate_stop;
@@ -118,9 +127,26 @@ void kvtd_pool_class_put(struct kvtd_pool *pool, int cls);
  */
 int kvtd_pool_alloc(struct kvtd_pool *pool, int cls, unsigned n, struct kvtd_acct *acct,
 		    struct kvtd_acct *acct2, void **ret_slots);
-/* Returns @n slots of class @cls and uncharges the same accounts. */
+/*
+ * kvtd_pool_free() - returns @n slots of class @cls and uncharges the same accounts at once.
+ * When the device layer still has copies queued (kvt_dev_fence() ahead of kvt_dev_fence_done())
+ * the slots are quarantined, not handed out again until those copies have completed:
+ * kvtd_pool_alloc() and kvtd_pool_reclaim_fenced() give them back, and an allocation that would
+ * fail first waits for the oldest quarantined fence.
+ */
 void kvtd_pool_free(struct kvtd_pool *pool, int cls, unsigned n, struct kvtd_acct *acct,
 		    struct kvtd_acct *acct2, void *const *slots);
+
+/*
+ * kvtd_pool_recharge() - move the charge of @n slots of class @cls from (@from, @from2) to
+ * (@to, @to2), any of them NULL; the slots stay where they are. Returns 0 or -EDQUOT (a limit
+ * of @to or @to2: nothing moved).
+ */
+int kvtd_pool_recharge(struct kvtd_pool *pool, int cls, unsigned n, struct kvtd_acct *from,
+		       struct kvtd_acct *from2, struct kvtd_acct *to, struct kvtd_acct *to2);
+
+/* Gives back the quarantined slots whose copies have completed (never blocks); how many. */
+unsigned kvtd_pool_reclaim_fenced(struct kvtd_pool *pool);
 
 /* Slot bytes a class hands out per slot (after rounding). */
 uint64_t kvtd_pool_slot_size(const struct kvtd_pool *pool, int cls);

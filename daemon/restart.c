@@ -744,6 +744,17 @@ kvtd_restart(struct kvtd *d)
 		    kvt_dev_name(d->dev));
 		return -EOPNOTSUPP;
 	}
+	if (d->prefix.ns_list) {
+		struct kvtd_prefix_stats st;
+
+		kvtd_prefix_stats(&d->prefix, &st);
+		log_err("restart: %llu prefix namespace(s) with %llu shared block(s) are open, and "
+			"the restart image does not carry shared blocks yet; restart when no "
+			"client uses prefix sharing, or restart the service (which ends every "
+			"session)",
+			(unsigned long long)st.namespaces, (unsigned long long)st.blocks);
+		return -EBUSY;
+	}
 	if (!d->exe[0] || access(d->exe, X_OK) < 0) {
 		r = -errno;
 		log_err("restart: cannot execute %s: %s", d->exe[0] ? d->exe : "(unknown binary)",

@@ -14,6 +14,7 @@
 #include "kvt_dev.h"
 #include "log.h"
 #include "pool.h"
+#include "prefix.h"
 #include "seq_int.h"
 
 int
@@ -142,6 +143,16 @@ seq_ensure_cap(struct kvtd_seq *q, uint64_t need)
 	}
 	q->slot = slot;
 	memset(q->slot + q->ts.cap, 0, (cap - q->ts.cap) * sizeof(*q->slot));
+	if (q->blk) {
+		struct kvtd_pblock **blk = realloc(q->blk, cap * sizeof(*q->blk));
+
+		if (!blk) {
+			free(mem);
+			return -ENOMEM;
+		}
+		q->blk = blk;
+		memset(q->blk + q->ts.cap, 0, (cap - q->ts.cap) * sizeof(*q->blk));
+	}
 	if (q->ts_mem)
 		r = kvt_tier_seq_move(&nts, mem, size, (uint32_t)cap, &q->ts);
 	else
@@ -293,6 +304,7 @@ seq_free_positions(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const uint3
 		   uint32_t n)
 {
 	void *b1[COPY_BATCH], *b2[COPY_BATCH];
+	uint32_t p1[COPY_BATCH];
 	unsigned n1 = 0, n2 = 0;
 
 	for (uint32_t i = 0; i < n; i++) {
@@ -305,17 +317,43 @@ seq_free_positions(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const uint3
 				seq_kblk_put(x, q, p);
 			b2[n2++] = p;
 		} else {
+			p1[n1] = pos[i];
 			b1[n1++] = p;
 		}
 		q->slot[pos[i]] = NULL;
 		if (n1 == COPY_BATCH || n2 == COPY_BATCH || i + 1 == n) {
-			kvtd_pool_free(x->pool, q->cls, n1, x->acct, x->uid_acct, b1);
+			seq_t1_release(x, q, p1, b1, n1);
 			kvtd_pool_free(x->pool, q->cls_q, n2, x->acct, x->uid_acct, b2);
 			n1 = n2 = 0;
 		}
 	}
-	kvtd_pool_free(x->pool, q->cls, n1, x->acct, x->uid_acct, b1);
+	seq_t1_release(x, q, p1, b1, n1);
 	kvtd_pool_free(x->pool, q->cls_q, n2, x->acct, x->uid_acct, b2);
+}
+
+void
+seq_t1_release(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const uint32_t *pos,
+	       void *const *slots, uint32_t n)
+{
+	struct kvtd_pblock *put[COPY_BATCH];
+	void *own[COPY_BATCH];
+	unsigned n_put = 0, n_own = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvtd_pblock *b = q->blk ? q->blk[pos[i]] : NULL;
+
+		if (b) {
+			put[n_put++] = b;
+			q->blk[pos[i]] = NULL;
+		} else {
+			own[n_own++] = slots[i];
+		}
+	}
+	if (n_put) {
+		kvtd_prefix_put(x->prefix, put, n_put);
+		q->n_shared -= n_put;
+	}
+	kvtd_pool_free(x->pool, q->cls, n_own, x->acct, x->uid_acct, own);
 }
 
 void
@@ -348,6 +386,9 @@ kvtd_seq_destroy(const struct kvtd_seq_ctx *x, struct kvtd_seq *q)
 		kvtd_pool_class_put(x->pool, q->cls_kb);
 	kvt_dev_buf_put(q->t0_buf);
 	kvt_dev_buf_put(q->stage_buf);
+	if (q->ns)
+		kvtd_prefix_ns_close(x->prefix, q->ns);
+	free(q->blk);
 	free(q->slot);
 	free(q->ts_mem);
 	free(q->ws);
@@ -359,7 +400,8 @@ kvtd_seq_pool_bytes(const struct kvtd_pool *pool, const struct kvtd_seq *q)
 {
 	uint64_t live = q->ts.n - q->ts.count[KVT_T3];
 
-	return (live - q->ts.n_int8) * kvtd_pool_slot_size(pool, q->cls) +
+	/* shared rows are the prefix store's, charged there */
+	return (live - q->ts.n_int8 - q->n_shared) * kvtd_pool_slot_size(pool, q->cls) +
 	       (uint64_t)q->ts.n_int8 * kvtd_pool_slot_size(pool, q->cls_q) +
 	       (q->n_kblk ? q->n_kblk * kvtd_pool_slot_size(pool, q->cls_kb) : 0);
 }
@@ -400,6 +442,129 @@ kvtd_seq_append_rows(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const uin
 	q->bytes_in += (uint64_t)ntok * q->token_bytes;
 	r = seq_retrieval_flush(q);
 	return r < 0 ? r : (int64_t)q->ts.n;
+}
+
+/* ---- prefix blocks (prefix.h) ------------------------------------------------------------ */
+
+int64_t
+kvtd_seq_join(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, struct kvtd_pns *ns,
+	      struct kvtd_pblock *const *blks, uint32_t nblk)
+{
+	const struct kvt_ns_params *np = &ns->p;
+	uint64_t ntok = (uint64_t)nblk * np->block_tokens;
+	int r;
+
+	if (np->layers != q->p.layers || np->kv_heads != q->p.kv_heads ||
+	    np->head_dim != q->p.head_dim || np->dtype != q->p.dtype)
+		return kvtd_seq_fail(x, -EINVAL,
+				     "namespace \"%s\" holds rows of %u layers x %u kv heads x %u "
+				     "dims (dtype %u); this sequence's are %u x %u x %u (dtype %u)",
+				     np->name, np->layers, np->kv_heads, np->head_dim, np->dtype,
+				     q->p.layers, q->p.kv_heads, q->p.head_dim, q->p.dtype);
+	q->blk = calloc(q->ts.cap, sizeof(*q->blk));
+	if (!q->blk)
+		return -ENOMEM;
+	r = seq_ensure_cap(q, ntok ? ntok : 1);
+	if (r == 0 && ntok)
+		r = kvt_tier_append(&q->ts, (uint32_t)ntok, NULL);
+	if (r < 0) {
+		free(q->blk);
+		q->blk = NULL;
+		return r == -ENOSPC
+			   ? kvtd_seq_fail(x, r, "%u blocks of %u tokens pass max_tokens %u", nblk,
+					   np->block_tokens, q->p.max_tokens)
+			   : r;
+	}
+	for (uint32_t b = 0; b < nblk; b++) {
+		kvtd_prefix_ref(x->prefix, blks[b], np->block_tokens);
+		for (uint32_t t = 0; t < np->block_tokens; t++) {
+			uint64_t pos = (uint64_t)b * np->block_tokens + t;
+
+			q->slot[pos] = blks[b]->slot[t];
+			q->blk[pos] = blks[b];
+		}
+	}
+	q->n_shared = ntok;
+	kvtd_prefix_ns_hold(x->prefix, ns);
+	q->ns = ns;
+	r = seq_retrieval_flush(q);
+	return r < 0 ? r : (int64_t)q->ts.n;
+}
+
+/* Block @b of @q: -1 not publishable (a position evicted or int8), 0 the sequence's own rows,
+ * 1 already the rows of the one block with key @k. */
+static int
+block_state(const struct kvtd_seq *q, uint32_t b, const struct kvt_block_key *k)
+{
+	uint32_t bt = q->ns->p.block_tokens;
+	struct kvtd_pblock *first = q->blk[(uint64_t)b * bt];
+
+	for (uint32_t t = 0; t < bt; t++) {
+		uint64_t pos = (uint64_t)b * bt + t;
+		uint8_t tier = q->ts.tier[pos];
+
+		if ((tier & 3) == KVT_T3 || (tier & KVT_TIER_F_INT8) || q->blk[pos] != first)
+			return -1;
+	}
+	if (!first)
+		return 0;
+	return first->key.lo == k->lo && first->key.hi == k->hi ? 1 : -1;
+}
+
+int
+kvtd_seq_publish(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const struct kvt_block_key *keys,
+		 uint32_t nkeys, uint32_t *ret_new, uint32_t *ret_found)
+{
+	uint32_t bt, b, n_new = 0, n_found = 0;
+	int r = 0;
+
+	*ret_new = *ret_found = 0;
+	if (!q->ns)
+		return kvtd_seq_fail(x, -EINVAL,
+				     "sequence %u was opened without a namespace (SEQ_OPEN's ns)",
+				     q->id);
+	bt = q->ns->p.block_tokens;
+	if ((uint64_t)nkeys * bt > q->ts.n)
+		return kvtd_seq_fail(x, -EINVAL,
+				     "%u blocks of %u tokens pass the sequence's %u tokens", nkeys,
+				     bt, q->ts.n);
+	for (b = 0; b < nkeys; b++) {
+		struct kvt_block_key k;
+		struct kvtd_pblock *blk;
+		void **slots = q->slot + (uint64_t)b * bt;
+		int st;
+
+		memcpy(&k, &keys[b], sizeof(k)); /* shared memory: read once */
+		st = block_state(q, b, &k);
+		if (st < 0)
+			break;
+		if (st == 1) {
+			n_found++;
+			continue;
+		}
+		r = kvtd_prefix_publish(x->prefix, q->ns, &k, slots, x->acct, x->uid_acct, &blk);
+		if (r < 0)
+			break;
+		if (r == 0) {
+			/* already there: the block's rows replace this sequence's copy */
+			kvtd_pool_free(x->pool, q->cls, bt, x->acct, x->uid_acct, slots);
+			memcpy(slots, blk->slot, bt * sizeof(void *));
+			n_found++;
+		} else {
+			n_new++;
+		}
+		for (uint32_t t = 0; t < bt; t++)
+			q->blk[(uint64_t)b * bt + t] = blk;
+		q->n_shared += bt;
+	}
+	*ret_new = n_new;
+	*ret_found = n_found;
+	if (!b && r < 0)
+		return r == -ENOSPC ? kvtd_seq_fail(x, r,
+						    "the prefix cache (prefix cache_bytes) is full "
+						    "of blocks in use")
+				    : r;
+	return (int)b;
 }
 
 int64_t

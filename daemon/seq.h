@@ -23,6 +23,9 @@ struct kvt_dev_buf;
 struct kvt_dev_event;
 struct kvtd_acct;
 struct kvtd_pool;
+struct kvtd_prefix;
+struct kvtd_pns;
+struct kvtd_pblock;
 struct kvtd_scratch;
 
 /* Why the op being run was refused: ops.c prefixes the opcode's name and hands it to the client
@@ -46,6 +49,7 @@ int kvtd_why_vset(struct kvtd_why *w, int r, const char *fmt, va_list ap);
  * @scr: per-op scratch (the poller's): row batches, quantization room, query copies.
  * @bufs, @n_bufs: the owner's registered buffers (index = buf id - 1) for SEQ_OPEN's regions.
  * @why: where a refusal's reason goes (kvtd_seq_fail()).
+ * @prefix: the shared block store (a sequence's shared rows go back there), NULL: none.
  * @owner_id: the session id, for logs.
  */
 struct kvtd_seq_ctx {
@@ -58,6 +62,7 @@ struct kvtd_seq_ctx {
 	unsigned n_bufs;
 	uint32_t owner_id;
 	struct kvtd_why *why;
+	struct kvtd_prefix *prefix;
 };
 
 /* kvtd_seq_fail() - state why the op is refused, printf-style, into @x->why; returns @r so a
@@ -82,6 +87,11 @@ struct kvtd_seq {
 	int cls_kb;	 /* pool class of a key-scale block */
 	uint64_t n_kblk; /* key-scale blocks alive */
 	void **slot;	 /* [ts.cap] pool slot per position (T1 or T2 by KVT_TIER_F_INT8) */
+	/* prefix blocks (prefix.h): the namespace it may publish in, and per position the block
+	 * whose T1 slot it references (NULL: its own slot); blk is allocated with ns */
+	struct kvtd_pns *ns;
+	struct kvtd_pblock **blk; /* [ts.cap] */
+	uint64_t n_shared;	  /* positions referencing a block */
 	struct kvt_dev_buf *t0_buf, *stage_buf;
 	uint64_t bytes_in, bytes_out;
 	/* by tier, for metrics (not in SEQ_STAT, not kept across a restart): of bytes_out, the
@@ -114,6 +124,25 @@ int kvtd_seq_create(const struct kvtd_seq_ctx *x, const struct kvt_seq_params *p
 		    struct kvtd_seq **ret_q);
 /* Frees the sequence's slots, index pages and buffer references. NULL is fine. */
 void kvtd_seq_destroy(const struct kvtd_seq_ctx *x, struct kvtd_seq *q);
+
+/*
+ * kvtd_seq_join() - put the new sequence @q (n = 0) in namespace @ns (a handle more on it) and
+ * start it with the @nblk blocks @blks: their positions become T1 rows referencing the blocks'
+ * slots (no copy, no charge). Returns the new n, -EINVAL (@ns's geometry is not @q's), -ENOSPC
+ * (past max_tokens), -ENOMEM. On failure @q is as it was.
+ */
+int64_t kvtd_seq_join(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, struct kvtd_pns *ns,
+		      struct kvtd_pblock *const *blks, uint32_t nblk);
+
+/*
+ * kvtd_seq_publish() - PUBLISH the first @nkeys blocks of @q under @keys (shared memory: each
+ * read once). Returns how many leading blocks the namespace holds for @q; @ret_new, @ret_found:
+ * of them, newly published and found already there. -ENOSPC: none, the prefix budget is full
+ * of referenced blocks; -EINVAL: no namespace, or keys past n.
+ */
+int kvtd_seq_publish(const struct kvtd_seq_ctx *x, struct kvtd_seq *q,
+		     const struct kvt_block_key *keys, uint32_t nkeys, uint32_t *ret_new,
+		     uint32_t *ret_found);
 
 /* APPEND from rows in memory laid out [token][layer][K,V][row]. Returns the new n or -errno. */
 int64_t kvtd_seq_append_rows(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const uint8_t *rows,

@@ -25,7 +25,8 @@
 #endif
 
 #define KVT_ABI_MAJOR 1 /* bumped only on incompatible change */
-#define KVT_ABI_MINOR 1 /* bumped on compatible additions (1: kvt_region_hdr.err_off) */
+#define KVT_ABI_MINOR                                                                              \
+	2 /* bumped on compatible additions (1: kvt_region_hdr.err_off, 2: prefix blocks) */
 
 /* The control socket kvtierd listens on and clients connect to unless told otherwise; the one
  * definition (kvtier.h, kvtierd's config and kvtierctl take it from here). */
@@ -126,6 +127,10 @@ enum {
 	KVT_OP_FETCH = 6,
 	KVT_OP_TOPK = 7,
 	KVT_OP_SEQ_STAT = 8,
+	KVT_OP_NS_OPEN = 9, /* ABI 1.2: prefix blocks */
+	KVT_OP_NS_CLOSE = 10,
+	KVT_OP_LOOKUP = 11,
+	KVT_OP_PUBLISH = 12,
 	KVT_OP__COUNT
 };
 
@@ -160,12 +165,15 @@ struct kvt_sqe {
 		uint32_t ntok;	/* APPEND: tokens appended */
 		uint32_t npos;	/* SCORE_ADD: values; FETCH with KVT_FETCH_F_LIST: positions */
 		uint32_t k;	/* TOPK: results per kv head (per query head with F_UNION) */
+		uint32_t nkeys; /* LOOKUP, PUBLISH: block keys in the arena */
+		uint32_t prefix_blocks; /* SEQ_OPEN: blocks pinned on @ns it starts with */
 	};
 	union {
 		uint64_t arg0;	    /* generic name */
 		uint64_t first_pos; /* SCORE_ADD: position of the first value */
 		uint64_t layer0;    /* FETCH: first layer staged */
 		uint64_t layer;	    /* TOPK: the layer searched */
+		uint64_t ns;	    /* SEQ_OPEN, NS_CLOSE, LOOKUP: a namespace NS_OPEN returned */
 	};
 	union {
 		uint64_t arg1;	  /* generic name */
@@ -226,6 +234,11 @@ enum { KVT_SCORE_SUM = 0, KVT_SCORE_MEAN = 1, KVT_SCORE__COUNT };
  * struct kvt_seq_params - SEQ_OPEN payload, in the arena at (arena_off, arena_len >= size).
  * CQE res: the new sequence id (> 0). Errors: -EINVAL (bad field), -EMFILE (too many sequences),
  * -ENOENT (t0_buf_id not registered), -ERANGE (T0 layout outside the buffer).
+ * Prefix blocks (ABI 1.2): SQE @ns names the namespace (NS_OPEN) whose blocks the sequence may
+ * PUBLISH, 0 = none; it must have the sequence's layers, kv_heads, head_dim and dtype. With
+ * @prefix_blocks > 0 the sequence starts with the first prefix_blocks blocks that the last
+ * LOOKUP with KVT_LOOKUP_F_PIN pinned on @ns: prefix_blocks * block_tokens positions in T1 whose
+ * rows are the shared blocks' (no copy). CQE aux[0]: the sequence's n.
  */
 struct kvt_seq_params {
 	uint32_t size;		/* sizeof(struct kvt_seq_params) as the client knows it */
@@ -373,6 +386,71 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
 /* TOPK output bytes: n[kv_heads], pos[kv_heads][stride], score[kv_heads][stride]. */
 #define KVT_TOPK_OUT_SIZE(kv_heads, stride)                                                        \
 	((uint64_t)(kv_heads)*4 + (uint64_t)(kv_heads) * (stride)*8)
+
+/* ---- prefix blocks (ABI 1.2, docs/prefix.md) -------------------------------------------- */
+/*
+ * Sequences that begin with the same tokens (a system prompt, a few-shot preamble, a document)
+ * share the rows of those tokens through a namespace's content-addressed blocks. A block is the
+ * rows (all layers, K and V) of block_tokens consecutive tokens; its key names the whole prefix
+ * up to its end (kvt_block_keys() in kvtier.h chains them). Blocks are shared only inside a
+ * namespace: the same name, geometry and dtype, and the same uid unless kvtierd's
+ * prefix_share_uids / prefix_share_gids put the client in the shared scope.
+ */
+#define KVT_NS_NAME_LEN		 64
+#define KVT_BLOCK_TOKENS_DEFAULT 16
+#define KVT_BLOCK_TOKENS_MAX	 1024
+#define KVT_MAX_NS		 16 /* namespaces open per session */
+
+/*
+ * struct kvt_ns_params - NS_OPEN payload, in the arena at (arena_off, arena_len >= size).
+ * CQE res: the namespace id (1..KVT_MAX_NS) for SEQ_OPEN, LOOKUP and NS_CLOSE;
+ * aux[0]: block_tokens in effect. Errors: -EINVAL (a field, a name that is empty, not
+ * NUL-terminated or not printable ASCII), -EMFILE (KVT_MAX_NS open), -ENOMEM.
+ */
+struct kvt_ns_params {
+	uint32_t size;	       /* sizeof(struct kvt_ns_params) as the client knows it */
+	uint16_t layers;       /* as the sequences that will use it */
+	uint16_t kv_heads;     /* "" */
+	uint16_t head_dim;     /* "" */
+	uint8_t dtype;	       /* "" */
+	uint8_t reserved0;     /* zero */
+	uint32_t block_tokens; /* tokens per block, 1..KVT_BLOCK_TOKENS_MAX; 0: the default 16 */
+	uint32_t flags;	       /* zero */
+	uint32_t reserved[3];  /* zero */
+	char name[KVT_NS_NAME_LEN]; /* the model's identity (e.g. its file's digest), printable
+				       ASCII, NUL-terminated, not empty */
+};
+KVT_STATIC_ASSERT(sizeof(struct kvt_ns_params) == 96, "kvt_ns_params ABI");
+KVT_STATIC_ASSERT(offsetof(struct kvt_ns_params, name) == 32, "kvt_ns_params name");
+
+/* A block key: 128 bits (XXH3-128 in kvt_block_keys()). */
+struct kvt_block_key {
+	uint64_t lo, hi;
+};
+KVT_STATIC_ASSERT(sizeof(struct kvt_block_key) == 16, "kvt_block_key ABI");
+
+/*
+ * NS_CLOSE: @ns. Drops the namespace's pins; its blocks stay cached. CQE res: 0.
+ *
+ * LOOKUP: the arena holds @nkeys struct kvt_block_key of one prefix, in order (8-byte aligned).
+ * CQE res: how many leading blocks namespace @ns holds; aux[0]: the tokens they hold.
+ *   KVT_LOOKUP_F_PIN: also pin those blocks for SEQ_OPEN (its SQE's prefix_blocks),
+ *   replacing the namespace's earlier pins; pins last until the next pinning LOOKUP, NS_CLOSE
+ *   or the session's end. Several sequences may open from one pinning LOOKUP.
+ *
+ * PUBLISH: offer the first @nkeys full blocks of sequence @seq (opened with a namespace) to its
+ * namespace; the arena holds their keys, in order. A block's rows are the sequence's own pool
+ * rows, referenced, not copied; a block the namespace already holds replaces the sequence's
+ * private rows (they are freed). Publishing stops at the first block with a position that is
+ * evicted or int8 (T2), or when prefix_cache_bytes is full of referenced blocks.
+ * CQE res: the leading blocks the namespace now holds for this sequence; aux[0]: of them,
+ * newly published; aux[1]: found already published. Errors: -EINVAL (no namespace, keys past the
+ * sequence's n), -ENOSPC (nothing published: the prefix cache is full of referenced blocks).
+ *
+ * Shared rows are copy-on-write: RETIER may promote them (copied into the client's T0 slots as
+ * any row), quantize or evict them for one sequence; that changes only that sequence's view.
+ */
+#define KVT_LOOKUP_F_PIN (1u << 0)
 
 /*
  * struct kvt_seq_stat - SEQ_STAT output, written to the arena at arena_off (arena_len >= size).

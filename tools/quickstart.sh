@@ -34,7 +34,8 @@ esac
 # ---- dependencies ------------------------------------------------------------------------------
 pkgs=(build-essential cmake pkg-config git liburing-dev libnuma-dev check libsystemd-dev
 	libinih-dev libjson-c-dev libicu-dev libfaiss-dev systemd valgrind clang-format python3
-	python3-pip python3-venv libseccomp-dev dpkg-dev lintian groff-base man-db prometheus)
+	python3-pip python3-venv libseccomp-dev dpkg-dev lintian groff-base man-db prometheus
+	libxxhash-dev)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -319,6 +319,47 @@ kvt_prep_topk(struct kvt_sqe *e, uint32_t seq, uint32_t layer, uint32_t k, unsig
 		    layer, out_off, out_len);
 }
 
+/*
+ * SEQ_OPEN in namespace @ns (kvt_prep_ns_open()'s id; 0: none) starting with @prefix_blocks
+ * blocks pinned there by the last kvt_prep_lookup() with KVT_LOOKUP_F_PIN.
+ */
+static inline void
+kvt_prep_seq_open_prefix(struct kvt_sqe *e, uint64_t params_off, uint32_t ns,
+			 uint32_t prefix_blocks)
+{
+	kvt_prep_rw(e, KVT_OP_SEQ_OPEN, 0, 0, params_off, sizeof(struct kvt_seq_params),
+		    prefix_blocks, ns, 0, 0);
+}
+
+/* Namespace from the struct kvt_ns_params at @params_off. */
+static inline void
+kvt_prep_ns_open(struct kvt_sqe *e, uint64_t params_off)
+{
+	kvt_prep_rw(e, KVT_OP_NS_OPEN, 0, 0, params_off, sizeof(struct kvt_ns_params), 0, 0, 0, 0);
+}
+
+static inline void
+kvt_prep_ns_close(struct kvt_sqe *e, uint32_t ns)
+{
+	kvt_prep_rw(e, KVT_OP_NS_CLOSE, 0, 0, 0, 0, 0, ns, 0, 0);
+}
+
+/* How many of the @nkeys block keys at @keys_off (8-byte aligned) lead in @ns. */
+static inline void
+kvt_prep_lookup(struct kvt_sqe *e, uint32_t ns, unsigned flags, uint64_t keys_off, uint32_t nkeys)
+{
+	kvt_prep_rw(e, KVT_OP_LOOKUP, 0, flags, keys_off,
+		    nkeys * (uint32_t)sizeof(struct kvt_block_key), nkeys, ns, 0, 0);
+}
+
+/* Offer the first @nkeys blocks of @seq, keyed by the keys at @keys_off, to its namespace. */
+static inline void
+kvt_prep_publish(struct kvt_sqe *e, uint32_t seq, uint64_t keys_off, uint32_t nkeys)
+{
+	kvt_prep_rw(e, KVT_OP_PUBLISH, seq, 0, keys_off,
+		    nkeys * (uint32_t)sizeof(struct kvt_block_key), nkeys, 0, 0, 0);
+}
+
 /* ---- blocking wrappers ------------------------------------------------------------------ */
 /*
  * Each submits one operation and waits for it, keeping any other completion for a later
@@ -392,6 +433,61 @@ int kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer
  */
 int kvt_topk(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
 	     const float *query, uint32_t q_len, void *out, uint64_t out_len);
+
+/* ---- prefix blocks (docs/prefix.md) ------------------------------------------------------ */
+/*
+ * Processes that serve the same prompt prefix compute its rows once and hold them once:
+ *
+ *	kvt_ns_open(c, &np, &ns);                       // model identity + geometry
+ *	n = kvt_block_keys(&np, NULL, tokens, ntok, keys, max);
+ *	m = kvt_lookup(c, ns, keys, n, KVT_LOOKUP_F_PIN); // m blocks are cached: pinned
+ *	kvt_seq_open_prefix(c, &p, ns, m, &seq);         // n = m * block_tokens, no copy
+ *	... prefill tokens[m * block_tokens ..], appending their rows as usual ...
+ *	kvt_publish(c, seq, keys, n);                    // for the next process
+ *
+ * Rows are shared only inside a namespace (same name, geometry, dtype, block size, and uid unless
+ * the daemon's prefix_share_* config says otherwise). A hit is faster than a miss, so processes
+ * sharing a namespace can learn which prefixes the others used.
+ */
+
+/* Opens (or joins) namespace @np; sets @ret_ns to its id for this session. */
+int kvt_ns_open(struct kvt_client *c, const struct kvt_ns_params *np, uint32_t *ret_ns);
+/* Closes the session's handle (its pins go); cached blocks stay. */
+int kvt_ns_close(struct kvt_client *c, uint32_t ns);
+
+/*
+ * kvt_block_keys() - the keys of the full blocks of @tokens (@ntok token ids) in namespace
+ * @np: key i = XXH3-128(key i-1, tokens of block i), key -1 = XXH3-128 of the namespace's
+ * identity (name, geometry, dtype, block_tokens), so a key names its whole prefix and nothing
+ * of another namespace. @parent: the key of the block before @tokens[0] (NULL: @tokens start
+ * the sequence). Writes min(ntok / block_tokens, @max) keys to @keys and returns that count,
+ * or -EINVAL (@np fails the daemon's NS_OPEN checks). Pure computation: no connection needed.
+ */
+int kvt_block_keys(const struct kvt_ns_params *np, const struct kvt_block_key *parent,
+		   const uint32_t *tokens, size_t ntok, struct kvt_block_key *keys, size_t max);
+
+/* How many of @keys (in order) lead in namespace @ns; with KVT_LOOKUP_F_PIN, pins them for
+ * kvt_seq_open_prefix(). */
+int kvt_lookup(struct kvt_client *c, uint32_t ns, const struct kvt_block_key *keys, uint32_t n,
+	       unsigned flags);
+
+/*
+ * kvt_seq_open_prefix() - kvt_seq_open() in namespace @ns (may PUBLISH there), starting with
+ * the first @prefix_blocks blocks the last pinning kvt_lookup() on @ns matched: its n is
+ * @prefix_blocks * block_tokens, rows shared (copy-on-write) with every other user.
+ */
+int kvt_seq_open_prefix(struct kvt_client *c, const struct kvt_seq_params *p, uint32_t ns,
+			uint32_t prefix_blocks, uint32_t *ret_seq);
+
+/*
+ * kvt_publish() - offer the first @n full blocks of @seq (keys from kvt_block_keys()) to its
+ * namespace. Returns how many leading blocks the namespace now holds for it (it stops at a
+ * block with an evicted or int8 position); sets @ret_new (may be NULL) to how many of them this
+ * call published. -ENOSPC: nothing published, the daemon's prefix cache is full of blocks in
+ * use.
+ */
+int kvt_publish(struct kvt_client *c, uint32_t seq, const struct kvt_block_key *keys, uint32_t n,
+		uint32_t *ret_new);
 
 /* Message for a negative errno from libkvtier or the daemon, kvtier meanings first. */
 const char *kvt_strerror(int err);

@@ -1,0 +1,488 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * prefix.c - the prefix block store (prefix.h): namespaces, a keyed hash table of blocks, their
+ * references and the LRU of unreferenced ones, and the budget they live under.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "prefix.h"
+
+#define TAB_INIT 1024
+
+static uint64_t
+blk_hash(const struct kvtd_prefix *px, const struct kvtd_pns *ns, const struct kvt_block_key *k)
+{
+	return XXH3_64bits_withSeed(k, sizeof(*k), px->seed ^ ((uint64_t)ns->id << 32));
+}
+
+static bool
+key_eq(const struct kvt_block_key *a, const struct kvt_block_key *b)
+{
+	return a->lo == b->lo && a->hi == b->hi;
+}
+
+static uint64_t
+blk_bytes(const struct kvtd_prefix *px, const struct kvtd_pns *ns)
+{
+	return (uint64_t)ns->p.block_tokens * kvtd_pool_slot_size(px->pool, ns->cls);
+}
+
+/* ---- LRU (unreferenced blocks, oldest at the head) ---------------------------------------- */
+
+static void
+lru_push(struct kvtd_prefix *px, struct kvtd_pblock *b)
+{
+	b->lru_next = NULL;
+	b->lru_prev = px->lru_tail;
+	if (px->lru_tail)
+		px->lru_tail->lru_next = b;
+	else
+		px->lru_head = b;
+	px->lru_tail = b;
+}
+
+static void
+lru_unlink(struct kvtd_prefix *px, struct kvtd_pblock *b)
+{
+	if (b->lru_prev)
+		b->lru_prev->lru_next = b->lru_next;
+	else
+		px->lru_head = b->lru_next;
+	if (b->lru_next)
+		b->lru_next->lru_prev = b->lru_prev;
+	else
+		px->lru_tail = b->lru_prev;
+	b->lru_prev = b->lru_next = NULL;
+}
+
+/* ---- references --------------------------------------------------------------------------- */
+
+static void
+ref_locked(struct kvtd_prefix *px, struct kvtd_pblock *b, uint64_t count)
+{
+	if (!b->refs) {
+		lru_unlink(px, b);
+		px->n_referenced++;
+		b->ns->referenced++;
+	}
+	b->refs += count;
+}
+
+static void
+put_locked(struct kvtd_prefix *px, struct kvtd_pblock *b)
+{
+	if (--b->refs)
+		return;
+	px->n_referenced--;
+	b->ns->referenced--;
+	lru_push(px, b);
+}
+
+void
+kvtd_prefix_ref(struct kvtd_prefix *px, struct kvtd_pblock *b, uint64_t count)
+{
+	pthread_mutex_lock(&px->lock);
+	ref_locked(px, b, count);
+	pthread_mutex_unlock(&px->lock);
+}
+
+void
+kvtd_prefix_put(struct kvtd_prefix *px, struct kvtd_pblock *const *blks, unsigned n)
+{
+	if (!n)
+		return;
+	pthread_mutex_lock(&px->lock);
+	for (unsigned i = 0; i < n; i++)
+		put_locked(px, blks[i]);
+	pthread_mutex_unlock(&px->lock);
+}
+
+/* ---- namespaces --------------------------------------------------------------------------- */
+
+int
+kvtd_prefix_ns_check(const struct kvt_ns_params *np, const char **ret_why)
+{
+	size_t len = strnlen(np->name, sizeof(np->name));
+
+	*ret_why = NULL;
+	if (np->size < sizeof(*np))
+		*ret_why = "size is smaller than struct kvt_ns_params";
+	else if (np->reserved0 || np->flags || np->reserved[0] || np->reserved[1] ||
+		 np->reserved[2])
+		*ret_why = "flags and reserved fields must be 0";
+	else if (!np->layers || np->layers > KVT_MAX_LAYERS)
+		*ret_why = "layers must be 1..256";
+	else if (!np->kv_heads || np->kv_heads > KVT_MAX_KV_HEADS)
+		*ret_why = "kv_heads must be 1..64";
+	else if (!np->head_dim || np->head_dim > KVT_MAX_HEAD_DIM)
+		*ret_why = "head_dim must be 1..256";
+	else if (np->dtype >= KVT_DTYPE__COUNT)
+		*ret_why = "dtype is not a KVT_DTYPE_*";
+	else if (np->block_tokens > KVT_BLOCK_TOKENS_MAX)
+		*ret_why = "block_tokens must be 0 (the default 16) or 1..1024";
+	else if (!len || len == sizeof(np->name))
+		*ret_why = "name must be 1..63 characters, NUL-terminated";
+	for (size_t i = 0; !*ret_why && i < len; i++)
+		if (np->name[i] < 0x20 || np->name[i] > 0x7e)
+			*ret_why = "name must be printable ASCII";
+	return *ret_why ? -EINVAL : 0;
+}
+
+/* @np checked: a copy with the defaults filled in and the bytes past the name zeroed, so that
+ * namespaces compare with memcmp. */
+static void
+ns_norm(const struct kvt_ns_params *np, struct kvt_ns_params *ret)
+{
+	memset(ret, 0, sizeof(*ret));
+	ret->size = sizeof(*ret);
+	ret->layers = np->layers;
+	ret->kv_heads = np->kv_heads;
+	ret->head_dim = np->head_dim;
+	ret->dtype = np->dtype;
+	ret->block_tokens = np->block_tokens ? np->block_tokens : KVT_BLOCK_TOKENS_DEFAULT;
+	memcpy(ret->name, np->name, strnlen(np->name, sizeof(np->name)));
+}
+
+static void
+ns_maybe_free(struct kvtd_prefix *px, struct kvtd_pns *ns)
+{
+	struct kvtd_pns **pp;
+
+	if (ns->handles || ns->blocks)
+		return;
+	for (pp = &px->ns_list; *pp != ns; pp = &(*pp)->next)
+		;
+	*pp = ns->next;
+	kvtd_pool_class_put(px->pool, ns->cls);
+	free(ns);
+}
+
+int
+kvtd_prefix_ns_open(struct kvtd_prefix *px, const struct kvt_ns_params *np, uint64_t scope,
+		    struct kvtd_pns **ret_ns)
+{
+	struct kvt_ns_params norm;
+	struct kvtd_pns *ns;
+	int cls;
+
+	ns_norm(np, &norm);
+	pthread_mutex_lock(&px->lock);
+	for (ns = px->ns_list; ns; ns = ns->next)
+		if (ns->scope == scope && !memcmp(&ns->p, &norm, sizeof(norm)))
+			break;
+	if (!ns) {
+		uint64_t tb = (uint64_t)norm.layers * 2 * norm.kv_heads * norm.head_dim *
+			      kvt_dtype_size(norm.dtype);
+
+		cls = kvtd_pool_class_get(px->pool, tb);
+		if (cls < 0) {
+			pthread_mutex_unlock(&px->lock);
+			return cls == -E2BIG ? -ENOSPC : cls;
+		}
+		ns = calloc(1, sizeof(*ns));
+		if (!ns) {
+			kvtd_pool_class_put(px->pool, cls);
+			pthread_mutex_unlock(&px->lock);
+			return -ENOMEM;
+		}
+		ns->scope = scope;
+		ns->p = norm;
+		ns->token_bytes = tb;
+		ns->cls = cls;
+		ns->id = ++px->next_ns_id;
+		ns->next = px->ns_list;
+		px->ns_list = ns;
+	}
+	ns->handles++;
+	pthread_mutex_unlock(&px->lock);
+	*ret_ns = ns;
+	return 0;
+}
+
+void
+kvtd_prefix_ns_hold(struct kvtd_prefix *px, struct kvtd_pns *ns)
+{
+	pthread_mutex_lock(&px->lock);
+	ns->handles++;
+	pthread_mutex_unlock(&px->lock);
+}
+
+void
+kvtd_prefix_ns_close(struct kvtd_prefix *px, struct kvtd_pns *ns)
+{
+	pthread_mutex_lock(&px->lock);
+	ns->handles--;
+	ns_maybe_free(px, ns);
+	pthread_mutex_unlock(&px->lock);
+}
+
+/* ---- the table ---------------------------------------------------------------------------- */
+
+static struct kvtd_pblock *
+find(struct kvtd_prefix *px, struct kvtd_pns *ns, const struct kvt_block_key *k)
+{
+	struct kvtd_pblock *b = px->tab[blk_hash(px, ns, k) & px->tab_mask];
+
+	for (; b; b = b->hnext)
+		if (b->ns == ns && key_eq(&b->key, k))
+			return b;
+	return NULL;
+}
+
+/* Doubles the table when blocks outnumber buckets; a failed grow keeps the old one. */
+static void
+maybe_grow(struct kvtd_prefix *px)
+{
+	uint64_t n = (px->tab_mask + 1) * 2;
+	struct kvtd_pblock **t;
+
+	if (px->n_blocks <= px->tab_mask + 1)
+		return;
+	t = calloc(n, sizeof(*t));
+	if (!t)
+		return;
+	for (uint64_t i = 0; i <= px->tab_mask; i++)
+		for (struct kvtd_pblock *b = px->tab[i], *next; b; b = next) {
+			uint64_t h = blk_hash(px, b->ns, &b->key) & (n - 1);
+
+			next = b->hnext;
+			b->hnext = t[h];
+			t[h] = b;
+		}
+	free(px->tab);
+	px->tab = t;
+	px->tab_mask = n - 1;
+}
+
+static void
+evict(struct kvtd_prefix *px, struct kvtd_pblock *b)
+{
+	struct kvtd_pns *ns = b->ns;
+	struct kvtd_pblock **pp = &px->tab[blk_hash(px, ns, &b->key) & px->tab_mask];
+
+	while (*pp != b)
+		pp = &(*pp)->hnext;
+	*pp = b->hnext;
+	lru_unlink(px, b);
+	kvtd_pool_free(px->pool, ns->cls, ns->p.block_tokens, &px->acct, NULL, b->slot);
+	px->n_blocks--;
+	px->evicted++;
+	ns->blocks--;
+	ns->evicted++;
+	free(b);
+	ns_maybe_free(px, ns);
+}
+
+static uint64_t
+reclaim_locked(struct kvtd_prefix *px, uint64_t bytes)
+{
+	uint64_t freed = 0;
+
+	while (freed < bytes && px->lru_head) {
+		struct kvtd_pblock *b = px->lru_head;
+
+		freed += blk_bytes(px, b->ns);
+		evict(px, b);
+	}
+	return freed;
+}
+
+uint64_t
+kvtd_prefix_reclaim(struct kvtd_prefix *px, uint64_t bytes)
+{
+	uint64_t freed;
+
+	pthread_mutex_lock(&px->lock);
+	freed = reclaim_locked(px, bytes);
+	pthread_mutex_unlock(&px->lock);
+	return freed;
+}
+
+static void
+pool_reclaim(void *ctx, uint64_t bytes)
+{
+	kvtd_prefix_reclaim(ctx, bytes);
+}
+
+uint32_t
+kvtd_prefix_lookup(struct kvtd_prefix *px, struct kvtd_pns *ns, const struct kvt_block_key *keys,
+		   uint32_t n, struct kvtd_pblock **pins)
+{
+	uint32_t i;
+
+	pthread_mutex_lock(&px->lock);
+	for (i = 0; i < n; i++) {
+		struct kvt_block_key k;
+		struct kvtd_pblock *b;
+
+		memcpy(&k, &keys[i], sizeof(k));
+		b = find(px, ns, &k);
+		if (!b)
+			break;
+		if (pins) {
+			ref_locked(px, b, 1);
+			pins[i] = b;
+		} else if (!b->refs) {
+			lru_unlink(px, b); /* a hit is a use: to the young end */
+			lru_push(px, b);
+		}
+	}
+	px->lookups++;
+	px->hit_blocks += i;
+	px->miss_blocks += n - i;
+	ns->lookups++;
+	ns->hit_blocks += i;
+	ns->miss_blocks += n - i;
+	pthread_mutex_unlock(&px->lock);
+	return i;
+}
+
+int
+kvtd_prefix_publish(struct kvtd_prefix *px, struct kvtd_pns *ns, const struct kvt_block_key *key,
+		    void *const *slots, struct kvtd_acct *from, struct kvtd_acct *from2,
+		    struct kvtd_pblock **ret_blk)
+{
+	uint32_t bt = ns->p.block_tokens;
+	struct kvt_block_key k;
+	struct kvtd_pblock *b;
+	uint64_t h;
+	int r;
+
+	memcpy(&k, key, sizeof(k));
+	pthread_mutex_lock(&px->lock);
+	b = find(px, ns, &k);
+	if (b) {
+		ref_locked(px, b, bt);
+		px->deduped++;
+		ns->deduped++;
+		pthread_mutex_unlock(&px->lock);
+		*ret_blk = b;
+		return 0;
+	}
+	b = malloc(sizeof(*b) + bt * sizeof(void *));
+	if (!b) {
+		pthread_mutex_unlock(&px->lock);
+		return -ENOMEM;
+	}
+	/* Unreferenced blocks go before a refusal: the budget is for what is in use. */
+	while ((r = kvtd_pool_recharge(px->pool, ns->cls, bt, from, from2, &px->acct, NULL)) ==
+		   -EDQUOT &&
+	       px->lru_head)
+		evict(px, px->lru_head);
+	if (r < 0) {
+		px->refused_budget++;
+		pthread_mutex_unlock(&px->lock);
+		free(b);
+		return -ENOSPC;
+	}
+	b->key = k;
+	b->ns = ns;
+	b->refs = bt;
+	b->lru_prev = b->lru_next = NULL;
+	memcpy(b->slot, slots, bt * sizeof(void *));
+	h = blk_hash(px, ns, &k) & px->tab_mask;
+	b->hnext = px->tab[h];
+	px->tab[h] = b;
+	px->n_blocks++;
+	px->n_referenced++;
+	px->published++;
+	ns->blocks++;
+	ns->referenced++;
+	ns->published++;
+	maybe_grow(px);
+	pthread_mutex_unlock(&px->lock);
+	*ret_blk = b;
+	return 1;
+}
+
+/* ---- the store ---------------------------------------------------------------------------- */
+
+int
+kvtd_prefix_init(struct kvtd_prefix *px, struct kvtd_pool *pool, uint64_t budget)
+{
+	memset(px, 0, sizeof(*px));
+	px->tab = calloc(TAB_INIT, sizeof(*px->tab));
+	if (!px->tab)
+		return -ENOMEM;
+	px->tab_mask = TAB_INIT - 1;
+	px->pool = pool;
+	/* A limit of 0 means "none" to the pool: a budget of 0 is kept as 1 byte, which no
+	 * block fits. */
+	px->acct.limit = budget ? budget : 1;
+	if (getrandom(&px->seed, sizeof(px->seed), 0) != sizeof(px->seed))
+		px->seed = (uint64_t)(uintptr_t)px ^ 0x9e3779b97f4a7c15ull;
+	pthread_mutex_init(&px->lock, NULL);
+	pool->reclaim_ctx = px;
+	pool->reclaim = pool_reclaim;
+	return 0;
+}
+
+void
+kvtd_prefix_fini(struct kvtd_prefix *px)
+{
+	if (!px->tab)
+		return;
+	if (px->pool->reclaim_ctx == px)
+		px->pool->reclaim = NULL;
+	for (uint64_t i = 0; i <= px->tab_mask; i++)
+		while (px->tab[i]) {
+			struct kvtd_pblock *b = px->tab[i];
+
+			if (b->refs) { /* unreachable once every sequence is gone */
+				b->refs = 0;
+				px->n_referenced--;
+				b->ns->referenced--;
+				lru_push(px, b);
+			}
+			evict(px, b);
+		}
+	while (px->ns_list) {
+		struct kvtd_pns *ns = px->ns_list;
+
+		px->ns_list = ns->next;
+		kvtd_pool_class_put(px->pool, ns->cls);
+		free(ns);
+	}
+	free(px->tab);
+	px->tab = NULL;
+	pthread_mutex_destroy(&px->lock);
+}
+
+void
+kvtd_prefix_stats(struct kvtd_prefix *px, struct kvtd_prefix_stats *ret)
+{
+	pthread_mutex_lock(&px->lock);
+	memset(ret, 0, sizeof(*ret));
+	for (struct kvtd_pns *ns = px->ns_list; ns; ns = ns->next)
+		ret->namespaces++;
+	ret->blocks = px->n_blocks;
+	ret->referenced = px->n_referenced;
+	ret->bytes = px->acct.bytes;
+	ret->budget = px->acct.limit > 1 ? px->acct.limit : 0;
+	ret->lookups = px->lookups;
+	ret->hit_blocks = px->hit_blocks;
+	ret->miss_blocks = px->miss_blocks;
+	ret->published = px->published;
+	ret->deduped = px->deduped;
+	ret->evicted = px->evicted;
+	ret->refused_budget = px->refused_budget;
+	pthread_mutex_unlock(&px->lock);
+}
+
+void
+kvtd_prefix_ns_each(struct kvtd_prefix *px, void (*fn)(const struct kvtd_pns *ns, void *arg),
+		    void *arg)
+{
+	pthread_mutex_lock(&px->lock);
+	for (struct kvtd_pns *ns = px->ns_list; ns; ns = ns->next)
+		fn(ns, arg);
+	pthread_mutex_unlock(&px->lock);
+}

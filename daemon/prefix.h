@@ -1,0 +1,128 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * prefix.h - the prefix block store: content-addressed blocks of T1 pool rows that sequences of
+ * any session share (docs/prefix.md).
+ *
+ * A namespace (struct kvtd_pns) is one model's rows in one scope: the same name, geometry,
+ * dtype and block size, and the same uid (or the shared scope of prefix_share_uids/gids). A
+ * block (struct kvtd_pblock) holds the T1 pool slots of block_tokens consecutive tokens under a
+ * 128-bit key that names the whole prefix up to it; the client chains the keys
+ * (kvt_block_keys()), the store only matches them.
+ *
+ * References: every sequence position whose slot is a block's, and every pin a LOOKUP holds,
+ * is one reference. A block with none stays cached, on an LRU, until the pool needs room
+ * (pool.h's reclaim hook) or a PUBLISH needs budget. Block slots are charged to the store's
+ * own account, whose limit is prefix_cache_bytes: a shared block costs no client's quota, and a
+ * publisher that dies leaves nothing its readers need.
+ *
+ * Locking: one mutex, taken inside a poller's lock and outside the pool's (it frees into the
+ * pool); never held while calling kvtd_pool_alloc() (whose reclaim hook takes it).
+ */
+#ifndef KVTD_PREFIX_H
+#define KVTD_PREFIX_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "kvt_abi.h"
+#include "pool.h"
+
+struct kvtd_pns {
+	struct kvtd_pns *next;
+	uint64_t scope; /* uid + 1, or 0: the shared scope */
+	struct kvt_ns_params p;
+	uint64_t token_bytes;	     /* one T1 slot: layers * 2 * kv_heads * head_dim * elem */
+	int cls;		     /* their pool class */
+	uint32_t id;		     /* for listings: stable while it lives */
+	uint32_t handles;	     /* sessions' NS_OPENs on it */
+	uint64_t blocks, referenced; /* held; of them with a reference */
+	uint64_t lookups, hit_blocks, miss_blocks, published, deduped, evicted;
+};
+
+struct kvtd_pblock {
+	struct kvt_block_key key;
+	struct kvtd_pns *ns;
+	struct kvtd_pblock *hnext;		 /* hash chain */
+	struct kvtd_pblock *lru_prev, *lru_next; /* on the LRU while refs == 0 */
+	uint64_t refs;
+	void *slot[]; /* ns->p.block_tokens T1 pool slots */
+};
+
+struct kvtd_prefix {
+	pthread_mutex_t lock;
+	struct kvtd_pool *pool;
+	struct kvtd_acct acct; /* every block's slots; limit: prefix_cache_bytes */
+	struct kvtd_pblock **tab;
+	uint64_t tab_mask;
+	uint64_t n_blocks, n_referenced;
+	struct kvtd_pblock *lru_head, *lru_tail; /* unreferenced, least recently used first */
+	struct kvtd_pns *ns_list;
+	uint32_t next_ns_id;
+	uint64_t seed; /* keys come from clients: the table's hash is keyed */
+	uint64_t lookups, hit_blocks, miss_blocks, published, deduped, evicted, refused_budget;
+};
+
+/* Totals, for SEQS-like listings and metrics. */
+struct kvtd_prefix_stats {
+	uint64_t namespaces, blocks, referenced, bytes, budget;
+	uint64_t lookups, hit_blocks, miss_blocks, published, deduped, evicted, refused_budget;
+};
+
+/* @budget: prefix_cache_bytes (0: no sharing, every PUBLISH is -ENOSPC). Installs the pool's
+ * reclaim hook. Returns 0 or -ENOMEM. */
+int kvtd_prefix_init(struct kvtd_prefix *px, struct kvtd_pool *pool, uint64_t budget);
+/* Frees every block; no sequence may reference one any more. */
+void kvtd_prefix_fini(struct kvtd_prefix *px);
+
+/* Checks NS_OPEN's payload (copied out of the arena); @ret_why: the reason on -EINVAL. */
+int kvtd_prefix_ns_check(const struct kvt_ns_params *np, const char **ret_why);
+
+/*
+ * kvtd_prefix_ns_open() - the namespace of @np (checked) in @scope, created if new; one handle
+ * more on it. Returns 0, -ENOSPC (no pool class for its slot size), -ENOMEM.
+ */
+int kvtd_prefix_ns_open(struct kvtd_prefix *px, const struct kvt_ns_params *np, uint64_t scope,
+			struct kvtd_pns **ret_ns);
+/* One handle more on a namespace already open (a sequence in it holds one). */
+void kvtd_prefix_ns_hold(struct kvtd_prefix *px, struct kvtd_pns *ns);
+/* One handle less; a namespace with no handle and no block is freed. */
+void kvtd_prefix_ns_close(struct kvtd_prefix *px, struct kvtd_pns *ns);
+
+/*
+ * kvtd_prefix_lookup() - how many of @keys, in order, @ns holds (@keys may be shared memory:
+ * each is read once). With @pins, one reference per block matched is taken and the blocks are
+ * stored there.
+ */
+uint32_t kvtd_prefix_lookup(struct kvtd_prefix *px, struct kvtd_pns *ns,
+			    const struct kvt_block_key *keys, uint32_t n,
+			    struct kvtd_pblock **pins);
+
+/* @count references more on @b (it must hold one already, e.g. a pin). */
+void kvtd_prefix_ref(struct kvtd_prefix *px, struct kvtd_pblock *b, uint64_t count);
+/* One reference less on each of @blks (repeats allowed). */
+void kvtd_prefix_put(struct kvtd_prefix *px, struct kvtd_pblock *const *blks, unsigned n);
+
+/*
+ * kvtd_prefix_publish() - offer the block @key of @ns whose rows are @slots (block_tokens T1
+ * slots of class ns->cls, charged to @from and @from2), with block_tokens references for the
+ * publishing sequence's positions.
+ * Returns 1: published, the block owns @slots and their charge moved to the store; 0: @ns
+ * already holds @key, *@ret_blk has block_tokens references more and @slots are still the
+ * caller's (to free, pointing its positions at (*ret_blk)->slot); -ENOSPC: the budget is full
+ * of referenced blocks (nothing changed); -ENOMEM.
+ */
+int kvtd_prefix_publish(struct kvtd_prefix *px, struct kvtd_pns *ns,
+			const struct kvt_block_key *key, void *const *slots, struct kvtd_acct *from,
+			struct kvtd_acct *from2, struct kvtd_pblock **ret_blk);
+
+/* Evicts unreferenced blocks, least recently used first, until @bytes are freed or none is
+ * left. Returns the bytes freed. */
+uint64_t kvtd_prefix_reclaim(struct kvtd_prefix *px, uint64_t bytes);
+
+void kvtd_prefix_stats(struct kvtd_prefix *px, struct kvtd_prefix_stats *ret);
+
+/* Calls @fn for each namespace, lock held (@fn must not call back into the store). */
+void kvtd_prefix_ns_each(struct kvtd_prefix *px, void (*fn)(const struct kvtd_pns *ns, void *arg),
+			 void *arg);
+
+#endif
