@@ -300,8 +300,12 @@ kvt_paris_schedule(uint32_t n, double *ret_rho_cand, double *ret_rho_col)
 void
 kvt_paris_schedule_refine(uint32_t n, unsigned int dim, double *ret_rho_cand, double *ret_rho_col)
 {
+	/* The share of true top-k keys the vote misses on the worst queries falls as the zone
+	 * grows: 0.35 + 0.10 sqrt(32768 / n) is 0.45 at 32K, 0.40 at 128K, 0.37 at 1M. */
+	double floor = fmin(0.50, 0.35 + 0.10 * sqrt(32768.0 / (n ? n : 1)));
+
 	kvt_paris_schedule(n, ret_rho_cand, ret_rho_col);
-	*ret_rho_cand = fmax(*ret_rho_cand, dim == 64 ? 0.50 : 0.30);
+	*ret_rho_cand = fmax(*ret_rho_cand, dim == 64 ? 0.50 : floor);
 	*ret_rho_col = fmax(*ret_rho_col, 0.70);
 }
 
@@ -1254,6 +1258,13 @@ score_floor(const float *score, uint32_t n, uint32_t k)
 	return rank_score(key[r - 1]);
 }
 
+/* idx[i], or i itself for idx == NULL (scores of a whole zone in index order) */
+static inline uint32_t
+idx_at(const uint32_t *idx, uint32_t i)
+{
+	return idx ? idx[i] : i;
+}
+
 /* A size-k heap over all n; returns how many it holds (min(n, k)), not yet sorted. */
 static uint32_t
 topk_heap(const uint32_t *idx, const float *score, uint32_t n, uint32_t k, uint32_t *ret_idx,
@@ -1263,14 +1274,14 @@ topk_heap(const uint32_t *idx, const float *score, uint32_t n, uint32_t k, uint3
 
 	for (uint32_t i = 0; i < n; i++) {
 		if (m < k) {
-			ret_idx[m] = idx[i];
+			ret_idx[m] = idx_at(idx, i);
 			ret_score[m] = score[i];
 			m++;
 			if (m == k)
 				for (uint32_t j = k / 2; j-- > 0;)
 					heap_down(ret_idx, ret_score, k, j);
-		} else if (better(score[i], idx[i], ret_score[0], ret_idx[0])) {
-			ret_idx[0] = idx[i];
+		} else if (better(score[i], idx_at(idx, i), ret_score[0], ret_idx[0])) {
+			ret_idx[0] = idx_at(idx, i);
 			ret_score[0] = score[i];
 			heap_down(ret_idx, ret_score, k, 0);
 		}
@@ -1338,9 +1349,10 @@ topk_gather(const float *score, uint32_t n, float floor, uint64_t *pos, uint32_t
 
 #define KVT_TOPK_STACK 2048 /* keys gathered on the stack; more go to the heap */
 
-void
-kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, uint32_t k,
-		      uint32_t *ret_idx, float *ret_score)
+/* kvt_paris_topk_select(), and @idx NULL for the identity (index i at position i) */
+static void
+topk_select(const uint32_t *idx, const float *score, uint32_t n, uint32_t k, uint32_t *ret_idx,
+	    float *ret_score)
 {
 	uint64_t stack[KVT_TOPK_STACK], *buf = stack;
 	uint32_t m = 0, cap;
@@ -1364,7 +1376,7 @@ kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, uint3
 		m = buf ? topk_gather(score, n, floor, buf, cap) : UINT32_MAX;
 		if (m != UINT32_MAX && m >= k) {
 			for (uint32_t j = 0; j < m; j++) /* positions become sortable keys */
-				buf[j] = rank_key(score[buf[j]], idx[buf[j]]);
+				buf[j] = rank_key(score[buf[j]], idx_at(idx, (uint32_t)buf[j]));
 			psort_keys(buf, m, k);
 			for (uint32_t j = 0; j < k; j++) {
 				ret_idx[j] = (uint32_t)buf[j];
@@ -1392,6 +1404,13 @@ kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, uint3
 		ret_score[end - 1] = ts;
 		heap_down(ret_idx, ret_score, end - 1, 0);
 	}
+}
+
+void
+kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, uint32_t k,
+		      uint32_t *ret_idx, float *ret_score)
+{
+	topk_select(idx, score, n, k, ret_idx, ret_score);
 }
 
 /* ---- scratch, the exact refine and the search pipeline --------------------------------------- */
@@ -1459,23 +1478,101 @@ scratch_reserve(struct kvt_paris_scratch *s, size_t votes, size_t cand, size_t r
 	return 0;
 }
 
-/*
- * <a, b> over @d floats (a multiple of 8) in f32: eight lane sums, then a fixed pairwise
- * reduction, so the result does not depend on the SIMD level (the compiler may vectorise the
- * lanes, it may not reorder them).
- */
-static float
-dot_f32(const float *a, const float *b, unsigned int d)
-{
-	float l[8] = {0};
+#define KVT_REFINE_PREFETCH 8 /* keys announced ahead of the exact rescoring */
 
-	for (unsigned int i = 0; i < d; i += 8)
-		for (unsigned int j = 0; j < 8; j++)
-			l[j] += a[i + j] * b[i + j];
-	return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+bool
+kvt_paris_exact_covers(uint32_t live, unsigned int dim, uint32_t refine,
+		       const struct kvt_paris_keys *keys)
+{
+	if (refine >= live || live <= KVT_PARIS_REFINE_ALL)
+		return true;
+	return keys && keys->rows &&
+	       (uint64_t)live * dim * (keys->dtype == KVT_DTYPE_F32 ? 4 : 2) <=
+		   KVT_PARIS_EXACT_BYTES;
 }
 
-#define KVT_REFINE_PREFETCH 8 /* keys announced ahead of the exact rescoring */
+/*
+ * Exact scores of the @nr keys listed in @idx into @ret_score, in list order. Consecutive
+ * indices are read as runs of @rows where the caller offers them (one kvt_simd_dot_rows() call
+ * per run); other keys one by one through @get, announced KVT_REFINE_PREFETCH ahead to
+ * @prefetch. Returns 0 or -EIO.
+ */
+static int
+score_exact(const struct kvt_paris_query *q, const struct kvt_paris_keys *keys, const uint32_t *idx,
+	    uint32_t nr, float *tmp, float *ret_score)
+{
+	if (keys->rows) {
+		for (uint32_t i = 0; i < nr;) {
+			uint32_t run = 0, len = 1;
+			const void *row = keys->rows(keys->ctx, idx[i], &run);
+
+			if (!row) {
+				row = keys->get(keys->ctx, idx[i], tmp);
+				if (!row)
+					return -EIO;
+				kvt_simd_dot_rows(row, 0, 1, KVT_DTYPE_F32, q->x, q->dim,
+						  &ret_score[i++]);
+				continue;
+			}
+			/* as far as the listed indices stay consecutive, within the run */
+			while (len < run && i + len < nr && idx[i + len] == idx[i] + len)
+				len++;
+			kvt_simd_dot_rows(row, keys->stride, len, keys->dtype, q->x, q->dim,
+					  &ret_score[i]);
+			i += len;
+		}
+		return 0;
+	}
+	if (keys->prefetch)
+		for (uint32_t i = 0; i < nr && i < KVT_REFINE_PREFETCH; i++)
+			keys->prefetch(keys->ctx, idx[i]);
+	for (uint32_t i = 0; i < nr; i++) {
+		const float *key;
+
+		if (keys->prefetch && i + KVT_REFINE_PREFETCH < nr)
+			keys->prefetch(keys->ctx, idx[i + KVT_REFINE_PREFETCH]);
+		key = keys->get(keys->ctx, idx[i], tmp);
+		if (!key)
+			return -EIO;
+		kvt_simd_dot_rows(key, 0, 1, KVT_DTYPE_F32, q->x, q->dim, &ret_score[i]);
+	}
+	return 0;
+}
+
+/*
+ * Every key of a zone with no dropped key, scored exactly in index order straight into the
+ * scratch (no candidate list), runs of @rows at a time, then its top k. Returns 0 or -EIO.
+ */
+static int
+exact_zone(const struct kvt_paris_index *ix, const struct kvt_paris_query *q,
+	   const struct kvt_paris_keys *keys, uint32_t k, struct kvt_paris_scratch *scr,
+	   uint32_t *ret_idx, float *ret_score)
+{
+	const uint32_t n = ix->n;
+
+	for (uint32_t i = 0; i < n;) {
+		uint32_t run = 0;
+		const void *row = keys->rows(keys->ctx, i, &run);
+
+		if (!row) {
+			row = keys->get(keys->ctx, i, scr->key_tmp);
+			if (!row)
+				return -EIO;
+			kvt_simd_dot_rows(row, 0, 1, KVT_DTYPE_F32, q->x, q->dim,
+					  &scr->ref_score[i++]);
+			continue;
+		}
+		if (run < 1)
+			run = 1;
+		if (run > n - i)
+			run = n - i;
+		kvt_simd_dot_rows(row, keys->stride, run, keys->dtype, q->x, q->dim,
+				  &scr->ref_score[i]);
+		i += run;
+	}
+	topk_select(NULL, scr->ref_score, n, k, ret_idx, ret_score);
+	return 0;
+}
 
 /*
  * The exact refine stage: the @nr best of the @nc estimated candidates in @scr (cand, score)
@@ -1487,24 +1584,15 @@ refine_exact(const struct kvt_paris_query *q, const struct kvt_paris_keys *keys,
 	     uint32_t nr, uint32_t k, struct kvt_paris_scratch *scr, uint32_t *ret_idx,
 	     float *ret_score)
 {
+	int r;
+
 	if (nr < nc)
 		kvt_paris_topk_select(scr->cand, scr->score, nc, nr, scr->ref_idx, scr->ref_score);
 	else /* every candidate is rescored: no estimates needed, index order */
 		memcpy(scr->ref_idx, scr->cand, (size_t)nc * sizeof(*scr->cand));
-	if (keys->prefetch)
-		for (uint32_t i = 0; i < nr && i < KVT_REFINE_PREFETCH; i++)
-			keys->prefetch(keys->ctx, scr->ref_idx[i]);
-	for (uint32_t i = 0; i < nr; i++) {
-		const float *key;
-
-		if (keys->prefetch && i + KVT_REFINE_PREFETCH < nr)
-			keys->prefetch(keys->ctx, scr->ref_idx[i + KVT_REFINE_PREFETCH]);
-		key = keys->get(keys->ctx, scr->ref_idx[i], scr->key_tmp);
-
-		if (!key)
-			return -EIO;
-		scr->ref_score[i] = dot_f32(key, q->x, q->dim);
-	}
+	r = score_exact(q, keys, scr->ref_idx, nr, scr->key_tmp, scr->ref_score);
+	if (r < 0)
+		return r;
 	kvt_paris_topk_select(scr->ref_idx, scr->ref_score, nr, k, ret_idx, ret_score);
 	return 0;
 }
@@ -1521,6 +1609,11 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 	if (!k || q->dim != ix->dim)
 		return -EINVAL;
 	if (opts->refine && (opts->refine < k || !opts->keys || !opts->keys->get))
+		return -EINVAL;
+	if (opts->exact > KVT_PARIS_EXACT_NEVER)
+		return -EINVAL;
+	if (opts->refine && opts->keys->rows && opts->keys->dtype != KVT_DTYPE_F16 &&
+	    opts->keys->dtype != KVT_DTYPE_BF16 && opts->keys->dtype != KVT_DTYPE_F32)
 		return -EINVAL;
 	if (opts->rho_cand < 0.0 || opts->rho_cand > 1.0 || opts->rho_col < 0.0 ||
 	    opts->rho_col > 1.0 || isnan(opts->rho_cand) || isnan(opts->rho_col))
@@ -1553,11 +1646,25 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 	 * the exact top-k.
 	 */
 	if (opts->refine) {
-		nr = opts->refine >= n || n <= KVT_PARIS_REFINE_ALL ? n : opts->refine;
+		bool all = opts->exact == KVT_PARIS_EXACT_ALWAYS || opts->refine >= n ||
+			   (opts->exact == KVT_PARIS_EXACT_AUTO &&
+			    kvt_paris_exact_covers(n, ix->dim, opts->refine, opts->keys));
+
+		nr = all ? n : opts->refine;
 		if (c < nr)
 			c = nr;
 	}
 
+	/* The whole zone, exactly, with nothing to leave out: no candidate list at all. */
+	if (nr == n && !ix->ndead && !opts->drop && opts->keys->rows) {
+		r = scratch_reserve(scr, 0, 0, n);
+		if (r < 0)
+			return r;
+		r = exact_zone(ix, q, opts->keys, k, scr, ret_idx, ret_score);
+		if (r < 0)
+			return r;
+		goto out;
+	}
 	r = scratch_reserve(scr, c < n ? kvt_paris_votes_len(ix) : 0, c, nr);
 	if (r < 0)
 		return r;
@@ -1591,6 +1698,7 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 	} else {
 		kvt_paris_topk_select(scr->cand, scr->score, nc, k, ret_idx, ret_score);
 	}
+out:
 	/* Ranked on the unit query; the scores go out for q itself. A finite score times a
 	 * finite norm is never NaN (it saturates to +-inf past FLT_MAX). */
 	for (uint32_t i = 0; i < k; i++)

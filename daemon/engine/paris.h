@@ -49,6 +49,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvt_abi.h" /* KVT_DTYPE_*, the element types of struct kvt_paris_keys' rows */
 #include "srht.h"
 
 #define KVT_PARIS_M	    8			   /* dims per block */
@@ -171,12 +172,16 @@ void kvt_paris_schedule(uint32_t n, double *ret_rho_cand, double *ret_rho_col);
 
 /*
  * kvt_paris_schedule_refine - the ratios a search with the exact refine stage uses by default:
- * the spec's pair raised to at least (0.30, 0.70). kvtier's choice, not the paper's. Why:
+ * the spec's pair raised to at least (min(0.50, 0.35 + 0.10 sqrt(32768 / n)), 0.70), that is
+ * rho_cand 0.45 at 32K keys, 0.40 at 128K, 0.37 at 1M. kvtier's choice, not the paper's. Why:
  * refine removes the estimator error but cannot add keys the vote left out, and with the spec's
  * (0.10, 0.20) 15-20 % of the true top-100 never reach the candidate set on the benchmark sets
- * (refining all C keys gives the same recall as refining 4k). Measured recall@100 with refine
- * 4k (docs/bench-retrieval.md): (0.20, 0.50) 0.935-0.948, (0.30, 0.70) 0.97-0.98 at 128K and
- * 1M, for 1.7-2.3x the time of the spec's pipeline.
+ * (refining all C keys gives the same recall as refining 4k). The mean is not the target, the
+ * worst queries are: the 5th-percentile per-query recall@100 (p5) must stay >= 0.9, and the
+ * candidate share that takes shrinks as the zone grows (BENCHMARKS.md, retrieval; 100 queries,
+ * outlier / drift sets): at 32K, 0.30 gave p5 0.86 / 0.81 and 0.45 gives 0.94 / 0.90; at 128K
+ * 0.30 gave 0.87 / 0.85, 0.40 gives 0.92 / 0.91; at 1M 0.30 gave 0.91 / 0.86, 0.40 0.95 /
+ * 0.96. A fixed 0.40 would cost more than needed at 1M and fall short at 32K.
  * At @dim 64 rho_cand is at least 0.50: eight blocks give the vote half the collision tests of
  * sixteen, and a GQA mean of 8 query heads lines up poorly with any one key, so (0.30, 0.70)
  * kept only 0.80 of the true top-100 at 128K (outlier set, 8 heads averaged); 0.50 keeps 0.93,
@@ -266,20 +271,65 @@ void kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, 
  *	@tmp (dim floats, part of the search's scratch, no alignment promised) and return @tmp. The
  *	result is read before the next call, so it need only stay valid until then. Returning NULL
  *	means the key cannot be read: the search fails with -EIO.
- *	Called on the searching thread, at most max(opts.refine, KVT_PARIS_REFINE_ALL) times
- *	per search, with distinct indices in descending estimated-score order (in ascending
- *	index order when the refine budget covers every candidate). It must not modify the
- *	index.
+ *	Called on the searching thread, for distinct indices: opts.refine of them in
+ *	descending estimated-score order, or, when the whole zone is scored exactly, every live
+ *	key in ascending index order (only those @rows does not cover, when it is set). It
+ *	must not modify the index.
  * @prefetch: NULL, or a hint that @get will soon be called for @idx (the search announces
  *	keys a few calls ahead, so their cache misses overlap; a scattered key read is a miss
  *	per cache line). It must not fail or block.
  * @ctx: passed through.
+ * @rows: NULL, or direct access to the keys as the caller stores them, which lets a search
+ *	score them with kvt_simd_dot_rows() (no per-key call, no conversion pass) and makes
+ *	the whole-zone exact search cheap enough to be the default on short zones
+ *	(kvt_paris_exact_covers(): up to KVT_PARIS_EXACT_BYTES of rows). Returns key @idx's
+ *	row (@dim values of @dtype) and sets *@ret_run to how many keys idx, idx + 1, ... lie
+ *	at @stride bytes from each other from there (>= 1; a search reads no more than it
+ *	needs, and never a dropped key's row), or returns NULL: read key @idx through @get
+ *	instead. Called on the searching thread, in ascending index order; the rows must stay
+ *	valid for the rest of the search.
+ * @dtype: KVT_DTYPE_F16, _BF16 or _F32 (proto/kvt_abi.h), the rows' element type.
+ * @stride: bytes from one key's row to the next within a run.
  */
 struct kvt_paris_keys {
 	const float *(*get)(void *ctx, uint32_t idx, float *tmp);
 	void *ctx;
 	void (*prefetch)(void *ctx, uint32_t idx);
+	const void *(*rows)(void *ctx, uint32_t idx, uint32_t *ret_run);
+	unsigned int dtype;
+	size_t stride;
 };
+
+/*
+ * KVT_PARIS_EXACT_BYTES - with the refine stage on and @rows access to the keys, a zone of
+ * N live keys of head_dim D is scored whole (exact top-k, no votes) when its N * D key values
+ * take at most this many bytes as stored (N * D * 2 for f16 and bf16 rows: N * D <= 8M, so
+ * N <= 64K at D = 128 and N <= 128K at D = 64; N * D * 4 for f32). The scan reads every key
+ * value; the index path reads about a fifth of those bytes but spends more instructions on
+ * each (vote tables, 4-bit decoding, selection, refine), so the scan is the faster of the two
+ * while the keys come from the last-level cache and loses once it streams from DRAM. Measured
+ * single-threaded with `kvtier-bench-retrieval --crossover` (BENCHMARKS.md, retrieval): on a
+ * 32 MiB-L3 EPYC the index path (default schedule) took 1.4-4.4x the scan's time up to 32K keys
+ * at D = 128 and up to 128K at D = 64 (8 MiB and 16 MiB of f16), tied at 16 MiB (64K at
+ * D = 128) and was faster beyond, at both dims: the crossover is a byte count, not a key count.
+ */
+#define KVT_PARIS_EXACT_BYTES (16u << 20)
+
+/* opts.exact: whether a search with refine scores the whole zone exactly. */
+enum {
+	KVT_PARIS_EXACT_AUTO = 0,   /* kvt_paris_exact_covers() decides */
+	KVT_PARIS_EXACT_ALWAYS = 1, /* every live key, exactly (benchmarks, tests) */
+	KVT_PARIS_EXACT_NEVER = 2,  /* only when the refine budget covers the zone */
+};
+
+/*
+ * kvt_paris_exact_covers - whether a search with refine budget @refine (> 0) over @live keys
+ * of head_dim @dim scores every live key exactly by default (KVT_PARIS_EXACT_AUTO): when the
+ * budget covers the zone, when @live <= KVT_PARIS_REFINE_ALL, or when @keys offers @rows and
+ * @live * @dim values of its @dtype take at most KVT_PARIS_EXACT_BYTES.
+ */
+bool kvt_paris_exact_covers(uint32_t live, unsigned int dim, uint32_t refine,
+			    const struct kvt_paris_keys *keys);
 
 /*
  * struct kvt_paris_scratch - per-thread working memory of a search. Zero it before first use;
@@ -325,20 +375,23 @@ struct kvt_paris_search_opts {
 	uint32_t refine; /* 0: off; else >= k: rescore this many best estimates exactly */
 	const struct kvt_paris_keys *keys; /* the full keys; required when refine > 0 */
 	const struct kvt_paris_drop *drop; /* NULL: every key is live */
+	uint32_t exact; /* KVT_PARIS_EXACT_*: with refine, when to score the whole zone */
 };
 
 /*
  * kvt_paris_search - top-k retrieval-zone indices of one prepared query.
  * n below counts the live keys. C = max(ceil(n * rho_cand), 4k, R') clamped to n, where R' is 0
- * without refine, n when refine >= n or n <= KVT_PARIS_REFINE_ALL, else refine. (The reference
+ * without refine, n when the whole zone is scored exactly (opts->exact: by default
+ * kvt_paris_exact_covers()), else refine. (The reference
  * takes min(k, C) results when C < k; we widen C instead so a caller always gets k rows, and to
  * 4k so that the estimate still chooses among more keys than it returns; the candidate stage
  * never cuts below the refine budget.) A ratio left at 0 comes from kvt_paris_schedule(), or
  * from kvt_paris_schedule_refine() when refine is on.
  * With opts->refine > 0, the R' candidates with the best estimates (score desc, index asc) get
- * the exact score <key, q> = sum_j key_j * q_j in f32 from @opts->keys, and the
- * result is their top k by that score. When R' >= n every key is scored exactly (no votes, no
- * estimates): the result is the exact top-k.
+ * the exact score <key, q / |q|> from @opts->keys in kvt_simd_dot_rows()'s f32 arithmetic
+ * (the same bits at every SIMD level, through @rows or @get alike), and the result is their
+ * top k by that score. When R' >= n every key is scored exactly (no votes, no estimates): the
+ * result is the exact top-k, ties to the lower index.
  * Keys dropped from the index (kvt_paris_index_drop()) are not candidates: the ratios apply to
  * the live count, and min(k, live) results come back. opts->drop is a further filter: the
  * candidates it names leave the set before the rerank (the set is not refilled).

@@ -186,6 +186,7 @@ union_merge(uint32_t *pos, float *score, uint32_t total)
 struct head_keys {
 	const struct kvt_paris_seq_keys *keys;
 	uint32_t layer, head, sink;
+	const struct kvt_paris_seq_rows *rows;
 };
 
 static const float *
@@ -218,6 +219,14 @@ head_key_prefetch(void *ctx, uint32_t idx)
 	hk->keys->prefetch(hk->keys->ctx, hk->layer, hk->head, hk->sink + idx);
 }
 
+static const void *
+head_key_rows(void *ctx, uint32_t idx, uint32_t *ret_run)
+{
+	const struct head_keys *hk = ctx;
+
+	return hk->rows->rows(hk->rows->ctx, hk->layer, hk->head, hk->sink + idx, ret_run);
+}
+
 int
 kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float *q, size_t q_len,
 		   const struct kvt_paris_topk_opts *opts, struct kvt_paris_scratch *scr,
@@ -225,14 +234,21 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 {
 	uint32_t hkv = seq->g.kv_heads, d = seq->g.head_dim, grp = seq->g.q_heads / hkv;
 	uint32_t stride = kvt_paris_seq_topk_stride(seq, opts), k = opts->k;
-	struct head_keys hk = {opts->keys, layer, 0, seq->zone.sink};
+	struct head_keys hk = {opts->keys, layer, 0, seq->zone.sink, opts->rows};
+	const bool rows = opts->rows && opts->rows->rows;
 	const struct kvt_paris_keys ik = {
-	    head_key_get, &hk, opts->keys && opts->keys->prefetch ? head_key_prefetch : NULL};
+	    .get = head_key_get,
+	    .ctx = &hk,
+	    .prefetch = opts->keys && opts->keys->prefetch ? head_key_prefetch : NULL,
+	    .rows = rows ? head_key_rows : NULL,
+	    .dtype = rows ? opts->rows->dtype : 0,
+	    .stride = rows ? opts->rows->stride : 0};
 	struct kvt_paris_search_opts so = {.k = k,
 					   .rho_cand = opts->rho_cand,
 					   .rho_col = opts->rho_col,
 					   .refine = opts->refine,
-					   .keys = opts->refine ? &ik : NULL};
+					   .keys = opts->refine ? &ik : NULL,
+					   .exact = opts->exact};
 	const struct head_drop hd = {opts, seq->zone.sink};
 	const struct kvt_paris_drop drop = {head_dropped, (void *)&hd};
 	const struct kvt_paris_index *row;

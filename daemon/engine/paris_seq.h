@@ -60,6 +60,22 @@ struct kvt_paris_seq_keys {
 	void (*prefetch)(void *ctx, uint32_t layer, uint32_t head, uint32_t pos);
 };
 
+/*
+ * struct kvt_paris_seq_rows - optional direct access to the stored key rows, as struct
+ * kvt_paris_keys' @rows, @dtype and @stride (paris.h): @rows returns the row of (@layer, kv
+ * head @head) at absolute position @pos and in *@ret_run how many positions pos, pos + 1, ...
+ * of the same layer and head lie @stride bytes apart from there, or NULL (then @get is used).
+ * With it a zone short enough (kvt_paris_exact_covers()) is scored whole and exactly, and
+ * the refine reads rows without a conversion pass. @ctx: passed through.
+ */
+struct kvt_paris_seq_rows {
+	const void *(*rows)(void *ctx, uint32_t layer, uint32_t head, uint32_t pos,
+			    uint32_t *ret_run);
+	void *ctx;
+	unsigned int dtype; /* KVT_DTYPE_F16, _BF16 or _F32 */
+	size_t stride;
+};
+
 /* struct kvt_paris_topk_opts - one TOPK request. Zero-initialise; refine 0 is the spec. */
 struct kvt_paris_topk_opts {
 	uint32_t k;	 /* per kv head (per query head with KVT_PARIS_F_UNION), 1 .. N */
@@ -69,6 +85,8 @@ struct kvt_paris_topk_opts {
 	uint32_t refine; /* 0: off; else >= k: exact rescoring of this many best estimates per
 			    search (per query head with KVT_PARIS_F_UNION) */
 	const struct kvt_paris_seq_keys *keys; /* required when refine > 0 */
+	const struct kvt_paris_seq_rows *rows; /* NULL, or the rows behind keys (with refine) */
+	uint32_t exact; /* KVT_PARIS_EXACT_* (paris.h): when refine scores a whole zone */
 	/* NULL, or positions dropped since they were encoded (evicted): never returned */
 	bool (*dropped)(void *ctx, uint32_t pos);
 	void *drop_ctx;

@@ -1,12 +1,16 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#include <immintrin.h>
 #endif
 
+#include "kvt_abi.h" /* KVT_DTYPE_* */
+#include "quant.h"   /* kvt_f16_to_f32 */
 #include "simd.h"
 
 /* -1 until first use; the detected level is cached because __builtin_cpu_supports is not free. */
@@ -87,4 +91,203 @@ kvt_simd_parse(const char *name)
 	if (!strcmp(name, "avx512"))
 		return KVT_SIMD_AVX512;
 	return -EINVAL;
+}
+
+/* ---- exact inner products of stored rows (kvt_simd_dot_rows) --------------------------------- */
+
+#define DOT_PREFETCH 8 /* rows ahead, for strided rows */
+
+static inline float
+dot_elem(const uint8_t *r, unsigned int dtype, unsigned int j)
+{
+	uint16_t h;
+	uint32_t u;
+	float f;
+
+	switch (dtype) {
+	case KVT_DTYPE_F16:
+		memcpy(&h, r + 2 * j, 2);
+		return kvt_f16_to_f32(h);
+	case KVT_DTYPE_BF16:
+		memcpy(&h, r + 2 * j, 2);
+		u = (uint32_t)h << 16;
+		memcpy(&f, &u, 4);
+		return f;
+	default:
+		memcpy(&f, r + 4 * j, 4);
+		return f;
+	}
+}
+
+/* The reference arithmetic (see simd.h); fmaf is one rounding, as the vector FMAs are. */
+static void
+dot_scalar(const uint8_t *rows, size_t stride, uint32_t n, unsigned int dtype, const float *x,
+	   unsigned int dim, float *ret)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		const uint8_t *r = rows + i * stride;
+		float acc[16] = {0}, s[8];
+
+		for (unsigned int j = 0; j < dim; j += 16)
+			for (unsigned int l = 0; l < 16; l++)
+				acc[l] = fmaf(dot_elem(r, dtype, j + l), x[j + l], acc[l]);
+		for (unsigned int l = 0; l < 8; l++)
+			s[l] = acc[l] + acc[l + 8];
+		ret[i] = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+	}
+}
+
+#if defined(__x86_64__)
+/* ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)) of the 8 lanes of @s */
+__attribute__((target("avx2,fma"))) static inline float
+hsum8(__m256 s)
+{
+	__m128 v = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+
+	v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+	v = _mm_add_ss(v, _mm_movehdup_ps(v));
+	return _mm_cvtss_f32(v);
+}
+
+/* 8 values of @dtype at @p as f32 */
+__attribute__((target("avx2,fma,f16c"))) static inline __m256
+load8(const uint8_t *p, unsigned int dtype)
+{
+	if (dtype == KVT_DTYPE_F16)
+		return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+	if (dtype == KVT_DTYPE_BF16)
+		return _mm256_castsi256_ps(_mm256_slli_epi32(
+		    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+	return _mm256_loadu_ps((const float *)p);
+}
+
+static inline void
+dot_prefetch(const uint8_t *r, size_t len)
+{
+	for (size_t off = 0; off < len; off += 64)
+		__builtin_prefetch(r + off);
+}
+
+/* Two rows at a time, two 8-lane accumulators each (lanes 0-7 and 8-15 of the 16). */
+__attribute__((target("avx2,fma,f16c"))) static void
+dot_avx2(const uint8_t *rows, size_t stride, uint32_t n, unsigned int dtype, const float *x,
+	 unsigned int dim, float *ret)
+{
+	const unsigned int es = dtype == KVT_DTYPE_F32 ? 4 : 2;
+	const size_t len = (size_t)dim * es;
+	const bool pf = stride > len;
+	uint32_t i = 0;
+
+	for (; i < n; i += 2) {
+		const uint8_t *r0 = rows + i * stride, *r1 = i + 1 < n ? r0 + stride : r0;
+		__m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;
+
+		if (pf && i + DOT_PREFETCH + 1 < n) {
+			dot_prefetch(r0 + DOT_PREFETCH * stride, len);
+			dot_prefetch(r1 + DOT_PREFETCH * stride, len);
+		}
+		for (unsigned int j = 0; j < dim; j += 16) {
+			__m256 xl = _mm256_loadu_ps(x + j), xh = _mm256_loadu_ps(x + j + 8);
+
+			a0 = _mm256_fmadd_ps(load8(r0 + j * es, dtype), xl, a0);
+			b0 = _mm256_fmadd_ps(load8(r0 + (j + 8) * es, dtype), xh, b0);
+			a1 = _mm256_fmadd_ps(load8(r1 + j * es, dtype), xl, a1);
+			b1 = _mm256_fmadd_ps(load8(r1 + (j + 8) * es, dtype), xh, b1);
+		}
+		ret[i] = hsum8(_mm256_add_ps(a0, b0));
+		if (i + 1 < n)
+			ret[i + 1] = hsum8(_mm256_add_ps(a1, b1));
+	}
+}
+
+/* 16 values of @dtype at @p as f32 */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static inline __m512
+load16(const uint8_t *p, unsigned int dtype)
+{
+	if (dtype == KVT_DTYPE_F16)
+		return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+	if (dtype == KVT_DTYPE_BF16)
+		return _mm512_castsi512_ps(_mm512_slli_epi32(
+		    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+	return _mm512_loadu_ps((const float *)p);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static inline float
+hsum16(__m512 a)
+{
+	/* the upper 8 lanes through the AVX512F extract (the level does not promise DQ) */
+	return hsum8(
+	    _mm256_add_ps(_mm512_castps512_ps256(a),
+			  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
+}
+
+/* Four rows at a time, one 16-lane accumulator each: four independent FMA chains. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static void
+dot_avx512(const uint8_t *rows, size_t stride, uint32_t n, unsigned int dtype, const float *x,
+	   unsigned int dim, float *ret)
+{
+	const unsigned int es = dtype == KVT_DTYPE_F32 ? 4 : 2, nb = dim / 16;
+	const size_t len = (size_t)dim * es;
+	const bool pf = stride > len;
+	__m512 xv[8];
+	uint32_t i = 0;
+
+	if (dim > 128) { /* more than the 8 query registers */
+		dot_avx2(rows, stride, n, dtype, x, dim, ret);
+		return;
+	}
+	for (unsigned int b = 0; b < nb; b++)
+		xv[b] = _mm512_loadu_ps(x + 16 * b);
+	for (; i + 4 <= n; i += 4) {
+		const uint8_t *r = rows + i * stride;
+		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+
+		if (pf && i + DOT_PREFETCH + 4 <= n)
+			for (unsigned int m = 0; m < 4; m++)
+				dot_prefetch(r + (DOT_PREFETCH + m) * stride, len);
+		for (unsigned int b = 0; b < nb; b++) {
+			const size_t off = (size_t)b * 16 * es;
+
+			a0 = _mm512_fmadd_ps(load16(r + off, dtype), xv[b], a0);
+			a1 = _mm512_fmadd_ps(load16(r + stride + off, dtype), xv[b], a1);
+			a2 = _mm512_fmadd_ps(load16(r + 2 * stride + off, dtype), xv[b], a2);
+			a3 = _mm512_fmadd_ps(load16(r + 3 * stride + off, dtype), xv[b], a3);
+		}
+		ret[i] = hsum16(a0);
+		ret[i + 1] = hsum16(a1);
+		ret[i + 2] = hsum16(a2);
+		ret[i + 3] = hsum16(a3);
+	}
+	for (; i < n; i++) {
+		const uint8_t *r = rows + i * stride;
+		__m512 a = _mm512_setzero_ps();
+
+		for (unsigned int b = 0; b < nb; b++)
+			a = _mm512_fmadd_ps(load16(r + (size_t)b * 16 * es, dtype), xv[b], a);
+		ret[i] = hsum16(a);
+	}
+}
+#endif
+
+void
+kvt_simd_dot_rows(const void *rows, size_t stride, uint32_t n, unsigned int dtype, const float *x,
+		  unsigned int dim, float *ret)
+{
+	if (dtype != KVT_DTYPE_F16 && dtype != KVT_DTYPE_BF16 && dtype != KVT_DTYPE_F32) {
+		memset(ret, 0, (size_t)n * sizeof(*ret));
+		return;
+	}
+#if defined(__x86_64__)
+	switch (kvt_simd_level()) {
+	case KVT_SIMD_AVX512:
+		dot_avx512(rows, stride, n, dtype, x, dim, ret);
+		return;
+	case KVT_SIMD_AVX2:
+		dot_avx2(rows, stride, n, dtype, x, dim, ret);
+		return;
+	default:
+		break;
+	}
+#endif
+	dot_scalar(rows, stride, n, dtype, x, dim, ret);
 }

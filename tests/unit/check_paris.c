@@ -17,7 +17,9 @@
 
 #include "paris.h"
 #include "paris_seq.h"
+#include "gen.h" /* tools/bench-retrieval: the benchmark's key sets */
 #include "paris_zone.h"
+#include "quant.h"
 #include "simd.h"
 #include "srht.h"
 #include "test_req.h"
@@ -756,7 +758,7 @@ refine_run(enum dataset ds, unsigned int d, uint32_t n, uint32_t k, uint32_t nq,
 	uint32_t *want = malloc(k * sizeof(*want));
 	float *sc = malloc(k * sizeof(*sc)), *rsc = malloc(k * sizeof(*rsc));
 	struct key_src src = {.d = d, .n = n, .fail_at = UINT32_MAX};
-	const struct kvt_paris_keys acc = {src_get, &src, src_prefetch};
+	const struct kvt_paris_keys acc = {.get = src_get, .ctx = &src, .prefetch = src_prefetch};
 	struct kvt_paris_scratch scr = {0};
 	struct kvt_paris_index ix;
 	struct kvt_paris_query pq;
@@ -859,7 +861,7 @@ START_TEST(test_refine_d64_gqa)
 	uint32_t got[100], want[100];
 	float sc[100];
 	struct key_src src = {.d = 64, .n = n, .fail_at = UINT32_MAX};
-	const struct kvt_paris_keys acc = {src_get, &src, NULL};
+	const struct kvt_paris_keys acc = {.get = src_get, .ctx = &src};
 	struct kvt_paris_search_opts so = {.k = k, .refine = 4 * k, .keys = &acc};
 	struct kvt_paris_scratch scr = {0};
 	struct kvt_paris_index ix;
@@ -906,7 +908,7 @@ START_TEST(test_refine_all_is_exact)
 	float *keys = malloc((size_t)n * 128 * sizeof(float)), q[128], sc[50];
 	uint32_t got[50], want[50];
 	struct key_src src = {.d = 128, .n = n, .fail_at = UINT32_MAX, .copy = true};
-	const struct kvt_paris_keys acc = {src_get, &src, NULL};
+	const struct kvt_paris_keys acc = {.get = src_get, .ctx = &src};
 	struct kvt_paris_search_opts so = {
 	    .k = k, .rho_cand = 1.0, .rho_col = 1.0, .refine = n, .keys = &acc};
 	struct kvt_paris_scratch scr = {0};
@@ -947,7 +949,7 @@ refine_covers_run(unsigned int d, uint32_t n, uint32_t k, uint64_t seed)
 	float *keys = malloc((size_t)n * d * sizeof(float)), q[4][128], *sc = malloc(k * 4);
 	uint32_t *got = malloc(k * 4), *want = malloc(k * 4);
 	struct key_src src = {.d = d, .n = n, .fail_at = UINT32_MAX};
-	const struct kvt_paris_keys acc = {src_get, &src, src_prefetch};
+	const struct kvt_paris_keys acc = {.get = src_get, .ctx = &src, .prefetch = src_prefetch};
 	struct kvt_paris_search_opts so = {.k = k, .refine = 4 * k, .keys = &acc};
 	struct kvt_paris_scratch scr = {0};
 	struct kvt_paris_index ix;
@@ -995,7 +997,7 @@ START_TEST(test_refine_covers_zone)
 		float *keys = malloc((size_t)n * 128 * sizeof(float)), q[128], sc[50];
 		uint32_t got[50];
 		struct key_src src = {.d = 128, .n = n, .fail_at = UINT32_MAX};
-		const struct kvt_paris_keys acc = {src_get, &src, NULL};
+		const struct kvt_paris_keys acc = {.get = src_get, .ctx = &src};
 		struct kvt_paris_search_opts so = {
 		    .k = k, .rho_cand = 0.01, .rho_col = 0.2, .refine = 4 * k, .keys = &acc};
 		struct kvt_paris_scratch scr = {0};
@@ -1038,7 +1040,7 @@ START_TEST(test_drop)
 	float *keys = malloc((size_t)n * 128 * sizeof(float)), q[128], sc[50];
 	uint32_t got[50], want[50], m = 0;
 	struct key_src src = {.d = 128, .n = n, .fail_at = UINT32_MAX};
-	const struct kvt_paris_keys acc = {src_get, &src, NULL};
+	const struct kvt_paris_keys acc = {.get = src_get, .ctx = &src};
 	const struct kvt_paris_drop odd = {drop_odd, NULL}, all = {drop_all, NULL};
 	struct kvt_paris_search_opts so = {
 	    .k = k, .rho_cand = 1.0, .rho_col = 1.0, .refine = n, .keys = &acc, .drop = &odd};
@@ -1085,7 +1087,7 @@ START_TEST(test_refine_bad_input)
 	float *keys = malloc((size_t)n * 128 * sizeof(float)), q[128], sc[20];
 	uint32_t idx[20];
 	struct key_src src = {.d = 128, .n = n, .fail_at = UINT32_MAX};
-	const struct kvt_paris_keys acc = {src_get, &src, NULL}, noget = {NULL, &src, NULL};
+	const struct kvt_paris_keys acc = {.get = src_get, .ctx = &src}, noget = {.ctx = &src};
 	struct kvt_paris_search_opts so = {.k = 20, .refine = 19, .keys = &acc};
 	struct kvt_paris_scratch scr = {0};
 	struct kvt_paris_index ix;
@@ -1115,7 +1117,11 @@ START_TEST(test_refine_bad_input)
 		double c, l;
 
 		kvt_paris_schedule_refine(40000, 128, &c, &l);
-		ck_assert(c == 0.30 && l == 0.70);
+		ck_assert(c == 0.35 + 0.10 * sqrt(32768.0 / 40000) && l == 0.70);
+		kvt_paris_schedule_refine(131072, 128, &c, &l);
+		ck_assert(fabs(c - 0.40) < 1e-12 && l == 0.70);
+		kvt_paris_schedule_refine(1u << 20, 128, &c, &l);
+		ck_assert(fabs(c - 0.3677) < 1e-4 && l == 0.70);
 		kvt_paris_schedule_refine(40000, 64, &c, &l);
 		ck_assert(c == 0.50 && l == 0.70);
 		kvt_paris_schedule_refine(1000, 128, &c, &l);
@@ -1619,7 +1625,7 @@ START_TEST(test_query_scale)
 	const struct kvt_srht *s = _i ? &srht64 : &srht128;
 	float *keys = malloc((size_t)n * d * sizeof(float)), q[4][128], qs[128];
 	struct key_src src = {.d = d, .n = n, .fail_at = UINT32_MAX};
-	const struct kvt_paris_keys acc = {src_get, &src, NULL};
+	const struct kvt_paris_keys acc = {.get = src_get, .ctx = &src};
 	struct kvt_paris_scratch scr = {0};
 	struct kvt_paris_index ix;
 	struct kvt_paris_query pq;
@@ -1738,7 +1744,7 @@ compact_check(const struct kvt_paris_index *cix, struct key_src *src, const uint
 	      const float *mean, const struct kvt_paris_topk_opts *o, const uint32_t *pos,
 	      const float *sc, uint32_t cnt)
 {
-	const struct kvt_paris_keys acc = {src_get, src, NULL};
+	const struct kvt_paris_keys acc = {.get = src_get, .ctx = src};
 	struct kvt_paris_search_opts so = {.k = o->k, .refine = o->refine, .keys = &acc};
 	struct kvt_paris_scratch scr = {0};
 	struct kvt_paris_query pq;
@@ -1885,6 +1891,363 @@ START_TEST(test_seq_evicted)
 }
 END_TEST
 
+/* ---- the exact scan: kvt_simd_dot_rows() and the whole-zone exact search ---- */
+
+/* The arithmetic simd.h promises for kvt_simd_dot_rows(), spelled out on f32 values. */
+static float
+dot_ref(const float *v, const float *x, unsigned int d)
+{
+	float acc[16] = {0}, s[8];
+
+	for (unsigned int j = 0; j < d; j += 16)
+		for (unsigned int l = 0; l < 16; l++)
+			acc[l] = fmaf(v[j + l], x[j + l], acc[l]);
+	for (unsigned int l = 0; l < 8; l++)
+		s[l] = acc[l] + acc[l + 8];
+	return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+static float
+elem_f32(const uint8_t *row, unsigned int dtype, unsigned int j)
+{
+	uint16_t h;
+	float f;
+
+	if (dtype == KVT_DTYPE_F32) {
+		memcpy(&f, row + 4 * j, 4);
+		return f;
+	}
+	memcpy(&h, row + 2 * j, 2);
+	return dtype == KVT_DTYPE_F16 ? kvt_f16_to_f32(h) : kvt_bf16_to_f32(h);
+}
+
+static void
+elem_set(uint8_t *row, unsigned int dtype, unsigned int j, float v)
+{
+	uint16_t h;
+
+	if (dtype == KVT_DTYPE_F32) {
+		memcpy(row + 4 * j, &v, 4);
+		return;
+	}
+	h = dtype == KVT_DTYPE_F16 ? kvt_f32_to_f16(v) : kvt_f32_to_bf16(v);
+	memcpy(row + 2 * j, &h, 2);
+}
+
+/* Every SIMD level gives the reference's bits, for each element type, dim, stride and count. */
+START_TEST(test_dot_rows)
+{
+	static const unsigned int types[] = {KVT_DTYPE_F16, KVT_DTYPE_BF16, KVT_DTYPE_F32};
+	const enum kvt_simd level = (enum kvt_simd)_i;
+	const uint32_t n = 37; /* not a multiple of the 2 and 4 rows the kernels take at once */
+	uint8_t *buf = malloc((size_t)n * (512 + 320));
+	float x[128], got[37], want[37], v[128];
+
+	test_rng_state = 170;
+	for (unsigned int j = 0; j < 128; j++)
+		x[j] = test_grand() * (j % 7 ? 1.0f : 40.0f);
+	if (kvt_simd_cap(level) != level) { /* the CPU lacks it: nothing to compare */
+		kvt_simd_cap(KVT_SIMD_AVX512);
+		free(buf);
+		return;
+	}
+	for (int ti = 0; ti < 3; ti++)
+		for (unsigned int d = 64; d <= 128; d += 64)
+			for (int strided = 0; strided < 2; strided++) {
+				const unsigned int t = types[ti], es = t == KVT_DTYPE_F32 ? 4 : 2;
+				const size_t stride = (size_t)d * es + (strided ? 320 : 0);
+
+				for (uint32_t i = 0; i < n; i++)
+					for (unsigned int j = 0; j < d; j++)
+						elem_set(buf + i * stride, t, j,
+							 test_grand() * (1.0f + (float)j));
+				for (uint32_t i = 0; i < n; i++) {
+					for (unsigned int j = 0; j < d; j++)
+						v[j] = elem_f32(buf + i * stride, t, j);
+					want[i] = dot_ref(v, x, d);
+				}
+				kvt_simd_dot_rows(buf, stride, n, t, x, d, got);
+				ck_assert_msg(!memcmp(got, want, sizeof(got)),
+					      "level %s dtype %u d %u stride %zu differs",
+					      kvt_simd_name(level), t, d, stride);
+			}
+	/* an unknown element type scores 0 */
+	kvt_simd_dot_rows(buf, 256, n, 7, x, 128, got);
+	for (uint32_t i = 0; i < n; i++)
+		ck_assert(got[i] == 0.0f);
+	kvt_simd_cap(KVT_SIMD_AVX512);
+	free(buf);
+}
+END_TEST
+
+/* fp16 rows behind an index: every row read is counted, a dropped key's row never asked for */
+struct row_src {
+	const uint16_t *h;
+	unsigned int d;
+	uint32_t n;
+	const struct kvt_paris_index *ix; /* for the dropped-key check */
+	uint32_t row_calls, get_calls, short_run;
+};
+
+static const void *
+rsrc_rows(void *ctx, uint32_t idx, uint32_t *ret_run)
+{
+	struct row_src *rs = ctx;
+
+	ck_assert_uint_lt(idx, rs->n);
+	ck_assert_msg(!(rs->ix->dead[idx / 64] >> (idx % 64) & 1), "row of dropped key %u", idx);
+	rs->row_calls++;
+	/* runs of at most short_run keys (0: to the end), as pool slots may be */
+	*ret_run = rs->short_run ? rs->short_run : rs->n - idx;
+	if (*ret_run > rs->n - idx)
+		*ret_run = rs->n - idx;
+	return rs->h + (size_t)idx * rs->d;
+}
+
+static const float *
+rsrc_get(void *ctx, uint32_t idx, float *tmp)
+{
+	struct row_src *rs = ctx;
+
+	rs->get_calls++;
+	for (unsigned int j = 0; j < rs->d; j++)
+		tmp[j] = kvt_f16_to_f32(rs->h[(size_t)idx * rs->d + j]);
+	return tmp;
+}
+
+struct ranked {
+	float s;
+	uint32_t i;
+};
+
+static int
+ranked_cmp(const void *a, const void *b)
+{
+	const struct ranked *x = a, *y = b;
+
+	if (x->s != y->s)
+		return x->s > y->s ? -1 : 1;
+	return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/*
+ * The brute-force top-k the exact search must equal: every live key's fp16 row scored with
+ * the promised arithmetic against the unit query, ranked by score descending then index
+ * ascending, scores scaled by |q| as the search returns them. Returns the count.
+ */
+static uint32_t
+brute_topk(const struct row_src *rs, const struct kvt_paris_query *pq, uint32_t k,
+	   uint32_t *ret_idx, float *ret_score)
+{
+	struct ranked *r = malloc(rs->n * sizeof(*r));
+	uint32_t m = 0;
+	float v[128];
+
+	for (uint32_t i = 0; i < rs->n; i++) {
+		if (rs->ix->dead[i / 64] >> (i % 64) & 1)
+			continue;
+		for (unsigned int j = 0; j < rs->d; j++)
+			v[j] = kvt_f16_to_f32(rs->h[(size_t)i * rs->d + j]);
+		r[m++] = (struct ranked){dot_ref(v, pq->x, rs->d), i};
+	}
+	qsort(r, m, sizeof(*r), ranked_cmp);
+	if (k > m)
+		k = m;
+	for (uint32_t i = 0; i < k; i++) {
+		ret_idx[i] = r[i].i;
+		ret_score[i] = r[i].s != 0.0f ? (float)(r[i].s * pq->dnorm) : 0.0f;
+	}
+	free(r);
+	return k;
+}
+
+/*
+ * A zone the rule covers (kvt_paris_exact_covers(): N * D * 2 <= KVT_PARIS_EXACT_BYTES) is
+ * scored whole: the result is the brute-force top-k, indices and scores to the bit, ties to
+ * the lower index (duplicated keys), at every SIMD level, through runs of any length, with
+ * dropped keys left out and their rows never asked for, and no key read through get.
+ */
+START_TEST(test_exact_zone)
+{
+	const uint32_t n = 6000, k = 100;
+	const unsigned int d = 128;
+	float *keys = malloc((size_t)n * d * sizeof(float)), q[4][128], sc[100], bs[100];
+	uint16_t *h = malloc((size_t)n * d * sizeof(uint16_t));
+	uint32_t got[100], want[100];
+	struct kvt_paris_index ix;
+	struct row_src rs = {.h = h, .d = d, .n = n, .ix = &ix};
+	const struct kvt_paris_keys acc = {.get = rsrc_get,
+					   .ctx = &rs,
+					   .rows = rsrc_rows,
+					   .dtype = KVT_DTYPE_F16,
+					   .stride = d * sizeof(uint16_t)};
+	struct kvt_paris_search_opts so = {.k = k, .refine = 4 * k, .keys = &acc};
+	struct kvt_paris_scratch scr = {0};
+	struct kvt_paris_query pq;
+	static const uint32_t dup[] = {11, 12, 700, 5999}; /* copies of key 10 */
+	static const uint32_t drop[] = {12, 13, 64, 65, 66, 3000};
+
+	test_rng_state = 171;
+	make_data(DS_OUTLIER, d, n, 4, keys, &q[0][0]);
+	for (unsigned int i = 0; i < sizeof(dup) / sizeof(dup[0]); i++)
+		memcpy(keys + (size_t)dup[i] * d, keys + 10 * d, d * sizeof(float));
+	/* query 0 points at key 10, so it and its copies tie inside the top k */
+	memcpy(q[0], keys + 10 * d, d * sizeof(float));
+	for (size_t i = 0; i < (size_t)n * d; i++)
+		h[i] = kvt_f32_to_f16(keys[i]);
+	build(&ix, &srht128, keys, n, 1024, 1500);
+	ck_assert(n > KVT_PARIS_REFINE_ALL && 4 * k < n);
+	ck_assert(kvt_paris_exact_covers(n, d, 4 * k, &acc));
+	for (int phase = 0; phase < 2; phase++) {
+		if (phase) /* some keys evicted, one of the tied copies among them */
+			for (unsigned int i = 0; i < sizeof(drop) / sizeof(drop[0]); i++)
+				ck_assert_int_eq(kvt_paris_index_drop(&ix, drop[i]), 1);
+		for (int level = KVT_SIMD_SCALAR; level <= KVT_SIMD_AVX512; level++) {
+			if (kvt_simd_cap((enum kvt_simd)level) != (enum kvt_simd)level)
+				continue;
+			for (int qi = 0; qi < 4; qi++) {
+				uint32_t m;
+
+				kvt_paris_query_prep(&srht128, q[qi], &pq);
+				m = brute_topk(&rs, &pq, k, want, bs);
+				ck_assert_uint_eq(m, k);
+				for (int runs = 0; runs < 2; runs++) {
+					rs.short_run = runs ? 7 : 0;
+					rs.row_calls = rs.get_calls = 0;
+					ck_assert_int_eq(
+					    kvt_paris_search(&ix, &pq, &so, &scr, got, sc), (int)k);
+					ck_assert_mem_eq(got, want, sizeof(got));
+					ck_assert_mem_eq(sc, bs, sizeof(sc));
+					ck_assert_uint_eq(rs.get_calls, 0);
+					ck_assert_uint_ge(rs.row_calls, 1);
+				}
+				if (qi == 0 && !phase) { /* the ties, in index order */
+					ck_assert_uint_eq(got[0], 10);
+					ck_assert_uint_eq(got[1], 11);
+					ck_assert_uint_eq(got[2], 12);
+					ck_assert_uint_eq(got[3], 700);
+					ck_assert_uint_eq(got[4], 5999);
+				}
+				if (qi == 0 && phase) {
+					ck_assert_uint_eq(got[1], 11);
+					ck_assert_uint_eq(got[2], 700);
+				}
+			}
+		}
+		kvt_simd_cap(KVT_SIMD_AVX512);
+	}
+	/* the index path instead: at most the 4k refine reads, and not the exact result here */
+	so.exact = KVT_PARIS_EXACT_NEVER;
+	rs.short_run = 1; /* one row per call: the calls count the rows read */
+	rs.row_calls = rs.get_calls = 0;
+	kvt_paris_query_prep(&srht128, q[1], &pq);
+	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, got, sc), (int)k);
+	ck_assert_uint_eq(rs.row_calls, 4 * k);
+	ck_assert_uint_eq(rs.get_calls, 0);
+	/* bad knobs */
+	so.exact = 3;
+	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, got, sc), -EINVAL);
+	so.exact = KVT_PARIS_EXACT_AUTO;
+	{
+		struct kvt_paris_keys bad = acc;
+
+		bad.dtype = 9;
+		so.keys = &bad;
+		ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, got, sc), -EINVAL);
+	}
+	kvt_paris_scratch_fini(&scr);
+	kvt_paris_index_fini(&ix);
+	free(keys);
+	free(h);
+}
+END_TEST
+
+/* The rule itself: N * D * element bytes against KVT_PARIS_EXACT_BYTES with rows; without rows,
+ * short zones only. */
+START_TEST(test_exact_rule)
+{
+	const struct kvt_paris_keys
+	    get_only = {.get = rsrc_get},
+	    rows = {.get = rsrc_get, .rows = rsrc_rows, .dtype = KVT_DTYPE_F16, .stride = 256},
+	    rows32 = {.get = rsrc_get, .rows = rsrc_rows, .dtype = KVT_DTYPE_F32, .stride = 512};
+	const uint32_t at128 = KVT_PARIS_EXACT_BYTES / 256, at64 = KVT_PARIS_EXACT_BYTES / 128;
+
+	ck_assert(kvt_paris_exact_covers(at128, 128, 400, &rows));
+	ck_assert(!kvt_paris_exact_covers(at128 + 1, 128, 400, &rows));
+	ck_assert(kvt_paris_exact_covers(at64, 64, 400, &rows));
+	ck_assert(!kvt_paris_exact_covers(at64 + 1, 64, 400, &rows));
+	ck_assert(kvt_paris_exact_covers(at128 / 2, 128, 400, &rows32));
+	ck_assert(!kvt_paris_exact_covers(at128 / 2 + 1, 128, 400, &rows32));
+	ck_assert(!kvt_paris_exact_covers(at128, 128, 400, &get_only));
+	ck_assert(!kvt_paris_exact_covers(at128, 128, 400, NULL));
+	ck_assert(kvt_paris_exact_covers(KVT_PARIS_REFINE_ALL, 128, 400, &get_only));
+	ck_assert(!kvt_paris_exact_covers(KVT_PARIS_REFINE_ALL + 1, 128, 400, &get_only));
+	ck_assert(kvt_paris_exact_covers(at128 * 4, 128, at128 * 4, &get_only)); /* budget */
+}
+END_TEST
+
+/*
+ * The worst queries, not only the mean: the daemon's default (refine 4k, the refine
+ * schedule) on the index path (keys through get, as kvtierd reads them) keeps the
+ * 5th-percentile per-query recall@100 at 0.9 or more on kvtier-bench-retrieval's outlier and
+ * drift sets (tools/bench-retrieval/gen.c, the same generator and seed as the benchmark).
+ */
+static void
+default_p5_run(enum gen_set set, uint32_t n, uint32_t nq)
+{
+	const unsigned int d = 128;
+	const uint32_t k = 100;
+	float *keys = malloc((size_t)n * d * sizeof(float)), *qs = malloc((size_t)nq * d * 4);
+	double *rec = malloc(nq * sizeof(double)), mean = 0.0, low;
+	uint32_t got[100], want[100];
+	float sc[100];
+	struct key_src src = {.d = d, .n = n, .fail_at = UINT32_MAX};
+	const struct kvt_paris_keys acc = {.get = src_get, .ctx = &src};
+	struct kvt_paris_search_opts so = {.k = k, .refine = 4 * k, .keys = &acc};
+	struct kvt_paris_scratch scr = {0};
+	struct kvt_paris_index ix;
+	struct kvt_paris_query pq;
+
+	ck_assert_int_eq(gen_make(set, n, d, nq, 1, keys, qs), 0);
+	src.keys = keys;
+	build(&ix, &srht128, keys, n, 0, 8192);
+	ck_assert(!kvt_paris_exact_covers(n, d, 4 * k, &acc)); /* the index path */
+	for (uint32_t qi = 0; qi < nq; qi++) {
+		kvt_paris_query_prep(&srht128, qs + (size_t)qi * d, &pq);
+		exact_topk(keys, n, d, qs + (size_t)qi * d, k, want);
+		ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, got, sc), (int)k);
+		rec[qi] = overlap(got, want, k);
+		mean += rec[qi];
+	}
+	mean /= nq;
+	/* nearest rank: the ceil(nq / 20)-th worst query */
+	for (uint32_t i = 1; i < nq; i++)
+		for (uint32_t j = i; j && rec[j - 1] > rec[j]; j--) {
+			double t = rec[j];
+
+			rec[j] = rec[j - 1];
+			rec[j - 1] = t;
+		}
+	low = rec[(nq + 19) / 20 - 1];
+	fprintf(stderr, "default %s N%u k%u: recall mean %.3f p5 %.3f (worst %.2f)\n",
+		gen_name(set), n, k, mean, low, rec[0]);
+	ck_assert_msg(low >= 0.9, "p5 %.3f", low);
+	ck_assert_msg(mean >= 0.97, "mean %.3f", mean);
+	kvt_paris_scratch_fini(&scr);
+	kvt_paris_index_fini(&ix);
+	free(keys);
+	free(qs);
+	free(rec);
+}
+
+START_TEST(test_default_p5)
+{
+	/* 128K keys, 100 queries: the size and query count BENCHMARKS.md reports p5 at */
+	default_p5_run(GEN_OUTLIER, 131072, 100);
+	default_p5_run(GEN_DRIFT, 131072, 100);
+}
+END_TEST
+
 static Suite *
 paris_suite(void)
 {
@@ -1916,6 +2279,10 @@ paris_suite(void)
 	tcase_add_loop_test(tc, test_query_scale, 0, 2);
 	tcase_add_test(tc, test_seq_query_scale);
 	tcase_add_test(tc, test_seq_evicted);
+	tcase_add_loop_test(tc, test_dot_rows, KVT_SIMD_SCALAR, KVT_SIMD_AVX512 + 1);
+	tcase_add_test(tc, test_exact_zone);
+	tcase_add_test(tc, test_exact_rule);
+	tcase_add_test(tc, test_default_p5);
 	suite_add_tcase(s, tc);
 	return s;
 }
