@@ -6,8 +6,10 @@
  * Methods:
  *   kvtier       ParisKV, the reference ratio schedule (docs/retrieval.md 3.6)
  *   kvtier-wide  the same index searched with rho_cand 0.2, rho_col 0.5 (a tuned schedule)
- *   kvtier-refine the exact refine stage (paris.h): the 4k best estimates rescored from the
- *                raw f32 keys, with the default refine schedule (rho_cand 0.3, rho_col 0.7)
+ *   kvtier-refine what kvtierd runs by default: refine 4k on the refine schedule, and a zone
+ *                short enough (kvt_paris_exact_covers()) scored whole and exactly; keys are
+ *                read as fp16 rows, the same array the exact peer scans
+ *   kvtier-refine-index  the same with the index path forced (KVT_PARIS_EXACT_NEVER)
  *   kvtier-refine-spec  refine 4k on the spec's ratios (0.1, 0.2): what refine alone buys
  *   exact        fp16 keys, full scan with a size-k heap (F16C when the CPU has it)
  *   faiss-flat   IndexFlatIP;  faiss-ivfpq  IndexIVFPQ trained on the first 10 % (the prefill)
@@ -76,6 +78,7 @@ static bool no_faiss; /* --no-faiss: kvtier and exact only (FAISS IVFPQ at 1M bu
 static bool no_thp;   /* --no-thp: index pages from aligned_alloc, not a THP mapping */
 static bool stages;   /* --stages: time each stage of the search */
 static bool sweep;    /* --sweep: recall-time curves, k = 100, every method's knob swept */
+static unsigned int peers = 7; /* --peers: FAISS peers run, bit per enum fpeer_kind order */
 
 /* Index pages carved from one mapping advised MADV_HUGEPAGE, as kvtierd's pool backs them. */
 struct arena {
@@ -289,7 +292,7 @@ ground_truth(const float *keys, uint32_t n, const float *q, uint32_t *ret)
 
 #if defined(__x86_64__)
 __attribute__((target("f16c"))) static void
-to_f16(const float *x, size_t n, uint16_t *ret)
+to_f16_f16c(const float *x, size_t n, uint16_t *ret)
 {
 	size_t i = 0;
 
@@ -299,7 +302,22 @@ to_f16(const float *x, size_t n, uint16_t *ret)
 	for (; i < n; i++)
 		ret[i] = (uint16_t)_cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
 }
+#endif
 
+static void
+to_f16(const float *x, size_t n, uint16_t *ret)
+{
+#if defined(__x86_64__)
+	if (kvt_simd_level() >= KVT_SIMD_AVX2) { /* F16C included */
+		to_f16_f16c(x, n, ret);
+		return;
+	}
+#endif
+	for (size_t i = 0; i < n; i++)
+		ret[i] = kvt_f32_to_f16(x[i]);
+}
+
+#if defined(__x86_64__)
 __attribute__((target("avx2,fma,f16c"))) static void
 exact_scan(const uint16_t *kh, uint32_t n, const float *q, uint32_t k, uint32_t *ret)
 {
@@ -338,43 +356,73 @@ static const struct variant {
 	const char *name;
 	double rho_cand, rho_col;
 	uint32_t refine_x; /* refine = refine_x * k (0: off) */
+	uint32_t exact;	   /* KVT_PARIS_EXACT_* */
 } var[] = {
-    {"kvtier", 0.0, 0.0, 0},
-    {"kvtier-c05", 0.05, 0.20, 0}, /* the adaptive-k variants' rho_cand at N >= 30K (3.6) */
-    {"kvtier-wide", 0.2, 0.5, 0},
-    {"kvtier-refine", 0.0, 0.0, 4},	   /* refine schedule: (0.30, 0.70) */
-    {"kvtier-refine-spec", 0.10, 0.20, 4}, /* refine on the spec's ratios */
+    {"kvtier", 0.0, 0.0, 0, 0},
+    {"kvtier-c05", 0.05, 0.20, 0, 0}, /* the adaptive-k variants' rho_cand at N >= 30K (3.6) */
+    {"kvtier-wide", 0.2, 0.5, 0, 0},
+    {"kvtier-refine", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO}, /* kvtierd's default */
+    {"kvtier-refine-index", 0.0, 0.0, 4, KVT_PARIS_EXACT_NEVER},
+    {"kvtier-refine-spec", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER}, /* refine, spec's ratios */
 };
 #define NVAR ((int)(sizeof(var) / sizeof(var[0])))
 
 /* --sweep: kvtier's knobs, k = 100. Estimate only (the spec's pipeline at other ratios), and
  * with refine 4k; (0.10, 0.20) is the spec's schedule at N >= 30K, (0.30, 0.70) kvtierd's. */
-static const struct variant sweep_var[] = {
-    {"kvtier-estimate", 0.05, 0.20, 0}, {"kvtier-estimate", 0.10, 0.20, 0},
-    {"kvtier-estimate", 0.20, 0.50, 0}, {"kvtier-estimate", 0.30, 0.70, 0},
-    {"kvtier-estimate", 0.50, 0.70, 0}, {"kvtier-refine", 0.10, 0.20, 4},
-    {"kvtier-refine", 0.20, 0.50, 4},	{"kvtier-refine", 0.30, 0.70, 4},
-    {"kvtier-refine", 0.40, 0.70, 4},	{"kvtier-refine", 0.50, 0.70, 4},
-    {"kvtier-refine", 0.70, 1.00, 4},
+static struct variant sweep_var[32] = {
+    {"kvtier-estimate", 0.05, 0.20, 0, 0},
+    {"kvtier-estimate", 0.10, 0.20, 0, 0},
+    {"kvtier-estimate", 0.20, 0.50, 0, 0},
+    {"kvtier-estimate", 0.30, 0.70, 0, 0},
+    {"kvtier-estimate", 0.50, 0.70, 0, 0},
+    {"kvtier-default", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO}, /* kvtierd's TOPK */
+    {"kvtier-exact", 0.0, 0.0, 4, KVT_PARIS_EXACT_ALWAYS}, /* the engine's exact scan */
+    {"kvtier-refine", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER},
+    {"kvtier-refine", 0.20, 0.50, 4, KVT_PARIS_EXACT_NEVER},
+    {"kvtier-refine", 0.30, 0.70, 4, KVT_PARIS_EXACT_NEVER},
+    {"kvtier-refine", 0.40, 0.70, 4, KVT_PARIS_EXACT_NEVER},
+    {"kvtier-refine", 0.50, 0.70, 4, KVT_PARIS_EXACT_NEVER},
+    {"kvtier-refine", 0.70, 1.00, 4, KVT_PARIS_EXACT_NEVER},
 };
-#define NSWEEP	((int)(sizeof(sweep_var) / sizeof(sweep_var[0])))
-#define SWEEP_K 100
+static int NSWEEP = 13;
+#define NSWEEP_FIXED 7 /* the entries before the index-path ratios --knob replaces */
+#define SWEEP_K	     100
 
-/* The refine stage's key accessor: the benchmark holds the raw f32 keys [n][D]. */
+/*
+ * The refine stage's key accessor. The benchmark holds the raw f32 keys [n][D] and their fp16
+ * copy [n][D] (what the exact peer scans, and the precision kvtierd holds f16 models' keys
+ * at); the search reads the fp16 rows directly (one run of all n), the f32 keys only through
+ * get, which it does not call while rows answers.
+ */
+struct key_store {
+	const float *f32;
+	const uint16_t *f16;
+	uint32_t n;
+};
+
 static const float *
 raw_key(void *ctx, uint32_t idx, float *tmp)
 {
 	(void)tmp;
-	return (const float *)ctx + (size_t)idx * D;
+	return ((const struct key_store *)ctx)->f32 + (size_t)idx * D;
 }
 
 static void
 raw_key_prefetch(void *ctx, uint32_t idx)
 {
-	const char *k = (const char *)((const float *)ctx + (size_t)idx * D);
+	const char *k = (const char *)raw_key(ctx, idx, NULL);
 
 	for (size_t off = 0; off < D * sizeof(float); off += 64)
 		__builtin_prefetch(k + off);
+}
+
+static const void *
+f16_rows(void *ctx, uint32_t idx, uint32_t *ret_run)
+{
+	const struct key_store *ks = ctx;
+
+	*ret_run = ks->n - idx;
+	return ks->f16 + (size_t)idx * D;
 }
 
 /* ---- --stages: where a search spends its time ---- */
@@ -552,17 +600,21 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 {
 	uint32_t *truth = malloc((size_t)nq * KMAX * sizeof(uint32_t));
 	double *lat = malloc(nq * sizeof(double)), *rec = malloc(nq * sizeof(double));
+	uint16_t *kh = malloc((size_t)n * D * sizeof(uint16_t));
 	int64_t ids[KMAX];
 	uint32_t got[KMAX];
 	float sc[KMAX];
-	double t0, build;
+	double t0, build, build_f16;
 	int r = -ENOMEM;
 
-	if (!truth || !lat || !rec)
+	if (!truth || !lat || !rec || !kh)
 		goto out;
 	fprintf(stderr, "%s n=%u: ground truth for %u queries\n", name, n, nq);
 	for (uint32_t qi = 0; qi < nq; qi++)
 		ground_truth(keys, n, qs + (size_t)qi * D, truth + (size_t)qi * KMAX);
+	t0 = now();
+	to_f16(keys, (size_t)n * D, kh);
+	build_f16 = now() - t0;
 
 	/* kvtier */
 	{
@@ -570,7 +622,13 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 		struct kvt_paris_index ix;
 		struct kvt_paris_scratch scr = {0};
 		/* the accessor only reads: ctx is void * for other callers' state */
-		const struct kvt_paris_keys kacc = {raw_key, (void *)keys, raw_key_prefetch};
+		struct key_store kst = {keys, kh, n};
+		const struct kvt_paris_keys kacc = {.get = raw_key,
+						    .ctx = &kst,
+						    .prefetch = raw_key_prefetch,
+						    .rows = f16_rows,
+						    .dtype = KVT_DTYPE_F16,
+						    .stride = (size_t)D * sizeof(uint16_t)};
 		struct arena ar = {0};
 		const struct kvt_paris_alloc alloc = {arena_get, arena_put, &ar};
 
@@ -607,12 +665,22 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 				    .rho_col = vr->rho_col,
 				    .refine = vr->refine_x * ks[ki],
 				    .keys = vr->refine_x ? &kacc : NULL,
+				    .exact = vr->exact,
 				};
 				char param[80];
 
 				if (sweep && ks[ki] != SWEEP_K)
 					continue;
-				if (vr->rho_cand > 0.0)
+				if (vr->refine_x && vr->exact == KVT_PARIS_EXACT_ALWAYS)
+					snprintf(param, sizeof(param), "every key, fp16 rows");
+				else if (vr->refine_x && vr->exact == KVT_PARIS_EXACT_AUTO)
+					snprintf(param, sizeof(param),
+						 "refine schedule, refine 4k, %s",
+						 kvt_paris_exact_covers(n, (unsigned int)D,
+									4 * ks[ki], &kacc)
+						     ? "exact (zone covered)"
+						     : "index");
+				else if (vr->rho_cand > 0.0)
 					snprintf(param, sizeof(param),
 						 "rho_cand %.2f rho_col %.2f%s", vr->rho_cand,
 						 vr->rho_col, vr->refine_x ? " refine 4k" : "");
@@ -649,15 +717,7 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 #if defined(__x86_64__)
 	/* exact fp16 scan */
 	if (kvt_simd_level() >= KVT_SIMD_AVX2) { /* F16C included */
-		uint16_t *kh = malloc((size_t)n * D * sizeof(uint16_t));
-
-		if (!kh) {
-			r = -ENOMEM;
-			goto out;
-		}
-		t0 = now();
-		to_f16(keys, (size_t)n * D, kh);
-		build = now() - t0;
+		build = build_f16;
 		for (int ki = 0; ki < NK; ki++) {
 			if (sweep && ks[ki] != SWEEP_K)
 				continue;
@@ -672,7 +732,6 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 			add_row(name, n, ks[ki], "exact", "fp16 scan", rec, nq,
 				median(lat, nq) * 1e6, build);
 		}
-		free(kh);
 	}
 #endif
 
@@ -683,6 +742,8 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 		for (int kind = 0; kind < 3; kind++) {
 			struct fpeer *p;
 
+			if (!(peers & 1u << kind))
+				continue;
 			if (kind == FPEER_HNSW && n > hnsw_max) {
 				fprintf(stderr, "%s n=%u: skipping %s above --hnsw-max %u\n", name,
 					n, fname[kind], hnsw_max);
@@ -734,7 +795,140 @@ out:
 	free(truth);
 	free(lat);
 	free(rec);
+	free(kh);
 	return r;
+}
+
+/* ---- --crossover: the whole-zone exact scan against the index path ---- */
+
+/*
+ * Where the engine's exact scan (KVT_PARIS_EXACT_ALWAYS: every key as an fp16 row through
+ * kvt_simd_dot_rows()) stops being cheaper than its index path (KVT_PARIS_EXACT_NEVER: the
+ * refine schedule, refine 4k), per head_dim: for D = 64 and 128, N = 4K, 8K, .. @nmax keys of
+ * the outlier set (prefixes of one generated set, one index appended to as N grows), median
+ * µs per query at k = 100 of both and of the AVX2 exact peer, the three timed in turn on each
+ * query. The index path's recall is counted against the exact scan's result. Rows: data
+ * "crossover-d64" / "crossover-d128", methods kvtier-exact, kvtier-index, exact.
+ */
+static int
+run_crossover(uint32_t nmax, uint32_t nq)
+{
+	static const char *const dname[2] = {"crossover-d64", "crossover-d128"};
+	const uint32_t k = 100;
+	double *lat[3], *rec = malloc(nq * sizeof(double));
+	int r = -ENOMEM;
+
+	for (int m = 0; m < 3; m++)
+		lat[m] = malloc(nq * sizeof(double));
+	for (int di = 0; di < 2 && rec && lat[0] && lat[1] && lat[2]; di++) {
+		float *keys = NULL, *qs = NULL;
+		uint16_t *kh = NULL;
+		struct kvt_srht srht;
+		struct kvt_paris_index ix;
+		struct kvt_paris_scratch scr = {0};
+		struct arena ar = {0};
+		const struct kvt_paris_alloc alloc = {arena_get, arena_put, &ar};
+		struct key_store kst;
+		struct kvt_paris_keys kacc;
+		size_t pages = (nmax + KVT_PARIS_PAGE_KEYS - 1) / KVT_PARIS_PAGE_KEYS;
+
+		D = di ? 128 : 64;
+		r = -ENOMEM;
+		keys = malloc((size_t)nmax * D * sizeof(float));
+		qs = malloc((size_t)nq * D * sizeof(float));
+		kh = malloc((size_t)nmax * D * sizeof(uint16_t));
+		if (!keys || !qs || !kh ||
+		    arena_init(&ar, pages * ((kvt_paris_page_bytes(D, KVT_PARIS_PAGE_KEYS) + 4095) &
+					     ~(size_t)4095)) < 0)
+			goto next;
+		r = gen_make(GEN_OUTLIER, nmax, D, nq, 1, keys, qs);
+		if (r < 0)
+			goto next;
+		to_f16(keys, (size_t)nmax * D, kh);
+		kvt_srht_init(&srht, D, KVT_SRHT_SEED);
+		kvt_paris_index_init(&ix, D, 0, &alloc);
+		r = kvt_paris_index_reserve(&ix, nmax);
+		kst = (struct key_store){keys, kh, 0};
+		kacc = (struct kvt_paris_keys){.get = raw_key,
+					       .ctx = &kst,
+					       .prefetch = raw_key_prefetch,
+					       .rows = f16_rows,
+					       .dtype = KVT_DTYPE_F16,
+					       .stride = (size_t)D * sizeof(uint16_t)};
+		for (uint32_t n = 4096; r >= 0 && n <= nmax; n *= 2) {
+			struct kvt_paris_search_opts so = {.k = k, .refine = 4 * k, .keys = &kacc};
+			char param[80];
+
+			r = kvt_paris_index_append(&ix, &srht, keys + (size_t)ix.n * D, D,
+						   n - ix.n);
+			if (r < 0)
+				break;
+			kst.n = n;
+			for (uint32_t qi = 0; qi < nq; qi++) {
+				const float *q = qs + (size_t)qi * D;
+				uint32_t ref[100], got[100];
+				int64_t ids[100];
+				float sc[100];
+				struct kvt_paris_query pq;
+				double t0 = now();
+
+				kvt_paris_query_prep(&srht, q, &pq);
+				so.exact = KVT_PARIS_EXACT_ALWAYS;
+				r = kvt_paris_search(&ix, &pq, &so, &scr, ref, sc);
+				lat[0][qi] = now() - t0;
+				t0 = now();
+				kvt_paris_query_prep(&srht, q, &pq);
+				so.exact = KVT_PARIS_EXACT_NEVER;
+				if (r >= 0)
+					r = kvt_paris_search(&ix, &pq, &so, &scr, got, sc);
+				lat[1][qi] = now() - t0;
+				if (r < 0)
+					break;
+				for (uint32_t i = 0; i < k; i++)
+					ids[i] = got[i];
+				rec[qi] = recall_of(ids, ref, k);
+#if defined(__x86_64__)
+				t0 = now();
+				if (kvt_simd_level() >= KVT_SIMD_AVX2)
+					exact_scan(kh, n, q, k, got);
+				lat[2][qi] = now() - t0;
+#else
+				lat[2][qi] = 0.0;
+#endif
+			}
+			if (r < 0)
+				break;
+			snprintf(param, sizeof(param), "N*D %llu, every key, fp16 rows",
+				 (unsigned long long)n * D);
+			{
+				double one[1] = {1.0}, m0 = median(lat[0], nq) * 1e6;
+				double m1 = median(lat[1], nq) * 1e6, m2 = median(lat[2], nq) * 1e6;
+
+				add_row(dname[di], n, k, "kvtier-exact", param, one, 1, m0, 0.0);
+				snprintf(param, sizeof(param),
+					 "N*D %llu, refine schedule, refine 4k, %.2fx exact's time",
+					 (unsigned long long)n * D, m1 / m0);
+				add_row(dname[di], n, k, "kvtier-index", param, rec, nq, m1, 0.0);
+				snprintf(param, sizeof(param), "N*D %llu, fp16 scan (AVX2)",
+					 (unsigned long long)n * D);
+				add_row(dname[di], n, k, "exact", param, one, 1, m2, 0.0);
+			}
+		}
+		kvt_paris_scratch_fini(&scr);
+		kvt_paris_index_fini(&ix);
+	next:
+		arena_fini(&ar);
+		free(keys);
+		free(qs);
+		free(kh);
+		if (r < 0)
+			break;
+	}
+	for (int m = 0; m < 3; m++)
+		free(lat[m]);
+	free(rec);
+	D = DMAX;
+	return r < 0 ? r : 0;
 }
 
 /* ---- real keys: a kvtier-llm --dump-kv file (tools/llm/kvdump.h) ---- */
@@ -941,7 +1135,8 @@ usage(FILE *f)
 	    "                              [--size N] [--no-faiss] [--no-thp] [--stages]\n"
 	    "                              [--sweep] [--simd scalar|avx2|avx512]\n"
 	    "                              [--data outlier|drift|real]... [--keys FILE]\n"
-	    "                              [--real-head L.H]...\n"
+	    "                              [--real-head L.H]... [--knob RC:RCOL]...\n"
+	    "                              [--peers flat,ivfpq,hnsw] [--crossover N]\n"
 	    "  --json        print {\"rows\":[...]} on stdout instead of a table\n"
 	    "  --quick       N = 32K and 128K only (the full run adds 1M)\n"
 	    "  --queries N   queries per case (default 32)\n"
@@ -958,7 +1153,13 @@ usage(FILE *f)
 	    "  --keys FILE   the real set: a kvtier-llm --dump-kv file (tools/make-real-keys.sh),\n"
 	    "                measured at the n it holds (--size and --quick do not apply)\n"
 	    "  --real-head L.H  layer L, kv head H of the dump (repeatable, up to 16; default\n"
-	    "                layers 1, L/2 and the last, kv head 0)\n");
+	    "                layers 1, L/2 and the last, kv head 0)\n"
+	    "  --knob RC:RCOL  with --sweep: kvtier's index-path points at rho_cand RC and "
+	    "rho_col\n"
+	    "                RCOL with refine 4k (repeatable; replaces the built-in list)\n"
+	    "  --peers LIST  FAISS peers to run (comma-separated: flat, ivfpq, hnsw; default all)\n"
+	    "  --crossover N  only the exact-scan / index-path crossover, D = 64 and 128, N = 4K\n"
+	    "                .. N (doubling), outlier set (the default queries: 32)\n");
 }
 
 int
@@ -979,17 +1180,21 @@ main(int argc, char **argv)
 	    {"data", required_argument, NULL, 'D'},
 	    {"keys", required_argument, NULL, 'K'},
 	    {"real-head", required_argument, NULL, 'H'},
+	    {"knob", required_argument, NULL, 'k'},
+	    {"peers", required_argument, NULL, 'P'},
+	    {"crossover", required_argument, NULL, 'X'},
 	    {0},
 	};
 	const char *keys_path = NULL;
 	unsigned int data_mask = 0; /* 1 << GEN_OUTLIER | 1 << GEN_DRIFT | 1 << 2 (real) */
 	uint32_t sizes[3] = {32768, 131072, 1048576}, nsizes = 3;
 	bool json = false, quick = false;
-	uint32_t nq = 32;
+	uint32_t nq = 32, crossover = 0;
+	bool knobs = false;
 	double t0 = now();
 	int c, r;
 
-	while ((c = getopt_long(argc, argv, "jqn:m:s:FTSWL:hD:K:H:", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "jqn:m:s:FTSWL:hD:K:H:k:P:X:", opts, NULL)) != -1) {
 		switch (c) {
 		case 'j':
 			json = true;
@@ -1063,6 +1268,59 @@ main(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'k': {
+			double rc, rl;
+			int used = 0;
+
+			if (!knobs)
+				NSWEEP = NSWEEP_FIXED;
+			knobs = true;
+			if (sscanf(optarg, "%lf:%lf%n", &rc, &rl, &used) != 2 || optarg[used] ||
+			    !(rc > 0.0 && rc <= 1.0 && rl > 0.0 && rl <= 1.0) ||
+			    NSWEEP == (int)(sizeof(sweep_var) / sizeof(sweep_var[0]))) {
+				fprintf(
+				    stderr,
+				    "kvtier-bench-retrieval: --knob wants RHO_CAND:RHO_COL, both "
+				    "in (0, 1] (e.g. 0.4:0.7), at most %d times, got '%s'\n",
+				    (int)(sizeof(sweep_var) / sizeof(sweep_var[0])) - NSWEEP_FIXED,
+				    optarg);
+				return 2;
+			}
+			sweep_var[NSWEEP++] =
+			    (struct variant){"kvtier-refine", rc, rl, 4, KVT_PARIS_EXACT_NEVER};
+			break;
+		}
+		case 'P': {
+			char buf[64], *save = NULL;
+
+			snprintf(buf, sizeof(buf), "%s", optarg);
+			peers = 0;
+			for (char *t = strtok_r(buf, ",", &save); t;
+			     t = strtok_r(NULL, ",", &save)) {
+				if (!strcmp(t, "flat"))
+					peers |= 1u << 0;
+				else if (!strcmp(t, "ivfpq"))
+					peers |= 1u << 1;
+				else if (!strcmp(t, "hnsw"))
+					peers |= 1u << 2;
+				else {
+					fprintf(stderr,
+						"kvtier-bench-retrieval: --peers wants a list of "
+						"flat, ivfpq and hnsw, got '%s'\n",
+						optarg);
+					return 2;
+				}
+			}
+			break;
+		}
+		case 'X':
+			crossover = (uint32_t)strtoul(optarg, NULL, 10);
+			if (crossover < 4096 || crossover > (1u << 24)) {
+				fprintf(stderr, "kvtier-bench-retrieval: --crossover wants N in "
+						"4096 .. 16777216\n");
+				return 2;
+			}
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -1082,6 +1340,19 @@ main(int argc, char **argv)
 		fprintf(stderr, "kvtier-bench-retrieval: --data real needs --keys FILE (make one "
 				"with tools/make-real-keys.sh)\n");
 		return 2;
+	}
+	if (crossover) {
+		r = run_crossover(crossover, nq);
+		if (r < 0) {
+			fprintf(stderr, "kvtier-bench-retrieval: --crossover failed: %s\n",
+				strerror(-r));
+			return 1;
+		}
+		if (json)
+			print_json();
+		else
+			print_table();
+		return 0;
 	}
 	if (quick && nsizes == 3)
 		nsizes = 2;
