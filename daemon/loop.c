@@ -536,6 +536,29 @@ keep_visible(struct kvtd *d, const struct kvtd_conn *c, struct json_object *doc,
 	return doc;
 }
 
+/* BLOCKS: a peer that is not privileged sees the namespaces of its own uid's scope, and of the
+ * shared scope when it is in it (the scope its sessions get at HELLO), not what other users'
+ * models and prompts are. */
+static void
+handle_blocks(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hdr *h, size_t len)
+{
+	const struct kvtd_config *cfg = &d->cfg;
+	uint64_t scopes[2] = {(uint64_t)c->uid + 1, 0};
+	unsigned n = 1;
+
+	if (len != sizeof(*h)) {
+		send_error(c->fd, h->id, -EINVAL, "malformed BLOCKS request: %zu bytes, want %zu",
+			   len, sizeof(*h));
+		return;
+	}
+	for (unsigned i = 0; i < cfg->n_prefix_share_uids; i++)
+		if (cfg->prefix_share_uids[i] == c->uid)
+			n = 2;
+	if (peer_in_groups(c->fd, c->gid, cfg->prefix_share_gids, cfg->n_prefix_share_gids))
+		n = 2;
+	reply_json(c, h->id, kvtd_stats_blocks(d, c->privileged ? NULL : scopes, n));
+}
+
 /* One message. Returns < 0 to drop the connection. */
 static int
 handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, int fd)
@@ -572,6 +595,10 @@ handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, 
 	case KVT_CTL_SEQS:
 		admin_touch(d, c);
 		reply_json(c, h->id, keep_visible(d, c, kvtd_stats_seqs(d), "seqs"));
+		return 0;
+	case KVT_CTL_BLOCKS:
+		admin_touch(d, c);
+		handle_blocks(d, c, h, len);
 		return 0;
 	case KVT_CTL_RESTART:
 		admin_touch(d, c);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #define _GNU_SOURCE
 #include <json-c/json.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -191,5 +192,88 @@ kvtd_stats_seqs(struct kvtd *d)
 	kvtd_stats_for_each_session(d, add_seqs, a);
 	ADD(o, "schema", json_object_new_int(KVT_CTL_SCHEMA));
 	ADD(o, "seqs", a);
+	return o;
+}
+
+struct blocks_view {
+	struct kvtd *d;
+	const uint64_t *scopes; /* NULL: every namespace */
+	unsigned n_scopes;
+	struct json_object *arr;
+};
+
+static bool
+scope_listed(const struct blocks_view *v, uint64_t scope)
+{
+	if (!v->scopes)
+		return true;
+	for (unsigned i = 0; i < v->n_scopes; i++)
+		if (v->scopes[i] == scope)
+			return true;
+	return false;
+}
+
+/* Under the store's lock: reads the namespace, touches nothing else but the pool's class table
+ * (fixed while a namespace holds its class). */
+static void
+add_ns(const struct kvtd_pns *ns, void *arg)
+{
+	struct blocks_view *v = arg;
+	struct json_object *o;
+
+	if (!scope_listed(v, ns->scope))
+		return;
+	o = json_object_new_object();
+	ADD(o, "id", U64(ns->id));
+	ADD(o, "name",
+	    json_object_new_string_len(ns->p.name, (int)strnlen(ns->p.name, sizeof(ns->p.name))));
+	if (ns->scope) {
+		ADD(o, "scope", json_object_new_string("uid"));
+		ADD(o, "uid", U64(ns->scope - 1));
+	} else {
+		ADD(o, "scope", json_object_new_string("shared"));
+	}
+	ADD(o, "layers", U64(ns->p.layers));
+	ADD(o, "kv_heads", U64(ns->p.kv_heads));
+	ADD(o, "head_dim", U64(ns->p.head_dim));
+	ADD(o, "dtype", json_object_new_string(ns->p.dtype < 3 ? dtype_names[ns->p.dtype] : "?"));
+	ADD(o, "block_tokens", U64(ns->p.block_tokens));
+	ADD(o, "blocks", U64(ns->blocks));
+	ADD(o, "referenced", U64(ns->referenced));
+	ADD(o, "bytes",
+	    U64(ns->blocks * ns->p.block_tokens * kvtd_pool_slot_size(&v->d->pool, ns->cls)));
+	ADD(o, "handles", U64(ns->handles));
+	ADD(o, "lookups", U64(ns->lookups));
+	ADD(o, "hit_blocks", U64(ns->hit_blocks));
+	ADD(o, "miss_blocks", U64(ns->miss_blocks));
+	ADD(o, "published", U64(ns->published));
+	ADD(o, "deduped", U64(ns->deduped));
+	ADD(o, "evicted", U64(ns->evicted));
+	json_object_array_add(v->arr, o);
+}
+
+struct json_object *
+kvtd_stats_blocks(struct kvtd *d, const uint64_t *scopes, unsigned n_scopes)
+{
+	struct json_object *o = json_object_new_object();
+	struct blocks_view v = {d, scopes, n_scopes, json_object_new_array()};
+	struct kvtd_prefix_stats st;
+
+	kvtd_prefix_stats(&d->prefix, &st);
+	ADD(o, "schema", json_object_new_int(KVT_CTL_SCHEMA));
+	ADD(o, "budget_bytes", U64(st.budget));
+	ADD(o, "bytes", U64(st.bytes));
+	ADD(o, "blocks", U64(st.blocks));
+	ADD(o, "referenced", U64(st.referenced));
+	ADD(o, "lookups", U64(st.lookups));
+	ADD(o, "hit_blocks", U64(st.hit_blocks));
+	ADD(o, "miss_blocks", U64(st.miss_blocks));
+	ADD(o, "published", U64(st.published));
+	ADD(o, "deduped", U64(st.deduped));
+	ADD(o, "evicted", U64(st.evicted));
+	ADD(o, "refused_budget", U64(st.refused_budget));
+	if (!scopes || n_scopes)
+		kvtd_prefix_ns_each(&d->prefix, add_ns, &v);
+	ADD(o, "namespaces", v.arr);
 	return o;
 }

@@ -10,13 +10,14 @@
  *
  * Session clients send HELLO first; the daemon answers WELCOME with three fds: the sealed region
  * memfd, the SQ doorbell (client writes), the CQ doorbell (daemon writes). Admin clients
- * (kvtierctl) send STATUS/CLIENTS/SEQS/METRICS without HELLO; those replies carry a JSON
- * document (fields below) or, for METRICS, text.
- * CLIENTS and SEQS list only the peer's own uid's sessions unless the peer is root, the
- * daemon's uid or in its admin_gids. A connection that sends nothing within the daemon's hello
- * timeout is closed, an admin connection idle past admin_idle_timeout_ms too (each after an
- * ERROR -ETIMEDOUT). A peer the daemon does not allow gets ERROR -EACCES in reply to its first
- * message, then the close.
+ * (kvtierctl) send STATUS/CLIENTS/SEQS/BLOCKS/METRICS without HELLO; those replies carry a
+ * JSON document (fields below) or, for METRICS, text.
+ * CLIENTS and SEQS list only the peer's own uid's sessions, BLOCKS only the namespaces of the
+ * peer's own uid's scope and of the shared scope when the peer is in it, unless the peer is
+ * root, the daemon's uid or in its admin_gids. A connection that sends nothing within the
+ * daemon's hello timeout is closed, an admin connection idle past admin_idle_timeout_ms too (each
+ * after an ERROR -ETIMEDOUT). A peer the daemon does not allow gets ERROR -EACCES in reply to its
+ * first message, then the close.
  *
  * RESTART (root, the daemon's uid or admin_gids; -EPERM otherwise) re-executes the daemon's
  * binary in place, same pid, keeping every session: connections, regions, doorbells, pool rows
@@ -50,6 +51,7 @@ enum {
 	KVT_CTL_RESTART = 20,	    /* admin request, header only: re-exec in place (below) */
 	KVT_CTL_METRICS = 21,	    /* admin request, struct kvt_ctl_metrics */
 	KVT_CTL_TEXT = 22,	    /* admin reply: NUL-terminated text follows the header */
+	KVT_CTL_BLOCKS = 23,	    /* admin request, header only: prefix blocks (JSON) */
 };
 
 struct kvt_ctl_hdr {
@@ -169,6 +171,17 @@ _Static_assert(sizeof(struct kvt_ctl_event) == 96, "kvt_ctl_event ABI");
  *	"dtype" ("f16" | "bf16" | "f32"), "policy" ("tiered" | "h2o" | "streaming" | "full"),
  *	"t2_keys" ("head" | "channel"), "tiers": [T0..T3 tokens], "evicted_ratio",
  *	"pool_bytes"}...]}
+ * BLOCKS: the prefix block store (docs/prefix.md). {"schema", "budget_bytes" ([prefix]
+ *	cache_bytes resolved; 0: no sharing), "bytes", "blocks", "referenced" (blocks some
+ *	sequence or pin holds; the others are cached, evicted first), "lookups", "hit_blocks",
+ *	"miss_blocks" (leading blocks a LOOKUP found, and the rest of its keys), "published",
+ *	"deduped" (PUBLISHed blocks the namespace already held), "evicted", "refused_budget"
+ *	(PUBLISHes refused: the budget full of referenced blocks), totals over the whole store
+ *	whoever asks, as STATUS's pool;
+ *	"namespaces": [{"id", "name", "scope" ("uid" | "shared"), "uid" (scope "uid" only),
+ *	"layers", "kv_heads", "head_dim", "dtype", "block_tokens", "blocks", "referenced",
+ *	"bytes", "handles" (NS_OPENs and sequences holding it), "lookups", "hit_blocks",
+ *	"miss_blocks", "published", "deduped", "evicted"}...]}
  * RESTART: {"schema", "restarted" (true), "pid", "restarts", "sessions", "seqs", "pause_ms",
  *	"version"}, from the new process.
  * METRICS with KVT_CTL_METRICS_F_JSON: {"schema", "metrics": [{"name", "type" ("counter" |
@@ -176,7 +189,8 @@ _Static_assert(sizeof(struct kvt_ctl_event) == 96, "kvt_ctl_event ABI");
  *	(histograms only: "_bucket" | "_sum" | "_count"), "value"}...]}...]}, the families of
  *	the text exposition, one object each.
  * CLIENTS, SEQS and METRICS' per-client and per-session families list only the peer's own
- * uid's sessions unless the peer is root, the daemon's uid or in its admin_gids.
+ * uid's sessions unless the peer is root, the daemon's uid or in its admin_gids; BLOCKS'
+ * namespaces likewise (above).
  */
 #define KVT_CTL_SCHEMA 1
 
