@@ -279,6 +279,43 @@ fams_status(struct sink *k, struct json_object *st)
 	}
 }
 
+/* ---- from the BLOCKS document: the prefix store's totals (no label: one store) ---- */
+
+static const struct scalar prefix_scalars[] = {
+    {"kvtier_prefix_blocks", "gauge", "Prefix blocks held, referenced or cached.", "blocks", NULL},
+    {"kvtier_prefix_referenced_blocks", "gauge",
+     "Prefix blocks a sequence or a LOOKUP pin references (never evicted).", "referenced", NULL},
+    {"kvtier_prefix_bytes", "gauge", "Pool bytes prefix blocks hold.", "bytes", NULL},
+    {"kvtier_prefix_budget_bytes", "gauge",
+     "Pool bytes prefix blocks may hold ([prefix] cache_bytes; 0: no sharing).", "budget_bytes",
+     NULL},
+    {"kvtier_prefix_lookups_total", "counter", "LOOKUPs of prefix blocks.", "lookups", NULL},
+    {"kvtier_prefix_hits_total", "counter", "Blocks LOOKUPs found (leading blocks held).",
+     "hit_blocks", NULL},
+    {"kvtier_prefix_misses_total", "counter", "Block keys LOOKUPs did not find.", "miss_blocks",
+     NULL},
+    {"kvtier_prefix_published_total", "counter", "Blocks PUBLISH added to a namespace.",
+     "published", NULL},
+    {"kvtier_prefix_deduped_total", "counter",
+     "Blocks PUBLISH offered that the namespace already held (the sequence's rows freed).",
+     "deduped", NULL},
+    {"kvtier_prefix_evicted_total", "counter",
+     "Unreferenced prefix blocks evicted for pool room or budget.", "evicted", NULL},
+    {"kvtier_prefix_refused_total", "counter",
+     "PUBLISHes refused because the budget was full of referenced blocks.", "refused_budget", NULL},
+};
+
+static void
+fams_prefix(struct sink *k, struct json_object *blocks)
+{
+	for (size_t i = 0; i < sizeof(prefix_scalars) / sizeof(prefix_scalars[0]); i++) {
+		const struct scalar *s = &prefix_scalars[i];
+		struct fam f = FAM(k, s->name, s->type, s->help);
+
+		sample_v(&f, NULL, NULL, 0, get(blocks, s->key));
+	}
+}
+
 /* ---- per session and per sequence (KVT_CTL_METRICS_F_SESSIONS) ---- */
 
 struct per {
@@ -625,10 +662,13 @@ render(struct sink *k, const struct kvtd_prom_input *in)
 {
 	if ((in->status && !json_object_is_type(in->status, json_type_object)) ||
 	    (in->clients && !json_object_is_type(in->clients, json_type_object)) ||
-	    (in->seqs && !json_object_is_type(in->seqs, json_type_object)))
+	    (in->seqs && !json_object_is_type(in->seqs, json_type_object)) ||
+	    (in->blocks && !json_object_is_type(in->blocks, json_type_object)))
 		return -EINVAL;
 	if (in->status)
 		fams_status(k, in->status);
+	if (in->blocks)
+		fams_prefix(k, in->blocks);
 	if (in->snap) {
 		fams_ops(k, &in->snap->ops);
 		fams_clients(k, in->snap);
@@ -836,6 +876,8 @@ kvtd_prom_render(struct kvtd *d, uint32_t flags, const uid_t *only_uid, char **r
 	kvtd_op_stats_fold(&sn.ops, &d->opst_ended);
 	kvtd_prom_proc(&sn.proc);
 	in.status = kvtd_stats_status(d);
+	/* the totals only: an empty scope list leaves every namespace out */
+	in.blocks = kvtd_stats_blocks(d, (const uint64_t[]){0}, 0);
 	if (flags & KVT_CTL_METRICS_F_SESSIONS) {
 		in.clients = kvtd_stats_clients(d);
 		in.seqs = kvtd_stats_seqs(d);
@@ -857,7 +899,7 @@ kvtd_prom_render(struct kvtd *d, uint32_t flags, const uid_t *only_uid, char **r
 			free(v.ids);
 		}
 	}
-	if (g.err || !in.status) {
+	if (g.err || !in.status || !in.blocks) {
 		r = -ENOMEM;
 		goto out;
 	}
@@ -884,6 +926,7 @@ kvtd_prom_render(struct kvtd *d, uint32_t flags, const uid_t *only_uid, char **r
 	}
 out:
 	json_object_put(in.status);
+	json_object_put(in.blocks);
 	json_object_put(in.clients);
 	json_object_put(in.seqs);
 	free(sn.clients);

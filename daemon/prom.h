@@ -4,10 +4,11 @@
  * /metrics and in reply to KVT_CTL_METRICS, and the same families as a JSON document
  * (KVT_CTL_METRICS_F_JSON; shape in proto/kvt_ctl.h).
  *
- * The formatters are pure: they read the STATUS, CLIENTS and SEQS documents (stats.c) and a
- * snapshot of counters (struct kvtd_prom_snap), so tests feed them canned input without a
- * daemon. Every document key is optional: a missing key or a value of the wrong type leaves
- * its metric out. kvtd_prom_render() gathers the input from a running daemon.
+ * The formatters are pure: they read the STATUS, CLIENTS, SEQS and BLOCKS documents (stats.c;
+ * of BLOCKS only the store's totals) and a snapshot of counters (struct kvtd_prom_snap), so
+ * tests feed them canned input without a daemon. Every document key is optional: a missing
+ * key or a value of the wrong type leaves its metric out. kvtd_prom_render() gathers the input from
+ * a running daemon.
  *
  * Label sets stay stable from scrape to scrape: daemon-wide families have none or a bounded
  * one (op, tier, reason, direction), per-client families are labelled with the client's name
@@ -55,6 +56,7 @@ struct kvtd_prom_input {
 	struct json_object *status;	   /* NULL: left out */
 	struct json_object *clients;	   /* NULL: left out (per-session families) */
 	struct json_object *seqs;	   /* NULL: left out (per-sequence families) */
+	struct json_object *blocks;	   /* BLOCKS document, NULL: left out (prefix families) */
 	const struct kvtd_prom_snap *snap; /* NULL: left out */
 };
 

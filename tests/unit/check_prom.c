@@ -41,6 +41,13 @@ static const char seqs_json[] =
     "\"evicted_ratio\":0.03,"
     "\"pool_bytes\":123456789}]}";
 
+/* A BLOCKS document: its totals become the prefix families, its namespaces nothing. */
+static const char blocks_json[] =
+    "{\"schema\":1,\"budget_bytes\":1073741824,\"bytes\":50331648,\"blocks\":48,"
+    "\"referenced\":40,\"lookups\":10,\"hit_blocks\":30,\"miss_blocks\":10,\"published\":50,"
+    "\"deduped\":4,\"evicted\":2,\"refused_budget\":1,\"namespaces\":[{\"id\":1,"
+    "\"name\":\"secret-model\",\"scope\":\"uid\",\"uid\":1000,\"blocks\":48}]}";
+
 static struct json_object *
 parse(const char *text)
 {
@@ -330,9 +337,10 @@ START_TEST(test_metrics_snapshot)
 	/* no per-session family without the documents that carry them */
 	ck_assert_ptr_null(strstr(out, "kvtier_session_"));
 	ck_assert_ptr_null(strstr(out, "kvtier_seq_"));
-	/* 10 op rows x (op, errors, 24 + 1 buckets, sum, count) + 9 opcodes x 2 bytes + 4 tier
-	 * flows; 2 clients x 7 + 2 x 2 bytes; 6 process */
-	ck_assert_uint_eq(check_exposition(out), 10 * 29 + 9 * 2 + 4 + 2 * 7 + 4 + 6);
+	/* every opcode and "unknown" x (op, errors, 24 + 1 buckets, sum, count) + every opcode x 2
+	 * bytes + 4 tier flows; 2 clients x 7 + 2 x 2 bytes; 6 process */
+	ck_assert_uint_eq(check_exposition(out),
+			  (KVT_OP__COUNT + 1) * 29 + KVT_OP__COUNT * 2 + 4 + 2 * 7 + 4 + 6);
 	free(out);
 }
 END_TEST
@@ -426,6 +434,53 @@ START_TEST(test_metrics_json)
 }
 END_TEST
 
+START_TEST(test_metrics_prefix)
+{
+	struct kvtd_prom_input in = {.blocks = parse(blocks_json)};
+	static const char *const want[] = {
+	    "# TYPE kvtier_prefix_blocks gauge\n",
+	    "kvtier_prefix_blocks 48\n",
+	    "# TYPE kvtier_prefix_referenced_blocks gauge\n",
+	    "kvtier_prefix_referenced_blocks 40\n",
+	    "kvtier_prefix_bytes 50331648\n",
+	    "kvtier_prefix_budget_bytes 1073741824\n",
+	    "# TYPE kvtier_prefix_lookups_total counter\n",
+	    "kvtier_prefix_lookups_total 10\n",
+	    "kvtier_prefix_hits_total 30\n",
+	    "kvtier_prefix_misses_total 10\n",
+	    "kvtier_prefix_published_total 50\n",
+	    "kvtier_prefix_deduped_total 4\n",
+	    "kvtier_prefix_evicted_total 2\n",
+	    "# TYPE kvtier_prefix_refused_total counter\n",
+	    "kvtier_prefix_refused_total 1\n",
+	};
+	struct json_object *doc = NULL;
+	char *out = run_text(&in, 0);
+
+	for (unsigned i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		ck_assert_msg(strstr(out, want[i]), "missing: %s", want[i]);
+	/* one store, no labels: a namespace's name never becomes a label */
+	ck_assert_ptr_null(strstr(out, "secret-model"));
+	ck_assert_uint_eq(check_exposition(out), 11);
+	ck_assert_int_eq(kvtd_prom_json(&in, &doc), 0);
+	ck_assert_uint_eq(json_samples(doc), 11);
+	json_object_put(doc);
+	free(out);
+	json_object_put(in.blocks);
+
+	/* a key the daemon left out leaves its family out; a document that is no object fails */
+	in.blocks = parse("{\"blocks\":3}");
+	out = run_text(&in, 0);
+	ck_assert_uint_eq(check_exposition(out), 1);
+	ck_assert_ptr_null(strstr(out, "kvtier_prefix_hits_total"));
+	free(out);
+	json_object_put(in.blocks);
+	in.blocks = parse("[1]");
+	free(run_text(&in, -EINVAL));
+	json_object_put(in.blocks);
+}
+END_TEST
+
 static Suite *
 prom_suite(void)
 {
@@ -439,6 +494,7 @@ prom_suite(void)
 	tcase_add_test(tc, test_metrics_snapshot);
 	tcase_add_test(tc, test_metrics_proc);
 	tcase_add_test(tc, test_metrics_json);
+	tcase_add_test(tc, test_metrics_prefix);
 	suite_add_tcase(s, tc);
 	return s;
 }
