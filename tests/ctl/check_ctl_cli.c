@@ -116,7 +116,7 @@ teardown(void)
 
 START_TEST(test_no_socket_file)
 {
-	static const char *const cmds[] = {"status", "clients", "seqs", "metrics", "top"};
+	static const char *const cmds[] = {"status", "clients", "seqs", "metrics", "top", "blocks"};
 	char path[PATH_MAX + 32], want[PATH_MAX + 64];
 	struct result r;
 	unsigned int i;

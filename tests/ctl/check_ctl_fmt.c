@@ -36,6 +36,19 @@ static const char seqs_json[] =
     "\"evicted_ratio\":0.03,"
     "\"pool_bytes\":123456789}]}";
 
+static const char blocks_json[] =
+    "{\"schema\":1,\"budget_bytes\":1073741824,\"bytes\":50331648,\"blocks\":48,"
+    "\"referenced\":40,\"lookups\":10,\"hit_blocks\":30,\"miss_blocks\":10,\"published\":50,"
+    "\"deduped\":4,\"evicted\":2,\"refused_budget\":1,\"namespaces\":["
+    "{\"id\":1,\"name\":\"smollm2-135m\",\"scope\":\"uid\",\"uid\":1000,\"layers\":30,"
+    "\"kv_heads\":3,\"head_dim\":64,\"dtype\":\"f16\",\"block_tokens\":16,\"blocks\":32,"
+    "\"referenced\":32,\"bytes\":33554432,\"handles\":2,\"lookups\":10,\"hit_blocks\":30,"
+    "\"miss_blocks\":10,\"published\":34,\"deduped\":4,\"evicted\":2},"
+    "{\"id\":2,\"name\":\"llama\\u001b[2J\",\"scope\":\"shared\",\"layers\":2,"
+    "\"kv_heads\":1,\"head_dim\":16,\"dtype\":\"f32\",\"block_tokens\":16,\"blocks\":16,"
+    "\"referenced\":8,\"bytes\":16777216,\"handles\":1,\"lookups\":0,\"hit_blocks\":0,"
+    "\"miss_blocks\":0,\"published\":16,\"deduped\":0,\"evicted\":0}]}";
+
 struct capture {
 	char *buf;
 	size_t len;
@@ -222,6 +235,44 @@ START_TEST(test_seqs_table)
 }
 END_TEST
 
+START_TEST(test_blocks_table)
+{
+	char *out = run(kvtctl_fmt_blocks, blocks_json, 0);
+
+	/* a client names its namespace: its escape sequence reaches the terminal as '?' */
+	ck_assert_str_eq(
+	    out, "ID  NAME          SCOPE     BLOCKS  REF   MiB  HITRATE  PUBLISHED  EVICTED\n"
+		 " 1  smollm2-135m  uid 1000      32   32  32.0    75.0%         34        2\n"
+		 " 2  llama?[2J     shared        16    8  16.0        -         16        0\n"
+		 "total  48 blocks (40 referenced), 48.0 MiB of 1.0 GiB budget, hit rate 75.0%\n"
+		 "       published 50, deduped 4, evicted 2, refused 1\n");
+	free(out);
+
+	/* an empty store: the note and the totals; a budget of 0 says sharing is off */
+	out = run(kvtctl_fmt_blocks,
+		  "{\"budget_bytes\":0,\"bytes\":0,\"blocks\":0,\"referenced\":0,"
+		  "\"lookups\":0,\"hit_blocks\":0,\"miss_blocks\":0,\"published\":0,"
+		  "\"deduped\":0,\"evicted\":0,\"refused_budget\":0,\"namespaces\":[]}",
+		  0);
+	ck_assert_str_eq(out,
+			 "no prefix namespaces\n"
+			 "total  0 blocks (0 referenced), 0 B, budget 0 (sharing off), hit rate -\n"
+			 "       published 0, deduped 0, evicted 0, refused 0\n");
+	free(out);
+
+	/* missing keys print "-" */
+	out = run(kvtctl_fmt_blocks, "{\"namespaces\":[{\"id\":3,\"scope\":\"uid\"}]}", 0);
+	ck_assert_str_eq(out, "ID  NAME  SCOPE  BLOCKS  REF  MiB  HITRATE  PUBLISHED  EVICTED\n"
+			      " 3  -     uid         -    -    -        -          -        -\n"
+			      "total  - blocks (- referenced), - of - budget, hit rate -\n"
+			      "       published -, deduped -, evicted -, refused -\n");
+	free(out);
+
+	free(run(kvtctl_fmt_blocks, "{\"namespaces\":{}}", -EINVAL));
+	free(run(kvtctl_fmt_blocks, "[]", -EINVAL));
+}
+END_TEST
+
 START_TEST(test_units)
 {
 	char b[32];
@@ -262,6 +313,7 @@ ctl_fmt_suite(void)
 	tcase_add_test(tc, test_clients_table);
 	tcase_add_test(tc, test_clients_empty_and_partial);
 	tcase_add_test(tc, test_seqs_table);
+	tcase_add_test(tc, test_blocks_table);
 	tcase_add_test(tc, test_units);
 	suite_add_tcase(s, tc);
 	return s;

@@ -3,7 +3,7 @@
  * ctl_conn.h - kvtierctl's side of the control socket (proto/kvt_ctl.h).
  *
  * An admin connection sends no HELLO: it sends admin requests (KVT_CTL_STATUS, _CLIENTS, _SEQS,
- * _METRICS) and reads exactly one reply per request, KVT_CTL_JSON, KVT_CTL_TEXT or
+ * _BLOCKS, _METRICS) and reads exactly one reply per request, KVT_CTL_JSON, KVT_CTL_TEXT or
  * KVT_CTL_ERROR, matched by id.
  * One connection serves a few requests in a row; kvtierctl opens a fresh one per refresh so the
  * daemon's hello timeout never closes a connection under it.

@@ -18,7 +18,7 @@
 #include "ctl_fmt.h"
 #include "kvt_json_text.h"
 
-#define CELL_MAX 48 /* a session name is at most 31 bytes (kvt_ctl_hello.name) */
+#define CELL_MAX 72 /* a session name is at most 31 bytes, a namespace's 63 (KVT_NS_NAME_LEN) */
 
 static struct json_object *
 get(struct json_object *o, const char *key)
@@ -135,6 +135,9 @@ enum col_kind {
 	COL_SECS,  /* seconds, human duration */
 	COL_PCT,   /* ratio 0..1 shown as a percentage */
 	COL_TIER,  /* element @idx of the row's "tiers" array */
+	COL_SCOPE, /* a namespace's "scope": "uid N" or "shared" */
+	COL_MIB,   /* byte count in MiB, one decimal */
+	COL_HITS,  /* "hit_blocks" / ("hit_blocks" + "miss_blocks") as a percentage */
 };
 
 struct col {
@@ -143,6 +146,19 @@ struct col {
 	enum col_kind kind;
 	unsigned int idx;
 };
+
+/* Found blocks over blocks looked up; false before any lookup (no rate to show). */
+static bool
+hit_rate(struct json_object *o, double *ret)
+{
+	double hit, miss;
+
+	if (!as_num(get(o, "hit_blocks"), &hit) || !as_num(get(o, "miss_blocks"), &miss) ||
+	    !(hit + miss > 0))
+		return false;
+	*ret = hit / (hit + miss);
+	return true;
+}
 
 static void
 render_cell(char *buf, const struct col *c, struct json_object *row)
@@ -157,6 +173,33 @@ render_cell(char *buf, const struct col *c, struct json_object *row)
 			: NULL;
 	}
 	switch (c->kind) {
+	case COL_SCOPE: {
+		char uid[32];
+
+		s = kvt_json_str(v);
+		if (s && !strcmp(s, "uid") &&
+		    kvt_json_num_text(get(row, "uid"), uid, sizeof(uid))) {
+			snprintf(buf, CELL_MAX, "uid %s", uid);
+			return;
+		}
+		if (s) {
+			safe_copy(buf, CELL_MAX, s);
+			return;
+		}
+		break;
+	}
+	case COL_MIB:
+		if (as_num(v, &d)) {
+			snprintf(buf, CELL_MAX, "%.1f", d / (1 << 20));
+			return;
+		}
+		break;
+	case COL_HITS:
+		if (hit_rate(row, &d)) {
+			snprintf(buf, CELL_MAX, "%.1f%%", d * 100);
+			return;
+		}
+		break;
 	case COL_STR:
 		s = kvt_json_str(v);
 		if (s) {
@@ -204,9 +247,11 @@ print_row(FILE *out, const struct col *cols, size_t ncols, const size_t *width,
 	for (c = 0; c < ncols; c++) {
 		bool last = c + 1 == ncols;
 
-		if (cols[c].kind == COL_STR && last)
+		bool text = cols[c].kind == COL_STR || cols[c].kind == COL_SCOPE;
+
+		if (text && last)
 			fprintf(out, "%s", cells[c]);
-		else if (cols[c].kind == COL_STR)
+		else if (text)
 			fprintf(out, "%-*s", (int)width[c], cells[c]);
 		else
 			fprintf(out, "%*s", (int)width[c], cells[c]);
@@ -293,6 +338,65 @@ kvtctl_fmt_seqs(FILE *out, struct json_object *doc)
 
 	return print_table(out, doc, "seqs", cols, sizeof(cols) / sizeof(cols[0]),
 			   "no open sequences");
+}
+
+/* The store's totals under the table: one line, "-" for what the daemon left out. */
+static int
+blocks_totals(FILE *out, struct json_object *doc)
+{
+	static const char *const keys[] = {"published", "deduped", "evicted", "refused_budget"};
+	char blocks[32], ref[32], used[32], budget[48], num[32], rate[32];
+	double d;
+
+	if (!kvt_json_num_text(get(doc, "blocks"), blocks, sizeof(blocks)))
+		snprintf(blocks, sizeof(blocks), "-");
+	if (!kvt_json_num_text(get(doc, "referenced"), ref, sizeof(ref)))
+		snprintf(ref, sizeof(ref), "-");
+	if (as_num(get(doc, "bytes"), &d))
+		kvtctl_fmt_bytes(used, sizeof(used), d);
+	else
+		snprintf(used, sizeof(used), "-");
+	if (!as_num(get(doc, "budget_bytes"), &d)) {
+		snprintf(budget, sizeof(budget), " of - budget");
+	} else if (d > 0) {
+		kvtctl_fmt_bytes(num, sizeof(num), d);
+		snprintf(budget, sizeof(budget), " of %s budget", num);
+	} else {
+		snprintf(budget, sizeof(budget), ", budget 0 (sharing off)");
+	}
+	if (hit_rate(doc, &d))
+		snprintf(rate, sizeof(rate), "%.1f%%", d * 100);
+	else
+		snprintf(rate, sizeof(rate), "-");
+	fprintf(out, "total  %s blocks (%s referenced), %s%s, hit rate %s", blocks, ref, used,
+		budget, rate);
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+		if (!kvt_json_num_text(get(doc, keys[i]), num, sizeof(num)))
+			snprintf(num, sizeof(num), "-");
+		fprintf(out, "%s%s %s", i ? ", " : "\n       ", i == 3 ? "refused" : keys[i], num);
+	}
+	fputc('\n', out);
+	return finish(out);
+}
+
+int
+kvtctl_fmt_blocks(FILE *out, struct json_object *doc)
+{
+	static const struct col cols[] = {
+	    {"ID", "id", COL_INT, 0},
+	    {"NAME", "name", COL_STR, 0},
+	    {"SCOPE", "scope", COL_SCOPE, 0},
+	    {"BLOCKS", "blocks", COL_INT, 0},
+	    {"REF", "referenced", COL_INT, 0},
+	    {"MiB", "bytes", COL_MIB, 0},
+	    {"HITRATE", "hit_blocks", COL_HITS, 0},
+	    {"PUBLISHED", "published", COL_INT, 0},
+	    {"EVICTED", "evicted", COL_INT, 0},
+	};
+	int r = print_table(out, doc, "namespaces", cols, sizeof(cols) / sizeof(cols[0]),
+			    "no prefix namespaces");
+
+	return r < 0 ? r : blocks_totals(out, doc);
 }
 
 /* ---- status ---- */

@@ -4,9 +4,9 @@
  * Prometheus text is the daemon's own: daemon/prom.c, KVT_CTL_METRICS.)
  *
  * They do no I/O beyond writing to @out and never look at the socket, so tests feed them canned
- * documents. The documents are the replies to KVT_CTL_STATUS, KVT_CTL_CLIENTS and KVT_CTL_SEQS
- * (fields in proto/kvt_ctl.h). Every key is optional: a missing key or a value of the
- * wrong type prints as "-" in tables and is left out of the metrics, so an older or newer
+ * documents. The documents are the replies to KVT_CTL_STATUS, KVT_CTL_CLIENTS, KVT_CTL_SEQS
+ * and KVT_CTL_BLOCKS (fields in proto/kvt_ctl.h). Every key is optional: a missing key or a value
+ * of the wrong type prints as "-" in tables and is left out of the metrics, so an older or newer
  * daemon still gets useful output. Not thread-safe only in the sense that @out is shared.
  */
 #ifndef KVTCTL_FMT_H
@@ -35,6 +35,14 @@ int kvtctl_fmt_clients(FILE *out, struct json_object *clients);
  * sequence. Same returns as kvtctl_fmt_clients().
  */
 int kvtctl_fmt_seqs(FILE *out, struct json_object *seqs);
+
+/*
+ * kvtctl_fmt_blocks() - print the BLOCKS document ({"namespaces":[...], totals}) as a table,
+ * one row per prefix namespace (or a one-line note when there is none), then one line of the
+ * store's totals: blocks, referenced, bytes of the budget, hit rate, published, deduped,
+ * evicted and refused. Same returns as kvtctl_fmt_clients().
+ */
+int kvtctl_fmt_blocks(FILE *out, struct json_object *blocks);
 
 /*
  * kvtctl_fmt_bytes() - human-readable size with binary units ("512 B", "1.5 GiB") into @buf.

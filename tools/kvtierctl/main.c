@@ -2,10 +2,10 @@
 /*
  * kvtierctl - inspect a running kvtierd over its control socket.
  *
- * Each command sends admin requests (proto/kvt_ctl.h: STATUS, CLIENTS, SEQS, RESTART; no HELLO) and
- * formats the JSON replies (their fields and schema version: proto/kvt_ctl.h; every key is
- * optional here). `metrics` prints what the daemon formats (KVT_CTL_METRICS), the text that its
- * /metrics serves.
+ * Each command sends admin requests (proto/kvt_ctl.h: STATUS, CLIENTS, SEQS, BLOCKS, RESTART; no
+ * HELLO) and formats the JSON replies (their fields and schema version: proto/kvt_ctl.h; every
+ * key is optional here). `metrics` prints what the daemon formats (KVT_CTL_METRICS), the text that
+ * its /metrics serves.
  *
  * Exit status: 0 success, 1 the daemon could not be reached, refused or answered badly, 2 bad
  * usage.
@@ -40,11 +40,12 @@ struct opts {
 	long count; /* top: refreshes, 0 = until interrupted */
 };
 
-/* The three documents of one refresh; any may be NULL when not asked for. */
+/* The documents of one refresh; any may be NULL when not asked for. */
 struct docs {
 	struct json_object *status;
 	struct json_object *clients;
 	struct json_object *seqs;
+	struct json_object *blocks;
 };
 
 static void
@@ -60,6 +61,7 @@ usage(FILE *f)
 	    "  status    version, backend, pool occupancy, counters, tier totals\n"
 	    "  clients   connected sessions, one row each\n"
 	    "  seqs      open sequences with their geometry and tokens per tier\n"
+	    "  blocks    shared prefix blocks: namespaces, blocks, bytes, hit rate, totals\n"
 	    "  metrics   kvtierd's metrics in Prometheus text format (--json: as JSON)\n"
 	    "  top       redraw status, clients and seqs every --interval seconds\n"
 	    "  restart   re-execute kvtierd in place, keeping every session (admin only)\n"
@@ -88,6 +90,8 @@ type_name(uint32_t type)
 		return "CLIENTS";
 	case KVT_CTL_SEQS:
 		return "SEQS";
+	case KVT_CTL_BLOCKS:
+		return "BLOCKS";
 	case KVT_CTL_RESTART:
 		return "RESTART";
 	case KVT_CTL_METRICS:
@@ -172,10 +176,12 @@ docs_put(struct docs *d)
 	json_object_put(d->status);
 	json_object_put(d->clients);
 	json_object_put(d->seqs);
+	json_object_put(d->blocks);
 	memset(d, 0, sizeof(*d));
 }
 
-/* Fetch the documents named by @want (bits 1 status, 2 clients, 4 seqs) over one connection. */
+/* Fetch the documents named by @want (bits 1 status, 2 clients, 4 seqs, 8 blocks) over one
+ * connection. */
 static int
 docs_get(const struct opts *o, unsigned int want, struct docs *d)
 {
@@ -192,6 +198,8 @@ docs_get(const struct opts *o, unsigned int want, struct docs *d)
 		r = fetch(&c, KVT_CTL_CLIENTS, &d->clients);
 	if (r == 0 && (want & 4))
 		r = fetch(&c, KVT_CTL_SEQS, &d->seqs);
+	if (r == 0 && (want & 8))
+		r = fetch(&c, KVT_CTL_BLOCKS, &d->blocks);
 	kvtctl_close(&c);
 	if (r < 0)
 		docs_put(d);
@@ -245,13 +253,18 @@ cmd_show(const struct opts *o, unsigned int want)
 	if (r < 0)
 		return EXIT_FAIL;
 	if (o->json)
-		r = print_json(d.status ? d.status : d.clients ? d.clients : d.seqs);
+		r = print_json(d.status	   ? d.status
+			       : d.clients ? d.clients
+			       : d.seqs	   ? d.seqs
+					   : d.blocks);
 	else if (d.status)
 		r = kvtctl_fmt_status(stdout, d.status);
 	else if (d.clients)
 		r = kvtctl_fmt_clients(stdout, d.clients);
-	else
+	else if (d.seqs)
 		r = kvtctl_fmt_seqs(stdout, d.seqs);
+	else
+		r = kvtctl_fmt_blocks(stdout, d.blocks);
 	docs_put(&d);
 	return report_fmt(r) < 0 ? EXIT_FAIL : 0;
 }
@@ -489,6 +502,8 @@ main(int argc, char **argv)
 		return cmd_show(&o, 2);
 	if (!strcmp(cmd, "seqs"))
 		return cmd_show(&o, 4);
+	if (!strcmp(cmd, "blocks"))
+		return cmd_show(&o, 8);
 	if (!strcmp(cmd, "metrics"))
 		return cmd_metrics(&o);
 	if (!strcmp(cmd, "top"))
