@@ -88,6 +88,10 @@ int seq_ensure_ws(struct kvtd_seq *q);
 /* Return the pool slots of @n positions (T1 or T2 each, by their tier flag). */
 void seq_free_positions(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const uint32_t *pos,
 			uint32_t n);
+/* Release the T1 slots @slots (at most COPY_BATCH) that positions @pos held: the sequence's own
+ * go back to the pool, a shared block's lose this position's reference. */
+void seq_t1_release(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const uint32_t *pos,
+		    void *const *slots, uint32_t n);
 
 /* seq_t2.c */
 /*

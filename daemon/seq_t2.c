@@ -161,9 +161,10 @@ seq_quantize_positions(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const u
 		q->slot[pos[i]] = qs[i];
 		qs[i] = old;
 	}
+	/* a shared row stays the block's: this sequence only drops its reference (COW) */
 	for (uint32_t done = 0; done < n; done += COPY_BATCH)
-		kvtd_pool_free(x->pool, q->cls, n - done < COPY_BATCH ? n - done : COPY_BATCH,
-			       x->acct, x->uid_acct, qs + done);
+		seq_t1_release(x, q, pos + done, qs + done,
+			       n - done < COPY_BATCH ? n - done : COPY_BATCH);
 	q->bytes_quant += (uint64_t)n * q->q_bytes;
 }
 

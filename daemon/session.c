@@ -17,6 +17,7 @@
 #include "kvtd.h"
 #include "log.h"
 #include "ops.h"
+#include "prefix.h"
 #include "seq.h"
 #include "session.h"
 
@@ -208,6 +209,8 @@ kvtd_session_destroy(struct kvtd_session *s)
 		return;
 	for (unsigned i = 0; s->seqs && i < s->max_seqs; i++)
 		kvtd_seq_destroy(kvtd_session_ctx(s), s->seqs[i]);
+	for (uint64_t i = 1; i <= KVT_MAX_NS; i++)
+		kvtd_session_ns_close(s, i);
 	for (unsigned i = 0; s->bufs && i < s->max_bufs; i++)
 		kvt_dev_buf_put(s->bufs[i]);
 	kvt_dev_event_destroy(s->d->dev, s->dev_event);
@@ -240,7 +243,81 @@ kvtd_session_ctx(struct kvtd_session *s)
 	x->n_bufs = s->max_bufs;
 	x->owner_id = s->id;
 	x->why = &s->why;
+	x->prefix = &s->d->prefix;
 	return x;
+}
+
+/* ---- prefix blocks ------------------------------------------------------------------------ */
+
+int
+kvtd_session_ns_open(struct kvtd_session *s, const struct kvt_ns_params *np)
+{
+	const struct kvtd_seq_ctx *x = kvtd_session_ctx(s);
+	const char *why;
+	unsigned i;
+	int r;
+
+	r = kvtd_prefix_ns_check(np, &why);
+	if (r < 0)
+		return kvtd_seq_fail(x, r, "%s", why);
+	for (i = 0; i < KVT_MAX_NS && s->ns[i].ns; i++)
+		;
+	if (i == KVT_MAX_NS)
+		return kvtd_seq_fail(
+		    x, -EMFILE, "%u namespaces open, the session's limit: close one", KVT_MAX_NS);
+	r = kvtd_prefix_ns_open(&s->d->prefix, np, s->prefix_scope, &s->ns[i].ns);
+	if (r < 0)
+		return r == -ENOSPC ? kvtd_seq_fail(x, r, "no pool class left for its slot size")
+				    : r;
+	return (int)i + 1;
+}
+
+struct kvtd_ns_handle *
+kvtd_session_ns(struct kvtd_session *s, uint64_t id)
+{
+	if (!id || id > KVT_MAX_NS || !s->ns[id - 1].ns)
+		return NULL;
+	return &s->ns[id - 1];
+}
+
+static void
+pins_drop(struct kvtd_session *s, struct kvtd_ns_handle *h)
+{
+	kvtd_prefix_put(&s->d->prefix, h->pins, h->n_pins);
+	h->n_pins = 0;
+}
+
+int
+kvtd_session_ns_close(struct kvtd_session *s, uint64_t id)
+{
+	struct kvtd_ns_handle *h = kvtd_session_ns(s, id);
+
+	if (!h)
+		return -ENOENT;
+	pins_drop(s, h);
+	free(h->pins);
+	kvtd_prefix_ns_close(&s->d->prefix, h->ns);
+	memset(h, 0, sizeof(*h));
+	return 0;
+}
+
+int
+kvtd_session_lookup(struct kvtd_session *s, struct kvtd_ns_handle *h,
+		    const struct kvt_block_key *keys, uint32_t n, int pin)
+{
+	if (!pin)
+		return (int)kvtd_prefix_lookup(&s->d->prefix, h->ns, keys, n, NULL);
+	if (n > h->cap_pins) {
+		struct kvtd_pblock **p = realloc(h->pins, n * sizeof(*p));
+
+		if (!p)
+			return -ENOMEM;
+		h->pins = p;
+		h->cap_pins = n;
+	}
+	pins_drop(s, h);
+	h->n_pins = kvtd_prefix_lookup(&s->d->prefix, h->ns, keys, n, h->pins);
+	return (int)h->n_pins;
 }
 
 struct kvtd_seq *
@@ -252,11 +329,13 @@ kvtd_session_seq(struct kvtd_session *s, uint32_t id)
 }
 
 int
-kvtd_session_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p)
+kvtd_session_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p,
+		      struct kvtd_ns_handle *h, uint32_t prefix_blocks, uint64_t *ret_n)
 {
 	const struct kvtd_seq_ctx *x = kvtd_session_ctx(s);
 	struct kvtd_seq *q;
 	unsigned idx;
+	int64_t n = 0;
 	int r;
 
 	r = kvtd_seq_check(x, p);
@@ -265,9 +344,22 @@ kvtd_session_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p)
 	if (s->n_seqs >= s->max_seqs)
 		return kvtd_seq_fail(
 		    x, -EMFILE, "%u sequences open, the session's limit: close one", s->n_seqs);
+	if (h && prefix_blocks > h->n_pins)
+		return kvtd_seq_fail(x, -EINVAL,
+				     "prefix_blocks %u, but the last pinning LOOKUP on this "
+				     "namespace holds %u",
+				     prefix_blocks, h->n_pins);
 	r = kvtd_seq_create(x, p, &q);
 	if (r < 0)
 		return r;
+	if (h) {
+		n = kvtd_seq_join(x, q, h->ns, h->pins, prefix_blocks);
+		if (n < 0) {
+			kvtd_seq_destroy(x, q);
+			return (int)n;
+		}
+	}
+	*ret_n = (uint64_t)n;
 	for (idx = 0; idx < s->max_seqs && s->seqs[idx]; idx++)
 		;
 	q->id = idx + 1;

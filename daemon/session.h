@@ -22,6 +22,15 @@ struct kvtd;
 struct kvtd_poller;
 struct kvtd_seq;
 struct kvtd_uid;
+struct kvtd_pns;
+struct kvtd_pblock;
+
+/* A namespace the session opened (NS_OPEN) and the blocks its last pinning LOOKUP holds. */
+struct kvtd_ns_handle {
+	struct kvtd_pns *ns; /* NULL: slot free */
+	struct kvtd_pblock **pins;
+	uint32_t n_pins, cap_pins;
+};
 struct kvt_dev_buf;
 struct kvt_dev_event;
 
@@ -68,6 +77,8 @@ struct kvtd_session {
 	unsigned n_seqs;
 	struct kvtd_acct acct;
 	struct kvtd_uid *uid_ent;
+	uint64_t prefix_scope;		      /* uid + 1, or 0: prefix share_uids/gids */
+	struct kvtd_ns_handle ns[KVT_MAX_NS]; /* index = ns id - 1 */
 	uint64_t ops, errors;
 	struct kvtd_op_stats opst;	 /* per opcode, folded into kvtd.opst_ended at the end */
 	uint64_t op_clock_ns;		 /* drain <-> kvtd_op_run: the op's start, then its end */
@@ -98,6 +109,18 @@ int kvtd_session_adopt(struct kvtd *d, int memfd, int sq_efd, int cq_efd, uint32
  * detached from its poller. NULL is fine. */
 void kvtd_session_destroy(struct kvtd_session *s);
 
+/*
+ * Prefix blocks (prefix.h), poller lock held. kvtd_session_ns_open(): NS_OPEN of @np (copied
+ * out of the arena); returns the id (> 0), -EINVAL (reason in s->why), -EMFILE, -ENOMEM.
+ * kvtd_session_ns(): the handle of @id, NULL when none is open. kvtd_session_ns_close(): 0 or
+ * -ENOENT. kvtd_session_lookup(): LOOKUP, pins replacing the handle's with @pin.
+ */
+int kvtd_session_ns_open(struct kvtd_session *s, const struct kvt_ns_params *np);
+struct kvtd_ns_handle *kvtd_session_ns(struct kvtd_session *s, uint64_t id);
+int kvtd_session_ns_close(struct kvtd_session *s, uint64_t id);
+int kvtd_session_lookup(struct kvtd_session *s, struct kvtd_ns_handle *h,
+			const struct kvt_block_key *keys, uint32_t n, int pin);
+
 /* Poller lock held. Returns the new buf id (> 0), -EMFILE (table full) or an import error. */
 int kvtd_session_buf_register(struct kvtd_session *s, struct kvt_dev_buf *buf);
 /* Poller lock held. Returns 0, -ENOENT (no such buffer), -EBUSY (a sequence uses it). */
@@ -113,9 +136,11 @@ struct kvt_dev_buf *kvtd_session_buf(struct kvtd_session *s, uint32_t buf_id);
  */
 const struct kvtd_seq_ctx *kvtd_session_ctx(struct kvtd_session *s);
 
-/* Poller lock held. SEQ_OPEN: returns the new id (> 0), -EMFILE (seqs_per_session open) or a
- * kvtd_seq_create() error; the reason in s->why. */
-int kvtd_session_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p);
+/* Poller lock held. SEQ_OPEN, in namespace @h (NULL: none) starting with @prefix_blocks of its
+ * pinned blocks: returns the new id (> 0) and sets @ret_n to its n, -EMFILE (seqs_per_session
+ * open) or a kvtd_seq_create()/kvtd_seq_join() error; the reason in s->why. */
+int kvtd_session_seq_open(struct kvtd_session *s, const struct kvt_seq_params *p,
+			  struct kvtd_ns_handle *h, uint32_t prefix_blocks, uint64_t *ret_n);
 /* Poller lock held. Closes and frees sequence @id. Returns 0 or -ENOENT. */
 int kvtd_session_seq_close(struct kvtd_session *s, uint32_t id);
 /* Poller lock held. NULL when @id names no open sequence. */
