@@ -1,0 +1,636 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The sequence layer (daemon/seq*.c) on its own: a real pool, the host device backend, client
+ * buffers as sealed memfds mapped here too, and a struct kvtd_seq_ctx, with no session, ring or
+ * daemon. What a test reads back is what a client would find in its staging buffer.
+ *
+ * The program links with malloc, calloc, realloc, aligned_alloc and posix_memalign wrapped
+ * (tests/CMakeLists.txt): every allocation the daemon's code makes goes through the counters
+ * below, so a test can say that RETIER, FETCH and TOPK allocate nothing once warm.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "kvt_ctl.h"
+#include "kvt_dev.h"
+#include "kvt_test.h"
+#include "poller.h"
+#include "pool.h"
+#include "seq.h"
+
+/* ---- allocation counters (the wrapped symbols) ------------------------------------------- */
+
+static uint64_t n_alloc;
+
+void *__real_malloc(size_t size);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t size);
+void *__real_aligned_alloc(size_t align, size_t size);
+int __real_posix_memalign(void **p, size_t align, size_t size);
+
+void *
+__wrap_malloc(size_t size)
+{
+	n_alloc++;
+	return __real_malloc(size);
+}
+
+void *
+__wrap_calloc(size_t n, size_t size)
+{
+	n_alloc++;
+	return __real_calloc(n, size);
+}
+
+void *
+__wrap_realloc(void *p, size_t size)
+{
+	n_alloc++;
+	return __real_realloc(p, size);
+}
+
+void *
+__wrap_aligned_alloc(size_t align, size_t size)
+{
+	n_alloc++;
+	return __real_aligned_alloc(align, size);
+}
+
+int
+__wrap_posix_memalign(void **p, size_t align, size_t size)
+{
+	n_alloc++;
+	return __real_posix_memalign(p, align, size);
+}
+
+/* ---- fixture: pool, device, two client buffers, the context ------------------------------ */
+
+enum { L = 2, H = 2, D = 64, ROW = H * D * 4, TOK = L * 2 * ROW, NMAX = 512, T0 = 64 };
+
+struct cbuf {
+	int fd;
+	uint8_t *map;
+	uint64_t size;
+	struct kvt_dev_buf *buf;
+};
+
+static struct kvtd_config Cfg;
+static struct kvtd_pool Pool;
+static struct kvt_dev *Dev;
+static struct kvtd_acct Acct;
+static struct kvtd_scratch Scr;
+static struct kvtd_why Why;
+static struct cbuf Stage, T0buf; /* buffer ids 1 and 2 */
+static struct kvt_dev_buf *Bufs[2];
+static struct kvtd_seq_ctx X;
+static uint8_t *Rows; /* [NMAX][TOK]: what was appended */
+static uint64_t Rng;
+
+static void
+cbuf_make(struct cbuf *b, uint64_t size)
+{
+	struct kvt_dev_import imp = {.kind = KVT_BUF_HOST_MEMFD, .size = size};
+
+	b->size = size;
+	b->fd = memfd_create("check-seq", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	ck_assert_int_ge(b->fd, 0);
+	ck_assert_int_eq(ftruncate(b->fd, (off_t)size), 0);
+	ck_assert_int_eq(fcntl(b->fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+	b->map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd, 0);
+	ck_assert(b->map != MAP_FAILED);
+	imp.fd = b->fd;
+	ck_assert_int_eq(kvt_dev_buf_import(Dev, &imp, &b->buf), 0);
+}
+
+static void
+cbuf_free(struct cbuf *b)
+{
+	kvt_dev_buf_put(b->buf);
+	munmap(b->map, b->size);
+	close(b->fd);
+}
+
+static void
+setup(void)
+{
+	kvtd_config_defaults(&Cfg);
+	Cfg.pool_size = 32ull << 20;
+	Cfg.lock = 0;
+	Cfg.numa_node = -1;
+	ck_assert_int_eq(kvtd_pool_init(&Pool, &Cfg, NULL), 0);
+	ck_assert_int_eq(kvt_dev_open(KVT_DEV_HOST, &Dev), 0);
+	/* staging: [layer][K|V][NMAX rows]; T0: [layer][K|V][T0 slots] */
+	cbuf_make(&Stage, (uint64_t)L * 2 * NMAX * ROW);
+	cbuf_make(&T0buf, (uint64_t)L * 2 * T0 * ROW);
+	Bufs[0] = Stage.buf;
+	Bufs[1] = T0buf.buf;
+	memset(&Acct, 0, sizeof(Acct));
+	memset(&Scr, 0, sizeof(Scr));
+	memset(&Why, 0, sizeof(Why));
+	X = (struct kvtd_seq_ctx){.pool = &Pool,
+				  .dev = Dev,
+				  .acct = &Acct,
+				  .scr = &Scr,
+				  .bufs = Bufs,
+				  .n_bufs = 2,
+				  .owner_id = 1,
+				  .why = &Why};
+	Rows = malloc((size_t)NMAX * TOK);
+	ck_assert_ptr_nonnull(Rows);
+	Rng = 2026;
+	for (size_t i = 0; i < (size_t)NMAX * TOK / 4; i++)
+		((float *)Rows)[i] = kvt_test_lcg_gauss(&Rng);
+}
+
+static void
+teardown(void)
+{
+	free(Rows);
+	kvtd_scratch_fini(&Scr);
+	cbuf_free(&Stage);
+	cbuf_free(&T0buf);
+	kvt_dev_close(Dev);
+	kvtd_pool_fini(&Pool);
+}
+
+/* f32 rows, staging region 1 laid out [layer][K|V][row], no tiering beyond what @p adds. */
+static struct kvt_seq_params
+params(void)
+{
+	struct kvt_seq_params p = {.size = sizeof(p)};
+
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_FULL;
+	p.delta = 8;
+	p.hbm_frac = 1.0f;
+	p.stage_buf_id = 1;
+	p.stage_slots = NMAX;
+	p.stage_slot_stride = ROW;
+	p.stage_kv_stride = (uint64_t)NMAX * ROW;
+	p.stage_layer_stride = 2ull * NMAX * ROW;
+	return p;
+}
+
+/* The T0 region (buffer 2) and a tiered policy: @t2 of the positions int8. */
+static void
+params_tiered(struct kvt_seq_params *p, float hbm, float t2)
+{
+	p->policy = KVT_POLICY_TIERED;
+	p->hbm_frac = hbm;
+	p->t2_frac = t2;
+	p->t0_buf_id = 2;
+	p->t0_slots = T0;
+	p->t0_slot_stride = ROW;
+	p->t0_kv_stride = (uint64_t)T0 * ROW;
+	p->t0_layer_stride = 2ull * T0 * ROW;
+}
+
+static struct kvtd_seq *
+open_seq(const struct kvt_seq_params *p)
+{
+	struct kvtd_seq *q = NULL;
+	int r = kvtd_seq_create(&X, p, &q);
+
+	ck_assert_msg(r == 0, "kvtd_seq_create: %d (%s)", r, Why.set ? Why.msg : "");
+	q->id = 1;
+	return q;
+}
+
+static void
+append(struct kvtd_seq *q, uint32_t n)
+{
+	uint64_t first = q->ts.n;
+
+	ck_assert_int_eq(kvtd_seq_append_rows(&X, q, Rows + first * TOK, n), first + n);
+}
+
+/* Row (layer l, K|V kv) of staging row i, and of appended position pos. */
+static const float *
+staged(uint32_t i, uint32_t l, uint32_t kv)
+{
+	return (const float *)(Stage.map + (uint64_t)l * 2 * NMAX * ROW +
+			       kv * (uint64_t)NMAX * ROW + (uint64_t)i * ROW);
+}
+
+static const float *
+appended(uint32_t pos, uint32_t l, uint32_t kv)
+{
+	return (const float *)(Rows + (uint64_t)pos * TOK + (2 * l + kv) * (uint64_t)ROW);
+}
+
+/* ---- tests ------------------------------------------------------------------------------- */
+
+/* T1 rows come back from FETCH bit for bit, in position order, every layer. */
+START_TEST(t_append_fetch_t1)
+{
+	struct kvt_seq_params p = params();
+	static uint32_t list[NMAX];
+	struct kvtd_seq *q = open_seq(&p);
+	int m;
+
+	append(q, 100);
+	append(q, 57);
+	ck_assert_uint_eq(q->bytes_in, 157ull * TOK);
+	memset(Stage.map, 0xa5, Stage.size);
+	m = kvtd_seq_fetch(&X, q, KVT_FETCH_F_T1, 0, L, 0, list, NMAX, 0);
+	ck_assert_int_eq(m, 157);
+	for (uint32_t i = 0; i < 157; i++) {
+		ck_assert_uint_eq(list[i], i);
+		for (uint32_t l = 0; l < L; l++)
+			for (uint32_t kv = 0; kv < 2; kv++)
+				ck_assert_msg(!memcmp(staged(i, l, kv), appended(i, l, kv), ROW),
+					      "position %u layer %u kv %u differs", i, l, kv);
+	}
+	ck_assert_uint_eq(q->bytes_out, 157ull * TOK);
+	/* F_LIST, one layer, from staging row 5: exactly the rows named, nothing else */
+	memset(Stage.map, 0, Stage.size);
+	list[0] = 150;
+	list[1] = 3;
+	m = kvtd_seq_fetch(&X, q, KVT_FETCH_F_LIST, 1, 1, 5, list, 2, 2);
+	ck_assert_int_eq(m, 2);
+	ck_assert(!memcmp(staged(5, 1, 0), appended(150, 1, 0), ROW));
+	ck_assert(!memcmp(staged(6, 1, 1), appended(3, 1, 1), ROW));
+	ck_assert_float_eq(staged(5, 0, 0)[0], 0.0f);
+	kvtd_seq_destroy(&X, q);
+	ck_assert_uint_eq(Acct.bytes, 0);
+	ck_assert_uint_eq(Pool.used_bytes, 0);
+}
+END_TEST
+
+/*
+ * RETIER quantizes the coldest positions to int8; FETCH gives them back dequantized within half
+ * a quantization step (scale = the head's absmax / 127, docs: tiering spec), the T1 ones bit for
+ * bit, and the T0 region holds the promoted positions' rows exactly.
+ */
+START_TEST(t_retier_int8_fetch)
+{
+	struct kvt_seq_params p = params();
+	static uint8_t out[KVT_RETIER_OUT_SIZE(T0)];
+	static uint32_t list[NMAX];
+	static float score[300];
+	const struct kvt_retier_result *res = (const void *)out;
+	const struct kvt_slot_change *ch = (const void *)(res + 1);
+	uint32_t changes = 0, n_t2 = 0;
+	struct kvtd_seq *q;
+	int r, m;
+
+	params_tiered(&p, 0.1f, 0.5f);
+	q = open_seq(&p);
+	append(q, 300);
+	for (int i = 0; i < 300; i++)
+		score[i] = (float)(kvt_test_lcg(&Rng) >> 40) / 16777216.0f;
+	ck_assert_int_eq(kvtd_seq_score_add(&X, q, 0, 300, score), 0);
+	r = kvtd_seq_retier(&X, q, out, sizeof(out), &changes);
+	ck_assert_msg(r > 0, "retier: %d (%s)", r, Why.msg);
+	ck_assert_uint_eq(res->n_tokens, 300);
+	ck_assert_uint_ge(q->ts.n_int8, 100); /* t2_frac 0.5 of 300, less what T0 keeps */
+	ck_assert_uint_eq(q->bytes_quant, (uint64_t)q->ts.n_int8 * q->q_bytes);
+	/* promoted positions: their rows are in the T0 slot named */
+	for (uint32_t i = 0; i < changes; i++) {
+		if (ch[i].pos < 0)
+			continue;
+		for (uint32_t l = 0; l < L; l++)
+			for (uint32_t kv = 0; kv < 2; kv++)
+				ck_assert(!memcmp(T0buf.map + l * p.t0_layer_stride +
+						      kv * p.t0_kv_stride +
+						      (uint64_t)ch[i].slot * p.t0_slot_stride,
+						  appended((uint32_t)ch[i].pos, l, kv), ROW));
+	}
+	m = kvtd_seq_fetch(&X, q, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, L, 0, list, NMAX, 0);
+	ck_assert_int_gt(m, 0);
+	for (int i = 0; i < m; i++) {
+		uint32_t pos = list[i];
+
+		if (!(q->ts.tier[pos] & KVT_TIER_F_INT8)) {
+			for (uint32_t l = 0; l < L; l++)
+				for (uint32_t kv = 0; kv < 2; kv++)
+					ck_assert(
+					    !memcmp(staged(i, l, kv), appended(pos, l, kv), ROW));
+			continue;
+		}
+		n_t2++;
+		for (uint32_t l = 0; l < L; l++)
+			for (uint32_t kv = 0; kv < 2; kv++)
+				for (uint32_t h = 0; h < H; h++) {
+					const float *a = appended(pos, l, kv) + h * D;
+					const float *b = staged(i, l, kv) + h * D;
+					float amax = 0, tol;
+
+					for (int j = 0; j < D; j++)
+						amax = fmaxf(amax, fabsf(a[j]));
+					tol = amax / 127.0f * 0.5f * 1.0001f;
+					for (int j = 0; j < D; j++)
+						ck_assert_msg(fabsf(a[j] - b[j]) <= tol,
+							      "pos %u l %u kv %u h %u [%d]: %g vs "
+							      "%g (tolerance %g)",
+							      pos, l, kv, h, j, a[j], b[j], tol);
+				}
+	}
+	ck_assert_uint_eq(n_t2, q->ts.n_int8);
+	ck_assert_uint_eq(q->bytes_out_t2, (uint64_t)n_t2 * TOK);
+	kvtd_seq_destroy(&X, q);
+	ck_assert_uint_eq(Acct.bytes, 0);
+	ck_assert_uint_eq(Pool.used_bytes, 0);
+}
+END_TEST
+
+/* SCORE_ADD refuses the whole add (nothing changes) for a bad value or range, with a reason. */
+START_TEST(t_score_add_invalid)
+{
+	struct kvt_seq_params p = params();
+	struct kvtd_seq *q = open_seq(&p);
+	const float bad[] = {NAN, -1.0f, INFINITY, 2e30f, -1e-30f};
+	float v[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+
+	append(q, 8);
+	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		v[5] = bad[i];
+		Why.set = 0;
+		ck_assert_int_eq(kvtd_seq_score_add(&X, q, 0, 8, v), -EINVAL);
+		ck_assert(Why.set);
+		ck_assert_ptr_nonnull(strstr(Why.msg, "value 5"));
+		ck_assert(q->score_total == 0.0);
+	}
+	v[5] = 6;
+	Why.set = 0;
+	ck_assert_int_eq(kvtd_seq_score_add(&X, q, 1, 8, v), -EINVAL); /* 1..+8 passes n = 8 */
+	ck_assert_ptr_nonnull(strstr(Why.msg, "pass the sequence's 8 tokens"));
+	ck_assert_int_eq(kvtd_seq_score_add(&X, q, 9, 0, v), -EINVAL);
+	ck_assert_int_eq(kvtd_seq_score_add(&X, q, UINT64_MAX, 1, v), -EINVAL);
+	ck_assert(q->score_total == 0.0);
+	ck_assert_int_eq(kvtd_seq_score_add(&X, q, 0, 8, v), 0);
+	ck_assert(q->score_total == 36.0);
+	ck_assert_int_eq(kvtd_seq_score_add(&X, q, 8, 0, v), 0); /* empty, at the end */
+	kvtd_seq_destroy(&X, q);
+}
+END_TEST
+
+/* SEQ_OPEN's checks: each bad field alone is refused with its errno and a reason, and a refused
+ * open leaves no pool class or buffer reference behind. */
+START_TEST(t_open_invalid)
+{
+	static const struct {
+		const char *why;
+		int err;
+		size_t off, len;
+		uint64_t val;
+	} cases[] = {
+#define F(field) offsetof(struct kvt_seq_params, field), sizeof(((struct kvt_seq_params *)0)->field)
+	    {"smaller than struct", -EINVAL, F(size), 8},
+	    {"reserved", -EINVAL, F(reserved0), 1},
+	    {"unknown t2_flags", -EINVAL, F(t2_flags), 0x80},
+	    {"layers", -EINVAL, F(layers), 0},
+	    {"layers", -EINVAL, F(layers), KVT_MAX_LAYERS + 1},
+	    {"kv_heads", -EINVAL, F(kv_heads), 0},
+	    {"head_dim", -EINVAL, F(head_dim), KVT_MAX_HEAD_DIM + 1},
+	    {"dtype", -EINVAL, F(dtype), KVT_DTYPE__COUNT},
+	    {"stage_slots", -EINVAL, F(stage_slots), 0},
+	    {"t0_slots without", -EINVAL, F(t0_slots), 4},
+	    {"q_heads", -EINVAL, F(q_heads), 3},
+	    {"head_dim 64 or 128", -EINVAL, F(ret_update), 16}, /* with head_dim 32, below */
+	    {"delta", -EINVAL, F(delta), 0},
+	    {"policy", -EINVAL, F(policy), KVT_POLICY__COUNT},
+	    {"not registered", -ENOENT, F(stage_buf_id), 3},
+	    {"runs past", -ERANGE, F(stage_slots), NMAX + 1},
+#undef F
+	};
+
+	for (unsigned i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct kvt_seq_params p = params();
+		struct kvtd_seq *q = (void *)1;
+		uint64_t v = cases[i].val;
+		int r;
+
+		if (cases[i].off == offsetof(struct kvt_seq_params, ret_update))
+			p.head_dim = 32;
+		memcpy((uint8_t *)&p + cases[i].off, &v, cases[i].len); /* little endian */
+		Why.set = 0;
+		r = kvtd_seq_create(&X, &p, &q);
+		ck_assert_msg(r == cases[i].err, "case %u (%s): %d", i, cases[i].why, r);
+		ck_assert_ptr_eq(q, (void *)1); /* untouched on failure */
+		ck_assert_msg(Why.set && strstr(Why.msg, cases[i].why), "case %u: reason '%s'", i,
+			      Why.set ? Why.msg : "");
+	}
+	/* nothing left behind: no class holds a reference, the buffer only its own */
+	for (int c = 0; c < KVTD_POOL_MAX_CLASSES; c++)
+		ck_assert_uint_eq(Pool.classes[c].refs, 0);
+	ck_assert_uint_eq(Pool.used_bytes, 0);
+}
+END_TEST
+
+/*
+ * An account at its limit refuses APPEND with -EDQUOT and keeps nothing of it; RETIER, which
+ * needs int8 slots on top, refuses before it moves anything (all or nothing).
+ */
+START_TEST(t_quota)
+{
+	struct kvt_seq_params p = params();
+	static uint8_t out[KVT_RETIER_OUT_SIZE(T0)];
+	struct kvtd_seq *q;
+	uint64_t bytes, slot;
+	uint32_t changes, n_t0;
+
+	params_tiered(&p, 0.1f, 0.5f);
+	q = open_seq(&p);
+	slot = kvtd_pool_slot_size(&Pool, q->cls);
+	Acct.limit = 40 * slot;
+	ck_assert_int_eq(kvtd_seq_append_rows(&X, q, Rows, 41), -EDQUOT);
+	ck_assert_uint_eq(q->ts.n, 0);
+	ck_assert_uint_eq(Acct.bytes, 0);
+	ck_assert_uint_eq(Pool.used_bytes, 0);
+	append(q, 40);
+	bytes = Acct.bytes;
+	ck_assert_uint_eq(bytes, 40 * slot);
+	ck_assert_int_eq(kvtd_seq_append_rows(&X, q, Rows, 1), -EDQUOT);
+	ck_assert_uint_eq(q->ts.n, 40);
+	ck_assert_uint_eq(Acct.bytes, bytes);
+	ck_assert_uint_eq(Pool.used_bytes, bytes);
+	/* RETIER wants int8 slots while every T1 slot is still held: refused, nothing moved */
+	n_t0 = q->ts.count[KVT_T0];
+	ck_assert_int_eq(kvtd_seq_retier(&X, q, out, sizeof(out), &changes), -EDQUOT);
+	ck_assert_uint_eq(q->ts.n_int8, 0);
+	ck_assert_uint_eq(q->ts.count[KVT_T0], n_t0);
+	ck_assert_uint_eq(Acct.bytes, bytes);
+	ck_assert_uint_eq(Pool.used_bytes, bytes);
+	Acct.limit = 0;
+	ck_assert_int_gt(kvtd_seq_retier(&X, q, out, sizeof(out), &changes), 0);
+	ck_assert_uint_gt(q->ts.n_int8, 0);
+	kvtd_seq_destroy(&X, q);
+	ck_assert_uint_eq(Acct.bytes, 0);
+	ck_assert_uint_eq(Pool.used_bytes, 0);
+}
+END_TEST
+
+enum { S = 4, W = 16, U = 16 };
+
+/* The retrieval sequence of the TOPK tests: sinks S, window W, encoded U at a time. */
+static struct kvtd_seq *
+open_retrieval(uint32_t n, uint32_t *ret_zone)
+{
+	struct kvt_seq_params p = params();
+	struct kvtd_seq *q;
+
+	p.sinks = S;
+	p.window = W;
+	p.ret_update = U;
+	q = open_seq(&p);
+	append(q, n);
+	*ret_zone = U * ((n - S - W) / U);
+	return q;
+}
+
+/* With refine covering every key in retrieval (4k >= N), TOPK is exact: per kv head, the k
+ * positions of the largest <key, query>, and their scores. */
+START_TEST(t_topk_exact)
+{
+	static float qv[H * D];
+	static uint8_t out[H * 4 + H * 64 * 8];
+	const uint32_t k = 16, *cnt = (const void *)out, *pos = cnt + H;
+	const float *score = (const float *)(pos + H * k);
+	uint32_t zone;
+	uint64_t n = 0;
+	struct kvtd_seq *q = open_retrieval(S + W + 64, &zone);
+	int r;
+
+	ck_assert_uint_eq(zone, 64);
+	for (int i = 0; i < H * D; i++)
+		qv[i] = kvt_test_lcg_gauss(&Rng);
+	for (uint32_t layer = 0; layer < L; layer++) {
+		r = kvtd_seq_topk(&X, q, layer, k, 0, qv, H * D, out, sizeof(out), &n);
+		ck_assert_msg(r == (int)k, "topk: %d (%s)", r, Why.msg);
+		ck_assert_uint_eq(n, zone);
+		for (uint32_t h = 0; h < H; h++) {
+			double exact[64], kth = -INFINITY;
+			uint32_t above = 0;
+
+			ck_assert_uint_eq(cnt[h], k);
+			for (uint32_t i = 0; i < zone; i++) {
+				const float *key = appended(S + i, layer, 0) + h * D;
+
+				exact[i] = 0;
+				for (int j = 0; j < D; j++)
+					exact[i] += (double)key[j] * qv[h * D + j];
+			}
+			/* the k-th largest exact score */
+			for (uint32_t i = 0; i < zone; i++) {
+				uint32_t greater = 0;
+
+				for (uint32_t j = 0; j < zone; j++)
+					greater += exact[j] > exact[i];
+				if (greater == k - 1)
+					kth = exact[i];
+			}
+			for (uint32_t i = 0; i < k; i++) {
+				uint32_t p = pos[h * k + i];
+
+				ck_assert_uint_ge(p, S);
+				ck_assert_uint_lt(p, S + zone);
+				ck_assert_msg(
+				    exact[p - S] >= kth - 1e-4,
+				    "layer %u head %u: position %u (%g) is not in the top %u "
+				    "(k-th %g)",
+				    layer, h, p, exact[p - S], k, kth);
+				ck_assert(fabs(score[h * k + i] - exact[p - S]) < 1e-3);
+				for (uint32_t j = 0; j < i; j++)
+					ck_assert_uint_ne(pos[h * k + j], p);
+			}
+			for (uint32_t i = 0; i < zone; i++)
+				above += exact[i] >= kth;
+			ck_assert_uint_eq(above, k);
+		}
+	}
+	/* what TOPK refuses, with a reason */
+	ck_assert_int_eq(kvtd_seq_topk(&X, q, L, k, 0, qv, H * D, out, sizeof(out), &n), -EINVAL);
+	ck_assert_int_eq(kvtd_seq_topk(&X, q, 0, 0, 0, qv, H * D, out, sizeof(out), &n), -EINVAL);
+	ck_assert_int_eq(kvtd_seq_topk(&X, q, 0, k, 0, qv, H * D - 1, out, sizeof(out), &n),
+			 -EINVAL);
+	ck_assert_int_eq(kvtd_seq_topk(&X, q, 0, zone + 1, 0, qv, H * D, out, sizeof(out), &n),
+			 -ERANGE);
+	ck_assert_int_eq(kvtd_seq_topk(&X, q, 0, k, 0, qv, H * D, out, 8, &n), -ENOSPC);
+	qv[7] = NAN;
+	Why.set = 0;
+	ck_assert_int_eq(kvtd_seq_topk(&X, q, 0, k, 0, qv, H * D, out, sizeof(out), &n), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(Why.msg, "query value 7"));
+	kvtd_seq_destroy(&X, q);
+	ck_assert_uint_eq(Acct.bytes, 0);
+	ck_assert_uint_eq(Pool.used_bytes, 0);
+}
+END_TEST
+
+/*
+ * Once each op has run once, RETIER (quantizing and promoting) and FETCH of T1 and T2 rows
+ * allocate nothing while the sequence grows, and TOPK with F_FETCH nothing at a fixed length:
+ * their batches, quantization room and query copy live in the scratch, which stops growing.
+ * (A growing retrieval index grows the index's own per-sequence search scratch, engine/paris.c.)
+ */
+START_TEST(t_steady_no_alloc)
+{
+	struct kvt_seq_params p = params();
+	static uint8_t out[KVT_RETIER_OUT_SIZE(T0)];
+	static uint8_t tout[H * 4 + H * 16 * 8];
+	static uint32_t list[NMAX];
+	static float score[NMAX], qv[H * D];
+	uint64_t grows = 0, allocs = 0, n, quant0 = 0;
+	uint32_t changes;
+	struct kvtd_seq *q;
+
+	params_tiered(&p, 0.1f, 0.5f);
+	p.sinks = S;
+	p.window = W;
+	p.ret_update = U;
+	q = open_seq(&p);
+	append(q, 400);
+	for (int i = 0; i < H * D; i++)
+		qv[i] = kvt_test_lcg_gauss(&Rng);
+	for (int round = 0; round < 14; round++) {
+		const int growing = round < 9; /* then a fixed length */
+		uint64_t a0, a1, a2;
+		int r1, r2, r3;
+
+		if (growing)
+			append(q, 8);		       /* more positions to quantize */
+		for (uint32_t i = 0; i < q->ts.n; i++) /* new scores: other positions are hot */
+			score[i] = (float)(kvt_test_lcg(&Rng) >> 40) / 16777216.0f * (round + 1);
+		ck_assert_int_eq(kvtd_seq_score_add(&X, q, 0, (uint32_t)q->ts.n, score), 0);
+		if (round == 3) { /* warm: from here on nothing may allocate */
+			grows = Scr.grows;
+			quant0 = q->bytes_quant;
+		}
+		/* Check allocates in its asserts: nothing between the counter reads */
+		a0 = n_alloc;
+		r1 = kvtd_seq_retier(&X, q, out, sizeof(out), &changes);
+		r2 = kvtd_seq_fetch(&X, q, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, L, 0, list, NMAX, 0);
+		a1 = n_alloc;
+		r3 = kvtd_seq_topk(&X, q, 1, 16, KVT_TOPK_F_FETCH, qv, H * D, tout, sizeof(tout),
+				   &n);
+		a2 = n_alloc;
+		ck_assert_int_gt(r1, 0);
+		ck_assert_int_gt(r2, 0);
+		ck_assert_int_eq(r3, 16);
+		if (round >= 3)
+			allocs += a1 - a0;
+		if (round >= 10) /* one TOPK at the final length grew the search scratch */
+			allocs += a2 - a1;
+	}
+	ck_assert_uint_gt(grows, 0);		   /* the scratch was used ... */
+	ck_assert_uint_eq(Scr.grows, grows);	   /* ... and stopped growing */
+	ck_assert_uint_eq(allocs, 0);		   /* nothing else allocated either */
+	ck_assert_uint_gt(q->bytes_quant, quant0); /* RETIER kept quantizing while warm */
+	kvtd_seq_destroy(&X, q);
+	ck_assert_uint_eq(Pool.used_bytes, 0);
+}
+END_TEST
+
+KVT_CHECK_MAIN("seq", 60, setup, teardown, t_append_fetch_t1, t_retier_int8_fetch,
+	       t_score_add_invalid, t_open_invalid, t_quota, t_topk_exact, t_steady_no_alloc)
