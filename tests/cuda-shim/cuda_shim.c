@@ -19,8 +19,10 @@
  *   queued launch runs, not when it is enqueued.
  */
 #define _GNU_SOURCE
+#include <cublas_api.h>
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -36,6 +38,7 @@
 #include <unistd.h>
 
 #include "cuda_shim.h"
+#include "gpu_decode_kernels.h"
 #include "rows.h"
 
 #define SHIM_EXPORT __attribute__((visibility("default")))
@@ -81,7 +84,7 @@ struct ipc_ev {
 #define IPC_EV_HANDLE_BYTES offsetof(struct ipc_ev, slot)
 
 /* Queued device work. */
-enum work_kind { W_COPY, W_ROWS, W_RECORD };
+enum work_kind { W_COPY, W_ROWS, W_RECORD, W_FN };
 
 struct work {
 	struct work *next;
@@ -94,6 +97,8 @@ struct work {
 	unsigned nrows;
 	struct ev_slot *slot; /* W_RECORD */
 	uint64_t rec;
+	void (*fn)(const void *arg); /* W_FN: a kernel's or a library call's host equivalent */
+	uint64_t arg[24];
 };
 
 struct arm {
@@ -119,7 +124,12 @@ static char *logbuf;
 static size_t log_len, log_cap;
 static int log_fd = -1;
 static cudaError_t last_error;
-static int kernel_token, library_token;
+static int library_token;
+/* Kernels known by name: the device layer's row copy and gpu-decode's (host equivalents). */
+static const char *const kernel_names[] = {KVT_ROWS_KERNEL, KVTB_ATTN_PARTIAL, KVTB_ATTN_COMBINE,
+					   KVTB_SILU_MUL};
+static int kernel_tokens[4];
+#define kernel_token (kernel_tokens[0])
 static struct work *wq_head, *wq_tail;
 static int wq_hold, dev_thread_started;
 static pthread_cond_t wq_cond = PTHREAD_COND_INITIALIZER;
@@ -329,7 +339,6 @@ kvt_shim_registered(void)
 {
 	return count_kind(OBJ_REGISTERED);
 }
-
 
 static void *
 dev_thread(void *arg)
@@ -610,11 +619,16 @@ cudaDeviceGetStreamPriorityRange(int *least, int *greatest)
 
 /* ---- streams and events ------------------------------------------------------------------- */
 
+/* A runtime stream is a driver stream of the current device's primary context (driver section),
+ * so libkvtier's cuStreamGetCtx() knows the streams a program made with the runtime. */
+static void *rt_stream_new(void);
+static void rt_stream_free(void *s);
+
 SHIM_EXPORT cudaError_t
 cudaStreamCreateWithPriority(cudaStream_t *s, unsigned flags, int priority)
 {
 	ENTER("flags=%u priority=%d", flags, priority);
-	*s = malloc(1);
+	*s = rt_stream_new();
 	LEAVE(*s ? cudaSuccess : cudaErrorMemoryAllocation);
 }
 
@@ -622,7 +636,7 @@ SHIM_EXPORT cudaError_t
 cudaStreamDestroy(cudaStream_t s)
 {
 	ENTER("");
-	free(s);
+	rt_stream_free(s);
 	LEAVE(cudaSuccess);
 }
 
@@ -1210,6 +1224,9 @@ work_run_one(void)
 	case W_RECORD:
 		atomic_store(&w->slot->completed, w->rec);
 		break;
+	case W_FN:
+		w->fn(w->arg);
+		break;
 	}
 	free(w);
 }
@@ -1265,10 +1282,12 @@ cudaLibraryGetKernel(cudaKernel_t *k, cudaLibrary_t lib, const char *name)
 	ENTER("%s", name);
 	if (lib != (cudaLibrary_t)&library_token)
 		LEAVE(cudaErrorInvalidResourceHandle);
-	if (strcmp(name, KVT_ROWS_KERNEL))
-		LEAVE(cudaErrorSymbolNotFound);
-	*k = (cudaKernel_t)&kernel_token;
-	LEAVE(cudaSuccess);
+	for (unsigned i = 0; i < sizeof(kernel_names) / sizeof(kernel_names[0]); i++)
+		if (!strcmp(name, kernel_names[i])) {
+			*k = (cudaKernel_t)&kernel_tokens[i];
+			LEAVE(cudaSuccess);
+		}
+	LEAVE(cudaErrorSymbolNotFound);
 }
 
 SHIM_EXPORT cudaError_t
@@ -1276,6 +1295,312 @@ cudaLibraryUnload(cudaLibrary_t lib)
 {
 	ENTER("");
 	LEAVE(lib == (cudaLibrary_t)&library_token ? cudaSuccess : cudaErrorInvalidResourceHandle);
+}
+
+/* ---- gpu-decode's kernels and cuBLAS (kvtier-bench gpu-decode on the shim) ---------------
+ *
+ * Host equivalents, queued in stream order like every launch: the same arguments, the same
+ * layouts (gpu_decode_kernels.h), f16 storage with f32 math, one split per grid y as the kernel
+ * does, so the combine step runs too. */
+
+typedef _Float16 f16;
+
+static void
+attn_partial_run(const void *arg)
+{
+	const uint64_t *a = arg;
+	const f16 *q = (const f16 *)(uintptr_t)a[0], *k0 = (const f16 *)(uintptr_t)a[1],
+		  *v0 = (const f16 *)(uintptr_t)a[2], *ks = (const f16 *)(uintptr_t)a[4],
+		  *vs = (const f16 *)(uintptr_t)a[5];
+	uint32_t n0 = (uint32_t)a[3], ns = (uint32_t)a[6], kvh = (uint32_t)a[7],
+		 group = (uint32_t)a[8], hd = (uint32_t)a[9], chunk = (uint32_t)a[11],
+		 nsplit = (uint32_t)a[13];
+	float scale, *part = (float *)(uintptr_t)a[12];
+	uint32_t n = n0 + ns;
+
+	memcpy(&scale, &a[10], sizeof(scale));
+	for (uint32_t h = 0; h < kvh; h++)
+		for (uint32_t g = 0; g < group; g++)
+			for (uint32_t sp = 0; sp < nsplit; sp++) {
+				float *o =
+				    part + ((uint64_t)(h * group + g) * nsplit + sp) * (hd + 2);
+				const f16 *qq = q + (uint64_t)(h * group + g) * hd;
+				float m = -INFINITY, sum = 0.f;
+
+				for (uint32_t c = 0; c < hd; c++)
+					o[2 + c] = 0.f;
+				for (uint32_t p = sp * chunk; p < n && p < (sp + 1) * chunk; p++) {
+					uint64_t off =
+					    (uint64_t)(p < n0 ? p : p - n0) * kvh * hd + h * hd;
+					const f16 *kr = (p < n0 ? k0 : ks) + off,
+						  *vr = (p < n0 ? v0 : vs) + off;
+					float x = 0.f, mn, ea, eb;
+
+					for (uint32_t c = 0; c < hd; c++)
+						x += (float)qq[c] * (float)kr[c];
+					x *= scale;
+					mn = x > m ? x : m;
+					ea = expf(m - mn);
+					eb = expf(x - mn);
+					sum = sum * ea + eb;
+					for (uint32_t c = 0; c < hd; c++)
+						o[2 + c] = o[2 + c] * ea + eb * (float)vr[c];
+					m = mn;
+				}
+				o[0] = m;
+				o[1] = sum;
+			}
+}
+
+static void
+attn_combine_run(const void *arg)
+{
+	const uint64_t *a = arg;
+	const float *part = (const float *)(uintptr_t)a[0];
+	uint32_t nsplit = (uint32_t)a[1], hd = (uint32_t)a[2], qh = (uint32_t)a[4];
+	f16 *out = (f16 *)(uintptr_t)a[3];
+
+	for (uint32_t h = 0; h < qh; h++) {
+		const float *p = part + (uint64_t)h * nsplit * (hd + 2);
+		float M = -INFINITY, S = 0.f;
+
+		for (uint32_t i = 0; i < nsplit; i++)
+			M = p[i * (hd + 2)] > M ? p[i * (hd + 2)] : M;
+		for (uint32_t i = 0; i < nsplit; i++)
+			S += (p[i * (hd + 2)] == -INFINITY ? 0.f : expf(p[i * (hd + 2)] - M)) *
+			     p[i * (hd + 2) + 1];
+		for (uint32_t c = 0; c < hd; c++) {
+			float A = 0.f;
+
+			for (uint32_t i = 0; i < nsplit; i++)
+				A += (p[i * (hd + 2)] == -INFINITY ? 0.f
+								   : expf(p[i * (hd + 2)] - M)) *
+				     p[i * (hd + 2) + 2 + c];
+			out[(uint64_t)h * hd + c] = (f16)(S > 0.f ? A / S : 0.f);
+		}
+	}
+}
+
+static void
+silu_mul_run(const void *arg)
+{
+	const uint64_t *a = arg;
+	const f16 *gu = (const f16 *)(uintptr_t)a[0];
+	uint32_t n = (uint32_t)a[1];
+	f16 *out = (f16 *)(uintptr_t)a[2];
+
+	for (uint32_t i = 0; i < n; i++) {
+		float g = (float)gu[i], u = (float)gu[n + i];
+
+		out[i] = (f16)(g / (1.f + expf(-g)) * u);
+	}
+}
+
+static uint64_t
+arg_ptr(void **args, int i)
+{
+	return (uint64_t)(uintptr_t) * (void **)args[i];
+}
+
+static uint64_t
+arg_u32(void **args, int i)
+{
+	return *(const uint32_t *)args[i];
+}
+
+/* A gpu-decode kernel: queued with its arguments captured now, as a launch captures them. */
+static cudaError_t
+bench_kernel(const void *func, dim3 grid, dim3 block, void **args)
+{
+	struct work *w;
+	int which = -1;
+
+	for (int i = 1; i < 4; i++)
+		if (func == (const void *)&kernel_tokens[i])
+			which = i;
+	if (which < 0)
+		return cudaErrorInvalidDeviceFunction;
+	pthread_mutex_lock(&lock);
+	{
+		cudaError_t e = enter("cudaLaunchKernel", "%s grid=%u,%u block=%u",
+				      kernel_names[which], grid.x, grid.y, block.x);
+
+		if (e) {
+			last_error = e;
+			pthread_mutex_unlock(&lock);
+			return e;
+		}
+	}
+	w = calloc(1, sizeof(*w));
+	if (!w) {
+		pthread_mutex_unlock(&lock);
+		return cudaErrorMemoryAllocation;
+	}
+	w->kind = W_FN;
+	if (which == 1) {
+		float scale = *(const float *)args[10];
+
+		for (int i = 0; i < 13; i++)
+			w->arg[i] = (i == 0 || i == 1 || i == 2 || i == 4 || i == 5 || i == 12)
+					? arg_ptr(args, i)
+					: arg_u32(args, i);
+		memcpy(&w->arg[10], &scale, sizeof(scale));
+		w->arg[13] = grid.y;
+		/* The grid is what the kernel covers: kv_heads blocks across. */
+		if (grid.x != (unsigned)w->arg[7] || block.x != KVTB_ATTN_THREADS ||
+		    w->arg[8] > KVTB_MAX_GROUP || w->arg[9] > KVTB_MAX_HD || w->arg[9] % 4) {
+			free(w);
+			last_error = cudaErrorInvalidValue;
+			pthread_mutex_unlock(&lock);
+			return cudaErrorInvalidValue;
+		}
+		w->fn = attn_partial_run;
+	} else if (which == 2) {
+		w->arg[0] = arg_ptr(args, 0);
+		w->arg[1] = arg_u32(args, 1);
+		w->arg[2] = arg_u32(args, 2);
+		w->arg[3] = arg_ptr(args, 3);
+		w->arg[4] = grid.x;
+		w->fn = attn_combine_run;
+	} else {
+		w->arg[0] = arg_ptr(args, 0);
+		w->arg[1] = arg_u32(args, 1);
+		w->arg[2] = arg_ptr(args, 2);
+		w->fn = silu_mul_run;
+	}
+	work_push(w);
+	pthread_mutex_unlock(&lock);
+	return cudaSuccess;
+}
+
+struct shim_blas {
+	uint64_t magic;
+	cudaStream_t stream;
+};
+
+SHIM_EXPORT cublasStatus_t
+cublasCreate_v2(cublasHandle_t *ret)
+{
+	struct shim_blas *b = calloc(1, sizeof(*b));
+
+	if (!b)
+		return CUBLAS_STATUS_ALLOC_FAILED;
+	b->magic = MAGIC;
+	*ret = (cublasHandle_t)b;
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+SHIM_EXPORT cublasStatus_t
+cublasDestroy_v2(cublasHandle_t h)
+{
+	free(h);
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+SHIM_EXPORT cublasStatus_t
+cublasSetStream_v2(cublasHandle_t h, cudaStream_t s)
+{
+	((struct shim_blas *)h)->stream = s;
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+static void
+gemm_run(const void *arg)
+{
+	const uint64_t *a = arg;
+	int ta = (int)a[0], m = (int)a[1], n = (int)a[2], k = (int)a[3], lda = (int)a[5],
+	    ldb = (int)a[7], ldc = (int)a[9];
+	const f16 *A = (const f16 *)(uintptr_t)a[4], *B = (const f16 *)(uintptr_t)a[6];
+	f16 *C = (f16 *)(uintptr_t)a[8];
+	float alpha, beta;
+
+	memcpy(&alpha, &a[10], sizeof(alpha));
+	memcpy(&beta, &a[11], sizeof(beta));
+	for (int j = 0; j < n; j++)
+		for (int i = 0; i < m; i++) {
+			float x = 0.f;
+
+			for (int l = 0; l < k; l++)
+				x += (float)(ta ? A[l + (int64_t)i * lda]
+						: A[i + (int64_t)l * lda]) *
+				     (float)B[l + (int64_t)j * ldb];
+			x *= alpha;
+			if (beta != 0.f)
+				x += beta * (float)C[i + (int64_t)j * ldc];
+			C[i + (int64_t)j * ldc] = (f16)x;
+		}
+}
+
+/* f16 in and out, f32 compute, op(B) = B: what gpu-decode asks for; anything else is refused. */
+SHIM_EXPORT cublasStatus_t
+cublasGemmEx(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+	     int k, const void *alpha, const void *A, cudaDataType Atype, int lda, const void *B,
+	     cudaDataType Btype, int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
+	     cublasComputeType_t ctype, cublasGemmAlgo_t algo)
+{
+	struct work *w;
+
+	if (!h || ((struct shim_blas *)h)->magic != MAGIC)
+		return CUBLAS_STATUS_NOT_INITIALIZED;
+	if (transb != CUBLAS_OP_N || (transa != CUBLAS_OP_N && transa != CUBLAS_OP_T) ||
+	    Atype != CUDA_R_16F || Btype != CUDA_R_16F || Ctype != CUDA_R_16F ||
+	    ctype != CUBLAS_COMPUTE_32F || m <= 0 || n <= 0 || k <= 0)
+		return CUBLAS_STATUS_NOT_SUPPORTED;
+	pthread_mutex_lock(&lock);
+	enter("cublasGemmEx", "m=%d n=%d k=%d", m, n, k);
+	w = calloc(1, sizeof(*w));
+	if (!w) {
+		pthread_mutex_unlock(&lock);
+		return CUBLAS_STATUS_ALLOC_FAILED;
+	}
+	w->kind = W_FN;
+	w->fn = gemm_run;
+	w->arg[0] = transa == CUBLAS_OP_T;
+	w->arg[1] = (uint64_t)m;
+	w->arg[2] = (uint64_t)n;
+	w->arg[3] = (uint64_t)k;
+	w->arg[4] = (uint64_t)(uintptr_t)A;
+	w->arg[5] = (uint64_t)lda;
+	w->arg[6] = (uint64_t)(uintptr_t)B;
+	w->arg[7] = (uint64_t)ldb;
+	w->arg[8] = (uint64_t)(uintptr_t)C;
+	w->arg[9] = (uint64_t)ldc;
+	memcpy(&w->arg[10], alpha, sizeof(float));
+	memcpy(&w->arg[11], beta, sizeof(float));
+	work_push(w);
+	pthread_mutex_unlock(&lock);
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+/* ---- a few more runtime calls gpu-decode makes ---------------------------------------------- */
+
+SHIM_EXPORT cudaError_t
+cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
+{
+	ENTER("flags=%u", flags);
+	*s = rt_stream_new();
+	LEAVE(*s ? cudaSuccess : cudaErrorMemoryAllocation);
+}
+
+SHIM_EXPORT cudaError_t
+cudaDeviceSynchronize(void)
+{
+	ENTER("");
+	drain_until(NULL, 0);
+	LEAVE(cudaSuccess);
+}
+
+SHIM_EXPORT cudaError_t
+cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+{
+	cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, NULL);
+
+	if (e == cudaSuccess) {
+		pthread_mutex_lock(&lock);
+		drain_until(NULL, 0); /* synchronous with the host, as cudaMemcpy is */
+		pthread_mutex_unlock(&lock);
+	}
+	return e;
 }
 
 SHIM_EXPORT cudaError_t
@@ -1286,6 +1611,10 @@ cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t sh
 	unsigned n;
 
 	if (func != (const void *)&kernel_token) {
+		cudaError_t e = bench_kernel(func, grid, block, args);
+
+		if (e != cudaErrorInvalidDeviceFunction)
+			return e;
 		ENTER("func=%p", func);
 		LEAVE(cudaErrorInvalidDeviceFunction);
 	}
@@ -1735,6 +2064,38 @@ cuEventDestroy_v2(CUevent ev)
 	e->magic = 0;
 	free(e);
 	DLEAVE(CUDA_SUCCESS);
+}
+
+/* Lock held. */
+static void *
+rt_stream_new(void)
+{
+	struct shim_stream *x = calloc(1, sizeof(*x));
+	int d = cur_device < SHIM_MAX_DEVICES ? cur_device : 0;
+
+	if (!x)
+		return NULL;
+	if (!primaries[d].refs) { /* the runtime retains the primary context at first use */
+		primaries[d].magic = MAGIC;
+		primaries[d].dev = d;
+		primaries[d].refs = 1;
+	}
+	x->ctx = &primaries[d];
+	x->next = streams;
+	streams = x;
+	return x;
+}
+
+/* Lock held. */
+static void
+rt_stream_free(void *s)
+{
+	for (struct shim_stream **pp = &streams; *pp; pp = &(*pp)->next)
+		if (*pp == (struct shim_stream *)s) {
+			*pp = (*pp)->next;
+			free(s);
+			return;
+		}
 }
 
 SHIM_EXPORT CUresult
