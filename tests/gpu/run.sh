@@ -10,7 +10,11 @@
 #      bit for bit against the host backend (promotions, int8 rows, FETCH), the session event,
 #      and the retrieval kernels against the CPU engine when cuda/kernels/ is in the tree;
 #   4. print the benchmark: H2D bandwidth pinned vs pageable (4 KiB..256 MiB) and 8192 scattered
-#      256-byte rows by per-row cudaMemcpyAsync, cudaMemcpyBatchAsync and the UVA row kernel.
+#      256-byte rows by per-row cudaMemcpyAsync, cudaMemcpyBatchAsync and the UVA row kernel;
+#   5. kvtier-bench gpu-decode: first --check at a small shape (the attention kernel and cuBLAS
+#      against a CPU reference, kvtier's T0 + staged attention against the all-in-HBM one), then
+#      the 8B shape at 8K / 32K / 128K x hbm 0.3 / 0.5 / 0.7 (capped at $KVT_GPU_DECODE_CAP s,
+#      default 300); its JSON also goes to $OUT/gpu-decode.json when $OUT is set.
 # Exit status: 0 all passed, 77 no GPU, anything else a failure (the failing step says which).
 set -uo pipefail
 
@@ -57,6 +61,25 @@ step "GPU benchmark"
 timeout 120 "$build/tests/gpu/kvt_gpu_bench"
 bench=$?
 
+step "gpu-decode --check (small shape)"
+timeout 120 "$build/tools/bench/kvtier-bench-gpu-decode" --layers 4 --ctx 4K,12K --hbm 0.3,0.7 \
+	--steps 3 --warmup 1 --check
+dcheck=$?
+
+step "gpu-decode (8B shape, 8K/32K/128K x hbm 0.3/0.5/0.7, cap ${KVT_GPU_DECODE_CAP:-300} s)"
+dout=${OUT:+$OUT/gpu-decode.json}
+timeout "${KVT_GPU_DECODE_CAP:-300}" "$build/tools/bench/kvtier-bench-gpu-decode" --steps 10 \
+	--warmup 2 | tee "${dout:-/dev/null}"
+decode=$?
+
+if ((dcheck != 0)); then
+	echo "run.sh: gpu-decode --check failed ($dcheck)"
+	exit 1
+fi
+if ((decode != 0)); then
+	echo "run.sh: gpu-decode failed ($decode; 124: the time cap)"
+	exit 1
+fi
 if ((tests != 0)); then
 	echo "run.sh: GPU tests failed ($tests)"
 	exit 1
