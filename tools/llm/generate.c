@@ -226,6 +226,8 @@ llm_generate(struct llm_ctx *c, const struct llm_tok *t, const uint32_t *prompt,
 
 	for (uint32_t g = 0; g < max_tokens; g++) {
 		id = llm_sample(s, logits);
+		if (!g)
+			st->first_token_s = now_s() - t0;
 		if (llm_tok_is_eog(t, id)) {
 			st->stopped = true;
 			break;

@@ -64,6 +64,7 @@ struct llm_gen_stats {
 	uint32_t prompt_tokens;
 	uint32_t gen_tokens;
 	double prefill_s;
+	double first_token_s;  /* from the start of the prefill to the first token sampled */
 	uint32_t decode_steps; /* model steps run on generated tokens */
 	double decode_s;       /* time from the end of the prompt to the end */
 	bool stopped;	       /* an end-of-generation token ended it (not the token budget) */

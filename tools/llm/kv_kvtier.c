@@ -69,6 +69,10 @@ struct kv_kvtier {
 	uint8_t *vin_t0;  /* entry is a T0 slot (else a staging row) */
 	const float **kp, **vp;
 	struct kv_kvtier_counters cnt;
+	/* prefix sharing */
+	uint32_t ns;		    /* the namespace's id in this session, 0: none */
+	struct kvt_block_key *keys; /* of the prompt's full blocks */
+	struct kv_kvtier_share sh;
 };
 
 static double
@@ -293,6 +297,13 @@ kvtier_begin(struct kv_backend *kv, uint32_t pos)
 		return kk->err;
 	if (pos != kv->n)
 		return -EINVAL;
+	/* The prompt is all in: offer its blocks before the first generated token's step. */
+	if (pos == kk->o.prompt_len && kk->o.share_ns && kk->sh.published < 0) {
+		int r = kv_kvtier_publish(kv);
+
+		if (r < 0)
+			return r;
+	}
 	/* First step (n = 0: hands out the first slots), slots used up (every Δ appends), and
 	 * the end of the prompt, as the spec asks. */
 	if (pos == 0 || kk->next_free == kk->n_free || (pos == kk->o.prompt_len))
@@ -467,6 +478,7 @@ kvtier_destroy(struct kv_backend *kv)
 	free(kk->vin_t0);
 	free(kk->kp);
 	free(kk->vp);
+	free(kk->keys);
 	free(kk);
 }
 
@@ -504,6 +516,59 @@ t0_slots_for(const struct kv_kvtier_opts *o)
 	return (uint32_t)budget + o->delta;
 }
 
+/*
+ * Joins the namespace, LOOKUPs (and pins) the prompt's leading blocks, opens the sequence from
+ * them: kv.n starts at the matched tokens. At most (prompt_len - 1) / block_tokens blocks are
+ * looked up, so at least the last prompt token is computed here (its logits are needed).
+ */
+static int
+open_shared(struct kv_kvtier *kk, const struct kvt_seq_params *p, const uint32_t *prompt,
+	    const char **ret_what)
+{
+	const struct kv_kvtier_opts *o = &kk->o;
+	struct kvt_ns_params np = {.size = sizeof(np)};
+	uint32_t bt = o->block_tokens ? o->block_tokens : KVT_BLOCK_TOKENS_DEFAULT, nb, m;
+	int r;
+
+	np.layers = p->layers;
+	np.kv_heads = p->kv_heads;
+	np.head_dim = p->head_dim;
+	np.dtype = p->dtype;
+	np.block_tokens = bt;
+	snprintf(np.name, sizeof(np.name), "%s", o->share_ns);
+	*ret_what = "NS_OPEN";
+	r = kvt_ns_open(kk->c, &np, &kk->ns);
+	if (r < 0)
+		return r;
+	nb = o->prompt_len / bt;
+	kk->keys = malloc(sizeof(*kk->keys) * (nb ? nb : 1));
+	if (!kk->keys)
+		return -ENOMEM;
+	*ret_what = "block keys";
+	r = kvt_block_keys(&np, NULL, prompt, o->prompt_len, kk->keys, nb);
+	if (r < 0)
+		return r;
+	if ((uint32_t)r != nb)
+		return -EPROTO;
+	m = (o->prompt_len - 1) / bt;
+	*ret_what = "LOOKUP";
+	r = m ? kvt_lookup(kk->c, kk->ns, kk->keys, m, KVT_LOOKUP_F_PIN) : 0;
+	if (r < 0)
+		return r;
+	if ((uint32_t)r > m)
+		return -EPROTO;
+	m = (uint32_t)r;
+	*ret_what = "SEQ_OPEN";
+	r = kvt_seq_open_prefix(kk->c, p, kk->ns, m, &kk->seq);
+	if (r < 0)
+		return r;
+	kk->kv.n = m * bt;
+	kk->sh.block_tokens = bt;
+	kk->sh.prompt_blocks = nb;
+	kk->sh.matched_tokens = m * bt;
+	return 0;
+}
+
 int
 kv_kvtier_create(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
 		 const struct kv_kvtier_opts *o, struct kv_backend **ret_kv, char *err,
@@ -514,6 +579,7 @@ kv_kvtier_create(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
 	struct kv_kvtier *kk;
 	uint64_t row = (uint64_t)kv_heads * head_dim, tf = (uint64_t)layers * 2 * row;
 	const char *what = "out of memory";
+	double t_open;
 	int r;
 
 	if (errlen)
@@ -522,6 +588,15 @@ kv_kvtier_create(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
 	    !head_dim || head_dim > KVT_MAX_HEAD_DIM || !o->delta || !o->max_tokens ||
 	    o->max_tokens > (1u << 24) || o->policy >= KVT_POLICY__COUNT) {
 		snprintf(err, errlen, "bad geometry or options");
+		return -EINVAL;
+	}
+	if (o->share_ns &&
+	    (!o->prompt || !o->prompt_len || o->prompt_len > o->max_tokens || !*o->share_ns ||
+	     strlen(o->share_ns) >= KVT_NS_NAME_LEN || o->block_tokens > KVT_BLOCK_TOKENS_MAX)) {
+		snprintf(err, errlen,
+			 "prefix sharing needs the prompt's tokens, a namespace name of 1..%d "
+			 "characters and block_tokens <= %d",
+			 KVT_NS_NAME_LEN - 1, KVT_BLOCK_TOKENS_MAX);
 		return -EINVAL;
 	}
 	kk = calloc(1, sizeof(*kk));
@@ -533,6 +608,8 @@ kv_kvtier_create(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
 	kk->kv.head_dim = head_dim;
 	kk->kv.token_floats = (uint32_t)tf;
 	kk->o = *o;
+	kk->o.prompt = NULL; /* not kept: read only here */
+	kk->sh.published = -1;
 	kk->row = (uint32_t)row;
 	kk->t0_slots = t0_slots_for(o);
 	kk->stage_slots = o->max_tokens;
@@ -599,8 +676,14 @@ kv_kvtier_create(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
 	p.stage_slot_stride = row * 4;
 	p.stage_kv_stride = (uint64_t)kk->stage_slots * row * 4;
 	p.stage_layer_stride = 2 * p.stage_kv_stride;
-	what = "SEQ_OPEN";
-	r = kvt_seq_open(kk->c, &p, &kk->seq);
+	t_open = now_s();
+	if (o->share_ns) {
+		r = open_shared(kk, &p, o->prompt, &what);
+	} else {
+		what = "SEQ_OPEN";
+		r = kvt_seq_open(kk->c, &p, &kk->seq);
+	}
+	kk->sh.open_s = now_s() - t_open;
 	if (r < 0)
 		goto err_free;
 	*ret_kv = &kk->kv;
@@ -622,6 +705,43 @@ kv_kvtier_stat(struct kv_backend *kv, struct kvt_seq_stat *ret_stat)
 	int r = reap(kk);
 
 	return r < 0 ? r : kvt_seq_stat(kk->c, kk->seq, ret_stat);
+}
+
+void
+kv_kvtier_share_info(const struct kv_backend *kv, struct kv_kvtier_share *ret)
+{
+	*ret = ((const struct kv_kvtier *)kv)->sh;
+}
+
+int
+kv_kvtier_publish(struct kv_backend *kv)
+{
+	struct kv_kvtier *kk = (struct kv_kvtier *)kv;
+	uint32_t n_new = 0;
+	int r;
+
+	if (kk->err)
+		return kk->err;
+	if (!kk->o.share_ns || kk->sh.published >= 0)
+		return 0;
+	if (kv->n < kk->o.prompt_len)
+		return -EINVAL;
+	r = reap(kk);
+	if (r < 0)
+		return r;
+	r = kk->sh.prompt_blocks
+		? kvt_publish(kk->c, kk->seq, kk->keys, kk->sh.prompt_blocks, &n_new)
+		: 0;
+	if (r == -ENOSPC) {
+		/* the daemon's prefix cache is full of blocks in use: this run goes on unshared */
+		kk->sh.publish_err = r;
+		r = 0;
+	}
+	if (r < 0)
+		return fail(kk, r);
+	kk->sh.published = r;
+	kk->sh.published_new = n_new;
+	return 0;
 }
 
 void

@@ -18,6 +18,14 @@
  * same positions, so with nothing evicted or quantized (policy full, or tiered with evict 0
  * and t2 0, at any hbm_frac) the logits are bit-identical to the local backend's.
  *
+ * Prefix sharing (opts.share_ns, docs/prefix.md): the backend joins the namespace named by the
+ * model's identity, chains the prompt's block keys, LOOKUPs them with KVT_LOOKUP_F_PIN and opens
+ * the sequence from the matched blocks: it starts at n = matched tokens, their rows shared in T1
+ * (the first RETIER places and FETCH stages them like any other row), and the forward pass
+ * computes only the rest of the prompt. At least one prompt token is always left to compute (its
+ * logits give the first generated token). Once the whole prompt is appended (begin(prompt_len)
+ * or kv_kvtier_publish()), the prompt's full blocks are PUBLISHed for the next process.
+ *
  * Every kvtier error is returned as is (-ECONNRESET when the daemon is gone); after one, the
  * backend refuses further steps with the same error.
  */
@@ -42,6 +50,10 @@ struct kv_kvtier_opts {
 	uint32_t prompt_len; /* protected prompt; also: RETIER when position prompt_len starts */
 	uint32_t max_tokens; /* positions the sequence will hold at most (prompt + generated) */
 	uint32_t spin_us;    /* libkvtier spin before sleeping on a completion */
+	/* prefix sharing: NULL share_ns = none */
+	const char *share_ns;	/* namespace name, the model's identity (< KVT_NS_NAME_LEN) */
+	uint32_t block_tokens;	/* tokens per block; 0: KVT_BLOCK_TOKENS_DEFAULT */
+	const uint32_t *prompt; /* prompt_len token ids, read by kv_kvtier_create() only */
 };
 
 /* Defaults of docs/tiering.md: tiered, Δ 64, 4 sinks, window 128, hbm 0.5, evict 0.03. */
@@ -60,6 +72,26 @@ void kv_kvtier_opts_default(struct kv_kvtier_opts *o);
 int kv_kvtier_create(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
 		     const struct kv_kvtier_opts *o, struct kv_backend **ret_kv, char *err,
 		     size_t errlen);
+
+/* What prefix sharing did (all zero without share_ns, but open_s). */
+struct kv_kvtier_share {
+	uint32_t block_tokens;	 /* in effect */
+	uint32_t prompt_blocks;	 /* full blocks of the prompt */
+	uint32_t matched_tokens; /* positions the sequence opened with: shared rows */
+	int published;		 /* leading blocks the namespace holds after PUBLISH, -1: not yet */
+	uint32_t published_new;	 /* of them, this sequence's rows (the others were there) */
+	int publish_err;	 /* -ENOSPC: the daemon's prefix cache was full of blocks in use */
+	double open_s;		 /* block keys, LOOKUP and SEQ_OPEN (SEQ_OPEN alone without) */
+};
+void kv_kvtier_share_info(const struct kv_backend *kv, struct kv_kvtier_share *ret);
+
+/*
+ * kv_kvtier_publish() - PUBLISH the prompt's full blocks now, if sharing and not done yet (the
+ * backend does it itself when the first generated token's step begins). Every prompt token must
+ * have been appended. -ENOSPC is not an error here (kept in publish_err: nothing published).
+ * Returns 0 or libkvtier's error.
+ */
+int kv_kvtier_publish(struct kv_backend *kv);
 
 /* SEQ_STAT of the backend's sequence. Returns 0 or libkvtier's error. */
 int kv_kvtier_stat(struct kv_backend *kv, struct kvt_seq_stat *ret_stat);

@@ -10,9 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <json-c/json.h>
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "eval.h"
 #include "generate.h"
@@ -41,7 +44,10 @@ struct opts {
 	struct kv_kvtier_opts ko; /* --socket, --policy, --hbm, ... */
 	int kvtier_opt;		  /* a kvtier-only option was given */
 	uint32_t hold_s;
-	const char *dump_kv; /* --dump-kv FILE */
+	int share_prefix;		/* --share-prefix */
+	char share_ns[KVT_NS_NAME_LEN]; /* the model's identity, its namespace */
+	double digest_s;		/* computing it */
+	const char *dump_kv;		/* --dump-kv FILE */
 	int eval, quick;
 	struct llm_eval_opts eo;
 	/* -1: the --eval/--quick default */
@@ -85,6 +91,12 @@ usage(FILE *out)
 	    "      --sinks N         first tokens always in T0 (4)\n"
 	    "      --hold-seconds N  keep the sequence open N seconds after generating, so\n"
 	    "                        'kvtierctl seqs' can show its tiers (0)\n"
+	    "      --share-prefix    take the prompt's leading blocks other processes published\n"
+	    "                        (same model file, same user) from kvtierd instead of\n"
+	    "                        computing them, and publish this prompt's blocks after\n"
+	    "                        prefill (docs/prefix.md). Sharing leaks which prompts were\n"
+	    "                        used to the processes sharing (a hit is faster)\n"
+	    "      --block-tokens N  tokens per shared block, 1..%d (%d)\n"
 	    "      --dump-kv FILE    append this run's post-RoPE keys and queries (every layer\n"
 	    "                        and head, f16) to FILE as one sequence, for\n"
 	    "                        kvtier-bench-retrieval --data real (format: kvdump.h)\n"
@@ -101,7 +113,7 @@ usage(FILE *out)
 	    "\n"
 	    "Exit status: 0 ok, 1 runtime error (missing model, bad file, kvtierd lost), 2 bad\n"
 	    "usage.\n",
-	    LLM_MODEL_FILE, KVT_DEFAULT_SOCKET);
+	    LLM_MODEL_FILE, KVT_DEFAULT_SOCKET, KVT_BLOCK_TOKENS_MAX, KVT_BLOCK_TOKENS_DEFAULT);
 }
 
 static int
@@ -175,6 +187,8 @@ parse_opts(int argc, char **argv, struct opts *o)
 		O_SPEED_TOKENS,
 		O_SPEED_REPS,
 		O_DUMP_KV,
+		O_SHARE_PREFIX,
+		O_BLOCK_TOKENS,
 	};
 	static const struct option lo[] = {
 	    {"model", required_argument, NULL, 'm'},
@@ -208,6 +222,8 @@ parse_opts(int argc, char **argv, struct opts *o)
 	    {"speed-tokens", required_argument, NULL, O_SPEED_TOKENS},
 	    {"speed-reps", required_argument, NULL, O_SPEED_REPS},
 	    {"dump-kv", required_argument, NULL, O_DUMP_KV},
+	    {"share-prefix", no_argument, NULL, O_SHARE_PREFIX},
+	    {"block-tokens", required_argument, NULL, O_BLOCK_TOKENS},
 	    {0},
 	};
 	int64_t delta = -1, window = -1;
@@ -367,6 +383,19 @@ parse_opts(int argc, char **argv, struct opts *o)
 			o->hold_s = (uint32_t)v;
 			o->kvtier_opt = 1;
 			break;
+		case O_SHARE_PREFIX:
+			o->share_prefix = 1;
+			o->kvtier_opt = 1;
+			break;
+		case O_BLOCK_TOKENS:
+			if (parse_u64(optarg, KVT_BLOCK_TOKENS_MAX, &v) < 0 || !v) {
+				fprintf(stderr,
+					"kvtier-llm: --block-tokens wants 1..%d, got '%s'\n",
+					KVT_BLOCK_TOKENS_MAX, optarg);
+				return -EINVAL;
+			}
+			o->ko.block_tokens = (uint32_t)v;
+			break;
 		case O_EVAL:
 			o->eval = 1;
 			break;
@@ -408,7 +437,7 @@ parse_opts(int argc, char **argv, struct opts *o)
 		return -EINVAL;
 	}
 	if (o->eval) {
-		if (o->prompt || o->kvtier || o->dump_kv) {
+		if (o->prompt || o->kvtier || o->dump_kv || o->share_prefix) {
 			fprintf(stderr,
 				"kvtier-llm: --eval takes no --prompt, --kv or --dump-kv (it "
 				"runs both backends)\n");
@@ -446,8 +475,19 @@ parse_opts(int argc, char **argv, struct opts *o)
 		return -EINVAL;
 	}
 	if (o->kvtier_opt && !o->kvtier) {
-		fprintf(stderr, "kvtier-llm: --socket, --policy, --hbm, --evict, --t2, --t2-keys, "
-				"--delta, --window, --sinks and --hold-seconds need --kv kvtier\n");
+		fprintf(stderr,
+			"kvtier-llm: --socket, --policy, --hbm, --evict, --t2, --t2-keys, "
+			"--delta, --window, --sinks, --hold-seconds and --share-prefix need "
+			"--kv kvtier\n");
+		return -EINVAL;
+	}
+	if (o->ko.block_tokens && !o->share_prefix) {
+		fprintf(stderr, "kvtier-llm: --block-tokens goes with --share-prefix\n");
+		return -EINVAL;
+	}
+	if (o->share_prefix && o->dump_kv) {
+		fprintf(stderr, "kvtier-llm: --dump-kv records every prompt step; with "
+				"--share-prefix the shared ones are not computed\n");
 		return -EINVAL;
 	}
 	if (delta > 0)
@@ -484,6 +524,15 @@ print_token(void *arg, uint32_t id)
 }
 
 static double
+now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double
 rate(uint32_t n, double s)
 {
 	return s > 0.0 ? n / s : 0.0;
@@ -497,6 +546,27 @@ json_float(float f)
 
 	snprintf(buf, sizeof(buf), "%g", f);
 	return json_object_new_double_s(f, buf);
+}
+
+/*
+ * The namespace of the model's shared blocks: a digest of the whole GGUF file (weights,
+ * tokenizer, metadata), so only processes running the same bytes share rows; the path, size or
+ * mtime would mix two files that differ and split one copied file.
+ */
+static void
+model_ns_name(const struct llm_model *m, char *buf, size_t len)
+{
+	XXH128_hash_t h = XXH3_128bits(m->gguf->base, m->gguf->size);
+
+	snprintf(buf, len, "gguf-xxh3-%016llx%016llx", (unsigned long long)h.high64,
+		 (unsigned long long)h.low64);
+}
+
+static double
+ttft_s(const struct llm_gen_stats *st, const struct kv_kvtier_share *sh)
+{
+	return (sh ? sh->open_s : 0.0) +
+	       (st->first_token_s > 0.0 ? st->first_token_s : st->prefill_s);
 }
 
 static int
@@ -534,6 +604,16 @@ print_json(const struct opts *o, const char *path, const struct llm_model *m,
 	json_object_object_add(j, "stopped_at_eog", json_object_new_boolean(st->stopped));
 	json_object_object_add(j, "text", json_object_new_string(text));
 	json_object_object_add(j, "tokens", ids);
+	json_object_object_add(j, "prefill_tokens", json_object_new_int64(st->prompt_tokens));
+	if (o->kvtier) {
+		struct kv_kvtier_share sh;
+
+		kv_kvtier_share_info(kv, &sh);
+		json_object_object_add(j, "ttft_ms", json_object_new_double(ttft_s(st, &sh) * 1e3));
+	} else {
+		json_object_object_add(j, "ttft_ms",
+				       json_object_new_double(ttft_s(st, NULL) * 1e3));
+	}
 	json_object_object_add(j, "prefill_s", json_object_new_double(st->prefill_s));
 	json_object_object_add(j, "prefill_tokens_per_s",
 			       json_object_new_double(rate(st->prompt_tokens, st->prefill_s)));
@@ -574,6 +654,30 @@ print_json(const struct opts *o, const char *path, const struct llm_model *m,
 		json_object_object_add(j, "tiers", t);
 		json_object_object_add(j, "session", json_object_new_int(kv_kvtier_session(kv)));
 		json_object_object_add(j, "seq", json_object_new_int(kv_kvtier_seq(kv)));
+		json_object_object_add(j, "pool_bytes", json_object_new_uint64(ss.pool_bytes));
+		json_object_object_add(j, "share_prefix", json_object_new_boolean(o->share_prefix));
+		if (o->share_prefix) {
+			struct kv_kvtier_share sh;
+
+			kv_kvtier_share_info(kv, &sh);
+			json_object_object_add(j, "namespace", json_object_new_string(o->share_ns));
+			json_object_object_add(j, "namespace_digest_ms",
+					       json_object_new_double(o->digest_s * 1e3));
+			json_object_object_add(j, "block_tokens",
+					       json_object_new_int64(sh.block_tokens));
+			json_object_object_add(j, "matched_tokens",
+					       json_object_new_int64(sh.matched_tokens));
+			json_object_object_add(j, "prompt_blocks",
+					       json_object_new_int64(sh.prompt_blocks));
+			json_object_object_add(j, "published_blocks",
+					       json_object_new_int64(sh.published));
+			json_object_object_add(j, "published_new_blocks",
+					       json_object_new_int64(sh.published_new));
+			if (sh.publish_err)
+				json_object_object_add(
+				    j, "publish_error",
+				    json_object_new_string(kvt_strerror(sh.publish_err)));
+		}
 	}
 	(void)m;
 	puts(json_object_to_json_string_ext(j, JSON_C_TO_STRING_PRETTY |
@@ -597,6 +701,7 @@ main(int argc, char **argv)
 	struct llm_ids prompt = {0}, out = {0};
 	struct llm_gen_stats st;
 	struct stream stream;
+	size_t skip;
 	int ret, status = 1;
 
 	if (parse_opts(argc, argv, &o) < 0) {
@@ -661,6 +766,14 @@ main(int argc, char **argv)
 	if (o.kvtier) {
 		o.ko.prompt_len = (uint32_t)prompt.n;
 		o.ko.max_tokens = (uint32_t)prompt.n + o.max_tokens;
+		if (o.share_prefix) {
+			double t0 = now_s();
+
+			model_ns_name(m, o.share_ns, sizeof(o.share_ns));
+			o.digest_s = now_s() - t0;
+			o.ko.share_ns = o.share_ns;
+			o.ko.prompt = prompt.v;
+		}
 		ret = kv_kvtier_create(m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim, &o.ko,
 				       &kv, err, sizeof(err));
 		if (ret < 0) {
@@ -697,10 +810,18 @@ main(int argc, char **argv)
 		    m->tied ? "tied" : "separate", prompt.n, kvt_simd_name(kvt_simd_level()));
 
 	stream.tok = tok;
-	ret = llm_generate(ctx, tok, prompt.v, prompt.n, o.max_tokens, &smp,
+	/* With shared rows the sequence starts past them: only the rest of the prompt is run. */
+	skip = kv->n;
+	ret = llm_generate(ctx, tok, prompt.v + skip, prompt.n - skip, o.max_tokens, &smp,
 			   o.json ? NULL : print_token, &stream, &out, &st);
 	if (ret < 0)
 		goto err_errno;
+	if (o.share_prefix) {
+		/* when generation ended before a decode step the backend has not published yet */
+		ret = kv_kvtier_publish(kv);
+		if (ret < 0)
+			goto err_errno;
+	}
 	ret = llm_kvdump_close(dump);
 	dump = NULL;
 	if (ret < 0) {
@@ -736,6 +857,19 @@ main(int argc, char **argv)
 				(unsigned long long)ss.tier_count[1],
 				(unsigned long long)ss.tier_count[2],
 				(unsigned long long)ss.tier_count[3]);
+			if (o.share_prefix) {
+				struct kv_kvtier_share sh;
+
+				kv_kvtier_share_info(kv, &sh);
+				fprintf(
+				    stderr,
+				    "kvtier-llm: prefix sharing: %u of %zu prompt tokens shared "
+				    "(blocks of %u), %d blocks published (%u new); first token "
+				    "after %.1f ms; pool bytes %llu\n",
+				    sh.matched_tokens, prompt.n, sh.block_tokens, sh.published,
+				    sh.published_new, ttft_s(&st, &sh) * 1e3,
+				    (unsigned long long)ss.pool_bytes);
+			}
 			if (o.verbose) {
 				struct kv_kvtier_counters k;
 				double per = kv->n ? 1e3 / kv->n : 0;
