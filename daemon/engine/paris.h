@@ -257,7 +257,8 @@ void kvt_paris_rerank(const struct kvt_paris_index *ix, const struct kvt_paris_q
 
 /*
  * kvt_paris_topk_select - the @k best (score desc, index asc; NaN after every number) of @n
- * (index, score) pairs, sorted that way. @k <= @n. Thread-safe.
+ * (index, score) pairs, sorted that way; @idx NULL means index i for score i. @k <= @n.
+ * Thread-safe.
  */
 void kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, uint32_t k,
 			   uint32_t *ret_idx, float *ret_score);
