@@ -15,6 +15,10 @@ The library is found through $KVTIER_LIB, then a build tree ($KVT_BUILD_DIR, bui
 checkout), then the system (libkvtier.so.0); importing fails with LibraryError (an ImportError)
 when it is missing or speaks another ABI major. Every failed call raises KvtierError, an
 OSError carrying errno and kvtierd's message.
+
+Prefix blocks (ABI 1.2) let processes that serve the same prompt prefix compute and hold its
+rows once: ``Client.ns_open()`` (the model's identity and geometry), ``Namespace.block_keys()``
+and ``lookup()``, ``open_sequence(ns=..., prefix_blocks=...)``, ``Sequence.publish()``.
 """
 from __future__ import annotations
 
@@ -25,9 +29,14 @@ from ._abi import (
     FETCH_F_LIST,
     FETCH_F_T1,
     FETCH_F_T2,
+    LOOKUP_F_PIN,
     OP_APPEND,
     OP_FETCH,
+    OP_LOOKUP,
     OP_NOP,
+    OP_NS_CLOSE,
+    OP_NS_OPEN,
+    OP_PUBLISH,
     OP_RETIER,
     OP_SCORE_ADD,
     OP_SEQ_CLOSE,
@@ -38,7 +47,9 @@ from ._abi import (
     TOPK_F_ESTIMATE,
     TOPK_F_FETCH,
     TOPK_F_UNION,
+    BlockKey,
     Cqe,
+    NsParams,
     SeqParams,
     Sqe,
     retier_out_size,
@@ -48,6 +59,7 @@ from ._lib import LibraryError
 from .core import (
     CHANGE_DTYPE,
     DTYPES,
+    KEY_DTYPE,
     LIBRARY_PATH,
     PARAM_FIELDS,
     POLICIES,
@@ -57,12 +69,16 @@ from .core import (
     Client,
     FetchResult,
     KvtierError,
+    Namespace,
+    PublishResult,
     RetierResult,
     Sequence,
     SeqStat,
     TopkResult,
     abi_version,
+    block_keys,
     connect,
+    make_ns_params,
     make_params,
     strerror,
 )
@@ -84,7 +100,9 @@ __all__ = [
     "OP_APPEND", "OP_FETCH", "OP_NOP", "OP_RETIER", "OP_SCORE_ADD", "OP_SEQ_CLOSE",
     "OP_SEQ_OPEN", "OP_SEQ_STAT", "OP_TOPK", "T2_F_KEY_CHANNEL", "TOPK_F_ESTIMATE",
     "TOPK_F_FETCH", "TOPK_F_UNION", "Cqe", "SeqParams", "Sqe", "retier_out_size",
-    "topk_out_size", "LibraryError",
+    "topk_out_size", "LibraryError", "LOOKUP_F_PIN", "OP_LOOKUP", "OP_NS_CLOSE", "OP_NS_OPEN",
+    "OP_PUBLISH", "BlockKey", "NsParams", "KEY_DTYPE", "Namespace", "PublishResult",
+    "block_keys", "make_ns_params",
     "CHANGE_DTYPE", "DTYPES", "LIBRARY_PATH", "PARAM_FIELDS", "POLICIES", "SCORE_MODES",
     "AppendResult", "Buffer", "Client", "FetchResult", "KvtierError", "RetierResult",
     "Sequence", "SeqStat", "TopkResult", "abi_version", "connect", "make_params", "strerror",

@@ -21,7 +21,7 @@ from ctypes import (
 
 ABI_MAJOR = 1
 """The KVT_ABI_MAJOR these mirrors follow; libkvtier must report the same major."""
-ABI_MINOR = 1
+ABI_MINOR = 2
 """The KVT_ABI_MINOR these mirrors follow (a newer minor only adds)."""
 OP_ERR_MSG_LEN = 224
 """Bytes of struct kvt_op_err's message, NUL included."""
@@ -36,6 +36,10 @@ OP_RETIER = 5
 OP_FETCH = 6
 OP_TOPK = 7
 OP_SEQ_STAT = 8
+OP_NS_OPEN = 9
+OP_NS_CLOSE = 10
+OP_LOOKUP = 11
+OP_PUBLISH = 12
 
 DTYPE_F16 = 0
 DTYPE_BF16 = 1
@@ -62,6 +66,13 @@ FETCH_F_LIST = 1 << 2
 TOPK_F_UNION = 1 << 0
 TOPK_F_FETCH = 1 << 1
 TOPK_F_ESTIMATE = 1 << 2
+LOOKUP_F_PIN = 1 << 0
+
+# Prefix blocks (ABI 1.2).
+NS_NAME_LEN = 64
+BLOCK_TOKENS_DEFAULT = 16
+BLOCK_TOKENS_MAX = 1024
+MAX_NS = 16
 
 # Control socket (proto/kvt_ctl.h).
 CTL_MAX_MSG = 262144
@@ -90,12 +101,13 @@ class Opts(ctypes.Structure):
 
 
 class _SqeCount(ctypes.Union):
-    _fields_ = [("count", c_uint32), ("ntok", c_uint32), ("npos", c_uint32), ("k", c_uint32)]
+    _fields_ = [("count", c_uint32), ("ntok", c_uint32), ("npos", c_uint32), ("k", c_uint32),
+                ("nkeys", c_uint32), ("prefix_blocks", c_uint32)]
 
 
 class _SqeArg0(ctypes.Union):
     _fields_ = [("arg0", c_uint64), ("first_pos", c_uint64), ("layer0", c_uint64),
-                ("layer", c_uint64)]
+                ("layer", c_uint64), ("ns", c_uint64)]
 
 
 class _SqeArg1(ctypes.Union):
@@ -109,9 +121,9 @@ class _SqeArg2(ctypes.Union):
 class Sqe(ctypes.Structure):
     """struct kvt_sqe: one submission entry (64 bytes), filled in place in the ring.
 
-    The per-opcode fields have the header's names for each opcode (``ntok``, ``npos``, ``k``;
-    ``first_pos``, ``layer0``, ``layer``; ``nlayers``, ``out_off``; ``stage_row``,
-    ``out_len``) besides the generic ``count``, ``arg0``, ``arg1``, ``arg2``. The ``prep_*``
+    The per-opcode fields have the header's names for each opcode (``ntok``, ``npos``, ``k``,
+    ``nkeys``, ``prefix_blocks``; ``first_pos``, ``layer0``, ``layer``, ``ns``; ``nlayers``,
+    ``out_off``; ``stage_row``, ``out_len``) besides the generic ``count``, ``arg0``, ``arg1``, ``arg2``. The ``prep_*``
     methods are kvtier.h's kvt_prep_*(): each fills every field but user_data and stamp."""
 
     _anonymous_ = ("_count", "_arg0", "_arg1", "_arg2")
@@ -148,6 +160,33 @@ class Sqe(ctypes.Structure):
         """kvt_prep_seq_open(): a struct kvt_seq_params at arena offset @params_off (with a
         CUDA buffer's Buffer.offset added to its base offsets). CQE res: the sequence id."""
         self.prep_rw(OP_SEQ_OPEN, 0, 0, params_off, ctypes.sizeof(SeqParams), 0, 0, 0, 0)
+
+    def prep_seq_open_prefix(self, params_off: int, ns: int, prefix_blocks: int) -> None:
+        """kvt_prep_seq_open_prefix(): SEQ_OPEN in namespace @ns (0: none) starting with
+        @prefix_blocks blocks pinned there by the last pinning LOOKUP."""
+        self.prep_rw(OP_SEQ_OPEN, 0, 0, params_off, ctypes.sizeof(SeqParams), prefix_blocks,
+                     ns, 0, 0)
+
+    def prep_ns_open(self, params_off: int) -> None:
+        """kvt_prep_ns_open(): a struct kvt_ns_params at arena offset @params_off. CQE res: the
+        namespace id; aux[0]: block_tokens in effect."""
+        self.prep_rw(OP_NS_OPEN, 0, 0, params_off, ctypes.sizeof(NsParams), 0, 0, 0, 0)
+
+    def prep_ns_close(self, ns: int) -> None:
+        """kvt_prep_ns_close(): drop the session's handle of @ns and its pins."""
+        self.prep_rw(OP_NS_CLOSE, 0, 0, 0, 0, 0, ns, 0, 0)
+
+    def prep_lookup(self, ns: int, flags: int, keys_off: int, nkeys: int) -> None:
+        """kvt_prep_lookup(): how many of the @nkeys block keys at @keys_off (8-byte aligned)
+        lead in @ns; LOOKUP_F_PIN pins them for SEQ_OPEN."""
+        self.prep_rw(OP_LOOKUP, 0, flags, keys_off, nkeys * ctypes.sizeof(BlockKey), nkeys,
+                     ns, 0, 0)
+
+    def prep_publish(self, seq: int, keys_off: int, nkeys: int) -> None:
+        """kvt_prep_publish(): offer the first @nkeys blocks of @seq, keyed by the keys at
+        @keys_off, to its namespace. CQE res: blocks held; aux[0] new, aux[1] found."""
+        self.prep_rw(OP_PUBLISH, seq, 0, keys_off, nkeys * ctypes.sizeof(BlockKey), nkeys,
+                     0, 0, 0)
 
     def prep_seq_close(self, seq: int) -> None:
         """kvt_prep_seq_close()."""
@@ -288,6 +327,30 @@ class SeqStatC(ctypes.Structure):
     ]
 
 
+class NsParams(ctypes.Structure):
+    """struct kvt_ns_params: the NS_OPEN payload (96 bytes): a namespace of prefix blocks,
+    named by the model's identity, with the geometry and dtype of its sequences."""
+
+    _fields_ = [
+        ("size", c_uint32),
+        ("layers", c_uint16),
+        ("kv_heads", c_uint16),
+        ("head_dim", c_uint16),
+        ("dtype", c_uint8),
+        ("reserved0", c_uint8),
+        ("block_tokens", c_uint32),
+        ("flags", c_uint32),
+        ("reserved", c_uint32 * 3),
+        ("name", c_char * NS_NAME_LEN),
+    ]
+
+
+class BlockKey(ctypes.Structure):
+    """struct kvt_block_key: a 128-bit block key (XXH3-128, chained by kvt_block_keys())."""
+
+    _fields_ = [("lo", c_uint64), ("hi", c_uint64)]
+
+
 class CtlHdr(ctypes.Structure):
     """struct kvt_ctl_hdr: the header of every control-socket message."""
 
@@ -332,6 +395,8 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "kvt_ctl_hdr": CtlHdr,
     "kvt_ctl_error": CtlError,
     "kvt_op_err": OpErr,
+    "kvt_ns_params": NsParams,
+    "kvt_block_key": BlockKey,
 }
 """C struct name -> its mirror, for the layout probe."""
 
@@ -348,7 +413,11 @@ CONSTANTS: dict[str, int] = {
     "KVT_OP_FETCH": OP_FETCH,
     "KVT_OP_TOPK": OP_TOPK,
     "KVT_OP_SEQ_STAT": OP_SEQ_STAT,
-    "KVT_OP__COUNT": OP_SEQ_STAT + 1,
+    "KVT_OP_NS_OPEN": OP_NS_OPEN,
+    "KVT_OP_NS_CLOSE": OP_NS_CLOSE,
+    "KVT_OP_LOOKUP": OP_LOOKUP,
+    "KVT_OP_PUBLISH": OP_PUBLISH,
+    "KVT_OP__COUNT": OP_PUBLISH + 1,
     "KVT_DTYPE_F16": DTYPE_F16,
     "KVT_DTYPE_BF16": DTYPE_BF16,
     "KVT_DTYPE_F32": DTYPE_F32,
@@ -373,6 +442,11 @@ CONSTANTS: dict[str, int] = {
     "KVT_TOPK_F_UNION": TOPK_F_UNION,
     "KVT_TOPK_F_FETCH": TOPK_F_FETCH,
     "KVT_TOPK_F_ESTIMATE": TOPK_F_ESTIMATE,
+    "KVT_LOOKUP_F_PIN": LOOKUP_F_PIN,
+    "KVT_NS_NAME_LEN": NS_NAME_LEN,
+    "KVT_BLOCK_TOKENS_DEFAULT": BLOCK_TOKENS_DEFAULT,
+    "KVT_BLOCK_TOKENS_MAX": BLOCK_TOKENS_MAX,
+    "KVT_MAX_NS": MAX_NS,
     "KVT_CTL_MAX_MSG": CTL_MAX_MSG,
     "KVT_CTL_ERROR": CTL_ERROR,
     "KVT_CTL_STATUS": CTL_STATUS,

@@ -98,6 +98,14 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvt_cuda_stream_wait": (c_int, [P, P]),
         "kvt_op_error": (c_int, [P, c_uint64, c_char_p, c_size_t]),
         "kvt_version": (c_char_p, []),
+        # ABI 1.2: prefix blocks (keys as addresses of struct kvt_block_key arrays)
+        "kvt_ns_open": (c_int, [P, POINTER(_abi.NsParams), POINTER(c_uint32)]),
+        "kvt_ns_close": (c_int, [P, c_uint32]),
+        "kvt_block_keys": (c_int, [POINTER(_abi.NsParams), P, P, c_size_t, P, c_size_t]),
+        "kvt_lookup": (c_int, [P, c_uint32, P, c_uint32, c_uint]),
+        "kvt_seq_open_prefix": (c_int, [P, POINTER(_abi.SeqParams), c_uint32, c_uint32,
+                                        POINTER(c_uint32)]),
+        "kvt_publish": (c_int, [P, c_uint32, P, c_uint32, POINTER(c_uint32)]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

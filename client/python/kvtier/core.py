@@ -57,6 +57,10 @@ SCORE_MODES: dict[str, int] = {"sum": _abi.SCORE_SUM, "mean": _abi.SCORE_MEAN}
 PARAM_FIELDS: tuple[str, ...] = tuple(name for name, _ in _abi.SeqParams._fields_)
 """Keyword names open_sequence() takes: the fields of struct kvt_seq_params."""
 
+KEY_DTYPE = np.dtype([("lo", "<u8"), ("hi", "<u8")])
+"""NumPy dtype of struct kvt_block_key: arrays of it are what block_keys() returns and what
+lookup() and publish() take, passed to libkvtier without a copy."""
+
 
 def strerror(err: int) -> str:
     """kvtier's message for an errno (either sign), kvtier meanings first (kvt_strerror)."""
@@ -209,6 +213,105 @@ def make_params(**params: Any) -> _abi.SeqParams:
         else:
             setattr(p, name, _uint(name, v, t))
     return p
+
+
+def make_ns_params(name: str, layers: int, kv_heads: int, head_dim: int, dtype: Any,
+                   block_tokens: int = 0) -> _abi.NsParams:
+    """A struct kvt_ns_params: @name is the model's identity (printable ASCII, 1..63 bytes),
+    the geometry and @dtype those of the sequences that will share rows through it,
+    @block_tokens tokens per block (0: the default, 16). KvtierError(EINVAL) for a value the
+    struct cannot hold or kvtierd would refuse by name."""
+    if not isinstance(name, str):
+        raise KvtierError(_errno.EINVAL, "kvt_ns_params", f"name={name!r} is not a str")
+    try:
+        raw = name.encode("ascii")
+    except UnicodeEncodeError:
+        raw = b"\x80"
+    if not raw or len(raw) >= _abi.NS_NAME_LEN or not all(0x20 <= c < 0x7F for c in raw):
+        raise KvtierError(
+            _errno.EINVAL, "kvt_ns_params",
+            f"namespace name {name!r}: printable ASCII of 1..{_abi.NS_NAME_LEN - 1} bytes "
+            "(a model's identity, e.g. its name and a digest)")
+    np_ = _abi.NsParams()
+    np_.size = ctypes.sizeof(np_)
+    np_.layers = _uint("layers", layers, ctypes.c_uint16)
+    np_.kv_heads = _uint("kv_heads", kv_heads, ctypes.c_uint16)
+    np_.head_dim = _uint("head_dim", head_dim, ctypes.c_uint16)
+    np_.dtype = _uint("dtype", _dtype_code(dtype), ctypes.c_uint8)
+    np_.block_tokens = _uint("block_tokens", block_tokens)
+    np_.name = raw
+    return np_
+
+
+def _keys(name: str, keys: Any) -> np.ndarray:
+    """@keys as a contiguous KEY_DTYPE array: one of KEY_DTYPE, uint64 pairs (n, 2), or bytes
+    of n * 16 (struct kvt_block_key, little-endian)."""
+    if isinstance(keys, (np.ndarray, np.void)) and keys.dtype == KEY_DTYPE:  # array, one key
+        return np.ascontiguousarray(np.asarray(keys, KEY_DTYPE).reshape(-1))
+    if isinstance(keys, (bytes, bytearray, memoryview)):
+        if len(keys) % 16:
+            raise KvtierError(_errno.EINVAL, name,
+                              f"{len(keys)} bytes of keys: not a multiple of 16")
+        return np.frombuffer(bytes(keys), KEY_DTYPE)
+    a = np.asarray(keys)
+    if a.dtype.kind in "iu" and a.ndim == 2 and a.shape[1] == 2 and (a.size == 0 or
+                                                                      a.min() >= 0):
+        out = np.empty(a.shape[0], KEY_DTYPE)
+        out["lo"], out["hi"] = a[:, 0], a[:, 1]
+        return out
+    raise KvtierError(_errno.EINVAL, name,
+                      "keys must be an array of kvtier.KEY_DTYPE (block_keys()'s result), "
+                      "(n, 2) unsigned pairs (lo, hi) or n * 16 bytes")
+
+
+def _tokens(tokens: Any) -> np.ndarray:
+    """Token ids as a contiguous uint32 vector; a (1, n) batch of one row is accepted."""
+    if hasattr(tokens, "detach"):  # torch.Tensor
+        tokens = tokens.detach().cpu().numpy()
+    a = np.asarray(tokens)
+    if a.ndim == 2 and a.shape[0] == 1:
+        a = a[0]
+    if a.ndim != 1:
+        raise KvtierError(_errno.EINVAL, "kvt_block_keys",
+                          f"tokens of shape {a.shape}: one sequence's ids, (n,) or (1, n)")
+    return _u32_array("tokens", a)
+
+
+def block_keys(ns: Any, tokens: Any, parent: Any = None) -> np.ndarray:
+    """The keys of the full blocks of @tokens (token ids) in namespace @ns (a Namespace or a
+    make_ns_params() struct), computed by libkvtier (kvt_block_keys: key i = XXH3-128 of key
+    i - 1 and block i's tokens, chained from the namespace's identity, so a key names its
+    whole prefix). @parent: the key of the block before @tokens[0] (None: they start the
+    sequence). Pure computation, no daemon. A KEY_DTYPE array of len(tokens) // block_tokens."""
+    np_ = ns.params if isinstance(ns, Namespace) else ns
+    if not isinstance(np_, _abi.NsParams):
+        raise KvtierError(_errno.EINVAL, "kvt_block_keys",
+                          "ns must be a Namespace or a make_ns_params() struct")
+    if not _lib.has(_LIB, "kvt_block_keys"):
+        raise KvtierError(_errno.EOPNOTSUPP, "kvt_block_keys",
+                          f"{LIBRARY_PATH} predates prefix blocks (ABI 1.2)")
+    tok = _tokens(tokens)
+    bt = np_.block_tokens or _abi.BLOCK_TOKENS_DEFAULT
+    out = np.empty(max(tok.size // bt, 1), KEY_DTYPE)
+    par = None
+    if parent is not None:
+        if isinstance(parent, tuple) and len(parent) == 2:  # (lo, hi)
+            parent = [parent]
+        par = _keys("parent", parent)
+        if par.size != 1:
+            raise KvtierError(_errno.EINVAL, "kvt_block_keys", "parent is one key")
+    r = _LIB.kvt_block_keys(byref(np_), par.ctypes.data if par is not None else None,
+                            tok.ctypes.data, tok.size, out.ctypes.data, tok.size // bt)
+    _check(r, "kvt_block_keys", _last_error())
+    return out[:r]
+
+
+class PublishResult(NamedTuple):
+    """What a PUBLISH did: the leading blocks the namespace now holds for the sequence, and
+    how many of them this call added (the others it found already published)."""
+
+    held: int
+    new: int
 
 
 class AppendResult(NamedTuple):
@@ -368,6 +471,61 @@ class Buffer:
         return f"<kvtier.Buffer id={self.id} size={self.size}{state}>"
 
 
+class Namespace:
+    """A namespace of prefix blocks joined by a Client (Client.ns_open()): sequences opened
+    in it may PUBLISH their first blocks and start from blocks a LOOKUP pinned. A context
+    manager: leaving it closes the session's handle (its pins go; the blocks stay cached)."""
+
+    def __init__(self, client: Client, ns_id: int, params: _abi.NsParams) -> None:
+        self._client = client
+        self.id: int | None = ns_id
+        """The namespace's id in this session (None once closed)."""
+        self.params: _abi.NsParams = params
+        """The struct kvt_ns_params it was opened with."""
+        self.name: str = params.name.decode()
+        self.block_tokens: int = params.block_tokens or _abi.BLOCK_TOKENS_DEFAULT
+        """Tokens per block in effect."""
+
+    def _ids(self, call: str) -> tuple[int, int]:
+        if self.id is None:
+            raise KvtierError(_errno.ENOENT, call, "the namespace was closed")
+        return self._client._live(call), self.id
+
+    def block_keys(self, tokens: Any, parent: Any = None) -> np.ndarray:
+        """The keys of @tokens' full blocks in this namespace (module-level block_keys())."""
+        return block_keys(self, tokens, parent)
+
+    def lookup(self, keys: Any, pin: bool = True) -> int:
+        """LOOKUP: how many leading blocks of @keys (one prefix, in order) the namespace holds.
+        With @pin (LOOKUP_F_PIN) they stay pinned, replacing earlier pins, until the next
+        pinning lookup or close(), for open_sequence(ns=self, prefix_blocks=...). No keys:
+        0 without asking kvtierd."""
+        c, ns = self._ids("kvt_lookup")
+        k = _keys("kvt_lookup", keys)
+        if k.size == 0:
+            return 0
+        return _check_op(_LIB.kvt_lookup(c, ns, k.ctypes.data, _uint("nkeys", k.size),
+                                         _abi.LOOKUP_F_PIN if pin else 0), "kvt_lookup")
+
+    def close(self) -> None:
+        """NS_CLOSE; a no-op when already closed or when the client is."""
+        if self.id is None:
+            return
+        ns, self.id = self.id, None
+        if self._client._h is not None:
+            _check_op(_LIB.kvt_ns_close(self._client._h, ns), "kvt_ns_close")
+
+    def __enter__(self) -> Namespace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<kvtier.Namespace id={self.id} name={self.name!r} "
+                f"block_tokens={self.block_tokens}>")
+
+
 class Sequence:
     """An open sequence of a Client (one per generated stream). Geometry attributes mirror the
     parameters it was opened with; ``params`` holds them all. A context manager: leaving it
@@ -389,6 +547,10 @@ class Sequence:
             * (4 if params.dtype == _abi.DTYPE_F32 else 2)
         )
         """Bytes of one token's rows: layers * 2 * kv_heads * head_dim * dtype size."""
+        self.ns: Namespace | None = None
+        """The namespace it may PUBLISH to (open_sequence(ns=...)), or None."""
+        self.prefix_tokens: int = 0
+        """Positions it started with, shared from its namespace's blocks."""
         self._retier_buf: Any = None
 
     def _ids(self, call: str) -> tuple[int, int]:
@@ -504,6 +666,25 @@ class Sequence:
         sc = np.frombuffer(out, np.float32, H * stride, H * 4 + H * stride * 4)
         return TopkResult(stride, counts, pos, sc.reshape(H, stride).copy())
 
+    def publish(self, keys: Any, n: int | None = None) -> PublishResult:
+        """PUBLISH: offer the first @n (default: all) full blocks of this sequence, keyed by
+        @keys (block_keys() of its tokens), to its namespace; rows already in the pool are
+        referenced, not copied, and a block the namespace already holds replaces this
+        sequence's own copy. It stops at a block with a position evicted or int8.
+        KvtierError(EINVAL): no namespace, or keys past the sequence's tokens; ENOSPC: the
+        prefix cache is full of blocks in use."""
+        c, s = self._ids("kvt_publish")
+        if not _lib.has(_LIB, "kvt_publish"):
+            raise KvtierError(_errno.EOPNOTSUPP, "kvt_publish",
+                              f"{LIBRARY_PATH} predates prefix blocks (ABI 1.2)")
+        k = _keys("kvt_publish", keys)
+        if n is not None:
+            k = k[: _uint("n", n)]
+        new = c_uint32()
+        r = _check_op(_LIB.kvt_publish(c, s, k.ctypes.data, _uint("nkeys", k.size),
+                                       byref(new)), "kvt_publish")
+        return PublishResult(r, new.value)
+
     def stat(self) -> SeqStat:
         """SEQ_STAT: tokens per tier, pool bytes, bytes in and out, the score total."""
         c, s = self._ids("kvt_seq_stat")
@@ -543,6 +724,7 @@ class Client:
         """The session id, as kvtierctl shows it."""
         self._bufs: weakref.WeakSet[Buffer] = weakref.WeakSet()
         self._seqs: weakref.WeakSet[Sequence] = weakref.WeakSet()
+        self._nss: weakref.WeakSet[Namespace] = weakref.WeakSet()
 
     def _live(self, call: str) -> int:
         if self._h is None:
@@ -611,12 +793,50 @@ class Client:
 
     # ---- sequences ----
 
-    def open_sequence(self, **params: Any) -> Sequence:
+    def ns_open(self, name: str, layers: int, kv_heads: int, head_dim: int, dtype: Any,
+                block_tokens: int = _abi.BLOCK_TOKENS_DEFAULT) -> Namespace:
+        """NS_OPEN: join (or create) the namespace of prefix blocks @name (the model's
+        identity) with this geometry and dtype (see make_ns_params()). Blocks are shared only
+        by clients that open the same name, geometry, dtype and block size, and by default
+        run as the same uid."""
+        c = self._live("kvt_ns_open")
+        if not _lib.has(_LIB, "kvt_ns_open"):
+            raise KvtierError(_errno.EOPNOTSUPP, "kvt_ns_open",
+                              f"{LIBRARY_PATH} predates prefix blocks (ABI 1.2)")
+        np_ = make_ns_params(name, layers, kv_heads, head_dim, dtype, block_tokens)
+        ns = c_uint32()
+        _check_op(_LIB.kvt_ns_open(c, byref(np_), byref(ns)), "kvt_ns_open")
+        n = Namespace(self, ns.value, np_)
+        self._nss.add(n)
+        return n
+
+    def open_sequence(self, *, ns: Namespace | None = None, prefix_blocks: int = 0,
+                      **params: Any) -> Sequence:
         """SEQ_OPEN with the fields of struct kvt_seq_params as keywords (see make_params();
-        fields not given are zero, so give at least layers, kv_heads, head_dim and delta)."""
+        fields not given are zero, so give at least layers, kv_heads, head_dim and delta).
+        @ns: a Namespace the sequence may publish to (same geometry and dtype); with
+        @prefix_blocks > 0 it starts with that many blocks pinned by @ns's last pinning
+        lookup(), prefix_blocks * block_tokens positions shared, not copied."""
         p = make_params(**params)
         sid = c_uint32()
-        r = _LIB.kvt_seq_open(self._live("kvt_seq_open"), byref(p), byref(sid))
+        c = self._live("kvt_seq_open")
+        nb = _uint("prefix_blocks", prefix_blocks)
+        if ns is None and nb:
+            raise KvtierError(_errno.EINVAL, "kvt_seq_open_prefix",
+                              f"prefix_blocks={nb} needs the namespace they were looked up in "
+                              "(ns=)")
+        if ns is not None:
+            if not isinstance(ns, Namespace) or ns._client is not self:
+                raise KvtierError(_errno.EINVAL, "kvt_seq_open_prefix",
+                                  "ns must be a Namespace this client opened")
+            _, ns_id = ns._ids("kvt_seq_open_prefix")
+            r = _LIB.kvt_seq_open_prefix(c, byref(p), ns_id, nb, byref(sid))
+            _check_op(r, "kvt_seq_open_prefix")
+            seq = Sequence(self, sid.value, p)
+            seq.ns, seq.prefix_tokens = ns, nb * ns.block_tokens
+            self._seqs.add(seq)
+            return seq
+        r = _LIB.kvt_seq_open(c, byref(p), byref(sid))
         if r == -_errno.EINVAL and not _last_error():  # a kvtierd that gives no reason
             raise KvtierError(
                 r, "kvt_seq_open",
@@ -703,6 +923,8 @@ class Client:
         h, self._h = self._h, None
         for s in list(self._seqs):
             s.id = None
+        for n in list(self._nss):
+            n.id = None
         for b in list(self._bufs):
             b._h = None
             b._mem = None

@@ -18,12 +18,19 @@ from conftest import PYTHON, REPO, build_dir
 CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
-def compile_c(tmp_path: Path, name: str, src: str, shared: bool = False) -> Path:
+def compile_c(tmp_path: Path, name: str, src: str, shared: bool = False,
+              link_kvtier: bool = False) -> Path:
+    """Compile @src against kvtier.h; @link_kvtier links the libkvtier the package loaded."""
     assert CC, "no C compiler (cc) on PATH: the ABI probe needs one"
     c = tmp_path / f"{name}.c"
     c.write_text(src)
     out = tmp_path / (f"lib{name}.so" if shared else name)
     flags = ["-shared", "-fPIC"] if shared else []
+    libs: list[str] = []
+    if link_kvtier:
+        lib = Path(kvtier.LIBRARY_PATH if "/" in kvtier.LIBRARY_PATH
+                   else build_dir() / "client" / "libkvtier.so.0").resolve()
+        libs = [str(lib), f"-Wl,-rpath,{lib.parent}"]
     # kvtier.h includes "kvtier/kvt_abi.h", the installed layout: lay proto/kvt_abi.h out so.
     inc = tmp_path / "include" / "kvtier"
     inc.mkdir(parents=True, exist_ok=True)
@@ -31,7 +38,7 @@ def compile_c(tmp_path: Path, name: str, src: str, shared: bool = False) -> Path
     r = subprocess.run([CC, "-std=c11", "-Wall", "-Werror", *flags,
                         "-I", str(REPO / "client" / "include"), "-I", str(tmp_path / "include"),
                         "-I", str(REPO / "proto"),
-                        "-o", str(out), str(c)], capture_output=True, text=True)
+                        "-o", str(out), str(c), *libs], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return out
 
@@ -111,6 +118,8 @@ PREP_CALLS = [
                                              64, 30)),
     ("fetch", (3, _abi.FETCH_F_LIST, 0, 3, 0, 64, 7)),
     ("topk", (3, 5, 10, _abi.TOPK_F_UNION, 0, 256, 1024, 968)),
+    ("seq_open_prefix", (4096, 2, 7)), ("ns_open", (512,)), ("ns_close", (3,)),
+    ("lookup", (2, _abi.LOOKUP_F_PIN, 64, 9)), ("publish", (5, 128, 4)),
 ]
 
 
