@@ -168,7 +168,12 @@ dot_prefetch(const uint8_t *r, size_t len)
 		__builtin_prefetch(r + off);
 }
 
-/* Two rows at a time, two 8-lane accumulators each (lanes 0-7 and 8-15 of the 16). */
+/*
+ * One row at a time, two 8-lane accumulators (lanes 0-7 and 8-15 of the 16). Rows in turn rather
+ * than interleaved: the next row's independent FMA chain overlaps this one's anyway, and a
+ * single sequential stream is what the hardware prefetcher follows best (measured: 2 and 4 rows
+ * at a time were 15-30 % slower streaming 64 MiB of f16 rows, no faster from cache).
+ */
 __attribute__((target("avx2,fma,f16c"))) static void
 dot_avx2(const uint8_t *rows, size_t stride, uint32_t n, unsigned int dtype, const float *x,
 	 unsigned int dim, float *ret)
@@ -176,27 +181,19 @@ dot_avx2(const uint8_t *rows, size_t stride, uint32_t n, unsigned int dtype, con
 	const unsigned int es = dtype == KVT_DTYPE_F32 ? 4 : 2;
 	const size_t len = (size_t)dim * es;
 	const bool pf = stride > len;
-	uint32_t i = 0;
 
-	for (; i < n; i += 2) {
-		const uint8_t *r0 = rows + i * stride, *r1 = i + 1 < n ? r0 + stride : r0;
-		__m256 a0 = _mm256_setzero_ps(), b0 = a0, a1 = a0, b1 = a0;
+	for (uint32_t i = 0; i < n; i++) {
+		const uint8_t *r = rows + i * stride;
+		__m256 a = _mm256_setzero_ps(), b = a;
 
-		if (pf && i + DOT_PREFETCH + 1 < n) {
-			dot_prefetch(r0 + DOT_PREFETCH * stride, len);
-			dot_prefetch(r1 + DOT_PREFETCH * stride, len);
-		}
+		if (pf && i + DOT_PREFETCH < n)
+			dot_prefetch(r + DOT_PREFETCH * stride, len);
 		for (unsigned int j = 0; j < dim; j += 16) {
-			__m256 xl = _mm256_loadu_ps(x + j), xh = _mm256_loadu_ps(x + j + 8);
-
-			a0 = _mm256_fmadd_ps(load8(r0 + j * es, dtype), xl, a0);
-			b0 = _mm256_fmadd_ps(load8(r0 + (j + 8) * es, dtype), xh, b0);
-			a1 = _mm256_fmadd_ps(load8(r1 + j * es, dtype), xl, a1);
-			b1 = _mm256_fmadd_ps(load8(r1 + (j + 8) * es, dtype), xh, b1);
+			a = _mm256_fmadd_ps(load8(r + j * es, dtype), _mm256_loadu_ps(x + j), a);
+			b = _mm256_fmadd_ps(load8(r + (j + 8) * es, dtype),
+					    _mm256_loadu_ps(x + j + 8), b);
 		}
-		ret[i] = hsum8(_mm256_add_ps(a0, b0));
-		if (i + 1 < n)
-			ret[i + 1] = hsum8(_mm256_add_ps(a1, b1));
+		ret[i] = hsum8(_mm256_add_ps(a, b));
 	}
 }
 
@@ -221,7 +218,7 @@ hsum16(__m512 a)
 			  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1))));
 }
 
-/* Four rows at a time, one 16-lane accumulator each: four independent FMA chains. */
+/* One row at a time, one 16-lane accumulator (see dot_avx2() for why not several rows). */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static void
 dot_avx512(const uint8_t *rows, size_t stride, uint32_t n, unsigned int dtype, const float *x,
 	   unsigned int dim, float *ret)
@@ -230,7 +227,6 @@ dot_avx512(const uint8_t *rows, size_t stride, uint32_t n, unsigned int dtype, c
 	const size_t len = (size_t)dim * es;
 	const bool pf = stride > len;
 	__m512 xv[8];
-	uint32_t i = 0;
 
 	if (dim > 128) { /* more than the 8 query registers */
 		dot_avx2(rows, stride, n, dtype, x, dim, ret);
@@ -238,30 +234,12 @@ dot_avx512(const uint8_t *rows, size_t stride, uint32_t n, unsigned int dtype, c
 	}
 	for (unsigned int b = 0; b < nb; b++)
 		xv[b] = _mm512_loadu_ps(x + 16 * b);
-	for (; i + 4 <= n; i += 4) {
-		const uint8_t *r = rows + i * stride;
-		__m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-
-		if (pf && i + DOT_PREFETCH + 4 <= n)
-			for (unsigned int m = 0; m < 4; m++)
-				dot_prefetch(r + (DOT_PREFETCH + m) * stride, len);
-		for (unsigned int b = 0; b < nb; b++) {
-			const size_t off = (size_t)b * 16 * es;
-
-			a0 = _mm512_fmadd_ps(load16(r + off, dtype), xv[b], a0);
-			a1 = _mm512_fmadd_ps(load16(r + stride + off, dtype), xv[b], a1);
-			a2 = _mm512_fmadd_ps(load16(r + 2 * stride + off, dtype), xv[b], a2);
-			a3 = _mm512_fmadd_ps(load16(r + 3 * stride + off, dtype), xv[b], a3);
-		}
-		ret[i] = hsum16(a0);
-		ret[i + 1] = hsum16(a1);
-		ret[i + 2] = hsum16(a2);
-		ret[i + 3] = hsum16(a3);
-	}
-	for (; i < n; i++) {
+	for (uint32_t i = 0; i < n; i++) {
 		const uint8_t *r = rows + i * stride;
 		__m512 a = _mm512_setzero_ps();
 
+		if (pf && i + DOT_PREFETCH < n)
+			dot_prefetch(r + DOT_PREFETCH * stride, len);
 		for (unsigned int b = 0; b < nb; b++)
 			a = _mm512_fmadd_ps(load16(r + (size_t)b * 16 * es, dtype), xv[b], a);
 		ret[i] = hsum16(a);
