@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "dev_int.h"
+#include "kvt_abi.h"
 
 static void
 log_stderr(int level, const char *msg)
@@ -163,34 +164,59 @@ kvt_dev_buf_fd(const struct kvt_dev_buf *buf)
 }
 
 int
-kvt_dev_rows_check(uint64_t size, const struct kvt_dev_copy *rows, unsigned n)
+kvt_dev_rows_check(uint64_t size, const struct kvt_dev_copy *rows, unsigned n, int mode)
 {
-	for (unsigned i = 0; i < n; i++)
-		if (rows[i].buf_off > size || rows[i].len > size - rows[i].buf_off)
+	for (unsigned i = 0; i < n; i++) {
+		uint64_t out = kvt_dev_out_bytes(&rows[i], mode);
+
+		if (Q8(&rows[i], mode) &&
+		    (!rows[i].group || rows[i].len > UINT64_MAX / 2 ||
+		     (rows[i].dtype != KVT_DTYPE_F16 && rows[i].dtype != KVT_DTYPE_BF16)))
+			return -EINVAL;
+		if (rows[i].buf_off > size || out > size - rows[i].buf_off)
 			return -ERANGE;
+	}
 	return 0;
+}
+
+static int
+copy(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows, unsigned n,
+     int mode)
+{
+	int r = kvt_dev_rows_check(kvt_dev_buf_size(buf), rows, n, mode);
+
+	if (r < 0 || !n)
+		return r;
+	return ops_of(dev)->copy(dev, buf, rows, n, mode);
 }
 
 int
 kvt_dev_copy_h2d(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows,
 		 unsigned n)
 {
-	int r = kvt_dev_rows_check(kvt_dev_buf_size(buf), rows, n);
-
-	if (r < 0 || !n)
-		return r;
-	return ops_of(dev)->copy(dev, buf, rows, n, 1);
+	return copy(dev, buf, rows, n, KVT_DEV_H2D);
 }
 
 int
 kvt_dev_copy_d2h(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows,
 		 unsigned n)
 {
-	int r = kvt_dev_rows_check(kvt_dev_buf_size(buf), rows, n);
+	return copy(dev, buf, rows, n, KVT_DEV_D2H);
+}
 
-	if (r < 0 || !n)
-		return r;
-	return ops_of(dev)->copy(dev, buf, rows, n, 0);
+int
+kvt_dev_dequant_ok(const struct kvt_dev *dev)
+{
+	return ops_of(dev)->kind == KVT_DEV_CUDA;
+}
+
+int
+kvt_dev_copy_h2d_q8(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows,
+		    unsigned n)
+{
+	if (!kvt_dev_dequant_ok(dev))
+		return -EOPNOTSUPP;
+	return copy(dev, buf, rows, n, KVT_DEV_H2D_Q8);
 }
 
 int

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "dev_int.h"
+#include "kvt_abi.h"
 #include "kvt_ctl.h"
 #include "rows.h"
 
@@ -607,10 +608,13 @@ cuda_release(struct kvt_dev_buf *buf)
 
 /* The rows as one contiguous span on both sides: 1, else 0. */
 static int
-rows_contiguous(const struct kvt_dev_copy *rows, unsigned n)
+rows_contiguous(const struct kvt_dev_copy *rows, unsigned n, int mode)
 {
+	if (Q8(&rows[0], mode))
+		return 0;
 	for (unsigned i = 1; i < n; i++)
-		if (rows[i].buf_off != rows[i - 1].buf_off + rows[i - 1].len ||
+		if (Q8(&rows[i], mode) ||
+		    rows[i].buf_off != rows[i - 1].buf_off + rows[i - 1].len ||
 		    (uint8_t *)rows[i].host != (uint8_t *)rows[i - 1].host + rows[i - 1].len)
 			return 0;
 	return 1;
@@ -750,6 +754,40 @@ lane_bounce(struct kvt_dev *dev, struct lane *l, size_t need)
 	return 0;
 }
 
+/* Bytes of f32 scales an int8 row reads. */
+static uint64_t
+scales_bytes(const struct kvt_dev_copy *c)
+{
+	return (c->len + c->group - 1) / c->group * sizeof(float);
+}
+
+/* An int8 row whose codes or scales the device cannot reach, dequantized on the host into @dst
+ * the way the row kernel does it (f32 product, round to nearest even). */
+static void
+dequant_host(const struct kvt_dev_copy *c, uint8_t *dst)
+{
+	const int8_t *s = c->host;
+
+	for (uint64_t e = 0; e < c->len; e++) {
+		float x = (float)s[e] * c->scale[e / c->group];
+		uint16_t h;
+
+		if (c->dtype == KVT_DTYPE_BF16) {
+			uint32_t u;
+
+			memcpy(&u, &x, 4);
+			h = (u & 0x7fffffffu) > 0x7f800000u
+				? (uint16_t)((u >> 16) | 0x40u)
+				: (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+		} else {
+			_Float16 f = (_Float16)x;
+
+			memcpy(&h, &f, 2);
+		}
+		memcpy(dst + 2 * e, &h, 2);
+	}
+}
+
 /* One launch for up to LANE_ROWS rows, or one cudaMemcpyAsync when they are contiguous on both
  * sides. Lane lock held. */
 static int
@@ -767,7 +805,7 @@ lane_launch(struct kvt_dev *dev, struct lane *l, struct kvt_dev_buf *buf,
 	r = lane_slot(dev, l, &idx);
 	if (r < 0)
 		return r;
-	if (rows_contiguous(rows, n)) {
+	if (rows_contiguous(rows, n, to_dev)) {
 		uint8_t *d = bp + rows[0].buf_off;
 		uint64_t len = rows[n - 1].buf_off + rows[n - 1].len - rows[0].buf_off;
 
@@ -783,12 +821,19 @@ lane_launch(struct kvt_dev *dev, struct lane *l, struct kvt_dev_buf *buf,
 	desc_dev = l->desc_dev + (size_t)idx * LANE_ROWS;
 	pthread_rwlock_rdlock(&dev->regions_lock);
 	for (unsigned i = 0; i < n; i++) {
-		uint8_t *hd = regions_find(dev, rows[i].host, rows[i].len);
+		uint8_t *hd = regions_find(dev, rows[i].host, rows[i].len), *sd = NULL;
 
+		if (hd && Q8(&rows[i], to_dev))
+			sd = regions_find(dev, (const uint8_t *)rows[i].scale,
+					  scales_bytes(&rows[i]));
 		desc[i].len = rows[i].len;
-		desc[i].src = (uint64_t)(uintptr_t)hd; /* 0: through the bounce buffer */
-		if (!hd)
-			bounce += (rows[i].len + 15) & ~(size_t)15;
+		desc[i].scale = (uint64_t)(uintptr_t)sd;
+		desc[i].group = rows[i].group;
+		desc[i].out = rows[i].dtype == KVT_DTYPE_BF16 ? KVT_ROW_OUT_BF16 : KVT_ROW_OUT_F16;
+		/* 0: through the bounce buffer (an int8 row then dequantized on the host) */
+		desc[i].src = Q8(&rows[i], to_dev) && !sd ? 0 : (uint64_t)(uintptr_t)hd;
+		if (!desc[i].src)
+			bounce += (kvt_dev_out_bytes(&rows[i], to_dev) + 15) & ~(size_t)15;
 	}
 	pthread_rwlock_unlock(&dev->regions_lock);
 	if (bounce) {
@@ -801,9 +846,14 @@ lane_launch(struct kvt_dev *dev, struct lane *l, struct kvt_dev_buf *buf,
 
 		if (!h) {
 			h = (uint64_t)(uintptr_t)(l->bounce_dev + boff);
-			if (to_dev)
+			if (Q8(&rows[i], to_dev)) {
+				dequant_host(&rows[i], l->bounce + boff);
+				desc[i].len = 2 * rows[i].len;
+				desc[i].scale = 0;
+			} else if (to_dev) {
 				memcpy(l->bounce + boff, rows[i].host, rows[i].len);
-			boff += (rows[i].len + 15) & ~(size_t)15;
+			}
+			boff += (kvt_dev_out_bytes(&rows[i], to_dev) + 15) & ~(size_t)15;
 		}
 		desc[i].src = to_dev ? h : d;
 		desc[i].dst = to_dev ? d : h;

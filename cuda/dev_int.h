@@ -11,6 +11,19 @@
 
 #include "kvt_dev.h"
 
+/* kvt_dev_ops.copy's direction: out of the device, into it, into it with int8 rows honoured. */
+enum { KVT_DEV_D2H = 0, KVT_DEV_H2D = 1, KVT_DEV_H2D_Q8 = 2 };
+
+/* An int8 row (kvt_dev_copy.scale) of a KVT_DEV_H2D_Q8 batch; other batches ignore the field. */
+#define Q8(c, mode) ((mode) == KVT_DEV_H2D_Q8 && (c)->scale)
+
+/* Bytes a row writes on the far side. */
+static inline uint64_t
+kvt_dev_out_bytes(const struct kvt_dev_copy *c, int mode)
+{
+	return Q8(c, mode) ? 2 * c->len : c->len;
+}
+
 struct kvt_dev_ops {
 	enum kvt_dev_kind kind;
 	void (*close)(struct kvt_dev *dev);
@@ -23,7 +36,7 @@ struct kvt_dev_ops {
 			  struct kvt_dev_buf **ret_buf);
 	void (*buf_release)(struct kvt_dev_buf *buf); /* the last reference went */
 	int (*copy)(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows,
-		    unsigned n, int to_dev);
+		    unsigned n, int to_dev); /* KVT_DEV_D2H, _H2D or _H2D_Q8 */
 	int (*sync)(struct kvt_dev *dev);
 	/* NULL on a backend whose copies are complete on return (fences are always 0). */
 	uint64_t (*fence)(struct kvt_dev *dev);
@@ -58,7 +71,8 @@ extern const struct kvt_dev_ops kvt_dev_cuda_ops;
 int kvt_dev_cuda_open(struct kvt_dev **ret_dev);
 #endif
 
-/* Rows inside a buffer of @size bytes: 0 or -ERANGE. */
-int kvt_dev_rows_check(uint64_t size, const struct kvt_dev_copy *rows, unsigned n);
+/* Rows inside a buffer of @size bytes (and, with KVT_DEV_H2D_Q8, int8 rows well formed):
+ * 0, -ERANGE or -EINVAL. */
+int kvt_dev_rows_check(uint64_t size, const struct kvt_dev_copy *rows, unsigned n, int mode);
 
 #endif /* KVT_DEV_INT_H */

@@ -56,11 +56,20 @@ struct kvt_dev_import {
 	uint8_t device_uuid[16];
 };
 
-/* One row to copy: @len bytes between buffer offset @buf_off and host address @host. */
+/*
+ * One row to copy: @len bytes between buffer offset @buf_off and host address @host.
+ * kvt_dev_copy_h2d_q8() also reads @scale: when set the row is int8 and is dequantized as it
+ * lands: @host holds @len int8 codes, element e becomes @dtype (KVT_DTYPE_F16 or KVT_DTYPE_BF16
+ * of kvt_abi.h) of code * scale[e / group], so 2 * @len bytes are written at @buf_off while @len
+ * cross the bus. The other copy functions ignore the last three fields.
+ */
 struct kvt_dev_copy {
 	uint64_t buf_off;
 	void *host;
 	uint64_t len;
+	const float *scale;
+	uint32_t group; /* elements per scale: head_dim (a scale per head) or 1 (per channel) */
+	uint32_t dtype;
 };
 
 /*
@@ -146,6 +155,20 @@ int kvt_dev_copy_h2d(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct 
 		     unsigned n);
 int kvt_dev_copy_d2h(struct kvt_dev *dev, struct kvt_dev_buf *buf, const struct kvt_dev_copy *rows,
 		     unsigned n);
+/*
+ * kvt_dev_copy_h2d_q8() - kvt_dev_copy_h2d() where rows with @scale set are int8 rows,
+ * dequantized by the row kernel (T2 rows cross the bus as int8: half the bytes of f16). Codes
+ * and scales are read when the batch runs (pool memory: keep them until its fence completes);
+ * an int8 row whose codes or scales lie outside registered memory is dequantized on the host
+ * into the bounce buffer instead, with the same result.
+ * Returns kvt_dev_copy_h2d()'s values, -EINVAL (an int8 row with group 0 or a dtype other than
+ * f16/bf16), -EOPNOTSUPP (the host backend: dequantize on the CPU there).
+ * kvt_dev_dequant_ok() - 1 when kvt_dev_copy_h2d_q8() is supported, else 0.
+ */
+int kvt_dev_copy_h2d_q8(struct kvt_dev *dev, struct kvt_dev_buf *buf,
+			const struct kvt_dev_copy *rows, unsigned n);
+int kvt_dev_dequant_ok(const struct kvt_dev *dev);
+
 /* Waits for every copy queued so far on every stream. Returns 0 or -EIO (logged). */
 int kvt_dev_sync(struct kvt_dev *dev);
 

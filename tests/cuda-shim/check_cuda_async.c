@@ -121,7 +121,7 @@ fix_stop(struct fix *f)
 static const uint8_t *
 dev_read(struct fix *f, uint64_t off, uint32_t len, void *tmp)
 {
-	struct kvt_dev_copy row = {off, tmp, len};
+	struct kvt_dev_copy row = {.buf_off = off, .host = tmp, .len = len};
 
 	ck_assert_int_eq(kvt_dev_copy_d2h(f->dev, f->buf, &row, 1), 0);
 	ck_assert_int_eq(kvt_dev_sync(f->dev), 0);
@@ -139,8 +139,8 @@ START_TEST(fences_follow_the_queue)
 	ck_assert_int_eq(kvtd_pool_alloc(&f.pool, f.cls, 2, NULL, NULL, s), 0);
 	ck_assert_uint_eq(kvt_dev_fence(f.dev), 0);
 	kvt_shim_hold(1);
-	rows[0] = (struct kvt_dev_copy){8192, s[0], SLOT};
-	rows[1] = (struct kvt_dev_copy){0, s[1], SLOT};
+	rows[0] = (struct kvt_dev_copy){.buf_off = 8192, .host = s[0], .len = SLOT};
+	rows[1] = (struct kvt_dev_copy){.buf_off = 0, .host = s[1], .len = SLOT};
 	ck_assert_int_eq(kvt_dev_copy_h2d(f.dev, f.buf, rows, 2), 0); /* a kernel */
 	f1 = kvt_dev_fence(f.dev);
 	ck_assert_int_eq(kvt_dev_copy_h2d(f.dev, f.buf, rows, 1), 0); /* a memcpy */
@@ -193,7 +193,8 @@ slot_freed_while_read(unsigned nrows)
 	ck_assert_int_eq(kvtd_pool_alloc(&f.pool, f.cls, nrows, NULL, NULL, a), 0);
 	for (unsigned i = 0; i < nrows; i++) {
 		memset(a[i], 0xa0 + i, SLOT);
-		rows[i] = (struct kvt_dev_copy){(uint64_t)(nrows - i) * 2 * SLOT, a[i], SLOT};
+		rows[i] = (struct kvt_dev_copy){
+		    .buf_off = (uint64_t)(nrows - i) * 2 * SLOT, .host = a[i], .len = SLOT};
 	}
 	kvt_shim_hold(1);
 	ck_assert_int_eq(kvt_dev_copy_h2d(f.dev, f.buf, rows, nrows), 0);
@@ -245,7 +246,7 @@ START_TEST(full_pool_waits_for_the_copy)
 	fix_start(&f, 2 * MIB);
 	ck_assert_int_eq(kvtd_pool_alloc(&f.pool, f.cls, per_chunk, NULL, NULL, all), 0);
 	memset(all[7], 0x3c, SLOT);
-	row = (struct kvt_dev_copy){0, all[7], SLOT};
+	row = (struct kvt_dev_copy){.buf_off = 0, .host = all[7], .len = SLOT};
 	kvt_shim_hold(1);
 	ck_assert_int_eq(kvt_dev_copy_h2d(f.dev, f.buf, &row, 1), 0);
 	kvtd_pool_free(&f.pool, f.cls, 1, NULL, NULL, &all[7]);
@@ -273,7 +274,7 @@ START_TEST(release_waits_for_queued_copies)
 
 	fix_start(&f, 4 * MIB);
 	ck_assert_int_eq(kvtd_pool_alloc(&f.pool, f.cls, 1, NULL, NULL, &s), 0);
-	row = (struct kvt_dev_copy){0, s, SLOT};
+	row = (struct kvt_dev_copy){.buf_off = 0, .host = s, .len = SLOT};
 	kvt_shim_hold(1);
 	ck_assert_int_eq(kvt_dev_copy_h2d(f.dev, f.buf, &row, 1), 0);
 	kvt_dev_buf_put(f.buf); /* a session ending, a buffer unregistered */

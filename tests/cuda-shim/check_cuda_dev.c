@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "cuda_shim.h"
+#include "kvt_abi.h"
 #include "kvt_ctl.h"
 #include "kvt_dev.h"
 #include "kvt_test.h"
@@ -564,7 +565,8 @@ START_TEST(batch_unpinned_rows_bounce)
 	ck_assert_int_eq(kvt_dev_copy_h2d(f.dev, f.buf, rows, 100), 0);
 	ck_assert_int_eq(kvt_dev_sync(f.dev), 0);
 	for (unsigned i = 0; i < 100; i++)
-		back[i] = (struct kvt_dev_copy){rows[i].buf_off, out + i * 300ull, rows[i].len};
+		back[i] = (struct kvt_dev_copy){
+		    .buf_off = rows[i].buf_off, .host = out + i * 300ull, .len = rows[i].len};
 	kvt_shim_reset(1);
 	ck_assert_int_eq(kvt_dev_copy_d2h(f.dev, f.buf, back, 100), 0);
 	ck_assert_uint_eq(kvt_shim_count("cudaLaunchKernel"), 1);
@@ -575,10 +577,117 @@ START_TEST(batch_unpinned_rows_bounce)
 }
 END_TEST
 
+/* The reference of an int8 row's element: f32 product, nearest even, as the kernel does. */
+static uint16_t
+deq_ref(int8_t code, float scale, uint32_t dtype)
+{
+	float x = (float)code * scale;
+	uint16_t h;
+
+	if (dtype == KVT_DTYPE_BF16) {
+		uint32_t u;
+
+		memcpy(&u, &x, 4);
+		return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+	}
+	{
+		_Float16 f = (_Float16)x;
+
+		memcpy(&h, &f, 2);
+	}
+	return h;
+}
+
+/* T2 rows cross as int8 and land dequantized: per-head scales (group head_dim) and per-channel
+ * ones (group 1), f16 and bf16, beside a plain row, in one launch; rows whose codes are not in
+ * registered memory are dequantized on the host into the bounce buffer, same bytes. */
+START_TEST(batch_int8_rows_dequantized)
+{
+	struct copy_fix f;
+	enum { E = 64, N = 6 };
+	struct kvt_dev_copy rows[N], back[N];
+	static uint8_t out[N][2 * E];
+	float *sc;
+	int8_t *codes;
+
+	copy_fix_start(&f);
+	codes = (int8_t *)f.pool;
+	sc = (float *)(f.pool + 65536);
+	for (unsigned i = 0; i < N * E; i++)
+		codes[i] = (int8_t)(i * 37 + 11);
+	for (unsigned i = 0; i < N * E; i++)
+		sc[i] = 0.001f * (float)(i % 97 + 1);
+	memcpy(f.pageable, codes, N * E);
+	for (unsigned i = 0; i < N; i++) {
+		rows[i] =
+		    (struct kvt_dev_copy){.buf_off = 8192 + i * 4096ull,
+					  .host = codes + i * E,
+					  .len = E,
+					  .scale = sc + i * E,
+					  .group = i % 2 ? 1 : 8,
+					  .dtype = i % 3 == 1 ? KVT_DTYPE_BF16 : KVT_DTYPE_F16};
+	}
+	rows[3].host = f.pageable + 3 * E; /* through the bounce buffer */
+	rows[5].scale = NULL;		   /* a plain row of E bytes */
+	kvt_shim_reset(1);
+	ck_assert_int_eq(kvt_dev_copy_h2d_q8(f.dev, f.buf, rows, N), 0);
+	ck_assert_uint_eq(kvt_shim_count("cudaLaunchKernel"), 1);
+	ck_assert_int_eq(kvt_dev_sync(f.dev), 0);
+	for (unsigned i = 0; i < N; i++)
+		back[i] = (struct kvt_dev_copy){
+		    .buf_off = rows[i].buf_off, .host = out[i], .len = i == 5 ? E : 2 * E};
+	ck_assert_int_eq(kvt_dev_copy_d2h(f.dev, f.buf, back, N), 0);
+	ck_assert_int_eq(kvt_dev_sync(f.dev), 0);
+	for (unsigned i = 0; i < N; i++) {
+		if (i == 5) {
+			ck_assert_mem_eq(out[i], codes + i * E, E);
+			continue;
+		}
+		for (unsigned e = 0; e < E; e++) {
+			uint16_t got;
+
+			memcpy(&got, out[i] + 2 * e, 2);
+			ck_assert_uint_eq(got,
+					  deq_ref(codes[i * E + e], sc[i * E + e / rows[i].group],
+						  rows[i].dtype));
+		}
+	}
+	/* The plain entry points ignore the fields: E bytes copied as they are. */
+	ck_assert_int_eq(kvt_dev_copy_h2d(f.dev, f.buf, rows, 1), 0);
+	ck_assert_int_eq(kvt_dev_sync(f.dev), 0);
+	ck_assert_int_eq(kvt_dev_copy_d2h(f.dev, f.buf, back, 1), 0);
+	ck_assert_int_eq(kvt_dev_sync(f.dev), 0);
+	ck_assert_mem_eq(out[0], codes, E);
+	/* Malformed int8 rows fail alone, before anything is queued. */
+	rows[0].group = 0;
+	ck_assert_int_eq(kvt_dev_copy_h2d_q8(f.dev, f.buf, rows, 1), -EINVAL);
+	rows[0].group = 8;
+	rows[0].dtype = KVT_DTYPE_F32;
+	ck_assert_int_eq(kvt_dev_copy_h2d_q8(f.dev, f.buf, rows, 1), -EINVAL);
+	rows[0].dtype = KVT_DTYPE_F16;
+	rows[0].buf_off = 2 * MIB - E; /* 2 E bytes land: past the end */
+	ck_assert_int_eq(kvt_dev_copy_h2d_q8(f.dev, f.buf, rows, 1), -ERANGE);
+	copy_fix_stop(&f);
+}
+END_TEST
+
+START_TEST(int8_rows_not_on_host_backend)
+{
+	struct kvt_dev *dev = NULL;
+	struct kvt_dev_copy row = {.len = 8, .scale = (const float *)&row, .group = 8};
+
+	ck_assert_int_eq(kvt_dev_open(KVT_DEV_HOST, &dev), 0);
+	ck_assert_int_eq(kvt_dev_dequant_ok(dev), 0);
+	ck_assert_int_eq(kvt_dev_copy_h2d_q8(dev, NULL, &row, 1), -EOPNOTSUPP);
+	kvt_dev_close(dev);
+}
+END_TEST
+
 START_TEST(batch_range_and_faults)
 {
 	struct copy_fix f;
-	struct kvt_dev_copy rows[2] = {{0, NULL, 64}, {2 * MIB - 32, NULL, 64}};
+	struct kvt_dev_copy rows[2] = {{.buf_off = 0, .len = 64},
+				       {.buf_off = 2 * MIB - 32, .len = 64}};
 
 	copy_fix_start(&f);
 	rows[0].host = f.pool;
@@ -683,6 +792,8 @@ suite(void)
 	tcase_add_test(t, batch_contiguous_is_one_memcpy);
 	tcase_add_test(t, batch_unpinned_rows_bounce);
 	tcase_add_test(t, batch_range_and_faults);
+	tcase_add_test(t, batch_int8_rows_dequantized);
+	tcase_add_test(t, int8_rows_not_on_host_backend);
 	tcase_add_test(t, event_export_and_record);
 	suite_add_tcase(s, t);
 	return s;

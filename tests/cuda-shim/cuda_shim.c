@@ -1174,7 +1174,8 @@ queued_touches(const void *p, size_t len)
 		if (overlaps(w->desc, w->nrows * sizeof(*w->desc), p, len))
 			return 1;
 		for (unsigned i = 0; i < w->nrows; i++)
-			if (overlaps((void *)(uintptr_t)w->desc[i].dst, w->desc[i].len, p, len) ||
+			if (overlaps((void *)(uintptr_t)w->desc[i].dst,
+				     (w->desc[i].scale ? 2 : 1) * w->desc[i].len, p, len) ||
 			    overlaps((void *)(uintptr_t)w->desc[i].src, w->desc[i].len, p, len))
 				return 1;
 	}
@@ -1191,6 +1192,52 @@ release_check(const char *what, const void *p, size_t len)
 	hazards++;
 	log_line("  hazard: %s %p+%zu released while a queued copy uses it", what, p, len);
 	drain_until(NULL, 0);
+}
+
+/* A row of kvt_rows_copy touches only memory a kernel can: device or pinned, mapped host. */
+static int
+row_ok(const struct kvt_row_desc *d)
+{
+	const void *src = (const void *)(uintptr_t)d->src;
+	void *dst = (void *)(uintptr_t)d->dst;
+
+	if (!d->scale)
+		return mem_known(dst, d->len) && mem_known(src, d->len);
+	return d->group && mem_known(src, d->len) && mem_known(dst, 2 * d->len) &&
+	       mem_known((const void *)(uintptr_t)d->scale,
+			 (d->len + d->group - 1) / d->group * sizeof(float));
+}
+
+/* The row kernel's effect: a copy, or an int8 row dequantized (f32 product, nearest even). */
+static void
+row_run(const struct kvt_row_desc *d)
+{
+	const int8_t *s = (const int8_t *)(uintptr_t)d->src;
+	const float *sc = (const float *)(uintptr_t)d->scale;
+	uint8_t *t = (uint8_t *)(uintptr_t)d->dst;
+
+	if (!d->scale) {
+		memmove(t, s, d->len);
+		return;
+	}
+	for (uint64_t e = 0; e < d->len; e++) {
+		float x = (float)s[e] * sc[e / d->group];
+		uint16_t h;
+
+		if (d->out == KVT_ROW_OUT_BF16) {
+			uint32_t u;
+
+			memcpy(&u, &x, 4);
+			h = (u & 0x7fffffffu) > 0x7f800000u
+				? (uint16_t)((u >> 16) | 0x40u)
+				: (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+		} else {
+			_Float16 f = (_Float16)x;
+
+			memcpy(&h, &f, 2);
+		}
+		memcpy(t + 2 * e, &h, 2);
+	}
 }
 
 static void
@@ -1210,15 +1257,13 @@ work_run_one(void)
 		/* The descriptors are read now, as the device reads them when the kernel runs. */
 		for (unsigned i = 0; i < w->nrows; i++) {
 			struct kvt_row_desc d = w->desc[i];
-			void *dst = (void *)(uintptr_t)d.dst;
-			const void *src = (const void *)(uintptr_t)d.src;
 
-			if (!mem_known(dst, d.len) || !mem_known(src, d.len)) {
+			if (!row_ok(&d)) {
 				last_error = cudaErrorIllegalAddress; /* sticky, as on a device */
 				log_line("  kvt_rows_copy row %u: illegal address when run", i);
 				continue;
 			}
-			memmove(dst, src, d.len);
+			row_run(&d);
 		}
 		break;
 	case W_RECORD:
@@ -1627,8 +1672,7 @@ cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t sh
 	/* A kernel can touch only device memory and pinned, mapped host memory: checked at the
 	 * launch (a device would fault later; the test wants the error where it was made). */
 	for (unsigned i = 0; i < n; i++)
-		if (!mem_known((void *)(uintptr_t)d[i].dst, d[i].len) ||
-		    !mem_known((const void *)(uintptr_t)d[i].src, d[i].len))
+		if (!row_ok(&d[i]))
 			LEAVE(cudaErrorIllegalAddress);
 	w = calloc(1, sizeof(*w));
 	if (!w)

@@ -145,8 +145,9 @@ rows(cudaStream_t s)
 		srcs[r] = host + (size_t)h * ROWB;
 		dsts[r] = dev + (size_t)r * ROWB;
 		sizes[r] = ROWB;
-		desc[r] = (struct kvt_row_desc){(uint64_t)(uintptr_t)hd,
-						(uint64_t)(uintptr_t)dsts[r], ROWB};
+		desc[r] = (struct kvt_row_desc){.src = (uint64_t)(uintptr_t)hd,
+						.dst = (uint64_t)(uintptr_t)dsts[r],
+						.len = ROWB};
 		memcpy(expect + (size_t)r * ROWB, srcs[r], ROWB);
 	}
 	memset(&attr, 0, sizeof(attr));
