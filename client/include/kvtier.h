@@ -414,6 +414,45 @@ int kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer
 	      uint32_t stage_row, uint32_t *pos, uint32_t count);
 
 /*
+ * Layer-pipelined staging (CUDA backend). kvtierd posts a FETCH's CQE as soon as its copies are
+ * queued, so a decode step can stage layer l+1's T1/T2 rows while layer l computes: one FETCH
+ * per layer in flight, into the other half of a double-buffered staging region, and a
+ * per-layer event the compute stream waits on, with no CPU wait on the copies. Open the
+ * sequence with stage_slots = 2 * m (m: the T1 + T2 rows of a layer, ctx - T0 rows with
+ * evict 0) and stage_layer_stride = 0: every layer uses the same 2 m rows, layer number g
+ * (counted over all steps) the half g % 2. Per half, two CUDA events: staged[h] (its rows
+ * landed), read[h] (the attention that last read it is done). With a side stream `aux`:
+ *
+ *	static void stage(uint32_t layer, uint64_t g)	// layer number g of the run
+ *	{
+ *		int h = g % 2;
+ *		if (g >= 2)	// the half's previous reader; layer g-1 is queued behind it
+ *			cudaEventSynchronize(read[h]);
+ *		kvt_fetch(c, seq, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, layer, 1, h * m, pos, m);
+ *		kvt_cuda_stream_wait(c, aux);	// aux waits for this FETCH's copies ...
+ *		cudaEventRecord(staged[h], aux);	// ... and this event marks them
+ *	}
+ *
+ *	stage(0, g++);				// before the first step
+ *	for (l = 0; l < layers; l++) {		// each decode step
+ *		int h = (g - 1) % 2;		// layer l's half, staged last
+ *		qkv_projection(l, compute);
+ *		cudaStreamWaitEvent(compute, staged[h], 0);
+ *		attention(l, t0_rows(l), stage + h * m, compute);
+ *		cudaEventRecord(read[h], compute);
+ *		mlp(l, compute);
+ *		stage(l + 1 < layers ? l + 1 : 0, g++);	// overlaps layer l on the device
+ *	}
+ *
+ * The CPU waits only for read[h] of the layer before last, while the previous layer is still
+ * queued, so the device never idles on it. kvt_cuda_stream_wait() must follow the FETCH's
+ * kvt_fetch() (or its reaped CQE) before the next op of the session that moves rows: it waits
+ * for the session event's latest record, and a later op's record would make this layer wait
+ * for that op's copies too. kvtier-bench gpu-decode (tools/bench/gpu_decode.c) runs this
+ * pattern. On the host backend the same code works: copies are done when the CQE is posted.
+ */
+
+/*
  * kvt_topk() - ParisKV top-k over the keys that left the dense window (the sequence was opened
  * with ret_update > 0). @query: @q_len floats, q_heads * head_dim. @k per kv head (per query
  * head with KVT_TOPK_F_UNION). @out receives u32 n[kv_heads], u32 pos[kv_heads][stride],
