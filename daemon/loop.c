@@ -1108,6 +1108,77 @@ kvtd_loop_listen(struct kvtd *d)
 	return socket_bind(d);
 }
 
+/* The signals the main loop reads from its signalfd. */
+static void
+loop_sigset(sigset_t *ret_mask)
+{
+	sigemptyset(ret_mask);
+	sigaddset(ret_mask, SIGTERM);
+	sigaddset(ret_mask, SIGINT);
+	sigaddset(ret_mask, SIGHUP);
+	sigaddset(ret_mask, SIGUSR2);
+}
+
+void
+kvtd_loop_block_signals(void)
+{
+	sigset_t mask;
+
+	loop_sigset(&mask);
+	pthread_sigmask(SIG_BLOCK, &mask, NULL);
+}
+
+/* What kvtd_loop_init() set up, closed and reset: safe on a half-built or finished loop. */
+static void
+loop_release(struct kvtd *d)
+{
+	if (d->ring) {
+		io_uring_queue_exit(d->ring);
+		free(d->ring);
+		d->ring = NULL;
+	}
+	if (d->signal_fd >= 0)
+		close(d->signal_fd);
+	if (d->timer_fd >= 0)
+		close(d->timer_fd);
+	d->signal_fd = d->timer_fd = -1;
+	kvtd_metrics_fini(d);
+	free(d->uids);
+	d->uids = NULL;
+	d->rearm = 0;
+}
+
+static const char *
+src_name(unsigned src)
+{
+	return src == SRC_SIGNAL ? "signal" : src == SRC_TIMER ? "timer" : "metrics";
+}
+
+static int
+src_fd(const struct kvtd *d, unsigned src)
+{
+	return src == SRC_SIGNAL ? d->signal_fd : src == SRC_TIMER ? d->timer_fd : d->metrics_fd;
+}
+
+/*
+ * Polls fixed source @src again. The SQ may have no room (io_uring_submit() refused, -EBUSY
+ * while completions overflow): the source is then retried at the next turn of the loop, which
+ * waits with a timeout meanwhile, so that a signal or the timer is never left unwatched.
+ */
+static void
+arm_src(struct kvtd *d, unsigned src)
+{
+	int r = arm_poll(d, src_fd(d, src), src);
+
+	if (r == 0) {
+		d->rearm &= ~(1u << src);
+		return;
+	}
+	if (!(d->rearm & (1u << src)))
+		log_err("polling the %s fd: %s: retrying", src_name(src), strerror(-r));
+	d->rearm |= 1u << src;
+}
+
 int
 kvtd_loop_init(struct kvtd *d)
 {
@@ -1119,50 +1190,62 @@ kvtd_loop_init(struct kvtd *d)
 	sigset_t mask;
 	int r;
 
-	sigemptyset(&mask);
-	sigaddset(&mask, SIGTERM);
-	sigaddset(&mask, SIGINT);
-	sigaddset(&mask, SIGHUP);
-	sigaddset(&mask, SIGUSR2);
+	loop_sigset(&mask);
+	d->signal_fd = d->timer_fd = d->metrics_fd = -1;
 	d->signal_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-	if (d->signal_fd < 0)
-		return -errno;
+	if (d->signal_fd < 0) {
+		r = -errno;
+		log_err("signalfd: %s", strerror(-r));
+		goto err;
+	}
 	if (tick_ms < 50)
 		tick_ms = 50;
 	if (tick_ms > 1000)
 		tick_ms = 1000;
 	d->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-	if (d->timer_fd < 0)
-		return -errno;
+	if (d->timer_fd < 0) {
+		r = -errno;
+		log_err("timerfd_create: %s", strerror(-r));
+		goto err;
+	}
 	its.it_interval.tv_sec = tick_ms / 1000;
 	its.it_interval.tv_nsec = (long)(tick_ms % 1000) * 1000000;
 	its.it_value = its.it_interval;
 	timerfd_settime(d->timer_fd, 0, &its, NULL);
 	d->ring = calloc(1, sizeof(*d->ring));
-	if (!d->ring)
-		return -ENOMEM;
+	if (!d->ring) {
+		r = -ENOMEM;
+		goto err;
+	}
 	r = io_uring_queue_init(256, d->ring, 0);
 	if (r < 0) {
 		free(d->ring);
 		d->ring = NULL;
 		log_err("io_uring_queue_init: %s", strerror(-r));
-		return r;
+		goto err;
 	}
-	r = kvtd_metrics_init(d);
+	r = kvtd_metrics_init(d); /* logged */
 	if (r < 0)
-		return r;
+		goto err;
 	d->uids = calloc(d->cfg.max_sessions, sizeof(*d->uids));
-	if (!d->uids)
-		return -ENOMEM;
+	if (!d->uids) {
+		r = -ENOMEM;
+		goto err;
+	}
 	d->listen_armed = arm_poll(d, d->listen_fd, SRC_LISTEN) == 0;
 	d->listen_paused = d->listen_armed ? 0 : LISTEN_NOFD; /* else the timer arms it */
-	arm_poll(d, d->signal_fd, SRC_SIGNAL);
-	arm_poll(d, d->timer_fd, SRC_TIMER);
+	/* An empty SQ of 256 entries takes these; if not, the loop retries them (arm_src()). */
+	arm_src(d, SRC_SIGNAL);
+	arm_src(d, SRC_TIMER);
 	if (d->metrics_fd >= 0)
-		arm_poll(d, d->metrics_fd, SRC_METRICS);
+		arm_src(d, SRC_METRICS);
 	log_notice("listening on %s (mode %04o%s%s)", d->cfg.socket_path, d->cfg.socket_mode,
 		   d->cfg.socket_group[0] ? ", group " : "", d->cfg.socket_group);
 	return 0;
+
+err:
+	loop_release(d); /* the listener stays: kvtd_loop_fini() is its undo */
+	return r;
 }
 
 int
@@ -1173,8 +1256,20 @@ kvtd_loop_run(struct kvtd *d)
 		uint64_t ud;
 		int res, r;
 
+		for (unsigned src = SRC_SIGNAL; d->rearm && src <= SRC_METRICS; src++)
+			if (d->rearm & (1u << src))
+				arm_src(d, src);
 		io_uring_submit(d->ring);
-		r = io_uring_wait_cqe(d->ring, &cqe);
+		if (d->rearm) {
+			/* a source waits for room in the SQ: come back soon to retry it */
+			struct __kernel_timespec ts = {.tv_nsec = 10 * 1000000};
+
+			r = io_uring_wait_cqe_timeout(d->ring, &cqe, &ts);
+			if (r == -ETIME)
+				continue;
+		} else {
+			r = io_uring_wait_cqe(d->ring, &cqe);
+		}
 		if (r == -EINTR)
 			continue;
 		if (r < 0) {
@@ -1191,15 +1286,15 @@ kvtd_loop_run(struct kvtd *d)
 			break;
 		case SRC_SIGNAL:
 			on_signal(d);
-			arm_poll(d, d->signal_fd, SRC_SIGNAL);
+			arm_src(d, SRC_SIGNAL);
 			break;
 		case SRC_TIMER:
 			on_timer(d);
-			arm_poll(d, d->timer_fd, SRC_TIMER);
+			arm_src(d, SRC_TIMER);
 			break;
 		case SRC_METRICS:
 			kvtd_metrics_serve(d);
-			arm_poll(d, d->metrics_fd, SRC_METRICS);
+			arm_src(d, SRC_METRICS);
 			break;
 		default: {
 			struct kvtd_conn *c = (struct kvtd_conn *)(uintptr_t)ud;
@@ -1209,10 +1304,15 @@ kvtd_loop_run(struct kvtd *d)
 				break;
 			}
 
-			if (res < 0 || conn_ready(d, c, res) < 0 || (res & (POLLHUP | POLLRDHUP)))
+			if (res < 0 || conn_ready(d, c, res) < 0 || (res & (POLLHUP | POLLRDHUP))) {
 				conn_close(d, c);
-			else
-				arm_poll(d, c->fd, ud);
+			} else if ((r = arm_poll(d, c->fd, ud)) < 0) {
+				/* unwatched, it would hang: its peer reconnects */
+				log_warn(
+				    "connection of pid %d: cannot poll it again (%s): closing it",
+				    (int)c->pid, strerror(-r));
+				conn_close(d, c);
+			}
 		}
 		}
 		if (d->restart_pending) {
@@ -1247,16 +1347,7 @@ kvtd_loop_fini(struct kvtd *d)
 	while (d->conns)
 		conn_close(d, d->conns);
 	socket_release(d);
-	if (d->ring) {
-		io_uring_queue_exit(d->ring);
-		free(d->ring);
-	}
-	if (d->signal_fd >= 0)
-		close(d->signal_fd);
-	if (d->timer_fd >= 0)
-		close(d->timer_fd);
-	kvtd_metrics_fini(d);
-	free(d->uids);
+	loop_release(d);
 }
 
 int

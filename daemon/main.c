@@ -24,7 +24,6 @@ main(int argc, char **argv)
 	struct kvtd_image *img = NULL;
 	struct kvtd d;
 	char err[512];
-	sigset_t mask;
 	int r, restore_fd;
 
 	memset(&d, 0, sizeof(d));
@@ -42,12 +41,7 @@ main(int argc, char **argv)
 		kvtd_restart_drop_inherited(); /* logged: the old sessions end, start afresh */
 	d.start_ns = kvtd_now_ns();
 	/* Signals arrive through signalfd in the main loop; every thread inherits this mask. */
-	sigemptyset(&mask);
-	sigaddset(&mask, SIGTERM);
-	sigaddset(&mask, SIGINT);
-	sigaddset(&mask, SIGHUP);
-	sigaddset(&mask, SIGUSR2);
-	pthread_sigmask(SIG_BLOCK, &mask, NULL);
+	kvtd_loop_block_signals();
 	signal(SIGPIPE, SIG_IGN);
 
 	/* The socket first: a second daemon on a taken socket (or a path that is no socket) is
