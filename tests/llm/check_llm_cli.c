@@ -100,6 +100,15 @@ static const struct {
     {{"--prompt", "x", "--quick", NULL}, "go with --eval"},
     {{"--eval", "--prompt", "x", NULL}, "--eval takes no --prompt"},
     {{"--eval", "--jobs", "0", NULL}, "--jobs wants 1.."},
+    {{"--prompt", "x", "--share-prefix", NULL}, "need --kv kvtier"},
+    {{"--prompt", "x", "--kv", "kvtier", "--block-tokens", "8", NULL}, "goes with --share-prefix"},
+    {{"--prompt", "x", "--kv", "kvtier", "--share-prefix", "--block-tokens", "0", NULL},
+     "--block-tokens wants 1..1024"},
+    {{"--prompt", "x", "--kv", "kvtier", "--share-prefix", "--block-tokens", "1025", NULL},
+     "--block-tokens wants 1..1024"},
+    {{"--prompt", "x", "--kv", "kvtier", "--share-prefix", "--dump-kv", "f", NULL},
+     "--dump-kv records every prompt step"},
+    {{"--eval", "--share-prefix", NULL}, "--eval takes no"},
 };
 
 START_TEST(test_bad_usage)
