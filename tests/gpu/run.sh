@@ -8,7 +8,7 @@
 #      and check that libkvtier.so has no CUDA library in NEEDED (it loads the driver at run time);
 #   3. run the ctest label "gpu": real CUDA IPC between the client and kvtierd, the CUDA backend
 #      bit for bit against the host backend (promotions, int8 rows, FETCH), the session event,
-#      and the retrieval kernels against the CPU engine when cuda/kernels/ is in the tree;
+#      and the retrieval kernels' prototype (tests/gpu/kernels/) against the CPU engine;
 #   4. print the benchmark: H2D bandwidth pinned vs pageable (4 KiB..256 MiB) and 8192 scattered
 #      256-byte rows by per-row cudaMemcpyAsync, cudaMemcpyBatchAsync and the UVA row kernel;
 #   5. kvtier-bench gpu-decode: first --check at a small shape (the attention kernel and cuBLAS

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kvt_kernels.h - C launchers of the device kernels for ParisKV retrieval and row gathers.
+ * kvt_kernels.h - C launchers of device kernels for ParisKV retrieval: a prototype of retrieval
+ * on the device, not part of the product (the daemon's TOPK runs the CPU engine). They live with
+ * the GPU tests, which check them against the CPU engine (check_gpu_retrieval).
  *
  * No CUDA types: streams are passed as opaque `void *stream` (a cudaStream_t, NULL for the
  * legacy default stream). Every pointer named d_* is device memory (or host memory mapped
@@ -63,26 +65,6 @@ int kvt_k_rerank(const uint8_t *d_code, const float *d_w, uint32_t nblk, const u
  */
 int kvt_k_topk(const uint32_t *d_idx, const float *d_score, uint32_t n, uint32_t k,
 	       uint32_t *d_ret_idx, float *d_ret_score, void *stream);
-
-/* Row formats of kvt_k_gather(). */
-enum kvt_k_row {
-	KVT_K_ROW_COPY = 0,	 /* copy row_bytes per row unchanged */
-	KVT_K_ROW_I8_TO_F16 = 1, /* int8 source rows, out[j] = f16(src[j] * scale[row]) */
-	KVT_K_ROW_I8_TO_BF16 = 2 /* same, bf16 output */
-};
-
-/*
- * kvt_k_gather - dst row r <- src row idx[r] for r < nrows, reading the source through UVA.
- * @h_src: pinned host memory (cudaHostRegister/cudaHostAlloc, mapped) or device memory; row i
- *         at h_src + i * src_stride bytes.
- * @d_idx: nrows u32 row indices (device). @d_dst: row r at d_dst + r * dst_stride bytes.
- * @fmt: KVT_K_ROW_COPY: @elems is the row size in bytes and must be a multiple of 16 with
- *       16-byte aligned rows. I8 formats: @elems int8 elements per row (multiple of 8), 2 output
- *       bytes per element, @h_scale (UVA, f32 per source row) required.
- */
-int kvt_k_gather(const void *h_src, size_t src_stride, const float *h_scale, const uint32_t *d_idx,
-		 uint32_t nrows, void *d_dst, size_t dst_stride, uint32_t elems, enum kvt_k_row fmt,
-		 void *stream);
 
 #ifdef __cplusplus
 }
