@@ -41,6 +41,8 @@ Batch size 1, CPU tensors (the GPU path is designed in docs/python.md). transfor
 from __future__ import annotations
 
 import errno as _errno
+import hashlib
+import inspect
 import math
 import threading
 import time
@@ -50,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from . import _abi
-from .core import POLICIES, Client, KvtierError, connect
+from .core import POLICIES, Client, KvtierError, Namespace, connect
 
 SUPPORTED_TRANSFORMERS = (5, 6)
 """transformers majors supported: [5, 6), as pinned by the package's "transformers" extra."""
@@ -194,10 +196,39 @@ class KvtierStats:
     stage_rows: int = 0
     session: int = 0
     seq: int = 0
+    prefix_tokens: int = 0
+    """Prompt tokens the sequence started with from its namespace's blocks (share_prefix):
+    the model did not compute them."""
+    prefix_published: int = 0
+    """Blocks of the prompt this cache added to the namespace after prefill."""
+    prefix_held: int = 0
+    """Leading blocks of the prompt the namespace holds after that PUBLISH."""
 
     def as_dict(self) -> dict[str, Any]:
         """The stats as a plain dict (JSON-ready)."""
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+def model_namespace(model: Any) -> str:
+    """The prefix-block namespace name of @model: its name (config._name_or_path, cut to
+    fit) and a digest of what makes its K/V rows what they are: the whole config, the
+    weights' dtype, and each parameter's name, shape and a sample of its values (first,
+    last and 64 strided elements), so another model, a fine-tune of the same config or
+    another precision never shares rows with it. Printable ASCII, at most 63 bytes."""
+    cfg = model.config
+    h = hashlib.sha256()
+    h.update(cfg.to_json_string(use_diff=False).encode())
+    h.update(str(getattr(model, "dtype", "")).encode())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            flat = p.detach().reshape(-1)
+            step = max(flat.numel() // 64, 1)
+            sample = torch.cat([flat[:16], flat[-16:], flat[::step][:64]])
+            h.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
+            h.update(sample.to(torch.float32).cpu().numpy().tobytes())
+    base = str(getattr(cfg, "_name_or_path", "") or getattr(cfg, "model_type", "model"))
+    base = "".join(c if 0x20 < ord(c) < 0x7F else "_" for c in base.rstrip("/")) or "model"
+    return f"{base[-38:]}:{h.hexdigest()[:24]}"
 
 
 class _KvtierLayer(CacheLayerMixin):
@@ -302,6 +333,9 @@ class KvtierCache(Cache):
         spin_us: int = 20,
         name: str = "kvtier.transformers",
         set_attn_implementation: bool = True,
+        share_prefix: bool = False,
+        namespace: str | None = None,
+        block_tokens: int = _abi.BLOCK_TOKENS_DEFAULT,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
@@ -339,6 +373,11 @@ class KvtierCache(Cache):
         self.protect_prompt = bool(protect_prompt)
         self.max_tokens = int(max_tokens)
         self.t2_keys = t2_keys
+        self.share_prefix = bool(share_prefix)
+        self.namespace: str | None = None
+        """The prefix-block namespace (share_prefix): model_namespace(model) unless given."""
+        if self.share_prefix:
+            self.namespace = namespace if namespace is not None else model_namespace(model)
         super().__init__(layers=[_KvtierLayer(self) for _ in range(self.num_layers)])
 
         if set_attn_implementation and \
@@ -350,6 +389,16 @@ class KvtierCache(Cache):
         self._buf: Any = None
         self._err: BaseException | None = None
         self._st = KvtierStats(session=self._client.session_id)
+        self._ns: Namespace | None = None
+        self._prompt_keys: np.ndarray | None = None
+        if self.share_prefix:
+            try:
+                self._ns = self._client.ns_open(self.namespace, self.num_layers,
+                                                self.kv_heads, self.head_dim,
+                                                _TORCH_DTYPES[self.dtype], block_tokens)
+            except BaseException:
+                self._client.close()
+                raise
         self._n = 0  # positions appended (and scored) so far
         self._vn = 0  # entries of the view (resident + staged positions), by position
         self._prompt_len = 0
@@ -365,8 +414,85 @@ class KvtierCache(Cache):
 
     # ---- sequence setup -----------------------------------------------------------------
 
-    def _open(self, q: int, device: Any) -> None:
-        """SEQ_OPEN at the first forward pass: its @q tokens are the prompt."""
+    def load_prefix(self, input_ids: Any) -> int:
+        """Before generating (share_prefix=True): look up the prompt's leading blocks in the
+        model's namespace, open the sequence from the ones kvtierd holds (shared rows, no
+        copy) and stage their K/V into this cache, so that the model computes only the rest
+        of the prompt; the prompt's full blocks are published after prefill. Returns the
+        tokens matched (a multiple of block_tokens, always leaving one prompt token to
+        compute). Then call ``model.generate(input_ids, ..., past_key_values=cache)`` with
+        the whole prompt: transformers feeds only the tokens the cache does not hold yet
+        (or use kvtier.transformers.generate(), which does both)."""
+        if self._err is not None:
+            raise self._err
+        if not self.share_prefix or self._ns is None:
+            raise RuntimeError("KvtierCache.load_prefix() needs share_prefix=True")
+        if self._closed or self._seq is not None:
+            raise RuntimeError("KvtierCache.load_prefix() comes before the first forward "
+                               "pass of a new cache (one cache per sequence)")
+        t0 = time.perf_counter()
+        try:
+            ids = input_ids.detach().cpu().numpy() if hasattr(input_ids, "detach") \
+                else np.asarray(input_ids)
+            if ids.ndim == 2:
+                if ids.shape[0] != 1:
+                    raise ValueError(f"KvtierCache holds one sequence: batch size "
+                                     f"{ids.shape[0]}, expected 1 (one cache per row)")
+                ids = ids[0]
+            if ids.ndim != 1 or ids.size == 0:
+                raise ValueError(f"input_ids of shape {ids.shape}: one non-empty prompt")
+            n_prompt = int(ids.size)
+            ns = self._ns
+            keys = ns.block_keys(ids)
+            usable = min(keys.size, (n_prompt - 1) // ns.block_tokens)
+            m = ns.lookup(keys[:usable], pin=True) if usable else 0
+            self._prompt_keys = keys
+            self._open(n_prompt, torch.device("cpu"), prefix_blocks=m)
+            if m:
+                self._stage_prefix(m * ns.block_tokens)
+            return m * ns.block_tokens
+        except BaseException as e:
+            raise self._fail(e)
+        finally:
+            self._st.kvtier_s += time.perf_counter() - t0
+
+    def _stage_prefix(self, m: int) -> None:
+        """FETCH the @m shared positions the sequence opened with (all T1) into the staging
+        rows and make them the view's first entries."""
+        f = self._seq.fetch(_abi.FETCH_F_T1, stage_row=0, capacity=self.stage_rows)
+        pos = np.arange(m, dtype=np.int64)
+        if f.rows != m or not np.array_equal(f.positions.astype(np.int64), pos):
+            raise KvtierError(_errno.EPROTO, "kvt_fetch",
+                              f"the {m} shared prefix positions staged as {f.rows} rows")
+        self._where[:m] = self.t0_slots + pos
+        self._view_pos[:m] = pos
+        self._view_idx[:m] = torch.from_numpy(self._where[:m])
+        self._view[:, :, :, :m] = self._kv_hr.index_select(3, self._view_idx[:m])
+        self._n = self._vn = self._flushed = m
+        st = self._st
+        st.prefix_tokens = m
+        st.fetches += 1
+        st.rows_staged += m
+
+    def _publish_prompt(self) -> None:
+        """After prefill: offer the prompt's full blocks to the namespace (the matched ones
+        are found there already). A prefix cache full of blocks in use refuses (ENOSPC):
+        generation goes on unshared."""
+        keys, self._prompt_keys = self._prompt_keys, None
+        if keys is None or keys.size == 0:
+            return
+        self._reap()  # the prompt's APPEND first
+        try:
+            r = self._seq.publish(keys)
+        except KvtierError as e:
+            if e.errno != _errno.ENOSPC:
+                raise
+            return
+        self._st.prefix_held, self._st.prefix_published = r.held, r.new
+
+    def _open(self, q: int, device: Any, prefix_blocks: int = 0) -> None:
+        """SEQ_OPEN at the first forward pass (or load_prefix()): @q tokens of prompt, the
+        first @prefix_blocks blocks of them shared from the namespace."""
         if device.type != "cpu":
             raise NotImplementedError(
                 f"KvtierCache runs on CPU tensors; the model is on {device} (the CUDA path "
@@ -403,7 +529,7 @@ class KvtierCache(Cache):
         self._vv = [self._view[i, 1:2] for i in range(L)]
         self.t0_slots, self.stage_rows = ts, ss
         self._seq = c.open_sequence(
-            layers=L, kv_heads=self.kv_heads, head_dim=self.head_dim,
+            ns=self._ns, prefix_blocks=prefix_blocks, layers=L, kv_heads=self.kv_heads, head_dim=self.head_dim,
             dtype=_TORCH_DTYPES[self.dtype], policy=self.policy, score_mode="sum",
             protect_prompt=self.protect_prompt, q_heads=self.q_heads, delta=self.delta,
             sinks=self.sinks, window=self.window, prompt_len=q, hbm_frac=self.hbm_frac,
@@ -561,6 +687,11 @@ class KvtierCache(Cache):
     def _begin(self, q: int, device: Any) -> None:
         """Layer 0 of a forward pass of @q tokens: open or re-tier as needed, take q slots."""
         if self._seq is None:
+            if self.share_prefix:
+                raise RuntimeError(
+                    "KvtierCache(share_prefix=True): call cache.load_prefix(input_ids) before "
+                    "generate() (or use kvtier.transformers.generate(model, input_ids, "
+                    "cache, ...))")
             self._open(q, device)
         elif self._step_layer != -1:
             raise self._fail(RuntimeError(
@@ -695,6 +826,8 @@ class KvtierCache(Cache):
         st.steps += 1
         st.appends += 1
         st.score_adds += 1
+        if self._prompt_keys is not None and self._n == self._prompt_len:
+            self._publish_prompt()
 
     # ---- transformers' Cache surface ----------------------------------------------------
 
@@ -787,5 +920,23 @@ class KvtierCache(Cache):
                 f"evict_frac={self.evict_frac}, t2_frac={self.t2_frac}, n={self._n})")
 
 
+def generate(model: Any, input_ids: Any, cache: KvtierCache, **kwargs: Any) -> Any:
+    """``model.generate(input_ids, past_key_values=cache, **kwargs)``, first loading the
+    prompt's shared prefix when the cache was made with share_prefix=True
+    (cache.load_prefix()): transformers then runs the model on the unmatched suffix only, as
+    it does for any cache that already holds the first tokens of input_ids. An
+    ``attention_mask`` given must cover the whole prompt (the default does)."""
+    if cache.share_prefix:
+        cache.load_prefix(input_ids)
+    if kwargs.get("attention_mask") is None:
+        # generate() compares the mask's length with input_ids' to slice off what the cache
+        # holds; a mask of the whole prompt is what lets it.
+        kwargs["attention_mask"] = torch.ones_like(input_ids)
+    # transformers 5.x renames generate()'s past_key_values to cache (deprecated later).
+    params = inspect.signature(model.prepare_inputs_for_generation).parameters
+    key = "cache" if "cache" in params else "past_key_values"
+    return model.generate(input_ids=input_ids, **{key: cache}, **kwargs)
+
+
 __all__ = ["ATTN_IMPLEMENTATION", "KvtierCache", "KvtierStats", "SUPPORTED_TRANSFORMERS",
-           "check_transformers_version", "kvtier_attention"]
+           "check_transformers_version", "generate", "kvtier_attention", "model_namespace"]

@@ -177,3 +177,34 @@ def python_env() -> dict[str, str]:
 
 PYTHON = sys.executable
 """The interpreter running the tests (child processes use it too)."""
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF tools/fetch-model.sh fetches (or finds) and prints."""
+    r = subprocess.run(["sh", str(REPO / "tools" / "fetch-model.sh")], capture_output=True,
+                       text=True, timeout=900)
+    if r.returncode != 0:
+        pytest.fail(f"tools/fetch-model.sh failed ({r.returncode}): {r.stderr}")
+    return r.stdout.strip().splitlines()[-1]
+
+
+def load_lm(path: str):
+    """(model, tokenizer) from the GGUF at @path through transformers' gguf support, eager
+    attention, one torch thread (the test machines share their cores, and processes that
+    compare rows must run the same arithmetic)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    d, f = path.rsplit("/", 1)
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, attn_implementation="eager")
+    model.eval()
+    return model, tok
+
+
+@pytest.fixture(scope="session")
+def lm(gguf_path: str):
+    """(model, tokenizer), loaded once per test session (load_lm())."""
+    return load_lm(gguf_path)

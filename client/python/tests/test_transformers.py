@@ -36,7 +36,7 @@ def _imports():
 
 torch, transformers = _imports()
 
-from conftest import REPO, tool  # noqa: E402
+from conftest import tool  # noqa: E402
 
 from kvtier.transformers import (  # noqa: E402
     KvtierCache,
@@ -52,26 +52,6 @@ PROMPTS = [
 ]
 # Short period and window so a 64-token generation moves tokens between tiers many times.
 SMALL = dict(delta=8, sinks=4, window=16, max_tokens=160)
-
-
-@pytest.fixture(scope="module")
-def lm():
-    """(model, tokenizer), loaded once from the GGUF tools/fetch-model.sh prints."""
-    r = subprocess.run(["sh", str(REPO / "tools" / "fetch-model.sh")], capture_output=True,
-                       text=True, timeout=900)
-    if r.returncode != 0:
-        pytest.fail(f"tools/fetch-model.sh failed ({r.returncode}): {r.stderr}")
-    path = r.stdout.strip().splitlines()[-1]
-    d, f = path.rsplit("/", 1)
-    # One thread: the test machines share their cores; the arithmetic compared below runs
-    # in this same process either way.
-    torch.set_num_threads(1)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, attn_implementation="eager")
-    model.eval()
-    return model, tok
 
 
 def generate(lm, prompt, cache, attn, new=NEW, min_new=NEW):
