@@ -619,5 +619,61 @@ START_TEST(t_fuzz)
 }
 END_TEST
 
+/* Two pollers, four client processes, the same prompts: lookups, opens from pins, publishes
+ * (new and found), quantization and closes race on the shared store. Every reader sees exact
+ * rows, and at the end only cached blocks are left. */
+START_TEST(t_concurrent)
+{
+	const char *const extra[] = {"--pollers", "2", NULL};
+	pid_t pid[4];
+	int st;
+
+	daemon_start(&Dm, extra);
+	for (int w = 0; w < 4; w++) {
+		pid[w] = fork();
+		if (pid[w] == 0) {
+			struct kvt_ns_params np = nsp("model-r");
+			struct kvt_block_key keys[NBLK];
+			struct kvt_seq_params p;
+			struct client a;
+			uint32_t tok[NTOK], sq;
+			uint8_t out[4096];
+
+			client_open(&a, "model-r");
+			for (int i = 0; i < 40; i++) {
+				int m;
+
+				tokens_of(tok, NTOK, (uint32_t)(i % 3)); /* three prompts */
+				if (kvt_block_keys(&np, NULL, tok, NTOK, keys, NBLK) != NBLK)
+					_exit(1);
+				m = kvt_lookup(a.c, a.ns, keys, NBLK, KVT_LOOKUP_F_PIN);
+				p = seqp(&a);
+				p.t2_frac = (i & 1) ? 0.5f : 0;
+				p.window = 4;
+				if (m < 0 ||
+				    kvt_seq_open_prefix(a.c, &p, a.ns, (uint32_t)m, &sq) < 0)
+					_exit(2);
+				append_range(&a, sq, (uint32_t)m * BT, NTOK);
+				if (kvt_publish(a.c, sq, keys, NBLK, NULL) != NBLK)
+					_exit(3);
+				if (check_rows(&a, sq, NTOK) != NTOK)
+					_exit(4);
+				if (kvt_retier(a.c, sq, out, sizeof(out)) < 0)
+					_exit(5);
+				if (kvt_seq_close(a.c, sq) < 0)
+					_exit(6);
+			}
+			kvt_disconnect(a.c);
+			_exit(0);
+		}
+	}
+	for (int w = 0; w < 4; w++) {
+		ck_assert_int_eq(waitpid(pid[w], &st, 0), pid[w]);
+		ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "worker %d: status %d", w, st);
+	}
+	stop();
+}
+END_TEST
+
 KVT_CHECK_MAIN("prefix_share", 120, NULL, NULL, t_share, t_publisher_killed, t_namespaces,
-	       t_uid_scope, t_copy_on_write, t_dedupe, t_bad_input, t_fuzz)
+	       t_uid_scope, t_copy_on_write, t_dedupe, t_bad_input, t_fuzz, t_concurrent)
