@@ -46,7 +46,10 @@ seq_batch_start(const struct kvtd_seq_ctx *x, const struct kvtd_seq *q, struct k
 int
 seq_batch_flush(struct row_batch *b)
 {
-	int r = b->n ? kvt_dev_copy_h2d(b->x->dev, b->buf, b->rows, b->n) : 0;
+	int r = !b->n ? 0
+		: kvt_dev_dequant_ok(b->x->dev)
+		    ? kvt_dev_copy_h2d_q8(b->x->dev, b->buf, b->rows, b->n)
+		    : kvt_dev_copy_h2d(b->x->dev, b->buf, b->rows, b->n);
 
 	/* The host rows (and dequantized temporaries) must stay put until the copy is done. */
 	if (r == 0 && b->n)
@@ -61,9 +64,25 @@ int
 seq_batch_add(struct row_batch *b, const struct kvtd_seq *q, uint32_t pos, uint32_t l, uint32_t kv,
 	      uint64_t dst_off)
 {
-	b->rows[b->n].host = (void *)pos_row(q, pos, l, kv, b->tmp + b->n * q->row_bytes);
-	b->rows[b->n].buf_off = dst_off;
-	b->rows[b->n].len = q->row_bytes;
+	struct kvt_dev_copy *c = &b->rows[b->n];
+
+	c->buf_off = dst_off;
+	c->scale = NULL;
+	if ((q->ts.tier[pos] & KVT_TIER_F_INT8) && kvt_dev_dequant_ok(b->x->dev) &&
+	    (q->p.dtype == KVT_DTYPE_F16 || q->p.dtype == KVT_DTYPE_BF16)) {
+		/* T2 on the CUDA backend: the codes cross as int8 (half the bytes) and the row
+		 * kernel dequantizes them with the row's scales, read from the pool slot (or the
+		 * key-scale block) when the batch runs. */
+		bool ch;
+
+		c->host = (void *)seq_t2_row(q, q->slot[pos], 2 * l + kv, &c->scale, &ch);
+		c->len = (uint64_t)q->p.kv_heads * q->p.head_dim;
+		c->group = ch ? 1 : q->p.head_dim;
+		c->dtype = q->p.dtype;
+	} else {
+		c->host = (void *)pos_row(q, pos, l, kv, b->tmp + b->n * q->row_bytes);
+		c->len = q->row_bytes;
+	}
 	b->bytes += q->row_bytes;
 	if (q->ts.tier[pos] & KVT_TIER_F_INT8)
 		b->bytes_t2 += q->row_bytes;

@@ -158,6 +158,132 @@ START_TEST(cuda_daemon_append_fetch_bit_exact)
 }
 END_TEST
 
+/*
+ * FETCH of T2 rows: on the CUDA backend the codes cross as int8 and the row kernel dequantizes
+ * them; the staged bytes equal those of a host-backend daemon (CPU dequantization) fed the same
+ * rows, for per-head scales and for per-channel key scales, f16 and bf16.
+ */
+#define T2_N 40
+#define T2_H 2
+
+/* Stage every T1/T2 row of a sequence fed deterministic rows, on @sock; the staged bytes go to
+ * @out, the positions to @pos. @cuda: device buffers (else host buffers). */
+static int
+t2_fetch(const char *sock, int cuda, int dtype, uint32_t t2_flags, uint8_t *out, uint32_t *pos)
+{
+	struct kvt_opts o = {.size = sizeof(o)};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	uint64_t row = (uint64_t)T2_H * D * 2, tok = (uint64_t)L * 2 * row;
+	uint64_t t0_len = (uint64_t)L * 2 * 16 * row, st_len = (uint64_t)L * 2 * T2_N * row;
+	struct kvt_buf *t0, *st;
+	struct kvt_client *c;
+	uint8_t *rows = malloc(T2_N * tok), *t0p = NULL, *stp = NULL, res[4096];
+	cudaStream_t s;
+	int m;
+
+	ck_assert_int_eq(kvt_connect(sock, &o, &c), 0);
+	if (cuda) {
+		ck_assert_int_eq(cudaMalloc((void **)&t0p, t0_len), cudaSuccess);
+		ck_assert_int_eq(cudaMalloc((void **)&stp, st_len), cudaSuccess);
+		ck_assert_int_eq(kvt_buf_register_cuda(c, t0p, t0_len, &t0), 0);
+		ck_assert_int_eq(kvt_buf_register_cuda(c, stp, st_len, &st), 0);
+	} else {
+		ck_assert_int_eq(kvt_buf_alloc(c, t0_len, &t0), 0);
+		ck_assert_int_eq(kvt_buf_alloc(c, st_len, &st), 0);
+		stp = kvt_buf_ptr(st);
+	}
+	memset(stp, 0, st_len);
+	p.layers = L;
+	p.kv_heads = T2_H;
+	p.head_dim = D;
+	p.dtype = (uint8_t)dtype;
+	p.policy = KVT_POLICY_TIERED;
+	p.delta = 2;
+	p.hbm_frac = 0.2f;
+	p.t2_frac = 0.5f;
+	p.t2_flags = t2_flags;
+	p.t0_buf_id = kvt_buf_id(t0);
+	p.t0_slots = 16;
+	p.t0_slot_stride = row;
+	p.t0_kv_stride = 16 * row;
+	p.t0_layer_stride = 32 * row;
+	p.stage_buf_id = kvt_buf_id(st);
+	p.stage_slots = T2_N;
+	p.stage_slot_stride = row;
+	p.stage_kv_stride = T2_N * row;
+	p.stage_layer_stride = 2 * T2_N * row;
+	ck_assert_int_eq(kvt_seq_open(c, &p, (uint32_t *)&m), 0);
+	/* Values of a few bits' mantissa, exact in f16 and bf16, with per-channel outliers. */
+	for (uint64_t i = 0; i < T2_N * tok / 2; i++) {
+		float x = (float)((int)((i * 2654435761u) >> 20 & 255) - 128) / 32.0f *
+			  ((i % D) == 3 ? 8.0f : 1.0f);
+		uint32_t u;
+		uint16_t h;
+
+		memcpy(&u, &x, 4);
+		if (dtype == KVT_DTYPE_BF16) {
+			h = (uint16_t)(u >> 16);
+		} else {
+			_Float16 f = (_Float16)x;
+
+			memcpy(&h, &f, 2);
+		}
+		memcpy(rows + 2 * i, &h, 2);
+	}
+	ck_assert_int_eq(kvt_append(c, (uint32_t)m, rows, T2_N * tok, T2_N, NULL), T2_N);
+	ck_assert_int_gt(kvt_retier(c, (uint32_t)m, res, sizeof(res)), 0);
+	ck_assert_uint_gt(((struct kvt_retier_result *)res)->tier_count[2], 0); /* T2 */
+	m = kvt_fetch(c, (uint32_t)m, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, L, 0, pos, T2_N);
+	ck_assert_int_gt(m, 0);
+	if (cuda) {
+		/* The reply does not wait for the copies: order a stream after them. */
+		ck_assert_int_eq(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+		ck_assert_int_eq(kvt_cuda_stream_wait(c, s), 0);
+		ck_assert_int_eq(cudaStreamSynchronize(s), cudaSuccess);
+		cudaStreamDestroy(s);
+	}
+	memcpy(out, stp, st_len);
+	kvt_disconnect(c);
+	if (cuda) {
+		cudaFree(t0p);
+		cudaFree(stp);
+	}
+	free(rows);
+	return m;
+}
+
+START_TEST(cuda_daemon_t2_fetch_equals_host)
+{
+	static const char *const host_args[] = {"--backend", "host", NULL};
+	uint64_t st_len = (uint64_t)L * 2 * T2_N * T2_H * D * 2;
+	uint8_t *a = malloc(st_len), *b = malloc(st_len);
+	uint32_t pa[T2_N], pb[T2_N];
+	struct kvtd_proc H;
+	int na, nb;
+
+	start();
+	daemon_start(&H, host_args);
+	for (int k = 0; k < 4; k++) {
+		int dtype = k & 1 ? KVT_DTYPE_BF16 : KVT_DTYPE_F16;
+		uint32_t fl = k & 2 ? KVT_T2_F_KEY_CHANNEL : 0;
+		unsigned before = log_count(" int8");
+
+		na = t2_fetch(Dm.sock, 1, dtype, fl, a, pa);
+		nb = t2_fetch(H.sock, 0, dtype, fl, b, pb);
+		ck_assert_int_eq(na, nb);
+		ck_assert_mem_eq(pa, pb, (size_t)na * 4);
+		ck_assert_mem_eq(a, b, st_len);
+		/* The CUDA daemon moved int8 rows to the row kernel. */
+		ck_assert_uint_gt(log_count(" int8"), before);
+	}
+	ck_assert_int_eq(daemon_stop(&H), 0);
+	stop();
+	unlink(shim_log);
+	free(a);
+	free(b);
+}
+END_TEST
+
 /* A client that registers one allocation @times times, reports its IPC id, then waits. */
 static pid_t
 client_spawn(int times, int unregister, char *ret_id, size_t idlen)
@@ -322,5 +448,5 @@ START_TEST(cuda_daemon_restart_refused)
 END_TEST
 
 KVT_CHECK_MAIN("cuda_daemon", 60, NULL, NULL, cuda_daemon_append_fetch_bit_exact,
-	       cuda_daemon_ipc_closed_once, cuda_daemon_host_buffer_refused,
-	       cuda_daemon_restart_refused)
+	       cuda_daemon_t2_fetch_equals_host, cuda_daemon_ipc_closed_once,
+	       cuda_daemon_host_buffer_refused, cuda_daemon_restart_refused)

@@ -1665,7 +1665,14 @@ cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t sh
 	}
 	d = *(const struct kvt_row_desc **)args[0];
 	n = *(const unsigned *)args[1];
-	ENTER("kvt_rows_copy rows=%u grid=%u block=%u", n, grid.x, block.x);
+	{
+		unsigned q8 = 0;
+
+		for (unsigned i = 0; i < n && d; i++)
+			q8 += d[i].scale != 0;
+		ENTER("kvt_rows_copy rows=%u grid=%u block=%u%s", n, grid.x, block.x,
+		      q8 ? " int8" : "");
+	}
 	/* The descriptors are read through UVA: they must be pinned host memory. */
 	if (!obj_find(d, n * sizeof(*d), 1u << OBJ_HOSTALLOC | 1u << OBJ_REGISTERED))
 		LEAVE(cudaErrorIllegalAddress);
