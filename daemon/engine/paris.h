@@ -171,21 +171,22 @@ int kvt_paris_key_codes(const struct kvt_paris_index *ix, uint32_t i, const uint
 void kvt_paris_schedule(uint32_t n, double *ret_rho_cand, double *ret_rho_col);
 
 /*
- * kvt_paris_schedule_refine - the ratios a search with the exact refine stage uses by default:
- * the spec's pair raised to at least (min(0.50, 0.35 + 0.10 sqrt(32768 / n)), 0.70), that is
- * rho_cand 0.45 at 32K keys, 0.40 at 128K, 0.37 at 1M. kvtier's choice, not the paper's. Why:
- * refine removes the estimator error but cannot add keys the vote left out, and with the spec's
- * (0.10, 0.20) 15-20 % of the true top-100 never reach the candidate set on the benchmark sets
- * (refining all C keys gives the same recall as refining 4k). The mean is not the target, the
- * worst queries are: the 5th-percentile per-query recall@100 (p5) must stay >= 0.9, and the
- * candidate share that takes shrinks as the zone grows (BENCHMARKS.md, retrieval; 100 queries,
- * outlier / drift sets): at 32K, 0.30 gave p5 0.86 / 0.81 and 0.45 gives 0.94 / 0.90; at 128K
- * 0.30 gave 0.87 / 0.85, 0.40 gives 0.92 / 0.91; at 1M 0.30 gave 0.91 / 0.86, 0.40 0.95 /
- * 0.96. A fixed 0.40 would cost more than needed at 1M and fall short at 32K.
- * At @dim 64 rho_cand is at least 0.50: eight blocks give the vote half the collision tests of
- * sixteen, and a GQA mean of 8 query heads lines up poorly with any one key, so (0.30, 0.70)
- * kept only 0.80 of the true top-100 at 128K (outlier set, 8 heads averaged); 0.50 keeps 0.93,
- * and a d = 64 candidate costs half a d = 128 rerank, so the search stays under d = 128's time.
+ * kvt_paris_schedule_refine - the ratios a search with the exact refine stage uses by default
+ * (kvtier's choice, not the paper's): (1.00, 1.00) up to 16384 keys, (0.70, 1.00) beyond.
+ * Why: refine removes the estimator error but cannot add keys the vote left out, so the
+ * candidate share sets the recall, and the target is the worst queries, not the mean: the
+ * 5th-percentile per-query recall@100 (p5) must stay >= 0.9. Time is not monotone in the
+ * share: a dense candidate set is reranked almost in index order (streamed), a sparse one at
+ * scattered records, and up to 16K keys the vote tables' fixed cost is most of the search.
+ * Measured single-threaded (CPU time, 100 queries, outlier / drift sets, D = 128; BENCHMARKS.md,
+ * retrieval): at 8K (1.00, 1.00) took 165 / 225 us at p5 1.00 where (0.50, 0.70) took 263 /
+ * 302 us at p5 0.90 / 0.86; at 128K (0.70, 1.00) 1677 / 1486 us at p5 0.99 / 0.99 where
+ * (0.40, 0.70) took 1710 / 1569 us at 0.92 / 0.91 and the former default (0.30, 0.70) 1360 /
+ * 1404 us at 0.87 / 0.85; at 1M (outlier) 12.9 ms at 0.99 against 13.5 ms at 0.95 for (0.40,
+ * 0.70) and 11.2 ms at 0.91 for (0.30, 0.70). Between, at 32K-64K, (0.50, 0.70) would be
+ * 15-25 % cheaper at p5 0.90-0.95; there, given its key rows, the engine scans exactly anyway
+ * (KVT_PARIS_EXACT_BYTES). On real SmolLM2 keys (head_dim 64, 8K) (1.00, 1.00) gave p5 1.00
+ * in 111-158 us where (0.50, 0.70) gave 0.83-0.92 in 222-255 us. @dim is not used.
  */
 void kvt_paris_schedule_refine(uint32_t n, unsigned int dim, double *ret_rho_cand,
 			       double *ret_rho_col);

@@ -1117,15 +1117,15 @@ START_TEST(test_refine_bad_input)
 		double c, l;
 
 		kvt_paris_schedule_refine(40000, 128, &c, &l);
-		ck_assert(c == 0.35 + 0.10 * sqrt(32768.0 / 40000) && l == 0.70);
-		kvt_paris_schedule_refine(131072, 128, &c, &l);
-		ck_assert(fabs(c - 0.40) < 1e-12 && l == 0.70);
-		kvt_paris_schedule_refine(1u << 20, 128, &c, &l);
-		ck_assert(fabs(c - 0.3677) < 1e-4 && l == 0.70);
-		kvt_paris_schedule_refine(40000, 64, &c, &l);
-		ck_assert(c == 0.50 && l == 0.70);
+		ck_assert(c == 0.70 && l == 1.00);
+		kvt_paris_schedule_refine(1u << 20, 64, &c, &l);
+		ck_assert(c == 0.70 && l == 1.00);
+		kvt_paris_schedule_refine(16385, 128, &c, &l);
+		ck_assert(c == 0.70 && l == 1.00);
+		kvt_paris_schedule_refine(16384, 64, &c, &l);
+		ck_assert(c == 1.00 && l == 1.00);
 		kvt_paris_schedule_refine(1000, 128, &c, &l);
-		ck_assert(c == 0.50 && l == 0.70);
+		ck_assert(c == 1.00 && l == 1.00);
 	}
 	kvt_paris_scratch_fini(&scr);
 	kvt_paris_index_fini(&ix);
