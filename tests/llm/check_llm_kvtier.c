@@ -6,6 +6,10 @@
  *    two hbm fractions, every step's logits are bit-identical to the local backend's (run in
  *    lockstep on the same tokens), so the greedy tokens are too. The tiered runs must really
  *    have rows in T1 (staged by FETCH), else the test proves nothing.
+ *  - Prefix sharing: a backend that opens from the blocks another one published (same
+ *    namespace) steps only from the matched position on, with every logit bit-identical to the
+ *    local backend's at the same position; it holds only its own rows; another namespace name
+ *    never hits.
  *  - Eviction: tiered with evict 0.1 evicts floor(0.1 n) positions, generation goes on, and
  *    the daemon's score total equals the number of steps (each step's weights sum to 1).
  *  - kvtierd killed mid-generation: the next step fails with -ECONNRESET, promptly (the test's
@@ -230,6 +234,126 @@ START_TEST(test_tiered_evict0_identical)
 	ck_assert_uint_gt(st.tier_count[1], st.n_tokens / 4);
 	ck_assert_uint_lt(st.tier_count[0], st.n_tokens);
 	ck_assert_uint_eq(st.tier_count[0] + st.tier_count[1], st.n_tokens);
+}
+END_TEST
+
+/* A backend in namespace @ns (prefix sharing) for @prompt, tiered at hbm 0.2, evict 0. */
+static struct kv_backend *
+kvtier_shared(const char *ns, const struct llm_ids *prompt, uint32_t max_tokens)
+{
+	struct kv_kvtier_opts o;
+	struct kv_backend *kv = NULL;
+	char err[256];
+	int r;
+
+	kv_kvtier_opts_default(&o);
+	o.socket = D.sock;
+	o.name = "check_llm_kvtier";
+	o.hbm_frac = 0.2f;
+	o.evict_frac = 0.0f;
+	o.delta = 8;
+	o.window = 8;
+	o.prompt_len = (uint32_t)prompt->n;
+	o.max_tokens = max_tokens;
+	o.share_ns = ns;
+	o.prompt = prompt->v;
+	r = kv_kvtier_create(model->cfg.n_layer, model->cfg.n_head_kv, model->cfg.head_dim, &o, &kv,
+			     err, sizeof(err));
+	ck_assert_msg(r == 0, "kv_kvtier_create: %s", err);
+	return kv;
+}
+
+/*
+ * Prefix sharing in process: A computes the whole prompt and publishes it; B opens from A's
+ * blocks at n = the matched tokens and steps only from there. Every logit of every step of both
+ * is bit-identical to the local backend's at the same position.
+ */
+START_TEST(test_shared_prefix_identical)
+{
+	enum { SGEN = 24, BT = 16 };
+	struct llm_ids prompt = {0}, toks = {0};
+	struct kv_backend *kl = local(), *ka, *kb;
+	struct llm_ctx *cl, *ca, *cb;
+	struct kv_kvtier_share sh;
+	struct kvt_seq_stat st;
+	const float *l = NULL;
+	float *ref;
+	size_t nv = model->cfg.n_vocab, total;
+	uint32_t m;
+
+	ck_assert_int_eq(llm_chat_prompt(tok, NULL,
+					 "Tell me a long story about a cat who lives in a "
+					 "lighthouse, and about the ships she watches at night.",
+					 &prompt),
+			 0);
+	ck_assert_uint_ge(prompt.n, 2 * BT);
+	/* the local run: its tokens and its logits at every position */
+	total = prompt.n + SGEN - 1;
+	ref = malloc(total * nv * sizeof(float));
+	ck_assert_ptr_nonnull(ref);
+	ck_assert_int_eq(llm_ctx_create(model, kl, 1, &cl), 0);
+	for (size_t i = 0; i < total; i++) {
+		if (i < prompt.n)
+			ck_assert_int_eq(llm_ids_push(&toks, prompt.v[i]), 0);
+		ck_assert_int_eq(llm_step(cl, toks.v[i], &l), 0);
+		memcpy(ref + i * nv, l, nv * sizeof(float));
+		if (i + 1 >= prompt.n)
+			ck_assert_int_eq(llm_ids_push(&toks, argmax(l)), 0);
+	}
+
+	/* A: nothing to share yet; publishes when its first generated token's step begins */
+	ka = kvtier_shared("check_llm_kvtier-model", &prompt, (uint32_t)total + 1);
+	kv_kvtier_share_info(ka, &sh);
+	ck_assert_uint_eq(sh.matched_tokens, 0);
+	ck_assert_int_eq(sh.published, -1);
+	ck_assert_int_eq(llm_ctx_create(model, ka, 1, &ca), 0);
+	for (size_t i = 0; i < total; i++) {
+		ck_assert_int_eq(llm_step(ca, toks.v[i], &l), 0);
+		ck_assert_msg(!memcmp(l, ref + i * nv, nv * sizeof(float)), "A step %zu differs",
+			      i);
+	}
+	kv_kvtier_share_info(ka, &sh);
+	ck_assert_int_eq(sh.published, (int)(prompt.n / BT));
+	ck_assert_uint_eq(sh.published_new, prompt.n / BT);
+
+	/* B: opens from A's blocks, computes the rest */
+	kb = kvtier_shared("check_llm_kvtier-model", &prompt, (uint32_t)total + 1);
+	kv_kvtier_share_info(kb, &sh);
+	m = (uint32_t)((prompt.n - 1) / BT * BT);
+	ck_assert_uint_eq(sh.matched_tokens, m);
+	ck_assert_uint_eq(kb->n, m);
+	ck_assert_int_eq(llm_ctx_create(model, kb, 1, &cb), 0);
+	for (size_t i = m; i < total; i++) {
+		ck_assert_int_eq(llm_step(cb, toks.v[i], &l), 0);
+		ck_assert_msg(!memcmp(l, ref + i * nv, nv * sizeof(float)), "B step %zu differs",
+			      i);
+	}
+	kv_kvtier_share_info(kb, &sh);
+	ck_assert_int_eq(sh.published, (int)(prompt.n / BT));
+	ck_assert_uint_eq(sh.published_new, 0);
+	/* B holds only the rows past the shared blocks */
+	ck_assert_int_eq(kv_kvtier_stat(kb, &st), 0);
+	ck_assert_uint_eq(st.n_tokens, total);
+	ck_assert_uint_eq(st.pool_bytes,
+			  (total - prompt.n / BT * BT) * (uint64_t)kb->token_floats * 4);
+	/* the same tokens under another namespace name (another model) never hit */
+	{
+		struct kv_backend *ko =
+		    kvtier_shared("check_llm_kvtier-other", &prompt, (uint32_t)total + 1);
+
+		kv_kvtier_share_info(ko, &sh);
+		ck_assert_uint_eq(sh.matched_tokens, 0);
+		kv_destroy(ko);
+	}
+	llm_ctx_free(cl);
+	llm_ctx_free(ca);
+	llm_ctx_free(cb);
+	kv_destroy(kl);
+	kv_destroy(ka);
+	kv_destroy(kb);
+	llm_ids_free(&prompt);
+	llm_ids_free(&toks);
+	free(ref);
 }
 END_TEST
 
@@ -475,6 +599,7 @@ main(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_full_identical);
 	tcase_add_loop_test(tc, test_tiered_evict0_identical, 0, 2);
+	tcase_add_test(tc, test_shared_prefix_identical);
 	tcase_add_test(tc, test_evict);
 	tcase_add_test(tc, test_daemon_killed);
 	tcase_add_test(tc, test_no_daemon);
