@@ -403,6 +403,101 @@ kvtd_prefix_publish(struct kvtd_prefix *px, struct kvtd_pns *ns, const struct kv
 	return 1;
 }
 
+/* ---- restart ------------------------------------------------------------------------------ */
+
+int
+kvtd_prefix_restore_ns(struct kvtd_prefix *px, const struct kvt_ns_params *np, uint64_t scope,
+		       uint32_t id, const uint64_t cnt[6], struct kvtd_pns **ret_ns)
+{
+	struct kvtd_pns *ns;
+	const char *why;
+	int r;
+
+	if (!id || kvtd_prefix_ns_check(np, &why) < 0)
+		return -EINVAL;
+	for (ns = px->ns_list; ns; ns = ns->next)
+		if (ns->id == id)
+			return -EINVAL;
+	r = kvtd_prefix_ns_open(px, np, scope, &ns);
+	if (r < 0)
+		return r;
+	if (ns->handles != 1) /* the same identity twice */
+		return -EINVAL;
+	ns->handles = 0;
+	ns->id = id;
+	if (id > px->next_ns_id)
+		px->next_ns_id = id;
+	ns->lookups = cnt[0];
+	ns->hit_blocks = cnt[1];
+	ns->miss_blocks = cnt[2];
+	ns->published = cnt[3];
+	ns->deduped = cnt[4];
+	ns->evicted = cnt[5];
+	*ret_ns = ns;
+	return 0;
+}
+
+int
+kvtd_prefix_restore_block(struct kvtd_prefix *px, struct kvtd_pns *ns,
+			  const struct kvt_block_key *key, const uint64_t *off,
+			  struct kvtd_pblock **ret_blk)
+{
+	uint32_t bt = ns->p.block_tokens;
+	struct kvtd_pblock *b;
+	uint64_t h;
+	int r;
+
+	if (find(px, ns, key))
+		return -EINVAL;
+	b = calloc(1, sizeof(*b) + bt * sizeof(void *));
+	if (!b)
+		return -ENOMEM;
+	for (uint32_t t = 0; t < bt; t++) {
+		r = kvtd_pool_claim(px->pool, ns->cls, off[t], &px->acct, NULL, &b->slot[t]);
+		if (r < 0) {
+			free(b); /* claimed slots stay claimed: the caller abandons the restore */
+			return r;
+		}
+	}
+	b->key = *key;
+	b->ns = ns;
+	h = blk_hash(px, ns, key) & px->tab_mask;
+	b->hnext = px->tab[h];
+	px->tab[h] = b;
+	px->n_blocks++;
+	ns->blocks++;
+	lru_push(px, b);
+	maybe_grow(px);
+	*ret_blk = b;
+	return 0;
+}
+
+void
+kvtd_prefix_abandon(struct kvtd_prefix *px)
+{
+	if (!px->tab)
+		return;
+	if (px->pool->reclaim_ctx == px)
+		px->pool->reclaim = NULL;
+	for (uint64_t i = 0; i <= px->tab_mask; i++)
+		while (px->tab[i]) {
+			struct kvtd_pblock *b = px->tab[i];
+
+			px->tab[i] = b->hnext;
+			free(b);
+		}
+	while (px->ns_list) {
+		struct kvtd_pns *ns = px->ns_list;
+
+		px->ns_list = ns->next;
+		kvtd_pool_class_put(px->pool, ns->cls);
+		free(ns);
+	}
+	free(px->tab);
+	px->tab = NULL;
+	pthread_mutex_destroy(&px->lock);
+}
+
 /* ---- the store ---------------------------------------------------------------------------- */
 
 int

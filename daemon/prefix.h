@@ -45,7 +45,8 @@ struct kvtd_pblock {
 	struct kvtd_pblock *hnext;		 /* hash chain */
 	struct kvtd_pblock *lru_prev, *lru_next; /* on the LRU while refs == 0 */
 	uint64_t refs;
-	void *slot[]; /* ns->p.block_tokens T1 pool slots */
+	uint32_t img_idx; /* its index in a restart image (restart.c) */
+	void *slot[];	  /* ns->p.block_tokens T1 pool slots */
 };
 
 struct kvtd_prefix {
@@ -124,5 +125,23 @@ void kvtd_prefix_stats(struct kvtd_prefix *px, struct kvtd_prefix_stats *ret);
 /* Calls @fn for each namespace, lock held (@fn must not call back into the store). */
 void kvtd_prefix_ns_each(struct kvtd_prefix *px, void (*fn)(const struct kvtd_pns *ns, void *arg),
 			 void *arg);
+
+/*
+ * Restart (restart.c), before kvtd_pool_claim_done(): kvtd_prefix_restore_ns() re-creates
+ * namespace @np of @scope with id @id and counters @cnt (lookups, hit_blocks, miss_blocks,
+ * published, deduped, evicted) and no handle; kvtd_prefix_restore_block() re-creates block
+ * @key of @ns over the slots at pool offsets @off (block_tokens of them), claimed back for the
+ * store, unreferenced until the sessions and sequences restored take their references.
+ * Return 0, -EINVAL (a contradiction: bad params, a key twice), -EEXIST (a slot claimed
+ * twice), -ENOMEM. kvtd_prefix_abandon(): a restore given up: forget every namespace and
+ * block without giving a slot back (the pool is made again from scratch), as _fini() does
+ * otherwise; kvtd_prefix_init() makes the store again.
+ */
+int kvtd_prefix_restore_ns(struct kvtd_prefix *px, const struct kvt_ns_params *np, uint64_t scope,
+			   uint32_t id, const uint64_t cnt[6], struct kvtd_pns **ret_ns);
+int kvtd_prefix_restore_block(struct kvtd_prefix *px, struct kvtd_pns *ns,
+			      const struct kvt_block_key *key, const uint64_t *off,
+			      struct kvtd_pblock **ret_blk);
+void kvtd_prefix_abandon(struct kvtd_prefix *px);
 
 #endif

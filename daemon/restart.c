@@ -151,6 +151,28 @@ struct img_seq {
 	struct kvt_seq_params p;
 	struct kvtd_seq_image si; /* arrays in mem */
 	void *mem;
+	uint32_t ns_id; /* 0: none */
+	uint32_t *blk_idx;
+};
+
+struct img_ns_handle {
+	uint32_t ns_id; /* 0: none */
+	uint32_t n_pins;
+	uint32_t *pins; /* block indexes */
+};
+
+struct img_ns {
+	uint32_t id;
+	uint64_t scope;
+	struct kvt_ns_params p;
+	uint64_t cnt[6];
+	struct kvtd_pns *ns; /* restored */
+};
+
+struct img_blk {
+	uint32_t ns; /* index in ns[] */
+	struct kvt_block_key key;
+	const uint8_t *off; /* block_tokens u64 pool offsets, in the image bytes */
 };
 
 struct img_conn {
@@ -171,6 +193,8 @@ struct img_conn {
 	uint32_t n_bufs, n_seqs;
 	struct img_buf *bufs;
 	struct img_seq *seqs;
+	uint64_t prefix_scope;
+	struct img_ns_handle nsh[KVT_MAX_NS];
 	/* restore progress */
 	struct kvtd_session *s;
 	unsigned bufs_done; /* buffer fds already consumed */
@@ -189,6 +213,12 @@ struct kvtd_image {
 	uint32_t pool_hugetlb;
 	uint64_t pool_size, chunk_size, pool_base;
 	uint64_t cnt[8];
+	uint32_t img_version; /* of the image */
+	uint32_t n_ns, n_blk;
+	struct img_ns *ns;
+	struct img_blk *blk;
+	struct kvtd_pblock **blocks; /* restored, index = image index */
+	uint64_t px_cnt[7];
 	uint32_t n_conns;
 	struct img_conn *conns;
 };
@@ -199,12 +229,19 @@ kvtd_image_free(struct kvtd_image *img)
 	if (!img)
 		return;
 	for (uint32_t i = 0; img->conns && i < img->n_conns; i++) {
-		for (uint32_t k = 0; img->conns[i].seqs && k < img->conns[i].n_seqs; k++)
+		for (uint32_t k = 0; img->conns[i].seqs && k < img->conns[i].n_seqs; k++) {
 			free(img->conns[i].seqs[k].mem);
+			free(img->conns[i].seqs[k].blk_idx);
+		}
+		for (int k = 0; k < KVT_MAX_NS; k++)
+			free(img->conns[i].nsh[k].pins);
 		free(img->conns[i].bufs);
 		free(img->conns[i].seqs);
 	}
 	free(img->conns);
+	free(img->ns);
+	free(img->blk);
+	free(img->blocks);
 	free(img->bytes);
 	free(img);
 }
@@ -220,7 +257,7 @@ kvtd_image_sessions(const struct kvtd_image *img)
 }
 
 static int
-parse_seq(struct rbuf *r, struct img_seq *q)
+parse_seq(struct rbuf *r, struct img_seq *q, uint32_t version)
 {
 	const void *pp;
 	uint32_t n;
@@ -267,11 +304,26 @@ parse_seq(struct rbuf *r, struct img_seq *q)
 		memcpy(m, tier, a1);
 		q->si.tier = m;
 	}
-	return 0;
+	if (version >= 2) {
+		q->ns_id = get32(r);
+		get32(r); /* pad */
+		if (q->ns_id) {
+			size_t a4 = ((size_t)n * 4 + 7) & ~(size_t)7;
+			const void *idx = get(r, a4);
+
+			if (r->err)
+				return r->err;
+			q->blk_idx = malloc(a4 ? a4 : 8);
+			if (!q->blk_idx)
+				return -ENOMEM;
+			memcpy(q->blk_idx, idx, a4);
+		}
+	}
+	return r->err;
 }
 
 static int
-parse_conn(struct rbuf *r, struct img_conn *c)
+parse_conn(struct rbuf *r, struct img_conn *c, uint32_t version)
 {
 	const void *name;
 
@@ -319,8 +371,73 @@ parse_conn(struct rbuf *r, struct img_conn *c)
 		c->bufs[i].fd = getfd(r);
 	}
 	for (uint32_t i = 0; i < c->n_seqs && !r->err; i++)
-		if (parse_seq(r, &c->seqs[i]) < 0)
+		if (parse_seq(r, &c->seqs[i], version) < 0)
 			return r->err ? r->err : -EBADMSG;
+	if (version < 2)
+		return r->err;
+	c->prefix_scope = get64(r);
+	for (int i = 0; i < KVT_MAX_NS && !r->err; i++) {
+		struct img_ns_handle *h = &c->nsh[i];
+		const void *pins;
+
+		h->ns_id = get32(r);
+		h->n_pins = get32(r);
+		if (r->err || h->n_pins > (1u << 24))
+			return -EBADMSG;
+		pins = get(r, ((size_t)h->n_pins * 4 + 7) & ~(size_t)7);
+		if (r->err)
+			return r->err;
+		h->pins = malloc((size_t)h->n_pins * 4 + 8);
+		if (!h->pins)
+			return -ENOMEM;
+		memcpy(h->pins, pins, (size_t)h->n_pins * 4);
+	}
+	return r->err;
+}
+
+/* The prefix store's part (version 2): namespaces, counters, blocks. */
+static int
+parse_prefix(struct rbuf *r, struct kvtd_image *img)
+{
+	img->n_ns = get32(r);
+	img->n_blk = get32(r);
+	if (r->err || img->n_ns > (1u << 20) || img->n_blk > (1u << 28))
+		return -EBADMSG;
+	img->ns = calloc(img->n_ns + 1, sizeof(*img->ns));
+	img->blk = calloc(img->n_blk + 1, sizeof(*img->blk));
+	img->blocks = calloc(img->n_blk + 1, sizeof(*img->blocks));
+	if (!img->ns || !img->blk || !img->blocks)
+		return -ENOMEM;
+	for (int i = 0; i < 7; i++)
+		img->px_cnt[i] = get64(r);
+	for (uint32_t i = 0; i < img->n_ns && !r->err; i++) {
+		struct img_ns *n = &img->ns[i];
+		const void *p;
+
+		n->id = get32(r);
+		get32(r); /* pad */
+		n->scope = get64(r);
+		p = get(r, sizeof(n->p));
+		if (p)
+			memcpy(&n->p, p, sizeof(n->p));
+		for (int k = 0; k < 6; k++)
+			n->cnt[k] = get64(r);
+		if (!r->err && (!n->p.block_tokens || n->p.block_tokens > KVT_BLOCK_TOKENS_MAX))
+			return -EBADMSG;
+	}
+	for (uint32_t i = 0; i < img->n_blk && !r->err; i++) {
+		struct img_blk *b = &img->blk[i];
+		const void *k;
+
+		b->ns = get32(r);
+		get32(r); /* pad */
+		k = get(r, sizeof(b->key));
+		if (k)
+			memcpy(&b->key, k, sizeof(b->key));
+		if (r->err || b->ns >= img->n_ns)
+			return -EBADMSG;
+		b->off = get(r, (size_t)img->ns[b->ns].p.block_tokens * 8);
+	}
 	return r->err;
 }
 
@@ -337,11 +454,11 @@ kvtd_image_parse(const void *buf, size_t len, struct kvtd_image **ret_img)
 		return -EBADMSG;
 	}
 	memcpy(&h, buf, sizeof(h));
-	if (memcmp(h.magic, KVTD_IMAGE_MAGIC, sizeof(KVTD_IMAGE_MAGIC)) ||
-	    h.version != KVTD_IMAGE_VERSION || h.hdr_size != sizeof(h)) {
+	if (memcmp(h.magic, KVTD_IMAGE_MAGIC, sizeof(KVTD_IMAGE_MAGIC)) || h.version < 1 ||
+	    h.version > KVTD_IMAGE_VERSION || h.hdr_size != sizeof(h)) {
 		h.daemon_version[sizeof(h.daemon_version) - 1] = '\0';
 		log_err("restart: image version %u from kvtierd '%.31s' is not one this kvtierd %s "
-			"reads (version %u): the previous sessions are dropped",
+			"reads (versions 1 to %u): the previous sessions are dropped",
 			h.version, memcmp(h.magic, KVTD_IMAGE_MAGIC, 8) ? "?" : h.daemon_version,
 			KVT_VERSION, KVTD_IMAGE_VERSION);
 		return -EPROTONOSUPPORT;
@@ -382,8 +499,11 @@ kvtd_image_parse(const void *buf, size_t len, struct kvtd_image **ret_img)
 	img->pool_base = get64(&r);
 	for (int i = 0; i < 8; i++)
 		img->cnt[i] = get64(&r);
+	img->img_version = h.version;
+	e = h.version >= 2 ? parse_prefix(&r, img) : r.err;
 	img->n_conns = get32(&r);
-	e = r.err;
+	if (!e)
+		e = r.err;
 	if (!e && img->n_conns > (1u << 20))
 		e = -EBADMSG;
 	if (!e) {
@@ -391,7 +511,7 @@ kvtd_image_parse(const void *buf, size_t len, struct kvtd_image **ret_img)
 		e = img->conns ? 0 : -ENOMEM;
 	}
 	for (uint32_t i = 0; !e && i < img->n_conns; i++)
-		e = parse_conn(&r, &img->conns[i]);
+		e = parse_conn(&r, &img->conns[i], img->img_version);
 	if (!e && r.off != len)
 		e = -EBADMSG;
 	if (e) {
@@ -492,6 +612,20 @@ write_seq(struct wbuf *w, const struct kvtd *d, const struct kvtd_seq *q)
 	put(w, off, (size_t)n * 8);
 	free(off);
 	put_pad8(w, q->ts.tier, n);
+	PUT(w, (uint32_t)(q->ns ? q->ns->id : 0));
+	PUT(w, (uint32_t)0);
+	if (q->ns) {
+		uint32_t *idx = malloc((size_t)(n ? n : 1) * 4);
+
+		if (!idx) {
+			w->err = -ENOMEM;
+			return;
+		}
+		for (uint32_t i = 0; i < n; i++)
+			idx[i] = q->blk[i] ? q->blk[i]->img_idx + 1 : 0;
+		put_pad8(w, idx, (size_t)n * 4);
+		free(idx);
+	}
 }
 
 struct write_ctx {
@@ -561,7 +695,64 @@ write_conn(void *ctx, const struct kvtd_conn_info *ci)
 	for (unsigned i = 0; i < s->max_seqs; i++)
 		if (s->seqs[i])
 			write_seq(w, x->d, s->seqs[i]);
+	PUT(w, s->prefix_scope);
+	for (int i = 0; i < KVT_MAX_NS; i++) {
+		const struct kvtd_ns_handle *h = &s->ns[i];
+
+		PUT(w, (uint32_t)(h->ns ? h->ns->id : 0));
+		PUT(w, (uint32_t)(h->ns ? h->n_pins : 0));
+		for (uint32_t k = 0; h->ns && k < h->n_pins; k++)
+			PUT(w, h->pins[k]->img_idx);
+		if (h->ns && (h->n_pins & 1))
+			PUT(w, (uint32_t)0);
+	}
 	return w->err ? w->err : x->fds->err;
+}
+
+/* The prefix store: namespaces, counters, then every block (numbered in the order written,
+ * the numbers sequences and pins refer to) with its slots' pool offsets. */
+static void
+write_prefix(struct wbuf *w, struct kvtd *d)
+{
+	struct kvtd_prefix *px = &d->prefix;
+	uint32_t n_ns = 0, idx = 0;
+
+	for (struct kvtd_pns *ns = px->ns_list; ns; ns = ns->next)
+		n_ns++;
+	PUT(w, n_ns);
+	PUT(w, (uint32_t)px->n_blocks);
+	PUT(w, px->lookups);
+	PUT(w, px->hit_blocks);
+	PUT(w, px->miss_blocks);
+	PUT(w, px->published);
+	PUT(w, px->deduped);
+	PUT(w, px->evicted);
+	PUT(w, px->refused_budget);
+	for (struct kvtd_pns *ns = px->ns_list; ns; ns = ns->next) {
+		PUT(w, ns->id);
+		PUT(w, (uint32_t)0);
+		PUT(w, ns->scope);
+		put(w, &ns->p, sizeof(ns->p));
+		PUT(w, ns->lookups);
+		PUT(w, ns->hit_blocks);
+		PUT(w, ns->miss_blocks);
+		PUT(w, ns->published);
+		PUT(w, ns->deduped);
+		PUT(w, ns->evicted);
+	}
+	for (uint64_t i = 0; px->tab && i <= px->tab_mask; i++)
+		for (struct kvtd_pblock *b = px->tab[i]; b; b = b->hnext) {
+			uint32_t k = 0;
+
+			for (struct kvtd_pns *ns = px->ns_list; ns != b->ns; ns = ns->next)
+				k++;
+			b->img_idx = idx++;
+			PUT(w, k);
+			PUT(w, (uint32_t)0);
+			put(w, &b->key, sizeof(b->key));
+			for (uint32_t t = 0; t < b->ns->p.block_tokens; t++)
+				PUT(w, (uint64_t)((uint8_t *)b->slot[t] - d->pool.base));
+		}
 }
 
 /* The image of @d, pollers quiesced. Returns 0 with the bytes in @w and the descriptors to
@@ -598,6 +789,7 @@ image_write(struct kvtd *d, struct wbuf *w, struct fdlist *fds)
 	PUT(w, atomic_load(&d->cnt.refused_limit));
 	PUT(w, atomic_load(&d->cnt.sessions_total));
 	PUT(w, atomic_load(&d->cnt.ring_corrupt));
+	write_prefix(w, d);
 	n_at = w->len;
 	PUT(w, (uint32_t)0); /* connections, counted below */
 	fd_add(fds, d->listen_fd);
@@ -743,17 +935,6 @@ kvtd_restart(struct kvtd *d)
 		    "ends every session",
 		    kvt_dev_name(d->dev));
 		return -EOPNOTSUPP;
-	}
-	if (d->prefix.ns_list) {
-		struct kvtd_prefix_stats st;
-
-		kvtd_prefix_stats(&d->prefix, &st);
-		log_err("restart: %llu prefix namespace(s) with %llu shared block(s) are open, and "
-			"the restart image does not carry shared blocks yet; restart when no "
-			"client uses prefix sharing, or restart the service (which ends every "
-			"session)",
-			(unsigned long long)st.namespaces, (unsigned long long)st.blocks);
-		return -EBUSY;
 	}
 	if (!d->exe[0] || access(d->exe, X_OK) < 0) {
 		r = -errno;
@@ -951,9 +1132,51 @@ grow_tables(struct kvtd_session *s, const struct img_conn *c)
 	return 0;
 }
 
+static struct kvtd_pns *
+ns_by_id(const struct kvtd_image *img, uint32_t id)
+{
+	for (uint32_t i = 0; i < img->n_ns; i++)
+		if (img->ns[i].id == id)
+			return img->ns[i].ns;
+	return NULL;
+}
+
+/* The prefix store's namespaces and blocks, slots claimed for the store (no reference yet). */
+static int
+prefix_restore(struct kvtd *d, struct kvtd_image *img)
+{
+	struct kvtd_prefix *px = &d->prefix;
+	int r;
+
+	for (uint32_t i = 0; i < img->n_ns; i++) {
+		r = kvtd_prefix_restore_ns(px, &img->ns[i].p, img->ns[i].scope, img->ns[i].id,
+					   img->ns[i].cnt, &img->ns[i].ns);
+		if (r < 0)
+			return r;
+	}
+	for (uint32_t i = 0; i < img->n_blk; i++) {
+		uint64_t off[KVT_BLOCK_TOKENS_MAX];
+		uint32_t bt = img->ns[img->blk[i].ns].p.block_tokens;
+
+		memcpy(off, img->blk[i].off, (size_t)bt * 8); /* unaligned in the image */
+		r = kvtd_prefix_restore_block(px, img->ns[img->blk[i].ns].ns, &img->blk[i].key, off,
+					      &img->blocks[i]);
+		if (r < 0)
+			return r;
+	}
+	px->lookups = img->px_cnt[0];
+	px->hit_blocks = img->px_cnt[1];
+	px->miss_blocks = img->px_cnt[2];
+	px->published = img->px_cnt[3];
+	px->deduped = img->px_cnt[4];
+	px->evicted = img->px_cnt[5];
+	px->refused_budget = img->px_cnt[6];
+	return 0;
+}
+
 /* A session rebuilt from @c: region, doorbells, indices, buffers, sequences (slots claimed). */
 static int
-session_restore(struct kvtd *d, struct img_conn *c)
+session_restore(struct kvtd *d, struct kvtd_image *img, struct img_conn *c)
 {
 	struct kvtd_session *s;
 	int r;
@@ -1004,9 +1227,40 @@ session_restore(struct kvtd *d, struct img_conn *c)
 		if (r < 0)
 			return r;
 	}
+	s->prefix_scope = c->prefix_scope;
+	for (int i = 0; i < KVT_MAX_NS; i++) {
+		struct img_ns_handle *ih = &c->nsh[i];
+		struct kvtd_ns_handle *h = &s->ns[i];
+
+		if (!ih->ns_id)
+			continue;
+		h->ns = ns_by_id(img, ih->ns_id);
+		if (!h->ns)
+			return -EBADMSG;
+		kvtd_prefix_ns_hold(&d->prefix, h->ns);
+		h->pins = calloc(ih->n_pins ? ih->n_pins : 1, sizeof(*h->pins));
+		if (!h->pins)
+			return -ENOMEM;
+		h->cap_pins = ih->n_pins;
+		for (uint32_t k = 0; k < ih->n_pins; k++) {
+			if (ih->pins[k] >= img->n_blk || img->blocks[ih->pins[k]]->ns != h->ns)
+				return -EBADMSG;
+			h->pins[k] = img->blocks[ih->pins[k]];
+			kvtd_prefix_ref(&d->prefix, h->pins[k], 1);
+			h->n_pins++;
+		}
+	}
 	for (uint32_t i = 0; i < c->n_seqs; i++) {
 		struct img_seq *q = &c->seqs[i];
 
+		if (q->ns_id) {
+			q->si.ns = ns_by_id(img, q->ns_id);
+			if (!q->si.ns)
+				return -EBADMSG;
+			q->si.blk_idx = q->blk_idx;
+			q->si.blocks = img->blocks;
+			q->si.n_blocks = img->n_blk;
+		}
 		r = kvtd_session_seq_restore(s, &q->p, q->id, &q->si);
 		if (r < 0) {
 			log_err("restart: session %u seq %u: %s", s->id, q->id, strerror(-r));
@@ -1065,7 +1319,10 @@ kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
 	atomic_store(&d->cnt.sessions_total, img->cnt[6]);
 	atomic_store(&d->cnt.ring_corrupt, img->cnt[7]);
 
-	/* 1: sessions and their slots, nothing visible yet */
+	/* 1: the prefix store, then sessions and their slots, nothing visible yet */
+	r = prefix_restore(d, img);
+	if (r < 0)
+		log_err("restart: the prefix store cannot be restored: %s", strerror(-r));
 	for (i = 0; i < img->n_conns && r == 0; i++) {
 		struct img_conn *c = &img->conns[i];
 
@@ -1078,7 +1335,7 @@ kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
 			continue;
 		for (uint32_t k = 0; k < c->n_seqs; k++)
 			c->seqs[k].si.old_base = img->pool_base;
-		r = session_restore(d, c);
+		r = session_restore(d, img, c);
 		if (r < 0)
 			log_err("restart: session %u (pid %d '%s') cannot be restored: %s", c->id,
 				(int)c->pid, c->name, strerror(-r));
@@ -1150,10 +1407,14 @@ err_abandon:
 		if (fd_valid(c->fd))
 			close(c->fd);
 	}
+	kvtd_prefix_abandon(&d->prefix);
 	kvtd_pool_fini(&d->pool);
 	{
 		int e = kvtd_pool_init(&d->pool, &d->cfg, d->dev);
 
+		if (e == 0)
+			e = kvtd_prefix_init(&d->prefix, &d->pool,
+					     kvtd_config_prefix_bytes(&d->cfg));
 		if (e < 0)
 			return e;
 	}

@@ -13,7 +13,9 @@
  * not yet drained stay in the rings for the next process) and writes the rest of the state into
  * an image, a memfd: daemon counters and ids; per connection its peer and state; per session
  * its private ring indices, buffers and sequences; per sequence its parameters, tier state and
- * the pool offset of every position's slot. The new process maps the pool again, claims those
+ * the pool offset of every position's slot; the prefix store's namespaces and blocks (their
+ * slots' offsets), each session's namespace handles and pins, each sequence's namespace and the
+ * block each shared position references. The new process maps the pool again, claims those
  * slots back (kvtd_pool_claim()), rebuilds the retrieval indexes by encoding the same keys
  * again, and serves the same connections.
  *
@@ -35,7 +37,7 @@ struct kvtd;
 struct kvtd_image;
 
 #define KVTD_IMAGE_MAGIC   "KVTDIMG"
-#define KVTD_IMAGE_VERSION 1
+#define KVTD_IMAGE_VERSION 2 /* 2: prefix blocks; version 1 images are read too */
 
 /* The fixed head of every image version. */
 struct kvtd_image_hdr {

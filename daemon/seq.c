@@ -701,11 +701,44 @@ kvtd_seq_restore(const struct kvtd_seq_ctx *x, const struct kvt_seq_params *p,
 	if (r < 0)
 		goto err_abandon;
 	q->ts = ts;
-	/* Each live position claims its pool slot back (T1 or T2 by its tier); only evicted
-	 * positions have none. */
+	if (img->ns) {
+		q->blk = calloc(q->ts.cap, sizeof(*q->blk));
+		if (!q->blk) {
+			r = -ENOMEM;
+			goto err_abandon;
+		}
+		kvtd_prefix_ns_hold(x->prefix, img->ns);
+		q->ns = img->ns;
+	}
+	/* Each live position claims its pool slot back (T1 or T2 by its tier), or references its
+	 * shared block's; only evicted positions have none. */
 	for (uint32_t i = 0; i < img->n; i++) {
 		uint8_t t = img->tier[i];
 		int cls = (t & KVT_TIER_F_INT8) ? q->cls_q : q->cls;
+
+		if (img->blk_idx && img->blk_idx[i]) {
+			struct kvtd_pblock *b;
+			uint32_t bt;
+
+			if (!q->ns || img->blk_idx[i] > img->n_blocks ||
+			    (t & KVT_TIER_MASK) == KVT_T3 || (t & KVT_TIER_F_INT8) ||
+			    !img->slot_off[i]) {
+				r = -EINVAL;
+				goto err_abandon;
+			}
+			b = img->blocks[img->blk_idx[i] - 1];
+			bt = q->ns->p.block_tokens;
+			if (b->ns != q->ns ||
+			    (uint8_t *)b->slot[i % bt] != x->pool->base + img->slot_off[i] - 1) {
+				r = -EINVAL;
+				goto err_abandon;
+			}
+			q->slot[i] = b->slot[i % bt];
+			q->blk[i] = b;
+			q->n_shared++;
+			kvtd_prefix_ref(x->prefix, b, 1);
+			continue;
+		}
 
 		if ((t & KVT_TIER_MASK) == KVT_T3) {
 			if (img->slot_off[i]) {

@@ -190,6 +190,12 @@ struct kvtd_seq_image {
 	uint64_t old_base;
 	uint64_t bytes_in, bytes_out;
 	double score_total;
+	/* prefix blocks: the namespace (NULL: none) and per position 0 (its own slot) or the
+	 * index + 1 in @blocks of the block whose slot it references (slot_off is that slot) */
+	struct kvtd_pns *ns;
+	const uint32_t *blk_idx;
+	struct kvtd_pblock *const *blocks;
+	uint32_t n_blocks;
 };
 
 /*

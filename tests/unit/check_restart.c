@@ -40,7 +40,40 @@ put64(struct img *m, uint64_t v)
 	put(m, &v, 8);
 }
 
-/* Header placeholder, then the daemon fields of version 1 (restart.c, image_write()). */
+/* The image version begin() and session_conn() write (1: no prefix store). */
+static uint32_t ver = KVTD_IMAGE_VERSION;
+
+/* Version 2's prefix store: one namespace (id 1, 2 tokens a block) with one block. */
+static void
+prefix_part(struct img *m, uint32_t blk_ns)
+{
+	struct kvt_ns_params np = {.size = sizeof(np),
+				   .layers = 1,
+				   .kv_heads = 1,
+				   .head_dim = 16,
+				   .dtype = KVT_DTYPE_F32,
+				   .block_tokens = 2,
+				   .name = "m"};
+	struct kvt_block_key k = {1, 2};
+
+	put32(m, 1); /* namespaces */
+	put32(m, 1); /* blocks */
+	for (int i = 0; i < 7; i++)
+		put64(m, 0); /* store counters */
+	put32(m, 1);	     /* ns id */
+	put32(m, 0);
+	put64(m, 1001); /* scope */
+	put(m, &np, sizeof(np));
+	for (int i = 0; i < 6; i++)
+		put64(m, 0);
+	put32(m, blk_ns); /* the block's namespace (index) */
+	put32(m, 0);
+	put(m, &k, sizeof(k));
+	put64(m, 1 << 20);
+	put64(m, (1 << 20) + 4096);
+}
+
+/* Header placeholder, then the daemon fields (restart.c, image_write()). */
 static void
 begin(struct img *m, uint32_t n_conns)
 {
@@ -66,6 +99,8 @@ begin(struct img *m, uint32_t n_conns)
 	put64(m, 0x7f0000000000ull); /* old base */
 	for (int i = 0; i < 8; i++)
 		put64(m, (uint64_t)i);
+	if (ver >= 2)
+		prefix_part(m, 0);
 	put32(m, n_conns);
 }
 
@@ -119,6 +154,21 @@ session_conn(struct img *m, uint32_t n, int fd)
 		put64(m, 1 + (uint64_t)i * 4096); /* slot offsets */
 	for (uint32_t i = 0; i < ((n + 7) & ~7u) / 4; i++)
 		put32(m, 0x01010101); /* tiers: T1 */
+	if (ver < 2)
+		return;
+	put32(m, 1); /* the sequence's namespace, and its positions' blocks */
+	put32(m, 0);
+	for (uint32_t i = 0; i < ((n * 4 + 7) & ~7u) / 4; i++)
+		put32(m, i < 2 ? 1 : 0);
+	put64(m, 1001); /* the session's scope, its namespace handles */
+	for (int h = 0; h < KVT_MAX_NS; h++) {
+		put32(m, h == 0 ? 1 : 0);
+		put32(m, h == 0 ? 1 : 0);
+		if (h == 0) {
+			put32(m, 0); /* a pin on block 0 */
+			put32(m, 0);
+		}
+	}
 }
 
 static void
@@ -151,18 +201,27 @@ parse(const struct img *m, size_t len)
 	return r;
 }
 
+/* This version's images, and version 1's (no prefix store), which an upgrade reads. */
 START_TEST(t_parse_valid)
 {
 	struct img m;
 
-	begin(&m, 0);
-	finish(&m, KVTD_IMAGE_VERSION);
-	ck_assert_int_eq(parse(&m, m.n), 0);
-	begin(&m, 2);
+	for (ver = 1; ver <= KVTD_IMAGE_VERSION; ver++) {
+		begin(&m, 0);
+		finish(&m, ver);
+		ck_assert_int_eq(parse(&m, m.n), 0);
+		begin(&m, 2);
+		session_conn(&m, 5, 30);
+		session_conn(&m, 0, 31);
+		finish(&m, ver);
+		ck_assert_int_eq(parse(&m, m.n), 2);
+	}
+	ver = KVTD_IMAGE_VERSION;
+	/* version 2's records read as version 1: bytes left over */
+	begin(&m, 1);
 	session_conn(&m, 5, 30);
-	session_conn(&m, 0, 31);
-	finish(&m, KVTD_IMAGE_VERSION);
-	ck_assert_int_eq(parse(&m, m.n), 2);
+	finish(&m, 1);
+	ck_assert_int_eq(parse(&m, m.n), -EBADMSG);
 }
 END_TEST
 
@@ -207,7 +266,26 @@ START_TEST(t_parse_refused)
 	session_conn(&m, 2, 0);
 	finish(&m, KVTD_IMAGE_VERSION);
 	ck_assert_int_eq(parse(&m, m.n), -EBADMSG);
-	/* a sequence longer than any could be */
+	/* a block of a namespace the image does not have */
+	m.n = 0;
+	{
+		struct kvtd_image_hdr h = {0};
+
+		put(&m, &h, sizeof(h));
+	}
+	begin(&m, 0);
+	m.n -= 4 + (4 + 4 + 16 + 16); /* back to the block record */
+	put32(&m, 5);
+	put32(&m, 0);
+	put64(&m, 1);
+	put64(&m, 2);
+	put64(&m, 0);
+	put64(&m, 4096);
+	put32(&m, 0);
+	finish(&m, KVTD_IMAGE_VERSION);
+	ck_assert_int_eq(parse(&m, m.n), -EBADMSG);
+	/* a sequence longer than any could be (version 1: the count sits 64 bytes from the end) */
+	ver = 1;
 	begin(&m, 1);
 	session_conn(&m, 1, 30);
 	{
@@ -217,8 +295,9 @@ START_TEST(t_parse_refused)
 
 		memcpy(m.b + m.n - 64, &huge, 4);
 	}
-	finish(&m, KVTD_IMAGE_VERSION);
+	finish(&m, 1);
 	ck_assert_int_eq(parse(&m, m.n), -EBADMSG);
+	ver = KVTD_IMAGE_VERSION;
 }
 END_TEST
 
