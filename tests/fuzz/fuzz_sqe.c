@@ -2,11 +2,13 @@
 /*
  * fuzz_sqe - whatever a client writes into its SQ and arena, kvtierd answers every entry with
  * a CQE and stays whole: no crash, no out-of-bounds access (ASan, UBSan), every pool byte back
- * when the session ends.
+ * when the session ends (and the prefix blocks it published are released: every one can be
+ * reclaimed).
  *
  * One input is a session's life: a fresh session (8 MiB arena) in a daemon core with a real
- * pool, a valid sequence opened in it (tiered, int8 T2, retrieval on, T0 and staging regions,
- * 96 tokens appended, so every opcode reaches sequence code), then the input read as records of [2
+ * pool and prefix store, a namespace (id 1) and a valid sequence opened in it (tiered, int8 T2,
+ * retrieval on, T0 and staging regions, 96 tokens appended, so every opcode reaches sequence
+ * code, PUBLISH included), then the input read as records of [2
  * bytes (LE) arena length / 16][64-byte SQE][that many arena bytes at offset 0], each submitted and
  * drained like the poller does. SQE stamps are set by the harness (a bad stamp only stalls a ring,
  * tested elsewhere); everything else is the input's.
@@ -64,7 +66,30 @@ daemon_init(void)
 	D.cfg.numa_node = -1;
 	if (kvt_dev_open(KVT_DEV_HOST, &D.dev) < 0)
 		return -1;
-	return kvtd_pool_init(&D.pool, &D.cfg, D.dev);
+	if (kvtd_pool_init(&D.pool, &D.cfg, D.dev) < 0)
+		return -1;
+	return kvtd_prefix_init(&D.prefix, &D.pool, 8ull << 20);
+}
+
+/* The namespace of the base sequence's geometry (blocks of 16 tokens). */
+static struct kvt_ns_params
+base_ns(void)
+{
+	struct kvt_ns_params np = {.size = sizeof(np),
+				   .layers = 2,
+				   .kv_heads = 2,
+				   .head_dim = 64,
+				   .dtype = KVT_DTYPE_F16,
+				   .name = "fuzz"};
+
+	return np;
+}
+
+/* Block key @i of a small set, so that LOOKUPs find what PUBLISHes put there. */
+static struct kvt_block_key
+fkey(uint32_t i)
+{
+	return (struct kvt_block_key){.lo = i, .hi = (uint64_t)i * 7};
 }
 
 /* A region a client would register (T0 or staging): a sealed memfd; returns its buffer id. */
@@ -133,13 +158,18 @@ open_seq(struct kvtd_session *s)
 				   .stage_slot_stride = 256,
 				   .stage_kv_stride = STAGE_ROWS * 256,
 				   .stage_layer_stride = 2 * STAGE_ROWS * 256};
-	struct kvt_sqe e = {.opcode = KVT_OP_SEQ_OPEN, .arena_len = sizeof(p)};
+	struct kvt_ns_params np = base_ns();
+	struct kvt_sqe e = {.opcode = KVT_OP_NS_OPEN, .arena_len = sizeof(np)};
 	uint32_t ntok = 96, len = ntok * 2 * 2 * 2 * 64 * 2;
 	uint16_t *rows = (uint16_t *)s->arena;
 
+	memcpy(s->arena, &np, sizeof(np));
+	if (submit(s, &e).res != 1)
+		die("NS_OPEN of the base namespace failed");
 	p.t0_buf_id = buf_register(s, T0_BYTES);
 	p.stage_buf_id = buf_register(s, STAGE_BYTES);
 	memcpy(s->arena, &p, sizeof(p));
+	e = (struct kvt_sqe){.opcode = KVT_OP_SEQ_OPEN, .arena_len = sizeof(p), .ns = 1};
 	if (submit(s, &e).res != 1)
 		die("SEQ_OPEN of the base sequence failed");
 	for (uint32_t i = 0; i < len / 2; i++)
@@ -185,8 +215,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		submit(s, &e);
 	}
 	kvtd_session_destroy(s);
+	kvtd_prefix_reclaim(&D.prefix, UINT64_MAX); /* only a leaked reference keeps one */
 	kvtd_pool_usage(&D.pool, &u1);
-	if (u1.used != u0.used)
+	if (u1.used != u0.used || D.prefix.n_blocks)
 		die("pool bytes not given back");
 	return 0;
 }
@@ -267,8 +298,54 @@ gen_request(struct kvt_sqe *e, uint8_t *pay)
 		p.t2_frac = rnd() % 2 ? 0.0f : fval() / 2;
 		p.t2_flags = rnd() % 4 ? 0 : KVT_T2_F_KEY_CHANNEL;
 		p.ret_update = rnd() % 2 ? 0 : 8 << rnd() % 3;
+		if (rnd() % 3 == 0) { /* in a namespace, from pinned blocks: the base geometry */
+			p.layers = 2;
+			p.kv_heads = 2;
+			p.head_dim = 64;
+			p.dtype = KVT_DTYPE_F16;
+			e->ns = rnd() % 8 ? 1 : rnd() % 4;
+			e->prefix_blocks = rnd() % 5;
+		}
 		memcpy(pay, &p, sizeof(p));
 		len = sizeof(p);
+		break;
+	}
+	case KVT_OP_NS_OPEN: {
+		static const uint32_t bts[] = {0, 16, 4, 1, KVT_BLOCK_TOKENS_MAX + 1};
+		struct kvt_ns_params np = base_ns();
+
+		np.block_tokens = bts[rnd() % 5];
+		if (rnd() % 4 == 0)
+			np.name[rnd() % sizeof(np.name)] = (char)rnd();
+		if (rnd() % 4 == 0)
+			np.head_dim = (uint16_t)num();
+		memcpy(pay, &np, sizeof(np));
+		len = sizeof(np);
+		e->seq = 0;
+		break;
+	}
+	case KVT_OP_NS_CLOSE:
+		e->seq = 0;
+		e->ns = 2 + rnd() % 4; /* the base one rarely: below */
+		if (!(rnd() % 16))
+			e->ns = 1;
+		break;
+	case KVT_OP_LOOKUP:
+	case KVT_OP_PUBLISH: { /* keys from a small set, mostly in order: hits and misses */
+		uint32_t n = 1 + rnd() % 8, first = rnd() % 3;
+
+		for (uint32_t i = 0; i < n; i++) {
+			struct kvt_block_key k = fkey(rnd() % 8 ? first + i : rnd() % 16);
+
+			memcpy(pay + 16 * i, &k, 16);
+		}
+		len = 16 * (size_t)n;
+		e->count = n;
+		if (e->opcode == KVT_OP_LOOKUP) {
+			e->seq = 0;
+			e->ns = rnd() % 8 ? 1 : rnd() % 5;
+			e->op_flags = rnd() % 2 ? KVT_LOOKUP_F_PIN : (uint16_t)(rnd() % 4);
+		}
 		break;
 	}
 	case KVT_OP_APPEND: { /* base sequence: rows inline (1 KiB a token), or T0 slots */
