@@ -305,17 +305,18 @@ struct kvt_paris_keys {
 /*
  * KVT_PARIS_EXACT_BYTES - with the refine stage on and @rows access to the keys, a zone of
  * N live keys of head_dim D is scored whole (exact top-k, no votes) when its N * D key values
- * take at most this many bytes as stored (N * D * 2 for f16 and bf16 rows: N * D <= 8M, so
- * N <= 64K at D = 128 and N <= 128K at D = 64; N * D * 4 for f32). The scan reads every key
- * value; the index path reads about a fifth of those bytes but spends more instructions on
- * each (vote tables, 4-bit decoding, selection, refine), so the scan is the faster of the two
- * while the keys come from the last-level cache and loses once it streams from DRAM. Measured
- * single-threaded with `kvtier-bench-retrieval --crossover` (BENCHMARKS.md, retrieval): on a
- * 32 MiB-L3 EPYC the index path (default schedule) took 1.4-4.4x the scan's time up to 32K keys
- * at D = 128 and up to 128K at D = 64 (8 MiB and 16 MiB of f16), tied at 16 MiB (64K at
- * D = 128) and was faster beyond, at both dims: the crossover is a byte count, not a key count.
+ * take at most this many bytes as stored: N * D * 2 for f16 and bf16 rows (N * D <= 128M: up
+ * to 1M keys at D = 128, 2M at D = 64), N * D * 4 for f32. The scan reads every key value, the
+ * index path about 40 % as many bytes (votes, then 70 % of the 4-bit records, then 4k keys)
+ * but spends more instructions on each, and on this measure the scan wins: single-threaded on
+ * a 32 MiB-L3 EPYC (Zen 4, `kvtier-bench-retrieval --crossover 1048576 --cpu-time`,
+ * BENCHMARKS.md, retrieval) the index path with the refine schedule took 1.5-5.4x the scan's
+ * time while the keys fit the cache (up to 16 MiB) and still 1.14-1.31x streaming them from
+ * DRAM, up to 1M keys (128 MiB at D = 64, 256 MiB at D = 128), with no crossover at either
+ * dim. The bound is the largest zone measured, not a crossover: past it, and wherever TOPKs
+ * share memory bandwidth (the scan reads 2.5x the bytes), the index path is the safer cost.
  */
-#define KVT_PARIS_EXACT_BYTES (16u << 20)
+#define KVT_PARIS_EXACT_BYTES (256u << 20)
 
 /* opts.exact: whether a search with refine scores the whole zone exactly. */
 enum {
