@@ -118,7 +118,7 @@ check_empty(struct json_object *o, int64_t budget)
 /* The default 25% of --pool-size, through the request, kvtierctl and the metrics. */
 START_TEST(t_blocks_fresh_default)
 {
-	static char out[65536];
+	static char out[1 << 20];
 	struct json_object *o;
 
 	start(NULL, "100M");
@@ -148,7 +148,7 @@ END_TEST
 /* [prefix] cache_bytes from the config file: a size, a share of the pool set by the flag, 0. */
 START_TEST(t_blocks_budget_from_config)
 {
-	static char out[65536];
+	static char out[1 << 20];
 	struct json_object *o;
 
 	start("[prefix]\ncache_bytes = 8M\n", "64M");
@@ -272,7 +272,7 @@ ns_named(struct json_object *o, const char *name)
 /* Two clients, one prompt: the counts BLOCKS, kvtierctl and the metrics show at each step. */
 START_TEST(t_blocks_counts)
 {
-	static char out[65536];
+	static char out[1 << 20];
 	struct kvt_ns_params np = nsp("ctl-blocks-model");
 	struct kvt_opts o = {.size = sizeof(o), .name = "ctl-blocks"};
 	struct kvt_client *a, *b;

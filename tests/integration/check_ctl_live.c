@@ -42,7 +42,7 @@ ctl(const char *args, char *out, size_t len)
 
 START_TEST(t_status_clients_seqs)
 {
-	static char out[65536];
+	static char out[1 << 20]; /* metrics --json: 75 KB with 13 opcodes */
 	struct kvt_opts o = {.size = sizeof(o), .name = "ctl-live"};
 	struct kvt_seq_params p = {.size = sizeof(p),
 				   .layers = 2,
