@@ -6,8 +6,9 @@ usage: plot_frontier.py SWEEP.json [MORE.json ...] OUT.png
 
 One panel per (data set, N); one curve per method, its points the method's knob settings
 (kvtier: candidate and collision ratios, with and without the exact refine; IVFPQ: nprobe,
-alone and with exact rescoring of 16k PQ candidates; HNSW: efSearch); flat and the exact fp16
-scan are single points. The y axis is log-scaled (single-thread median microseconds per query).
+alone and with exact rescoring of 16k PQ candidates; HNSW: efSearch); flat, the exact fp16
+scan, kvtier's default (what kvtierd's TOPK runs) and kvtier's whole-zone exact scan are single
+points. The y axis is log-scaled (single-thread median microseconds per query).
 Rows from several files are merged, so a 1M run without FAISS can sit beside smaller ones.
 Needs matplotlib (pip install matplotlib).
 """
@@ -22,6 +23,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 STYLE = {
     "kvtier-estimate": ("o", "-"),
     "kvtier-refine": ("s", "-"),
+    "kvtier-default": ("P", ""),
+    "kvtier-exact": ("p", ""),
     "exact": ("*", ""),
     "faiss-flat": ("X", ""),
     "faiss-ivfpq": ("v", "--"),
