@@ -403,6 +403,44 @@ kvtd_prefix_publish(struct kvtd_prefix *px, struct kvtd_pns *ns, const struct kv
 	return 1;
 }
 
+/* Frees every block and namespace, and the store; @give_back: the blocks' slots go back to the
+ * pool (else they are forgotten: the pool is being made again). */
+static void
+store_free(struct kvtd_prefix *px, bool give_back)
+{
+	if (!px->tab)
+		return;
+	if (px->pool->reclaim_ctx == px)
+		px->pool->reclaim = NULL;
+	for (uint64_t i = 0; i <= px->tab_mask; i++)
+		while (px->tab[i]) {
+			struct kvtd_pblock *b = px->tab[i];
+
+			if (!give_back) {
+				px->tab[i] = b->hnext;
+				free(b);
+				continue;
+			}
+			if (b->refs) { /* unreachable once every sequence is gone */
+				b->refs = 0;
+				px->n_referenced--;
+				b->ns->referenced--;
+				lru_push(px, b);
+			}
+			evict(px, b);
+		}
+	while (px->ns_list) {
+		struct kvtd_pns *ns = px->ns_list;
+
+		px->ns_list = ns->next;
+		kvtd_pool_class_put(px->pool, ns->cls);
+		free(ns);
+	}
+	free(px->tab);
+	px->tab = NULL;
+	pthread_mutex_destroy(&px->lock);
+}
+
 /* ---- restart ------------------------------------------------------------------------------ */
 
 int
@@ -475,27 +513,7 @@ kvtd_prefix_restore_block(struct kvtd_prefix *px, struct kvtd_pns *ns,
 void
 kvtd_prefix_abandon(struct kvtd_prefix *px)
 {
-	if (!px->tab)
-		return;
-	if (px->pool->reclaim_ctx == px)
-		px->pool->reclaim = NULL;
-	for (uint64_t i = 0; i <= px->tab_mask; i++)
-		while (px->tab[i]) {
-			struct kvtd_pblock *b = px->tab[i];
-
-			px->tab[i] = b->hnext;
-			free(b);
-		}
-	while (px->ns_list) {
-		struct kvtd_pns *ns = px->ns_list;
-
-		px->ns_list = ns->next;
-		kvtd_pool_class_put(px->pool, ns->cls);
-		free(ns);
-	}
-	free(px->tab);
-	px->tab = NULL;
-	pthread_mutex_destroy(&px->lock);
+	store_free(px, false);
 }
 
 /* ---- the store ---------------------------------------------------------------------------- */
@@ -523,32 +541,7 @@ kvtd_prefix_init(struct kvtd_prefix *px, struct kvtd_pool *pool, uint64_t budget
 void
 kvtd_prefix_fini(struct kvtd_prefix *px)
 {
-	if (!px->tab)
-		return;
-	if (px->pool->reclaim_ctx == px)
-		px->pool->reclaim = NULL;
-	for (uint64_t i = 0; i <= px->tab_mask; i++)
-		while (px->tab[i]) {
-			struct kvtd_pblock *b = px->tab[i];
-
-			if (b->refs) { /* unreachable once every sequence is gone */
-				b->refs = 0;
-				px->n_referenced--;
-				b->ns->referenced--;
-				lru_push(px, b);
-			}
-			evict(px, b);
-		}
-	while (px->ns_list) {
-		struct kvtd_pns *ns = px->ns_list;
-
-		px->ns_list = ns->next;
-		kvtd_pool_class_put(px->pool, ns->cls);
-		free(ns);
-	}
-	free(px->tab);
-	px->tab = NULL;
-	pthread_mutex_destroy(&px->lock);
+	store_free(px, true);
 }
 
 void

@@ -144,6 +144,20 @@ append_range(struct client *cl, uint32_t seq, uint32_t from, uint32_t to)
 	    kvt_append(cl->c, seq, rows, (uint64_t)(to - from) * TOK_BYTES, to - from, NULL), to);
 }
 
+/* A sequence of @cl in its namespace, tokens [0, @ntok) appended and its first NBLK blocks
+ * published under @keys; its id. */
+static uint32_t
+publish_prompt(struct client *cl, const struct kvt_block_key *keys, uint32_t ntok)
+{
+	struct kvt_seq_params p = seqp(cl);
+	uint32_t seq, n_new;
+
+	ck_assert_int_eq(kvt_seq_open_prefix(cl->c, &p, cl->ns, 0, &seq), 0);
+	append_range(cl, seq, 0, ntok);
+	ck_assert_int_eq(kvt_publish(cl->c, seq, keys, NBLK, &n_new), NBLK);
+	return seq;
+}
+
 /* FETCH every T1 position of layer @l and compare with token_rows(): returns how many. */
 static int
 check_rows(struct client *cl, uint32_t seq, uint32_t n)
@@ -291,17 +305,13 @@ START_TEST(t_namespaces)
 	struct kvt_ns_params np = nsp("model-a"), other;
 	struct kvt_block_key keys[NBLK];
 	struct client a, b;
-	struct kvt_seq_params p;
-	uint32_t tok[NTOK], sa, ns2;
+	uint32_t tok[NTOK], ns2;
 
 	start();
 	client_open(&a, "model-a");
 	tokens_of(tok, NTOK, 0);
 	ck_assert_int_eq(kvt_block_keys(&np, NULL, tok, NTOK, keys, NBLK), NBLK);
-	p = seqp(&a);
-	ck_assert_int_eq(kvt_seq_open_prefix(a.c, &p, a.ns, 0, &sa), 0);
-	append_range(&a, sa, 0, NTOK);
-	ck_assert_int_eq(kvt_publish(a.c, sa, keys, NBLK, NULL), NBLK);
+	publish_prompt(&a, keys, NTOK);
 	/* the same keys, sent in namespaces that differ in one field each: never a hit */
 	client_open(&b, "model-b");
 	ck_assert_int_eq(kvt_lookup(b.c, b.ns, keys, NBLK, 0), 0);
@@ -336,9 +346,8 @@ other_uid_hits(void)
 {
 	struct kvt_ns_params np = nsp("model-a");
 	struct kvt_block_key keys[NBLK];
-	struct kvt_seq_params p;
 	struct client a;
-	uint32_t tok[NTOK], sa;
+	uint32_t tok[NTOK];
 	pid_t pid;
 	int st;
 
@@ -346,10 +355,7 @@ other_uid_hits(void)
 	client_open(&a, "model-a");
 	tokens_of(tok, NTOK, 0);
 	ck_assert_int_eq(kvt_block_keys(&np, NULL, tok, NTOK, keys, NBLK), NBLK);
-	p = seqp(&a);
-	ck_assert_int_eq(kvt_seq_open_prefix(a.c, &p, a.ns, 0, &sa), 0);
-	append_range(&a, sa, 0, NTOK);
-	ck_assert_int_eq(kvt_publish(a.c, sa, keys, NBLK, NULL), NBLK);
+	publish_prompt(&a, keys, NTOK);
 	pid = fork();
 	if (pid == 0) {
 		struct client c;
@@ -399,10 +405,7 @@ START_TEST(t_copy_on_write)
 	client_open(&b, "model-c");
 	tokens_of(tok, NTOK, 5);
 	ck_assert_int_eq(kvt_block_keys(&np, NULL, tok, NTOK, keys, NBLK), NBLK);
-	p = seqp(&a);
-	ck_assert_int_eq(kvt_seq_open_prefix(a.c, &p, a.ns, 0, &sa), 0);
-	append_range(&a, sa, 0, NBLK * BT);
-	ck_assert_int_eq(kvt_publish(a.c, sa, keys, NBLK, NULL), NBLK);
+	sa = publish_prompt(&a, keys, NBLK * BT);
 	ck_assert_int_eq(kvt_lookup(b.c, b.ns, keys, NBLK, KVT_LOOKUP_F_PIN), NBLK);
 	/* B: everything but a sink and a window goes to int8 */
 	p = seqp(&b);
@@ -717,15 +720,9 @@ START_TEST(t_restart)
 	ck_assert_int_eq(kvt_block_keys(&np, NULL, tok, NTOK, keys, NBLK), NBLK);
 	tokens_of(tok, NTOK, 50);
 	ck_assert_int_eq(kvt_block_keys(&np, NULL, tok, NTOK, other, NBLK), NBLK);
-	p = seqp(&a);
-	ck_assert_int_eq(kvt_seq_open_prefix(a.c, &p, a.ns, 0, &sa), 0);
-	append_range(&a, sa, 0, NTOK);
-	ck_assert_int_eq(kvt_publish(a.c, sa, keys, NBLK, NULL), NBLK);
+	sa = publish_prompt(&a, keys, NTOK);
 	/* a second prompt's blocks, left cached (their sequence closed) */
-	ck_assert_int_eq(kvt_seq_open_prefix(a.c, &p, a.ns, 0, &sb2), 0);
-	append_range(&a, sb2, 0, NBLK * BT);
-	ck_assert_int_eq(kvt_publish(a.c, sb2, other, NBLK, NULL), NBLK);
-	ck_assert_int_eq(kvt_seq_close(a.c, sb2), 0);
+	ck_assert_int_eq(kvt_seq_close(a.c, publish_prompt(&a, other, NBLK * BT)), 0);
 	/* B reads the first from pins it keeps */
 	ck_assert_int_eq(kvt_lookup(b.c, b.ns, keys, NBLK, KVT_LOOKUP_F_PIN), NBLK);
 	p = seqp(&b);
