@@ -123,8 +123,9 @@ class Sqe(ctypes.Structure):
 
     The per-opcode fields have the header's names for each opcode (``ntok``, ``npos``, ``k``,
     ``nkeys``, ``prefix_blocks``; ``first_pos``, ``layer0``, ``layer``, ``ns``; ``nlayers``,
-    ``out_off``; ``stage_row``, ``out_len``) besides the generic ``count``, ``arg0``, ``arg1``, ``arg2``. The ``prep_*``
-    methods are kvtier.h's kvt_prep_*(): each fills every field but user_data and stamp."""
+    ``out_off``; ``stage_row``, ``out_len``) besides the generic ``count``, ``arg0``,
+    ``arg1``, ``arg2``. The ``prep_*`` methods are kvtier.h's kvt_prep_*(): each fills every
+    field but user_data and stamp."""
 
     _anonymous_ = ("_count", "_arg0", "_arg1", "_arg2")
     _fields_ = [

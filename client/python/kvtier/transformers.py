@@ -36,6 +36,11 @@ plus the capture of the weights, and with any other cache it is plain eager atte
 the model stays usable with ``DynamicCache``. Load with ``attn_implementation="kvtier"`` to
 have it from the start (import this module first: importing it registers the name).
 
+Prefix sharing (``share_prefix=True``): processes serving the same prompt prefix compute its
+rows once; ``generate(model, input_ids, cache, ...)`` below (or ``cache.load_prefix(input_ids)``
+then ``model.generate``) opens the sequence from the blocks another process published and runs
+the model on the rest of the prompt only (docs/python.md, "Prefix sharing").
+
 Batch size 1, CPU tensors (the GPU path is designed in docs/python.md). transformers 5.x only.
 """
 from __future__ import annotations
@@ -309,6 +314,10 @@ class KvtierCache(Cache):
     first forward pass) stays resident. @max_tokens: positions the sequence may hold (prompt
     plus generated; sizes the T0 and staging regions); @t2_keys "head" or "channel" (int8 key
     scales). @set_attn_implementation: switch the model to the "kvtier" attention function.
+    @share_prefix: share the prompt's leading blocks with other processes through kvtierd's
+    prefix blocks (call load_prefix(input_ids) before generate(), or use this module's
+    generate()); @namespace: its name (default model_namespace(model)); @block_tokens:
+    tokens per block (docs/python.md, "Prefix sharing").
 
     One cache is one sequence: use a new cache per generate() call (or call ``close()``).
     Errors from kvtierd raise ``kvtier.KvtierError``; after one the cache refuses further
@@ -529,7 +538,8 @@ class KvtierCache(Cache):
         self._vv = [self._view[i, 1:2] for i in range(L)]
         self.t0_slots, self.stage_rows = ts, ss
         self._seq = c.open_sequence(
-            ns=self._ns, prefix_blocks=prefix_blocks, layers=L, kv_heads=self.kv_heads, head_dim=self.head_dim,
+            ns=self._ns, prefix_blocks=prefix_blocks,
+            layers=L, kv_heads=self.kv_heads, head_dim=self.head_dim,
             dtype=_TORCH_DTYPES[self.dtype], policy=self.policy, score_mode="sum",
             protect_prompt=self.protect_prompt, q_heads=self.q_heads, delta=self.delta,
             sinks=self.sinks, window=self.window, prompt_len=q, hbm_frac=self.hbm_frac,
