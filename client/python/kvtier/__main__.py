@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""``python -m kvtier status|clients|seqs [--json]``: kvtierctl's views, from Python."""
+"""``python -m kvtier status|clients|seqs|blocks [--json]``: kvtierctl's views, from Python."""
 import sys
 
 from .ctl import main

@@ -81,6 +81,7 @@ CTL_STATUS = 16
 CTL_CLIENTS = 17
 CTL_SEQS = 18
 CTL_JSON = 19
+CTL_BLOCKS = 23
 
 DEFAULT_SOCKET = "/run/kvtier/kvtierd.sock"
 
@@ -454,5 +455,6 @@ CONSTANTS: dict[str, int] = {
     "KVT_CTL_CLIENTS": CTL_CLIENTS,
     "KVT_CTL_SEQS": CTL_SEQS,
     "KVT_CTL_JSON": CTL_JSON,
+    "KVT_CTL_BLOCKS": CTL_BLOCKS,
 }
 """C macro/enum name -> the value mirrored here, for the layout probe."""

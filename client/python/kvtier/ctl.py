@@ -2,9 +2,10 @@
 """Admin requests over kvtierd's control socket, and kvtierctl's text formats.
 
 The control socket is AF_UNIX SOCK_SEQPACKET (proto/kvt_ctl.h): an admin client sends a bare
-struct kvt_ctl_hdr (STATUS, CLIENTS or SEQS, no HELLO) and gets one message back, KVT_CTL_JSON
-with NUL-terminated JSON, or KVT_CTL_ERROR. The formatters reproduce tools/kvtierctl/ctl_fmt.c
-line for line; every key is optional ("-" when absent). Nothing here needs libkvtier.
+struct kvt_ctl_hdr (STATUS, CLIENTS, SEQS or BLOCKS, no HELLO) and gets one message back,
+KVT_CTL_JSON with NUL-terminated JSON, or KVT_CTL_ERROR. The formatters reproduce
+tools/kvtierctl/ctl_fmt.c line for line; every key is optional ("-" when absent). Nothing here
+needs libkvtier.
 """
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from typing import Any, TextIO
 
 from . import _abi
 
-__all__ = ["CtlError", "FORMATTERS", "default_socket", "fmt_bytes", "fmt_clients",
+__all__ = ["CtlError", "FORMATTERS", "default_socket", "fmt_blocks", "fmt_bytes", "fmt_clients",
            "fmt_duration", "fmt_seqs", "fmt_status", "main", "request"]
 
-_REQUESTS = {"status": _abi.CTL_STATUS, "clients": _abi.CTL_CLIENTS, "seqs": _abi.CTL_SEQS}
+_REQUESTS = {"status": _abi.CTL_STATUS, "clients": _abi.CTL_CLIENTS, "seqs": _abi.CTL_SEQS,
+             "blocks": _abi.CTL_BLOCKS}
 
 
 class CtlError(OSError):
@@ -37,7 +39,8 @@ def default_socket() -> str:
 
 
 def request(path: str, kinds: list[str], timeout: float = 5.0) -> dict[str, Any]:
-    """Ask kvtierd at @path for the documents named in @kinds ("status", "clients", "seqs")
+    """Ask kvtierd at @path for the documents named in @kinds ("status", "clients", "seqs",
+    "blocks")
     over one connection; returns {kind: parsed JSON object}. Raises CtlError."""
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
     s.settimeout(timeout)
@@ -250,7 +253,33 @@ _SEQ_COLS = [
 ]
 
 
-def _cell(kind: Any, v: Any) -> str:
+_BLOCK_COLS = [
+    ("ID", "id", "int"), ("NAME", "name", "str"), ("SCOPE", "scope", "scope"),
+    ("BLOCKS", "blocks", "int"), ("REF", "referenced", "int"), ("MiB", "bytes", "mib"),
+    ("HITRATE", "hit_blocks", "hits"), ("PUBLISHED", "published", "int"),
+    ("EVICTED", "evicted", "int"),
+]
+
+
+def _hit_rate(o: Any) -> float | None:
+    """Found blocks over blocks looked up; None before any lookup (no rate to show)."""
+    hit, miss = _get(o, "hit_blocks"), _get(o, "miss_blocks")
+    if not (_is_num(hit) and _is_num(miss)) or not hit + miss > 0:
+        return None
+    return hit / (hit + miss)
+
+
+def _cell(kind: Any, v: Any, row: Any = None) -> str:
+    if kind == "scope":
+        uid = _num_text(_get(row, "uid"))
+        if v == "uid" and uid is not None:
+            return _safe(f"uid {uid}", 48)
+        return _safe(v, 48) if isinstance(v, str) else "-"
+    if kind == "mib":
+        return "%.1f" % (v / (1 << 20)) if _is_num(v) else "-"
+    if kind == "hits":
+        r = _hit_rate(row)
+        return "%.1f%%" % (r * 100) if r is not None else "-"
     if isinstance(kind, int):
         v = v[kind] if isinstance(v, list) and kind < len(v) else None
         kind = "int"
@@ -278,16 +307,17 @@ def _table(doc: dict[str, Any], key: str, cols: list[tuple[str, str, Any]], none
         return none + "\n"
     cells = [[h for h, _, _ in cols]]
     for r in rows:
-        cells.append([_cell(kind, _get(r, k)) for _, k, kind in cols])
+        cells.append([_cell(kind, _get(r, k), r) for _, k, kind in cols])
     width = [max(len(row[c]) for row in cells) for c in range(len(cols))]
     out = []
     for row in cells:
         parts = []
         for c, (_, _, kind) in enumerate(cols):
             last = c + 1 == len(cols)
-            if kind == "str" and last:
+            text = kind in ("str", "scope")
+            if text and last:
                 parts.append(row[c])
-            elif kind == "str":
+            elif text:
                 parts.append(row[c].ljust(width[c]))
             else:
                 parts.append(row[c].rjust(width[c]))
@@ -305,14 +335,38 @@ def fmt_seqs(doc: dict[str, Any]) -> str:
     return _table(doc, "seqs", _SEQ_COLS, "no open sequences")
 
 
-FORMATTERS = {"status": fmt_status, "clients": fmt_clients, "seqs": fmt_seqs}
+def fmt_blocks(doc: dict[str, Any]) -> str:
+    """The BLOCKS document as kvtierctl blocks prints it: the namespaces, then the totals."""
+    out = _table(doc, "namespaces", _BLOCK_COLS, "no prefix namespaces")
+    blocks = _num_text(_get(doc, "blocks")) or "-"
+    ref = _num_text(_get(doc, "referenced")) or "-"
+    used = _get(doc, "bytes")
+    used = fmt_bytes(used) if _is_num(used) else "-"
+    b = _get(doc, "budget_bytes")
+    if not _is_num(b):
+        budget = " of - budget"
+    elif b > 0:
+        budget = f" of {fmt_bytes(b)} budget"
+    else:
+        budget = ", budget 0 (sharing off)"
+    r = _hit_rate(doc)
+    rate = "%.1f%%" % (r * 100) if r is not None else "-"
+    out += f"total  {blocks} blocks ({ref} referenced), {used}{budget}, hit rate {rate}"
+    for i, k in enumerate(("published", "deduped", "evicted", "refused_budget")):
+        num = _num_text(_get(doc, k)) or "-"
+        out += (", " if i else "\n       ") + ("refused" if i == 3 else k) + " " + num
+    return out + "\n"
+
+
+FORMATTERS = {"status": fmt_status, "clients": fmt_clients, "seqs": fmt_seqs,
+              "blocks": fmt_blocks}
 """Command name -> formatter of its document."""
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
-    """``python -m kvtier COMMAND``: status, clients or seqs, as kvtierctl prints them (or the
-    daemon's JSON with --json). Exit status 0, 1 (kvtierd unreachable or the request failed),
-    2 (bad usage)."""
+    """``python -m kvtier COMMAND``: status, clients, seqs or blocks, as kvtierctl prints them
+    (or the daemon's JSON with --json). Exit status 0, 1 (kvtierd unreachable or the request
+    failed), 2 (bad usage)."""
     import argparse
     import sys
 
@@ -322,7 +376,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         description="Inspect a running kvtierd over its control socket (as kvtierctl).")
     ap.add_argument("command", choices=sorted(FORMATTERS),
                     help="status: version, backend, pool, counters, tiers; clients: sessions; "
-                         "seqs: open sequences")
+                         "seqs: open sequences; blocks: prefix block namespaces")
     ap.add_argument("-s", "--socket", default=None,
                     help=f"control socket (default: $KVTIER_SOCKET, else {_abi.DEFAULT_SOCKET})")
     ap.add_argument("-j", "--json", action="store_true",

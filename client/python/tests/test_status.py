@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""python -m kvtier status|clients|seqs prints what kvtierctl prints."""
+"""python -m kvtier status|clients|seqs|blocks prints what kvtierctl prints."""
 from __future__ import annotations
 
 import json
@@ -60,6 +60,30 @@ def test_status_clients_seqs_match_kvtierctl(kvtierd, python_env):
     assert compare_all(kvtierd, python_env) == ("no open sequences\n", "no clients connected\n")
 
 
+def test_blocks_match_kvtierctl(kvtierd, python_env):
+    """The prefix block store (namespaces, references, hit rate, totals) as kvtierctl blocks
+    prints it, and its JSON: empty, then with published blocks, a hit and a miss."""
+    sock = ["--socket", kvtierd.socket]
+    assert pyctl(["blocks", *sock], python_env).stdout == kvtierd.ctl(["blocks"]).stdout
+    tok = np.arange(40, dtype=np.uint32)
+    with kvtier.connect(kvtierd.socket) as c:
+        ns = c.ns_open("status-model", 2, 2, 64, "f16", block_tokens=8)
+        keys = ns.block_keys(tok)
+        assert ns.lookup(keys) == 0
+        with c.open_sequence(ns=ns, layers=2, kv_heads=2, head_dim=64, delta=8) as s:
+            s.append(np.zeros((40, s.token_bytes), np.uint8))
+            assert s.publish(keys[:3]).held == 3
+            assert ns.lookup(keys) == 3
+            ours = pyctl(["blocks", *sock], python_env).stdout
+            assert ours == kvtierd.ctl(["blocks"]).stdout
+            assert "status-model" in ours and "uid " in ours and "hit rate" in ours
+            doc = json.loads(pyctl(["blocks", "--json", *sock], python_env).stdout)
+            assert doc == json.loads(kvtierd.ctl(["blocks", "--json"]).stdout)
+            assert doc["blocks"] == 3 and doc["namespaces"][0]["name"] == "status-model"
+    assert kvtierd.wait_sessions(0) == 0
+    assert pyctl(["blocks", *sock], python_env).stdout == kvtierd.ctl(["blocks"]).stdout
+
+
 def test_status_json_is_the_daemons_document(kvtierd, python_env, monkeypatch):
     python_env["KVTIER_SOCKET"] = kvtierd.socket  # the default socket, as kvtierctl
     ours = json.loads(pyctl(["status", "--json"], python_env).stdout)
@@ -86,3 +110,16 @@ def test_formatters_match_kvtierctl_units():
     text = ctl.fmt_status({"version": "x\x1by", "pool": {"used": 5}, "tiers": [1, "a"]})
     assert "version        x?y\n" in text and "pool used      5 B\n" in text
     assert "pid            -\n" in text and "tiers          T0 1  T1 -\n" in text
+    # BLOCKS: scope "uid N" or as given, MiB, a hit rate only after lookups, the totals line
+    text = ctl.fmt_blocks({"budget_bytes": 0, "blocks": 2, "namespaces": [
+        {"id": 1, "name": "m", "scope": "uid", "uid": 7, "bytes": 3 << 20, "hit_blocks": 1,
+         "miss_blocks": 3},
+        {"id": 2, "name": "n\x1b", "scope": "shared", "hit_blocks": 0, "miss_blocks": 0}]})
+    rows = text.splitlines()
+    assert rows[0].split() == ["ID", "NAME", "SCOPE", "BLOCKS", "REF", "MiB", "HITRATE",
+                               "PUBLISHED", "EVICTED"]
+    assert rows[1].split() == ["1", "m", "uid", "7", "-", "-", "3.0", "25.0%", "-", "-"]
+    assert rows[2].split() == ["2", "n?", "shared", "-", "-", "-", "-", "-", "-"]
+    assert rows[3] == "total  2 blocks (- referenced), -, budget 0 (sharing off), hit rate -"
+    assert rows[4] == "       published -, deduped -, evicted -, refused -"
+    assert ctl.fmt_blocks({}).startswith("no prefix namespaces\ntotal  - blocks")
