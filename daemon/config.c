@@ -215,7 +215,8 @@ set_prefix_cache(struct kvtd_config *cfg, const char *val)
 uint64_t
 kvtd_config_prefix_bytes(const struct kvtd_config *cfg)
 {
-	uint64_t b = cfg->prefix_cache_pct >= 0 ? cfg->pool_size / 100 * cfg->prefix_cache_pct
+	/* pool sizes are far below 2^57: the product does not overflow */
+	uint64_t b = cfg->prefix_cache_pct >= 0 ? cfg->pool_size * cfg->prefix_cache_pct / 100
 						: cfg->prefix_cache_bytes;
 
 	return b < cfg->pool_size ? b : cfg->pool_size;

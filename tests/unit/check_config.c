@@ -77,6 +77,37 @@ START_TEST(t_file_then_flags)
 }
 END_TEST
 
+/* [prefix] cache_bytes: a share of the pool (exact, whatever the pool size), a size, 0, and the
+ * pool as the ceiling; a flag that sets the pool after the key still counts. */
+START_TEST(t_prefix_cache)
+{
+	struct kvtd_config cfg;
+	char err[256] = "";
+	const char *pool64[] = {"--pool-size", "64M", NULL};
+	const char *pool4[] = {"--pool-size", "4M", NULL};
+
+	ck_assert_int_eq(load_file(&cfg, "", err, sizeof(err), pool64), 0);
+	ck_assert_uint_eq(kvtd_config_prefix_bytes(&cfg), 16ull << 20); /* the default, 25% */
+	ck_assert_int_eq(load_file(&cfg, "[prefix]\ncache_bytes = 33%\n", err, sizeof(err), pool64),
+			 0);
+	ck_assert_uint_eq(kvtd_config_prefix_bytes(&cfg), (64ull << 20) * 33 / 100);
+	ck_assert_int_eq(load_file(&cfg, "[prefix]\ncache_bytes = 8M\n", err, sizeof(err), pool64),
+			 0);
+	ck_assert_uint_eq(kvtd_config_prefix_bytes(&cfg), 8ull << 20);
+	ck_assert_int_eq(load_file(&cfg, "[prefix]\ncache_bytes = 8M\n", err, sizeof(err), pool4),
+			 0);
+	ck_assert_uint_eq(kvtd_config_prefix_bytes(&cfg), 4ull << 20);
+	ck_assert_int_eq(load_file(&cfg, "[prefix]\ncache_bytes = 0\n", err, sizeof(err), pool64),
+			 0);
+	ck_assert_uint_eq(kvtd_config_prefix_bytes(&cfg), 0);
+	ck_assert_int_eq(
+	    load_file(&cfg, "[prefix]\ncache_bytes = 101%\n", err, sizeof(err), pool64), -EINVAL);
+	ck_assert_int_eq(load_file(&cfg, "[prefix]\ncache_bytes = %\n", err, sizeof(err), pool64),
+			 -EINVAL);
+	unlink(path);
+}
+END_TEST
+
 START_TEST(t_bad_values)
 {
 	static const char *const bad[] = {
@@ -234,4 +265,5 @@ START_TEST(t_config_keys)
 END_TEST
 
 KVT_CHECK_MAIN("config", 0, NULL, NULL, t_defaults_without_file, t_file_then_flags, t_bad_values,
-	       t_bad_flags, t_missing_explicit_file, t_sizes, t_shipped_example, t_config_keys)
+	       t_prefix_cache, t_bad_flags, t_missing_explicit_file, t_sizes, t_shipped_example,
+	       t_config_keys)
