@@ -709,6 +709,14 @@ class KvtierCache(Cache):
                 "the model must run attn_implementation='kvtier' "
                 "(model.set_attn_implementation('kvtier'))"))
         n = self._n
+        if n < self._prompt_len < n + q:
+            # After load_prefix() the passes up to the prompt's end must be the prompt's
+            # remaining tokens: a pass that runs past it recomputes what the cache holds.
+            raise self._fail(ValueError(
+                f"KvtierCache: a forward pass of {q} tokens at position {n} runs past the "
+                f"prompt's {self._prompt_len} tokens, {n} of which the cache holds already "
+                "(load_prefix()); feed input_ids[:, cache.get_seq_length():], or pass "
+                "generate() the whole prompt with a mask of the whole prompt"))
         if n + q > self.max_tokens:
             raise KvtierError(_errno.ENOSPC, "KvtierCache",
                               f"{n} + {q} tokens exceed max_tokens={self.max_tokens}; "

@@ -171,6 +171,17 @@ def test_share_prefix_misuse_is_refused(lm, kvtierd_module):
     with KvtierCache(model, socket=kvtierd_module.socket, **SMALL) as cache:
         with pytest.raises(RuntimeError, match="share_prefix=True"):
             cache.load_prefix(ids)
+    # With the prompt's blocks published, a forward pass that recomputes the whole prompt
+    # on top of the matched prefix is refused, not run at the wrong positions.
+    with KvtierCache(model, socket=kvtierd_module.socket, share_prefix=True, **SMALL) as cache:
+        run(model, ids, cache)
+        assert cache.stats().prefix_published > 0
+    with KvtierCache(model, socket=kvtierd_module.socket, share_prefix=True, **SMALL) as cache:
+        assert cache.load_prefix(ids) > 0
+        with pytest.raises(ValueError, match="runs past the prompt"):
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                model(input_ids=ids, past_key_values=cache)
     with pytest.raises(kvtier.KvtierError, match="printable ASCII"):
         KvtierCache(model, socket=kvtierd_module.socket, share_prefix=True,
                     namespace="tab\tname", **SMALL)
