@@ -305,18 +305,19 @@ struct kvt_paris_keys {
 /*
  * KVT_PARIS_EXACT_BYTES - with the refine stage on and @rows access to the keys, a zone of
  * N live keys of head_dim D is scored whole (exact top-k, no votes) when its N * D key values
- * take at most this many bytes as stored: N * D * 2 for f16 and bf16 rows (N * D <= 128M: up
- * to 1M keys at D = 128, 2M at D = 64), N * D * 4 for f32. The scan reads every key value, the
- * index path about 40 % as many bytes (votes, then 70 % of the 4-bit records, then 4k keys)
- * but spends more instructions on each, and on this measure the scan wins: single-threaded on
- * a 32 MiB-L3 EPYC (Zen 4, `kvtier-bench-retrieval --crossover 1048576 --cpu-time`,
- * BENCHMARKS.md, retrieval) the index path with the refine schedule took 1.5-5.4x the scan's
- * time while the keys fit the cache (up to 16 MiB) and still 1.14-1.31x streaming them from
- * DRAM, up to 1M keys (128 MiB at D = 64, 256 MiB at D = 128), with no crossover at either
- * dim. The bound is the largest zone measured, not a crossover: past it, and wherever TOPKs
- * share memory bandwidth (the scan reads 2.5x the bytes), the index path is the safer cost.
+ * take at most this many bytes as stored: N * D * 2 for f16 and bf16 rows (N * D <= 16M: up
+ * to 128K keys at D = 128, 256K at D = 64), N * D * 4 for f32. The scan reads every key value,
+ * the index path about 40 % as many bytes (votes, 70 % of the 4-bit records, 4k keys) but
+ * spends more instructions on each. Measured single-threaded on a 32 MiB-L3 EPYC (Zen 4,
+ * `kvtier-bench-retrieval --crossover 1048576 --cpu-time`, the two timed in turn on every
+ * query; BENCHMARKS.md, retrieval): the index path with the refine schedule took 1.5-5.4x the
+ * scan's time up to 16 MiB of rows, 1.0-1.3x at 32 MiB (128K keys at D = 128, 256K at D = 64),
+ * and from there to 1M keys 1.1-1.3x in the interleaved runs but 0.8-1.0x in sequential ones:
+ * past 32 MiB the scan streams from DRAM and the two are within this host's noise, while the
+ * scan reads 2.5x the bytes, which TOPKs sharing memory bandwidth would pay. So the bound is a
+ * byte count, the same at both dims, where the scan stops being clearly the cheaper.
  */
-#define KVT_PARIS_EXACT_BYTES (256u << 20)
+#define KVT_PARIS_EXACT_BYTES (32u << 20)
 
 /* opts.exact: whether a search with refine scores the whole zone exactly. */
 enum {
