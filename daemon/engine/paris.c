@@ -302,17 +302,16 @@ kvt_paris_schedule_refine(uint32_t n, unsigned int dim, double *ret_rho_cand, do
 {
 	(void)dim; /* measured at 64 and 128 alike */
 	/* Up to 16K keys every key gets an estimate: no vote tables, whose fixed cost is most of
-	 * a short zone's search. Beyond, a dense candidate set: the rerank then streams its
-	 * records almost in order, and (0.70, 1.00) costs no more than (0.40, 0.70) from 128K on
-	 * while keeping the worst queries (BENCHMARKS.md, retrieval). */
+	 * a short zone's search. From 256K on a dense candidate set: the rerank then streams its
+	 * records almost in order, so (0.70, 1.00) costs what (0.40-0.50, 0.70) does there. */
 	if (n <= 16384) {
 		*ret_rho_cand = 1.0;
 		*ret_rho_col = 1.0;
 		return;
 	}
 	kvt_paris_schedule(n, ret_rho_cand, ret_rho_col);
-	*ret_rho_cand = fmax(*ret_rho_cand, 0.70);
-	*ret_rho_col = fmax(*ret_rho_col, 1.00);
+	*ret_rho_cand = fmax(*ret_rho_cand, n < 262144 ? 0.50 : 0.70);
+	*ret_rho_col = fmax(*ret_rho_col, n < 262144 ? 0.70 : 1.00);
 }
 
 void

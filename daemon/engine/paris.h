@@ -172,21 +172,25 @@ void kvt_paris_schedule(uint32_t n, double *ret_rho_cand, double *ret_rho_col);
 
 /*
  * kvt_paris_schedule_refine - the ratios a search with the exact refine stage uses by default
- * (kvtier's choice, not the paper's): (1.00, 1.00) up to 16384 keys, (0.70, 1.00) beyond.
- * Why: refine removes the estimator error but cannot add keys the vote left out, so the
- * candidate share sets the recall, and the target is the worst queries, not the mean: the
- * 5th-percentile per-query recall@100 (p5) must stay >= 0.9. Time is not monotone in the
- * share: a dense candidate set is reranked almost in index order (streamed), a sparse one at
- * scattered records, and up to 16K keys the vote tables' fixed cost is most of the search.
- * Measured single-threaded (CPU time, 100 queries, outlier / drift sets, D = 128; BENCHMARKS.md,
- * retrieval): at 8K (1.00, 1.00) took 165 / 225 us at p5 1.00 where (0.50, 0.70) took 263 /
- * 302 us at p5 0.90 / 0.86; at 128K (0.70, 1.00) 1677 / 1486 us at p5 0.99 / 0.99 where
- * (0.40, 0.70) took 1710 / 1569 us at 0.92 / 0.91 and the former default (0.30, 0.70) 1360 /
- * 1404 us at 0.87 / 0.85; at 1M (outlier) 12.9 ms at 0.99 against 13.5 ms at 0.95 for (0.40,
- * 0.70) and 11.2 ms at 0.91 for (0.30, 0.70). Between, at 32K-64K, (0.50, 0.70) would be
- * 15-25 % cheaper at p5 0.90-0.95; there, given its key rows, the engine scans exactly anyway
- * (KVT_PARIS_EXACT_BYTES). On real SmolLM2 keys (head_dim 64, 8K) (1.00, 1.00) gave p5 1.00
- * in 111-158 us where (0.50, 0.70) gave 0.83-0.92 in 222-255 us. @dim is not used.
+ * (kvtier's choice, not the paper's): (1.00, 1.00) up to 16384 keys, (0.50, 0.70) below 256K,
+ * (0.70, 1.00) from 256K on. Why: refine removes the estimator error but cannot add keys the
+ * vote left out, so the candidate share sets the recall, and the target is the worst queries,
+ * not the mean: the 5th-percentile per-query recall@100 (p5) must stay >= 0.9, at the least
+ * time. Time is not monotone in the share: up to 16K keys the vote tables' fixed cost is most
+ * of the search, and a dense candidate set is reranked almost in index order (streamed), a
+ * sparse one at scattered records. Measured single-threaded (CPU time, 100 queries, outlier /
+ * drift sets, D = 128; BENCHMARKS.md, retrieval), p5 and us per query:
+ *   8K:   (1.00, 1.00) 1.00 / 1.00 in 211 / 152;  (0.50, 0.70) 0.90 / 0.86 in 254 / 247
+ *   32K:  (0.50, 0.70) 0.95 / 0.93 in 356 / 358;  (0.40, 0.70) 0.93 / 0.88;
+ *         (0.70, 1.00) 0.99 / 0.98 in 441 / 435
+ *   128K: (0.50, 0.70) 0.96 / 0.94 in 1254 / 1140; (0.40, 0.70) 0.92 / 0.91 in 1117 / 994;
+ *         (0.70, 1.00) 0.99 / 0.99 in 1418 / 1416; the former (0.30, 0.70) 0.87 / 0.85
+ *   1M:   (0.70, 1.00) 0.99 / 0.99 in 12305 / 11892; (0.50, 0.70) 0.98 / 0.96 in 15090 /
+ *         12285; (0.40, 0.70) 0.95 / 0.93 in 13110 / 11934; the former 0.91 / 0.86
+ * (0.40, 0.70) is 10-15 % cheaper at 128K but leaves p5 at the bound; 64K after drift gave
+ * 0.90 with (0.50, 0.70). On real SmolLM2 keys (head_dim 64, 8K) (1.00, 1.00) gave p5 1.00 in
+ * 105-111 us where (0.50, 0.70) gave 0.83-0.92 in 207-221. Given its key rows the engine scans
+ * zones up to 32 MiB exactly instead (KVT_PARIS_EXACT_BYTES). @dim is not used.
  */
 void kvt_paris_schedule_refine(uint32_t n, unsigned int dim, double *ret_rho_cand,
 			       double *ret_rho_col);

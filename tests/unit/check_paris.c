@@ -1117,11 +1117,15 @@ START_TEST(test_refine_bad_input)
 		double c, l;
 
 		kvt_paris_schedule_refine(40000, 128, &c, &l);
+		ck_assert(c == 0.50 && l == 0.70);
+		kvt_paris_schedule_refine(262143, 64, &c, &l);
+		ck_assert(c == 0.50 && l == 0.70);
+		kvt_paris_schedule_refine(262144, 128, &c, &l);
 		ck_assert(c == 0.70 && l == 1.00);
 		kvt_paris_schedule_refine(1u << 20, 64, &c, &l);
 		ck_assert(c == 0.70 && l == 1.00);
 		kvt_paris_schedule_refine(16385, 128, &c, &l);
-		ck_assert(c == 0.70 && l == 1.00);
+		ck_assert(c == 0.50 && l == 0.70);
 		kvt_paris_schedule_refine(16384, 64, &c, &l);
 		ck_assert(c == 1.00 && l == 1.00);
 		kvt_paris_schedule_refine(1000, 128, &c, &l);
