@@ -31,7 +31,7 @@ def main(argv):
         kv = [r for r in sel if r["method"].startswith("kvtier")]
         peers = [r for r in sel if not r["method"].startswith("kvtier") and r["recall"] >= 0.8]
         for p in sorted(peers, key=lambda r: (r["method"], r["recall"])):
-            ok = [r for r in kv if r["recall"] >= p["recall"]]
+            ok = [r for r in kv if r["recall"] >= p["recall"] - 1e-9]  # means of equal hits
             if not ok:
                 print(f"{data:12} {n:8} {p['method']:18} {p['recall']:.3f}/{p['recall_p5']:.2f} "
                       f"{p['us_per_query']:9.0f} us  unmatched  [{p['param']}]")
