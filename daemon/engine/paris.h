@@ -409,7 +409,8 @@ struct kvt_paris_search_opts {
  * f32: positions do not depend on the query's scale, a score is never NaN for finite keys and
  * query, and it saturates to +-inf where <key, q> passes FLT_MAX.
  * Returns the number of results (min(k, live), or fewer with opts->drop), or -EINVAL (k == 0,
- * a ratio outside (0, 1], dim mismatch, 0 < refine < k, refine without keys or keys->get),
+ * a ratio outside (0, 1], dim mismatch, 0 < refine < k, refine without keys or keys->get, an
+ * opts->exact past KVT_PARIS_EXACT_NEVER, keys->rows with a dtype not F16, BF16 or F32),
  * -ERANGE (k > n keys appended, which includes an empty index), -ENOMEM (scratch growth), -EIO
  * (keys->get returned NULL). Thread-safe per the file comment, as long as keys->get is.
  */
