@@ -3,8 +3,9 @@
  * Unit tests for the ParisKV engine (daemon/engine/paris*.c): encoding layout, the RSQ-IP
  * estimator, SIMD/scalar agreement, recall against exact inner-product top-k on synthetic key
  * sets (Gaussian, outlier channels + anisotropy, distribution drift), zone bookkeeping and the
- * per-sequence TOPK op, including bad input. Sizes stay small (<= 32K keys) so the suite is fast
- * under ASan too; nothing here measures time.
+ * per-sequence TOPK op, including bad input, the exact scan and its rule, and the default's
+ * worst-query recall. Sizes stay small (<= 32K keys, 128K for that last one, with a fast ground
+ * truth) so the suite is fast under ASan too; nothing here measures time.
  */
 #include <check.h>
 #include <errno.h>
