@@ -477,9 +477,16 @@ handle_event_get(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_event
 
 		r = kvt_dev_event_create(d->dev, m->device_uuid, &e, s->event_handle);
 		if (r == 0) {
+			/* Ops post their CQE without waiting for their copies: a first record now
+			 * covers those already queued (under the poller lock, so that no op of
+			 * this session queues copies between the record and the publish). */
 			kvtd_poller_lock(s->poller);
-			s->dev_event = e;
+			r = kvt_dev_event_record(d->dev, e);
+			if (r == 0)
+				s->dev_event = e;
 			kvtd_poller_unlock(s->poller);
+			if (r < 0)
+				kvt_dev_event_destroy(d->dev, e);
 		}
 	}
 	if (r < 0) {

@@ -43,21 +43,32 @@ seq_batch_start(const struct kvtd_seq_ctx *x, const struct kvtd_seq *q, struct k
 	return b;
 }
 
-int
-seq_batch_flush(struct row_batch *b)
+/*
+ * Queues the batch's copies without waiting for them (CUDA: they run after the call returns).
+ * What they read stays put until they have run: pool slots freed meanwhile are quarantined
+ * until the copies' fence completes (pool.h), and rows from the dequantization scratch went
+ * through the device layer's bounce buffer before the call returned.
+ */
+static int
+batch_submit(struct row_batch *b)
 {
 	int r = !b->n ? 0
 		: kvt_dev_dequant_ok(b->x->dev)
 		    ? kvt_dev_copy_h2d_q8(b->x->dev, b->buf, b->rows, b->n)
 		    : kvt_dev_copy_h2d(b->x->dev, b->buf, b->rows, b->n);
 
-	/* The host rows (and dequantized temporaries) must stay put until the copy is done. */
-	if (r == 0 && b->n)
-		r = kvt_dev_sync(b->x->dev);
-	if (r == 0 && b->n)
-		r = kvt_dev_event_record(b->x->dev, b->x->event);
 	b->n = 0;
 	return r;
+}
+
+/* The op's last batch: queued, then the session's event recorded after all of the op's copies,
+ * so the CQE can be posted at once and the client's stream waits on the event instead. */
+int
+seq_batch_flush(struct row_batch *b)
+{
+	int r = batch_submit(b);
+
+	return r < 0 ? r : kvt_dev_event_record(b->x->dev, b->x->event);
 }
 
 int
@@ -86,7 +97,7 @@ seq_batch_add(struct row_batch *b, const struct kvtd_seq *q, uint32_t pos, uint3
 	b->bytes += q->row_bytes;
 	if (q->ts.tier[pos] & KVT_TIER_F_INT8)
 		b->bytes_t2 += q->row_bytes;
-	return ++b->n == COPY_BATCH ? seq_batch_flush(b) : 0;
+	return ++b->n == COPY_BATCH ? batch_submit(b) : 0;
 }
 
 int

@@ -85,8 +85,11 @@ seq_open(struct kvt_client *c, struct kvt_buf *t0, struct kvt_buf *st)
 	return seq;
 }
 
+static CUstream make_stream(void);
+
 /* Two tokens written into T0 slots 2 and 0, appended, then fetched (positions 1, 0) into
- * staging rows 0 and 1 of every layer: the staged rows must be the T0 rows, bit for bit. */
+ * staging rows 0 and 1 of every layer: the staged rows must be the T0 rows, bit for bit, once
+ * a stream has waited on the session's event (the FETCH's CQE does not wait for its copies). */
 static void
 rows_round_trip(struct kvt_client *c, struct kvt_buf *t0, struct kvt_buf *st)
 {
@@ -97,6 +100,12 @@ rows_round_trip(struct kvt_client *c, struct kvt_buf *t0, struct kvt_buf *st)
 		t0p[i] = (uint8_t)(i * 131 + 7);
 	ck_assert_int_eq(kvt_append_t0(c, seq, slots, 2), 2);
 	ck_assert_int_eq(kvt_fetch(c, seq, KVT_FETCH_F_LIST, 0, L, 0, list, 2), 2);
+	{
+		CUstream s = make_stream();
+
+		ck_assert_int_eq(kvt_cuda_stream_wait(c, s), 0);
+		ck_assert_int_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+	}
 	for (unsigned l = 0; l < L; l++)
 		for (unsigned kv = 0; kv < 2; kv++)
 			for (unsigned r = 0; r < 2; r++)

@@ -133,6 +133,15 @@ START_TEST(cuda_daemon_append_fetch_bit_exact)
 	ck_assert_int_eq(kvt_append_t0(c, seq, slots, 2), 2);
 	/* Positions 1 then 0 (slots 0 and 2) into staging rows 0 and 1 of every layer. */
 	ck_assert_int_eq(kvt_fetch(c, seq, KVT_FETCH_F_LIST, 0, L, 0, list, 2), 2);
+	/* The CQE does not wait for the copies: a stream ordered after them, then the rows. */
+	{
+		cudaStream_t s;
+
+		ck_assert_int_eq(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+		ck_assert_int_eq(kvt_cuda_stream_wait(c, s), 0);
+		ck_assert_int_eq(cudaStreamSynchronize(s), cudaSuccess);
+		cudaStreamDestroy(s);
+	}
 	for (unsigned l = 0; l < L; l++)
 		for (unsigned kv = 0; kv < 2; kv++)
 			for (unsigned r = 0; r < 2; r++) {
@@ -281,6 +290,120 @@ START_TEST(cuda_daemon_t2_fetch_equals_host)
 	unlink(shim_log);
 	free(a);
 	free(b);
+}
+END_TEST
+
+/* Lines of the daemon's shim log that name a call that waits for the device. */
+static unsigned
+device_waits(void)
+{
+	return log_count("cudaStreamSynchronize") + log_count("cudaEventSynchronize") +
+	       log_count("cudaDeviceSynchronize");
+}
+
+/* Row content of position @pos, (layer, K|V) @r: distinct per position and row, f32. */
+static void
+pos_rows(uint8_t *tok, uint32_t pos)
+{
+	for (unsigned r = 0; r < 2 * L; r++)
+		for (unsigned i = 0; i < D; i++) {
+			float v = (float)(pos * 1000 + r * 10) + (float)i / 128.0f;
+
+			memcpy(tok + r * ROW + 4 * i, &v, 4);
+		}
+}
+
+/*
+ * A FETCH's CQE comes without the daemon waiting for its copies (the device here is slow: the
+ * shim runs the daemon's queued work 500 ms late), and the pool keeps the slots those copies
+ * read until they ran: the fetched positions are evicted by the next RETIER and new tokens are
+ * appended at once, into slots a LIFO free list would hand back first. The staged rows are
+ * still the fetched positions' once the client's stream has waited on the session event, whose
+ * first use (EVENT_GET after the FETCH) covers the copies already queued.
+ */
+START_TEST(cuda_daemon_fetch_does_not_wait_and_slots_wait_for_it)
+{
+	struct kvt_opts o = {.size = sizeof(o)};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	size_t t0_len = (size_t)L * 2 * SLOTS * ROW, st_len = (size_t)L * 2 * STEPS * ROW;
+	uint8_t toks[4 * 2 * L * ROW], res[4096], *t0p, *stp, want[ROW];
+	uint32_t seq, pos[STEPS];
+	struct kvt_buf *t0, *st;
+	struct kvt_client *c;
+	cudaStream_t s;
+	unsigned waits;
+	int m;
+
+	setenv("KVT_SHIM_DELAY_MS", "500", 1);
+	start();
+	unsetenv("KVT_SHIM_DELAY_MS");
+	ck_assert_int_eq(kvt_connect(Dm.sock, &o, &c), 0);
+	ck_assert_int_eq(cudaMalloc((void **)&t0p, t0_len), cudaSuccess);
+	ck_assert_int_eq(cudaMalloc((void **)&stp, st_len), cudaSuccess);
+	ck_assert_int_eq(kvt_buf_register_cuda(c, t0p, t0_len, &t0), 0);
+	ck_assert_int_eq(kvt_buf_register_cuda(c, stp, st_len, &st), 0);
+	memset(stp, 0, st_len);
+	p.layers = L;
+	p.kv_heads = 1;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_TIERED;
+	p.delta = 2;
+	p.hbm_frac = 0.25f;
+	p.evict_frac = 0.5f;
+	p.t0_buf_id = kvt_buf_id(t0);
+	p.t0_slots = SLOTS;
+	p.t0_slot_stride = ROW;
+	p.t0_kv_stride = (uint64_t)SLOTS * ROW;
+	p.t0_layer_stride = 2ull * SLOTS * ROW;
+	p.stage_buf_id = kvt_buf_id(st);
+	p.stage_slots = STEPS;
+	p.stage_slot_stride = ROW;
+	p.stage_kv_stride = (uint64_t)STEPS * ROW;
+	p.stage_layer_stride = 2ull * STEPS * ROW;
+	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+	for (uint32_t b = 0; b < 2; b++) {
+		for (uint32_t i = 0; i < 4; i++)
+			pos_rows(toks + i * 2 * L * ROW, 4 * b + i);
+		ck_assert_int_eq(kvt_append(c, seq, toks, sizeof(toks), 4, NULL), 4 * b + 4);
+	}
+	/* n = 8: 4 evicted, 2 in T0, 2 in T1. */
+	ck_assert_int_gt(kvt_retier(c, seq, res, sizeof(res)), 0);
+	ck_assert_uint_eq(((struct kvt_retier_result *)res)->tier_count[1], 2);
+	waits = device_waits();
+	m = kvt_fetch(c, seq, KVT_FETCH_F_T1, 0, L, 0, pos, STEPS);
+	ck_assert_int_eq(m, 2);
+	ck_assert_uint_eq(device_waits(), waits); /* the reply did not wait for the copies */
+	/* The fetched positions are evicted (n = 12: 6 evicted), their slots freed, and new
+	 * tokens appended into the pool at once. */
+	for (uint32_t i = 0; i < 4; i++)
+		pos_rows(toks + i * 2 * L * ROW, 8 + i);
+	ck_assert_int_eq(kvt_append(c, seq, toks, sizeof(toks), 4, NULL), 12);
+	ck_assert_int_gt(kvt_retier(c, seq, res, sizeof(res)), 0);
+	ck_assert_uint_eq(((struct kvt_retier_result *)res)->tier_count[3], 6);
+	for (uint32_t i = 0; i < 4; i++)
+		pos_rows(toks + i * 2 * L * ROW, 12 + i);
+	ck_assert_int_eq(kvt_append(c, seq, toks, sizeof(toks), 4, NULL), 16);
+	ck_assert_int_eq(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+	ck_assert_int_eq(kvt_cuda_stream_wait(c, s), 0);
+	ck_assert_int_eq(cudaStreamSynchronize(s), cudaSuccess);
+	for (int r = 0; r < m; r++)
+		for (unsigned l = 0; l < L; l++)
+			for (unsigned kv = 0; kv < 2; kv++) {
+				uint8_t tok[2 * L * ROW];
+
+				pos_rows(tok, pos[r]);
+				memcpy(want, tok + (2 * l + kv) * ROW, ROW);
+				ck_assert_mem_eq(stp + l * p.stage_layer_stride +
+						     kv * p.stage_kv_stride + r * ROW,
+						 want, ROW);
+			}
+	cudaStreamDestroy(s);
+	kvt_disconnect(c);
+	cudaFree(t0p);
+	cudaFree(stp);
+	stop();
+	unlink(shim_log);
 }
 END_TEST
 
@@ -448,5 +571,6 @@ START_TEST(cuda_daemon_restart_refused)
 END_TEST
 
 KVT_CHECK_MAIN("cuda_daemon", 60, NULL, NULL, cuda_daemon_append_fetch_bit_exact,
-	       cuda_daemon_t2_fetch_equals_host, cuda_daemon_ipc_closed_once,
+	       cuda_daemon_t2_fetch_equals_host,
+	       cuda_daemon_fetch_does_not_wait_and_slots_wait_for_it, cuda_daemon_ipc_closed_once,
 	       cuda_daemon_host_buffer_refused, cuda_daemon_restart_refused)

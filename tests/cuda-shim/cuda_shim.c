@@ -35,6 +35,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda_shim.h"
@@ -97,6 +98,7 @@ struct work {
 	unsigned nrows;
 	struct ev_slot *slot; /* W_RECORD */
 	uint64_t rec;
+	uint64_t due_ns;	     /* the device thread runs it no sooner (KVT_SHIM_DELAY_MS) */
 	void (*fn)(const void *arg); /* W_FN: a kernel's or a library call's host equivalent */
 	uint64_t arg[24];
 };
@@ -132,6 +134,7 @@ static int kernel_tokens[4];
 #define kernel_token (kernel_tokens[0])
 static struct work *wq_head, *wq_tail;
 static int wq_hold, dev_thread_started;
+static uint64_t wq_delay_ns;
 static pthread_cond_t wq_cond = PTHREAD_COND_INITIALIZER;
 static unsigned hazards;
 static struct ev_slot *ev_tab;
@@ -267,6 +270,9 @@ shim_init(void)
 	s = getenv("KVT_SHIM_LOG");
 	if (s)
 		log_fd = open(s, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	s = getenv("KVT_SHIM_DELAY_MS");
+	if (s)
+		wq_delay_ns = strtoull(s, NULL, 10) * 1000000u;
 	pthread_atfork(NULL, NULL, atfork_child);
 }
 
@@ -340,14 +346,38 @@ kvt_shim_registered(void)
 	return count_kind(OBJ_REGISTERED);
 }
 
+static uint64_t
+mono_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
 static void *
 dev_thread(void *arg)
 {
 	(void)arg;
 	pthread_mutex_lock(&lock);
 	for (;;) {
+		uint64_t now;
+
 		while (!wq_head || wq_hold)
 			pthread_cond_wait(&wq_cond, &lock);
+		now = mono_ns();
+		if (wq_head->due_ns > now) {
+			/* A slow device: not yet. Wakes early on a new push or a hold change. */
+			struct timespec t;
+
+			clock_gettime(CLOCK_REALTIME, &t);
+			now = (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec +
+			      (wq_head->due_ns - now);
+			t.tv_sec = (time_t)(now / 1000000000u);
+			t.tv_nsec = (long)(now % 1000000000u);
+			pthread_cond_timedwait(&wq_cond, &lock, &t);
+			continue;
+		}
 		work_run_one();
 	}
 	return NULL;
@@ -365,6 +395,7 @@ static void
 work_push(struct work *w)
 {
 	w->next = NULL;
+	w->due_ns = wq_delay_ns ? mono_ns() + wq_delay_ns : 0;
 	if (wq_tail)
 		wq_tail->next = w;
 	else

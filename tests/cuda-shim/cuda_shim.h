@@ -26,7 +26,9 @@
  * libkvtier loads them through KVTIER_LIBCUDA=<path of this library>. See the driver section
  * of cuda_shim.c for what is modelled (contexts, the plural pointer query, streams).
  *
- * Environment (read at load): KVT_SHIM_DEVICES=n (default 1; 0 = no device),
+ * Environment (read at load): KVT_SHIM_DEVICES=n (default 1; 0 = no device), KVT_SHIM_DELAY_MS=n
+ * (a slow device: the device thread runs queued work no sooner than n ms after it was queued;
+ * synchronizations still run it at once),
  * KVT_SHIM_FAIL="fn:k:err[,fn:k:err...]" (fail the k-th call of fn, counted from load, with
  * cudaError_t err), KVT_SHIM_LOG=path (also append every call, one line each, to that file:
  * how a test reads the calls of another process such as kvtierd).
