@@ -1507,9 +1507,17 @@ score_exact(const struct kvt_paris_query *q, const struct kvt_paris_keys *keys, 
 	    uint32_t nr, float *tmp, float *ret_score)
 {
 	if (keys->rows) {
+		/* the refine's keys are scattered: announce them ahead, as for get */
+		if (keys->prefetch)
+			for (uint32_t i = 0; i < nr && i < KVT_REFINE_PREFETCH; i++)
+				keys->prefetch(keys->ctx, idx[i]);
 		for (uint32_t i = 0; i < nr;) {
 			uint32_t run = 0, len = 1;
-			const void *row = keys->rows(keys->ctx, idx[i], &run);
+			const void *row;
+
+			if (keys->prefetch && i + KVT_REFINE_PREFETCH < nr)
+				keys->prefetch(keys->ctx, idx[i + KVT_REFINE_PREFETCH]);
+			row = keys->rows(keys->ctx, idx[i], &run);
 
 			if (!row) {
 				row = keys->get(keys->ctx, idx[i], tmp);

@@ -292,8 +292,9 @@ void kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, 
  *	row (@dim values of @dtype) and sets *@ret_run to how many keys idx, idx + 1, ... lie
  *	at @stride bytes from each other from there (>= 1; a search reads no more than it
  *	needs, and never a dropped key's row), or returns NULL: read key @idx through @get
- *	instead. Called on the searching thread, in ascending index order; the rows must stay
- *	valid for the rest of the search.
+ *	instead. Called on the searching thread, in the order @get would be (ascending index
+ *	order when the whole zone is scored); the rows must stay valid for the rest of the
+ *	search. @prefetch, when set, announces the refine's scattered keys for @rows too.
  * @dtype: KVT_DTYPE_F16, _BF16 or _F32 (proto/kvt_abi.h), the rows' element type.
  * @stride: bytes from one key's row to the next within a run.
  */

@@ -1991,8 +1991,19 @@ struct row_src {
 	unsigned int d;
 	uint32_t n;
 	const struct kvt_paris_index *ix; /* for the dropped-key check */
-	uint32_t row_calls, get_calls, short_run;
+	uint32_t row_calls, get_calls, short_run, pf_calls;
+	uint64_t row_digest, pf_digest; /* order-sensitive, as key_src's */
 };
+
+static void
+rsrc_prefetch(void *ctx, uint32_t idx)
+{
+	struct row_src *rs = ctx;
+
+	ck_assert_uint_lt(idx, rs->n);
+	rs->pf_calls++;
+	rs->pf_digest = digest_add(rs->pf_digest, idx);
+}
 
 static const void *
 rsrc_rows(void *ctx, uint32_t idx, uint32_t *ret_run)
@@ -2002,6 +2013,7 @@ rsrc_rows(void *ctx, uint32_t idx, uint32_t *ret_run)
 	ck_assert_uint_lt(idx, rs->n);
 	ck_assert_msg(!(rs->ix->dead[idx / 64] >> (idx % 64) & 1), "row of dropped key %u", idx);
 	rs->row_calls++;
+	rs->row_digest = digest_add(rs->row_digest, idx);
 	/* runs of at most short_run keys (0: to the end), as pool slots may be */
 	*ret_run = rs->short_run ? rs->short_run : rs->n - idx;
 	if (*ret_run > rs->n - idx)
@@ -2141,7 +2153,8 @@ START_TEST(test_exact_zone)
 		}
 		kvt_simd_cap(KVT_SIMD_AVX512);
 	}
-	/* the index path instead: at most the 4k refine reads, and not the exact result here */
+	/* the index path instead: the 4k refine reads through rows, each announced first, in
+	 * the same order, when the accessor takes prefetch hints */
 	so.exact = KVT_PARIS_EXACT_NEVER;
 	rs.short_run = 1; /* one row per call: the calls count the rows read */
 	rs.row_calls = rs.get_calls = 0;
@@ -2149,6 +2162,19 @@ START_TEST(test_exact_zone)
 	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, got, sc), (int)k);
 	ck_assert_uint_eq(rs.row_calls, 4 * k);
 	ck_assert_uint_eq(rs.get_calls, 0);
+	{
+		struct kvt_paris_keys pf = acc;
+
+		pf.prefetch = rsrc_prefetch;
+		so.keys = &pf;
+		rs.row_calls = rs.pf_calls = 0;
+		rs.row_digest = rs.pf_digest = 0;
+		ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, got, sc), (int)k);
+		ck_assert_uint_eq(rs.row_calls, 4 * k);
+		ck_assert_uint_eq(rs.pf_calls, rs.row_calls);
+		ck_assert_uint_eq(rs.pf_digest, rs.row_digest);
+		so.keys = &acc;
+	}
 	/* bad knobs */
 	so.exact = 3;
 	ck_assert_int_eq(kvt_paris_search(&ix, &pq, &so, &scr, got, sc), -EINVAL);
