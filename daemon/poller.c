@@ -193,6 +193,9 @@ poller_main(void *arg)
 			continue;
 		}
 		idle_turns = 0;
+		/* Pool slots freed while device copies still read them go back once those copies
+		 * are done (an event query, no wait); allocations take them back too. */
+		kvtd_pool_reclaim_fenced(&p->d->pool);
 		/* Going to sleep: announce it, then look once more (pairs with the client's
 		 * store-tail, fence, read-flags in kvt_submit()). Parked sessions do not keep
 		 * the poller up; the timeout is the next unstamped entry's deadline. */
