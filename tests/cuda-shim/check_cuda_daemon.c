@@ -492,6 +492,82 @@ START_TEST(cuda_daemon_ipc_closed_once)
 }
 END_TEST
 
+/*
+ * A client killed with SIGKILL while its FETCH's copies are still queued (a device 500 ms
+ * slow): the session's teardown frees the slots the copies read (quarantined) and drops the
+ * staging buffer's IPC mapping only after the streams drained: the shim sees no memory
+ * released under a queued copy, the mapping is closed once, and the daemon serves on.
+ */
+START_TEST(cuda_daemon_kill9_with_copies_queued)
+{
+	int up[2], st;
+	char b;
+	pid_t pid;
+
+	setenv("KVT_SHIM_DELAY_MS", "500", 1);
+	start();
+	unsetenv("KVT_SHIM_DELAY_MS");
+	ck_assert_int_eq(pipe(up), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct kvt_opts o = {.size = sizeof(o)};
+		struct kvt_seq_params p = {.size = sizeof(p)};
+		size_t st_len = (size_t)L * 2 * STEPS * ROW;
+		uint8_t toks[4 * 2 * L * ROW];
+		uint32_t seq, pos[STEPS];
+		struct kvt_buf *sb;
+		struct kvt_client *c;
+		void *stp;
+
+		close(up[0]);
+		if (kvt_connect(Dm.sock, &o, &c) || cudaMalloc(&stp, st_len) ||
+		    kvt_buf_register_cuda(c, stp, st_len, &sb))
+			_exit(1);
+		p.layers = L;
+		p.kv_heads = 1;
+		p.head_dim = D;
+		p.dtype = KVT_DTYPE_F32;
+		p.policy = KVT_POLICY_FULL;
+		p.delta = 1;
+		p.stage_buf_id = kvt_buf_id(sb);
+		p.stage_slots = STEPS;
+		p.stage_slot_stride = ROW;
+		p.stage_kv_stride = (uint64_t)STEPS * ROW;
+		p.stage_layer_stride = 2ull * STEPS * ROW;
+		memset(toks, 0x5a, sizeof(toks));
+		if (kvt_seq_open(c, &p, &seq) ||
+		    kvt_append(c, seq, toks, sizeof(toks), 4, NULL) != 4 ||
+		    kvt_fetch(c, seq, KVT_FETCH_F_T1, 0, L, 0, pos, STEPS) != 4)
+			_exit(2);
+		if (write(up[1], "r", 1) != 1)
+			_exit(3);
+		pause();
+		_exit(0);
+	}
+	close(up[1]);
+	ck_assert_int_eq(read(up[0], &b, 1), 1);
+	close(up[0]);
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	ck_assert(wait_log("cudaIpcCloseMemHandle", 1));
+	ck_assert(daemon_alive(&Dm));
+	{
+		struct kvt_opts o = {.size = sizeof(o)};
+		struct kvt_client *c;
+
+		ck_assert_int_eq(kvt_connect(Dm.sock, &o, &c), 0);
+		ck_assert_int_eq(kvt_nop(c), 0);
+		kvt_disconnect(c);
+	}
+	stop();
+	ck_assert_uint_eq(log_count("hazard"), 0);
+	ck_assert_uint_eq(log_count("illegal address"), 0);
+	ck_assert_uint_eq(log_count("cudaIpcCloseMemHandle"), 1);
+	unlink(shim_log);
+}
+END_TEST
+
 /* A host buffer on the CUDA backend fails alone, with a message that says what to do: the
  * session goes on and a CUDA buffer registers after it. */
 START_TEST(cuda_daemon_host_buffer_refused)
@@ -572,5 +648,6 @@ END_TEST
 
 KVT_CHECK_MAIN("cuda_daemon", 60, NULL, NULL, cuda_daemon_append_fetch_bit_exact,
 	       cuda_daemon_t2_fetch_equals_host,
-	       cuda_daemon_fetch_does_not_wait_and_slots_wait_for_it, cuda_daemon_ipc_closed_once,
+	       cuda_daemon_fetch_does_not_wait_and_slots_wait_for_it,
+	       cuda_daemon_kill9_with_copies_queued, cuda_daemon_ipc_closed_once,
 	       cuda_daemon_host_buffer_refused, cuda_daemon_restart_refused)
