@@ -630,11 +630,8 @@ lane_reap(struct lane *l)
 
 		if (e == cudaErrorNotReady)
 			return l->ring[l->head].fence;
-		if (e != cudaSuccess) {
-			/* A failed batch: say so once; its waiter (sync) reports the error. */
-			KVT_CUDA_LVL(KVT_DEV_LOG_WARNING, e);
+		if (e != cudaSuccess) /* a failed batch: whoever waits for it logs the error */
 			return l->ring[l->head].fence;
-		}
 		l->head = (l->head + 1) % LANE_RING;
 		l->count--;
 	}
