@@ -3,10 +3,12 @@
  * dev.c - the public device-layer entry points: backend choice, dispatch, buffer refcounts and
  * the log hook. Backends live in dev_host.c and dev_cuda.c.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "dev_int.h"
 #include "kvt_abi.h"
@@ -86,6 +88,35 @@ const char *
 kvt_dev_name(const struct kvt_dev *dev)
 {
 	return ops_of(dev)->name(dev);
+}
+
+int
+kvt_dev_numa_node(struct kvt_dev *dev)
+{
+	return ops_of(dev)->numa_node ? ops_of(dev)->numa_node(dev) : -1;
+}
+
+int
+kvt_dev_pci_numa_node(const char *sysfs_pci, const char *bus_id)
+{
+	char path[256], id[64];
+	int node = -1;
+	size_t i;
+	FILE *f;
+
+	for (i = 0; bus_id[i] && i < sizeof(id) - 1; i++)
+		id[i] = (char)tolower((unsigned char)bus_id[i]);
+	id[i] = '\0';
+	if (!i || strchr(id, '/') || strstr(id, ".."))
+		return -1;
+	snprintf(path, sizeof(path), "%s/%s/numa_node", sysfs_pci, id);
+	f = fopen(path, "re");
+	if (!f)
+		return -1;
+	if (fscanf(f, "%d", &node) != 1 || node < 0)
+		node = -1;
+	fclose(f);
+	return node;
 }
 
 int

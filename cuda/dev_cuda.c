@@ -283,6 +283,34 @@ cuda_close(struct kvt_dev *dev)
 	free(dev);
 }
 
+/* The node every GPU's PCI function reports, or -1 (unknown, or not one node for all). */
+static int
+cuda_numa_node(struct kvt_dev *dev)
+{
+	const char *root = getenv("KVT_SYSFS_PCI"); /* tests: a tree shaped like sysfs */
+	int node = -1;
+
+	for (int i = 0; i < dev->n_gpus; i++) {
+		char bus[32];
+		int n;
+
+		if (KVT_CUDA(cudaDeviceGetPCIBusId(bus, (int)sizeof(bus), i)) < 0)
+			return -1;
+		n = kvt_dev_pci_numa_node(root ? root : "/sys/bus/pci/devices", bus);
+		if (n < 0)
+			return -1;
+		if (i && n != node) {
+			kvt_dev_log(KVT_DEV_LOG_NOTICE,
+				    "cuda: GPUs on NUMA nodes %d and %d: numa_node = auto binds "
+				    "nothing (set a node to choose)",
+				    node, n);
+			return -1;
+		}
+		node = n;
+	}
+	return node;
+}
+
 int
 kvt_dev_cuda_open(struct kvt_dev **ret_dev)
 {
@@ -1045,6 +1073,7 @@ const struct kvt_dev_ops kvt_dev_cuda_ops = {
     .kind = KVT_DEV_CUDA,
     .close = cuda_close,
     .name = cuda_name,
+    .numa_node = cuda_numa_node,
     .host_register = cuda_register,
     .host_unregister = cuda_unregister,
     .host_alloc = cuda_host_alloc,

@@ -28,6 +28,7 @@ struct kvt_dev_ops {
 	enum kvt_dev_kind kind;
 	void (*close)(struct kvt_dev *dev);
 	const char *(*name)(const struct kvt_dev *dev);
+	int (*numa_node)(struct kvt_dev *dev); /* NULL: no device, -1 */
 	int (*host_register)(struct kvt_dev *dev, void *p, size_t len);
 	void (*host_unregister)(struct kvt_dev *dev, void *p, size_t len);
 	int (*host_alloc)(struct kvt_dev *dev, size_t len, void **ret_p);

@@ -90,6 +90,17 @@ enum kvt_dev_kind kvt_dev_kind(const struct kvt_dev *dev);
 const char *kvt_dev_name(const struct kvt_dev *dev);
 
 /*
+ * kvt_dev_numa_node() - the NUMA node the devices hang off (their PCI functions' numa_node in
+ * sysfs), for a pool that should be local to them; -1 when there is no device (host backend),
+ * the platform does not say, or the devices sit on different nodes (logged).
+ */
+int kvt_dev_numa_node(struct kvt_dev *dev);
+
+/* The numa_node sysfs reports for PCI function @bus_id ("0000:3b:00.0", any case) under
+ * @sysfs_pci (normally "/sys/bus/pci/devices"), or -1. */
+int kvt_dev_pci_numa_node(const char *sysfs_pci, const char *bus_id);
+
+/*
  * kvt_dev_host_register() - make pool memory usable for device copies (pinning on CUDA; a no-op
  * check on the host backend, where the pool is already mlock()ed). All or nothing: CUDA pins
  * in chunks of at most 64 GiB (cudaHostRegister, portable and mapped) and unpins the chunks

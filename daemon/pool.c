@@ -304,7 +304,7 @@ pool_fit_check(const struct kvtd_config *cfg)
 static int
 pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *dev, int adopt)
 {
-	int r;
+	int r, node;
 
 	if (pool->hugetlb) {
 		/* Reserved (no MAP_NORESERVE): pages taken since the check fail the mmap with
@@ -338,16 +338,20 @@ pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *
 				   "set it to advise, or use [pool] hugetlb = yes, for huge pages");
 	}
 
-	/* Bind before the first touch so pages come from the node that serves the GPU. With no
-	 * GPU, "auto" leaves placement to first touch on the daemon's own node. */
-	if (cfg->numa_node >= 0) {
-		if (numa_available() < 0 || cfg->numa_node > numa_max_node()) {
-			log_err("pool: NUMA node %d not available", cfg->numa_node);
+	/* Bind before the first touch so pages come from the node that serves the GPU: "auto"
+	 * asks the device layer for the GPUs' node; with no GPU, or GPUs on several nodes, it
+	 * leaves placement to first touch on the daemon's own node. */
+	node = cfg->numa_node;
+	if (node == -2)
+		node = dev && numa_available() >= 0 ? kvt_dev_numa_node(dev) : -1;
+	if (node >= 0) {
+		if (numa_available() < 0 || node > numa_max_node()) {
+			log_err("pool: NUMA node %d not available", node);
 			r = -EINVAL;
 			goto err_unmap;
 		}
-		numa_tonode_memory(pool->base, pool->size, cfg->numa_node);
-		pool->numa_node = cfg->numa_node;
+		numa_tonode_memory(pool->base, pool->size, node);
+		pool->numa_node = node;
 	}
 	/* Adopted pages are all there already: mlock maps them, or the first use does. */
 	r = adopt ? 0 : pool_touch(pool->base, pool->size, pool->chunk_size);

@@ -589,6 +589,19 @@ cudaGetDeviceCount(int *count)
 	LEAVE(cudaSuccess);
 }
 
+/* Device i sits at PCI function 0000:(0x3b + i):00.0, in upper case as the runtime writes it. */
+SHIM_EXPORT cudaError_t
+cudaDeviceGetPCIBusId(char *bus, int len, int device)
+{
+	ENTER("%d", device);
+	if (device < 0 || device >= n_devices)
+		LEAVE(cudaErrorInvalidDevice);
+	if (!bus || len < 13)
+		LEAVE(cudaErrorInvalidValue);
+	snprintf(bus, (size_t)len, "0000:%02X:00.0", 0x3b + device);
+	LEAVE(cudaSuccess);
+}
+
 SHIM_EXPORT cudaError_t
 cudaSetDevice(int device)
 {
