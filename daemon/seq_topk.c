@@ -116,6 +116,39 @@ topk_dropped(void *ctx, uint32_t pos)
 	return pos >= q->ts.n || !q->slot[pos];
 }
 
+/* Direct access to the key rows in the pool for the exact scan (struct kvt_paris_seq_rows). */
+struct topk_rows_ctx {
+	const struct kvtd_seq *q;
+	uint64_t stride; /* bytes between T1 slots of one chunk: the slot size */
+};
+
+static bool
+row_direct(const struct kvtd_seq *q, uint32_t pos)
+{
+	return q->slot[pos] && !(q->ts.tier[pos] & KVT_TIER_F_INT8);
+}
+
+/* The key row of (layer, head) at @pos in its T1 slot, and how many positions from @pos on lie
+ * a slot apart (slots allocated together sit side by side in a chunk); NULL for an evicted or
+ * int8 position, which the engine reads through topk_key() instead. */
+static const void *
+topk_rows(void *ctx, uint32_t layer, uint32_t head, uint32_t pos, uint32_t *ret_run)
+{
+	const struct topk_rows_ctx *rc = ctx;
+	const struct kvtd_seq *q = rc->q;
+	uint32_t run = 1;
+
+	if (pos >= q->ts.n || !row_direct(q, pos))
+		return NULL;
+	while (pos + run < q->ts.n && row_direct(q, pos + run) &&
+	       (const uint8_t *)q->slot[pos + run] ==
+		   (const uint8_t *)q->slot[pos + run - 1] + rc->stride)
+		run++;
+	*ret_run = run;
+	return (const uint8_t *)q->slot[pos] + 2ull * layer * q->row_bytes +
+	       (uint64_t)head * q->p.head_dim * kvt_dtype_size(q->p.dtype);
+}
+
 /* The cache lines topk_key() will read for (layer, head, pos): its row in the pool slot. */
 static void
 topk_key_prefetch(void *ctx, uint32_t layer, uint32_t head, uint32_t pos)
@@ -186,9 +219,14 @@ kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t layer, 
 	/* Exact refine of the 4k best estimates from the pool's keys (paris_seq.h): recall@100
 	 * 0.97-0.98 instead of 0.81-0.84 on the benchmark sets (docs/bench-retrieval.md). */
 	const struct kvt_paris_seq_keys keys = {topk_key, q, topk_key_prefetch};
+	/* ... or, for a zone small enough (KVT_PARIS_EXACT_BYTES), every key scored exactly
+	 * straight from the pool's rows */
+	struct topk_rows_ctx rc = {q, kvtd_pool_slot_size(x->pool, q->cls)};
+	const struct kvt_paris_seq_rows rows = {topk_rows, &rc, q->p.dtype, rc.stride};
 	struct kvt_paris_topk_opts opts = {.k = k,
 					   .refine = k > UINT32_MAX / 4 ? UINT32_MAX : 4 * k,
 					   .keys = &keys,
+					   .rows = &rows,
 					   .dropped = topk_dropped,
 					   .drop_ctx = q};
 	uint32_t H = p->kv_heads, qh = p->q_heads ? p->q_heads : H, stride,
