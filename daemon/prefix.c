@@ -313,8 +313,26 @@ pool_reclaim(void *ctx, uint64_t bytes)
 }
 
 uint32_t
+kvtd_prefix_match(struct kvtd_prefix *px, struct kvtd_pns *ns, const struct kvt_block_key *keys,
+		  uint32_t n)
+{
+	uint32_t i;
+
+	pthread_mutex_lock(&px->lock);
+	for (i = 0; i < n; i++) {
+		struct kvt_block_key k;
+
+		memcpy(&k, &keys[i], sizeof(k));
+		if (!find(px, ns, &k))
+			break;
+	}
+	pthread_mutex_unlock(&px->lock);
+	return i;
+}
+
+uint32_t
 kvtd_prefix_lookup(struct kvtd_prefix *px, struct kvtd_pns *ns, const struct kvt_block_key *keys,
-		   uint32_t n, struct kvtd_pblock **pins)
+		   uint32_t n, struct kvtd_pblock **pins, uint32_t cap)
 {
 	uint32_t i;
 
@@ -327,7 +345,7 @@ kvtd_prefix_lookup(struct kvtd_prefix *px, struct kvtd_pns *ns, const struct kvt
 		b = find(px, ns, &k);
 		if (!b)
 			break;
-		if (pins) {
+		if (pins && i < cap) {
 			ref_locked(px, b, 1);
 			pins[i] = b;
 		} else if (!b->refs) {
@@ -342,7 +360,7 @@ kvtd_prefix_lookup(struct kvtd_prefix *px, struct kvtd_pns *ns, const struct kvt
 	ns->hit_blocks += i;
 	ns->miss_blocks += n - i;
 	pthread_mutex_unlock(&px->lock);
-	return i;
+	return pins && i > cap ? cap : i;
 }
 
 int

@@ -91,12 +91,17 @@ void kvtd_prefix_ns_close(struct kvtd_prefix *px, struct kvtd_pns *ns);
 
 /*
  * kvtd_prefix_lookup() - how many of @keys, in order, @ns holds (@keys may be shared memory:
- * each is read once). With @pins, one reference per block matched is taken and the blocks are
- * stored there.
+ * each is read once). With @pins (room for @cap), one reference is taken on each of the first
+ * @cap blocks matched, stored there, and their count returned instead.
  */
 uint32_t kvtd_prefix_lookup(struct kvtd_prefix *px, struct kvtd_pns *ns,
-			    const struct kvt_block_key *keys, uint32_t n,
-			    struct kvtd_pblock **pins);
+			    const struct kvt_block_key *keys, uint32_t n, struct kvtd_pblock **pins,
+			    uint32_t cap);
+
+/* How many of @keys lead in @ns, as kvtd_prefix_lookup() counts them, but touching nothing
+ * (no counter, no LRU order): to size a pinning lookup. */
+uint32_t kvtd_prefix_match(struct kvtd_prefix *px, struct kvtd_pns *ns,
+			   const struct kvt_block_key *keys, uint32_t n);
 
 /* @count references more on @b (it must hold one already, e.g. a pin). */
 void kvtd_prefix_ref(struct kvtd_prefix *px, struct kvtd_pblock *b, uint64_t count);

@@ -305,18 +305,23 @@ int
 kvtd_session_lookup(struct kvtd_session *s, struct kvtd_ns_handle *h,
 		    const struct kvt_block_key *keys, uint32_t n, int pin)
 {
+	uint32_t m;
+
 	if (!pin)
-		return (int)kvtd_prefix_lookup(&s->d->prefix, h->ns, keys, n, NULL);
-	if (n > h->cap_pins) {
-		struct kvtd_pblock **p = realloc(h->pins, n * sizeof(*p));
+		return (int)kvtd_prefix_lookup(&s->d->prefix, h->ns, keys, n, NULL, 0);
+	/* Room for what matches, not for what was asked: the key count is the client's. The
+	 * pinning pass stops there (sooner if some went meanwhile). */
+	m = kvtd_prefix_match(&s->d->prefix, h->ns, keys, n);
+	if (m > h->cap_pins) {
+		struct kvtd_pblock **p = realloc(h->pins, m * sizeof(*p));
 
 		if (!p)
 			return -ENOMEM;
 		h->pins = p;
-		h->cap_pins = n;
+		h->cap_pins = m;
 	}
 	pins_drop(s, h);
-	h->n_pins = kvtd_prefix_lookup(&s->d->prefix, h->ns, keys, n, h->pins);
+	h->n_pins = kvtd_prefix_lookup(&s->d->prefix, h->ns, keys, n, h->pins, m);
 	return (int)h->n_pins;
 }
 

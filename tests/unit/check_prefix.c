@@ -182,10 +182,10 @@ START_TEST(t_ns_identity)
 		ck_assert_int_eq(kvtd_prefix_ns_open(&X, &q, scope, &c), 0);
 		ck_assert_ptr_ne(c, a);
 		/* the same key never hits across namespaces */
-		ck_assert_uint_eq(kvtd_prefix_lookup(&X, c, &k, 1, NULL), 0);
+		ck_assert_uint_eq(kvtd_prefix_lookup(&X, c, &k, 1, NULL, 0), 0);
 		kvtd_prefix_ns_close(&X, c);
 	}
-	ck_assert_uint_eq(kvtd_prefix_lookup(&X, a, &k, 1, NULL), 1);
+	ck_assert_uint_eq(kvtd_prefix_lookup(&X, a, &k, 1, NULL, 0), 1);
 	/* block_tokens 0 is the default */
 	q = p;
 	q.block_tokens = 0;
@@ -210,7 +210,7 @@ START_TEST(t_publish_lookup)
 	struct kvtd_pblock *b[3], *pins[4], *d;
 	struct kvt_block_key k[4] = {key(1), key(2), key(3), key(4)};
 	void *s[3][BT], *dup[BT];
-	uint64_t bb;
+	uint64_t bb, before;
 
 	ck_assert_int_eq(kvtd_prefix_init(&X, &P, 1 << 20), 0);
 	ns = open_ns("m", 5);
@@ -224,11 +224,19 @@ START_TEST(t_publish_lookup)
 	ck_assert_uint_eq(acct.bytes, 0);
 	ck_assert_uint_eq(X.acct.bytes, 3 * bb);
 	/* leading blocks only: a gap stops the count */
-	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, k, 4, NULL), 3);
+	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, k, 4, NULL, 0), 3);
 	ck_assert_uint_eq(
-	    kvtd_prefix_lookup(&X, ns, (struct kvt_block_key[]){k[0], k[3], k[1]}, 3, NULL), 1);
-	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, &k[3], 1, NULL), 0);
-	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, k, 4, pins), 3);
+	    kvtd_prefix_lookup(&X, ns, (struct kvt_block_key[]){k[0], k[3], k[1]}, 3, NULL, 0), 1);
+	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, &k[3], 1, NULL, 0), 0);
+	/* pins only as many as there is room for, the hits counted all the same */
+	before = X.hit_blocks;
+	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, k, 4, pins, 2), 2);
+	ck_assert_uint_eq(X.hit_blocks, before + 3);
+	ck_assert_uint_eq(b[2]->refs, BT);
+	kvtd_prefix_put(&X, pins, 2);
+	ck_assert_uint_eq(kvtd_prefix_match(&X, ns, k, 4), 3);
+	ck_assert_uint_eq(X.hit_blocks, before + 3); /* a match counts nothing */
+	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, k, 4, pins, 4), 3);
 	for (int i = 0; i < 3; i++) {
 		ck_assert_ptr_eq(pins[i], b[i]);
 		ck_assert_uint_eq(b[i]->refs, BT + 1);
@@ -242,7 +250,7 @@ START_TEST(t_publish_lookup)
 	kvtd_pool_free(&P, ns->cls, BT, &acct, NULL, dup);
 	ck_assert_uint_eq(acct.bytes, 0);
 	ck_assert_uint_eq(X.deduped, 1);
-	ck_assert_uint_eq(X.hit_blocks, 3 + 1 + 0 + 3);
+	ck_assert_uint_eq(X.hit_blocks, 3 + 1 + 0 + 3 + 3);
 	kvtd_prefix_put(&X, pins, 3);
 	for (int i = 0; i < 3; i++)
 		for (int t = 0; t < BT; t++)
@@ -284,10 +292,10 @@ START_TEST(t_budget_lru)
 	/* release block 0 then block 1 (0 is the older); a lookup of 0 makes it the younger */
 	for (int t = 0; t < BT; t++)
 		kvtd_prefix_put(&X, (struct kvtd_pblock *[]){b[0], b[1]}, 2);
-	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, &k[0], 1, NULL), 1);
+	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, &k[0], 1, NULL, 0), 1);
 	ck_assert_int_eq(kvtd_prefix_publish(&X, ns, &k[2], s[2], &acct, NULL, &b[2]), 1);
-	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, &k[1], 1, NULL), 0); /* 1 went */
-	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, &k[0], 1, NULL), 1); /* 0 stayed */
+	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, &k[1], 1, NULL, 0), 0); /* 1 went */
+	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, &k[0], 1, NULL, 0), 1); /* 0 stayed */
 	ck_assert_uint_eq(X.evicted, 1);
 	ck_assert_uint_eq(X.acct.bytes, 2 * bb);
 	for (int t = 0; t < BT; t++)
@@ -325,9 +333,9 @@ START_TEST(t_pool_reclaim)
 	/* the allocations went on past the free slots: block 0's BT slots were reclaimed */
 	ck_assert_uint_eq(n_fill, cap - BT);
 	ck_assert_uint_eq(X.evicted, 1);
-	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, &k[0], 1, NULL), 0);
-	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, &k[1], 1, NULL), 1); /* 1 stayed */
-	ck_assert_uint_eq(((uint8_t *)b[1]->slot[BT - 1])[0], 1);	  /* untouched */
+	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, &k[0], 1, NULL, 0), 0);
+	ck_assert_uint_eq(kvtd_prefix_lookup(&X, ns, &k[1], 1, NULL, 0), 1); /* 1 stayed */
+	ck_assert_uint_eq(((uint8_t *)b[1]->slot[BT - 1])[0], 1);	     /* untouched */
 	kvtd_pool_free(&P, cls, n_fill, NULL, NULL, fill);
 	kvtd_pool_class_put(&P, cls);
 	free(fill);
@@ -372,7 +380,7 @@ START_TEST(t_random)
 		} else if (op == 1) {
 			struct kvt_block_key ks[3] = {k, key(kvt_test_xorshift(&rng) % NK),
 						      key(kvt_test_xorshift(&rng) % NK)};
-			uint32_t m = kvtd_prefix_lookup(&X, n, ks, 3, pins);
+			uint32_t m = kvtd_prefix_lookup(&X, n, ks, 3, pins, 3);
 
 			for (uint32_t i = 0; i < m; i++)
 				held[n_held++] = pins[i];
