@@ -73,7 +73,7 @@ setup(void)
 		ck_assert_int_eq(
 		    kvtd_prefix_publish(&D.prefix, mine, &keys[b], slots, &A, NULL, &blk[b]), 1);
 	}
-	ck_assert_uint_eq(kvtd_prefix_lookup(&D.prefix, mine, keys, 3, NULL), 2);
+	ck_assert_uint_eq(kvtd_prefix_lookup(&D.prefix, mine, keys, 3, NULL, 0), 2);
 }
 
 static void
