@@ -73,7 +73,7 @@ prefix_part(struct img *m, uint32_t blk_ns)
 	put64(m, (1 << 20) + 4096);
 }
 
-/* Header placeholder, then the daemon fields (restart.c, image_write()). */
+/* A zeroed header, which finish() fills in, then the daemon fields (restart.c, image_write()). */
 static void
 begin(struct img *m, uint32_t n_conns)
 {
