@@ -20,6 +20,7 @@
 
 #include "paris.h"
 #include "simd.h"
+#include "sketch.h"
 
 const float kvt_paris_theta[7] = {
     0.08420966f, 0.16964098f, 0.25757120f, 0.34969834f, 0.44844857f, 0.55829565f, 0.68999742f,
@@ -1436,6 +1437,13 @@ kvt_paris_scratch_fini(struct kvt_paris_scratch *s)
 	s->ref_idx = NULL;
 	s->ref_score = NULL;
 	s->votes_cap = s->cand_cap = s->ref_cap = 0;
+	free(s->sk_idx);
+	free(s->sk_score);
+	free(s->sk_bar);
+	s->sk_idx = NULL;
+	s->sk_score = NULL;
+	s->sk_bar = NULL;
+	s->sk_cap = s->sk_bar_cap = 0;
 }
 
 static int
@@ -1494,6 +1502,13 @@ kvt_paris_exact_covers(uint32_t live, unsigned int dim, uint32_t refine,
 	return keys && keys->rows &&
 	       (uint64_t)live * dim * (keys->dtype == KVT_DTYPE_F32 ? 4 : 2) <=
 		   KVT_PARIS_EXACT_BYTES;
+}
+
+bool
+kvt_paris_sketch_pays(uint32_t live, unsigned int dim, const struct kvt_paris_keys *keys)
+{
+	return !keys->rows || (uint64_t)live * dim * (keys->dtype == KVT_DTYPE_F32 ? 4 : 2) >
+				  KVT_PARIS_SKETCH_BYTES;
 }
 
 /*
@@ -1668,6 +1683,17 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 			c = nr;
 	}
 
+	/* The exact top-k from the sketch: every live key bounded, rows read for the few that
+	 * can reach the k-th exact score (sketch.h). */
+	if (opts->refine && opts->sketch && opts->exact != KVT_PARIS_EXACT_NEVER &&
+	    kvt_paris_sketch_pays(n, ix->dim, opts->keys)) {
+		r = kvt_sketch_topk(opts->sketch, ix, q, k, opts->keys, opts->drop, scr, ret_idx,
+				    ret_score, NULL);
+		if (r < 0)
+			return r;
+		k = (uint32_t)r;
+		goto out;
+	}
 	/* The whole zone, exactly, with nothing to leave out: no candidate list at all. */
 	if (nr == n && !ix->ndead && !opts->drop && opts->keys->rows) {
 		r = scratch_reserve(scr, 0, 0, n);

@@ -324,6 +324,21 @@ struct kvt_paris_keys {
  */
 #define KVT_PARIS_EXACT_BYTES (32u << 20)
 
+/*
+ * KVT_PARIS_SKETCH_BYTES - given a sketch (opts.sketch), a search scans the rows themselves
+ * while the zone's live rows take at most this many bytes, and goes through the sketch past it
+ * (or always, without @rows). Both are exact. The sketch reads D + 8 bytes a key against the
+ * rows' 2D but spends more instructions on each (sign extension, integer products, the bound),
+ * so it wins once the rows stream from DRAM: measured single-threaded (`kvtier-bench-retrieval
+ * --crossover 1048576 --cpu-time`, BENCHMARKS.md), at D = 128 the sketch took 1.5-1.9x the
+ * scan's time up to 8 MiB of rows, 1.0x at 16 MiB, 0.83x at 32 MiB and 0.60-0.74x from 64 MiB
+ * to 256 MiB (1M keys); at D = 64 1.0x at 16 MiB, 0.92x at 32 MiB and 0.76x at 128 MiB.
+ */
+#define KVT_PARIS_SKETCH_BYTES (16u << 20)
+
+/* kvt_paris_sketch_pays - whether a search with a sketch over @live keys reads it (above). */
+bool kvt_paris_sketch_pays(uint32_t live, unsigned int dim, const struct kvt_paris_keys *keys);
+
 /* opts.exact: whether a search with refine scores the whole zone exactly. */
 enum {
 	KVT_PARIS_EXACT_AUTO = 0,   /* kvt_paris_exact_covers() decides */
@@ -356,6 +371,12 @@ struct kvt_paris_scratch {
 	uint8_t tab[KVT_PARIS_MAX_BLK][256];
 	uint32_t hist[KVT_PARIS_MAX_VOTE + 1]; /* of the votes */
 	float key_tmp[KVT_SRHT_MAX_DIM];       /* struct kvt_paris_keys' @tmp */
+	/* the sketch's search (sketch.h): keys rescored and their exact scores, a bar heap */
+	uint32_t *sk_idx;
+	float *sk_score;
+	float *sk_bar;
+	size_t sk_cap;	   /* entries of sk_idx, sk_score */
+	size_t sk_bar_cap; /* entries of sk_bar */
 };
 
 /* kvt_paris_scratch_fini - free the scratch buffers; the struct may be reused after. NULL-safe. */
@@ -377,6 +398,8 @@ struct kvt_paris_drop {
 	void *ctx;
 };
 
+struct kvt_sketch; /* sketch.h */
+
 struct kvt_paris_search_opts {
 	uint32_t k;	 /* results wanted, 1 .. n */
 	double rho_cand; /* candidate ratio in (0, 1]; 0 = schedule */
@@ -385,6 +408,11 @@ struct kvt_paris_search_opts {
 	const struct kvt_paris_keys *keys; /* the full keys; required when refine > 0 */
 	const struct kvt_paris_drop *drop; /* NULL: every key is live */
 	uint32_t exact; /* KVT_PARIS_EXACT_*: with refine, when to score the whole zone */
+	/* NULL, or the zone's int8 sketch (sketch.h, encoding the same n keys as @keys holds
+	 * them): with refine and exact not KVT_PARIS_EXACT_NEVER the search is the exact top-k
+	 * at any zone length, through kvt_sketch_topk() where kvt_paris_sketch_pays(), reading
+	 * rows only for the keys whose bound reaches the k-th exact score, else by the scan */
+	const struct kvt_sketch *sketch;
 };
 
 /*

@@ -46,6 +46,7 @@
 #include "paris.h"
 #include "quant.h" /* kvt_f16_to_f32 */
 #include "simd.h"
+#include "sketch.h"
 #include "srht.h"
 #include "thp.h"
 #ifdef KVT_HAVE_FAISS
@@ -373,35 +374,38 @@ static const struct variant {
 	double rho_cand, rho_col;
 	uint32_t refine_x; /* refine = refine_x * k (0: off) */
 	uint32_t exact;	   /* KVT_PARIS_EXACT_* */
+	bool sketch;	   /* with the int8 sketch (sketch.h): the exact top-k */
 } var[] = {
-    {"kvtier", 0.0, 0.0, 0, 0},
-    {"kvtier-c05", 0.05, 0.20, 0, 0}, /* the adaptive-k variants' rho_cand at N >= 30K (3.6) */
-    {"kvtier-wide", 0.2, 0.5, 0, 0},
-    {"kvtier-refine", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO}, /* kvtierd's default */
-    {"kvtier-refine-index", 0.0, 0.0, 4, KVT_PARIS_EXACT_NEVER},
-    {"kvtier-refine-spec", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER}, /* refine, spec's ratios */
+    {"kvtier", 0.0, 0.0, 0, 0, false},
+    {"kvtier-c05", 0.05, 0.20, 0, 0, false}, /* the adaptive-k variants' rho_cand at N >= 30K (3.6) */
+    {"kvtier-wide", 0.2, 0.5, 0, 0, false},
+    {"kvtier-refine", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, false}, /* kvtierd's default */
+    {"kvtier-refine-index", 0.0, 0.0, 4, KVT_PARIS_EXACT_NEVER, false},
+    {"kvtier-refine-spec", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false}, /* refine, spec's ratios */
+    {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true}, /* exact, int8 sketch */
 };
 #define NVAR ((int)(sizeof(var) / sizeof(var[0])))
 
 /* --sweep: kvtier's knobs, k = 100. Estimate only (the spec's pipeline at other ratios), and
  * with refine 4k; (0.10, 0.20) is the spec's schedule at N >= 30K, (0.30, 0.70) kvtierd's. */
 static struct variant sweep_var[32] = {
-    {"kvtier-estimate", 0.05, 0.20, 0, 0},
-    {"kvtier-estimate", 0.10, 0.20, 0, 0},
-    {"kvtier-estimate", 0.20, 0.50, 0, 0},
-    {"kvtier-estimate", 0.30, 0.70, 0, 0},
-    {"kvtier-estimate", 0.50, 0.70, 0, 0},
-    {"kvtier-default", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO}, /* kvtierd's TOPK */
-    {"kvtier-exact", 0.0, 0.0, 4, KVT_PARIS_EXACT_ALWAYS}, /* the engine's exact scan */
-    {"kvtier-refine", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER},
-    {"kvtier-refine", 0.20, 0.50, 4, KVT_PARIS_EXACT_NEVER},
-    {"kvtier-refine", 0.30, 0.70, 4, KVT_PARIS_EXACT_NEVER},
-    {"kvtier-refine", 0.40, 0.70, 4, KVT_PARIS_EXACT_NEVER},
-    {"kvtier-refine", 0.50, 0.70, 4, KVT_PARIS_EXACT_NEVER},
-    {"kvtier-refine", 0.70, 1.00, 4, KVT_PARIS_EXACT_NEVER},
+    {"kvtier-estimate", 0.05, 0.20, 0, 0, false},
+    {"kvtier-estimate", 0.10, 0.20, 0, 0, false},
+    {"kvtier-estimate", 0.20, 0.50, 0, 0, false},
+    {"kvtier-estimate", 0.30, 0.70, 0, 0, false},
+    {"kvtier-estimate", 0.50, 0.70, 0, 0, false},
+    {"kvtier-default", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, false}, /* kvtierd's TOPK */
+    {"kvtier-exact", 0.0, 0.0, 4, KVT_PARIS_EXACT_ALWAYS, false}, /* the engine's exact scan */
+    {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true}, /* exact, int8 sketch */
+    {"kvtier-refine", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false},
+    {"kvtier-refine", 0.20, 0.50, 4, KVT_PARIS_EXACT_NEVER, false},
+    {"kvtier-refine", 0.30, 0.70, 4, KVT_PARIS_EXACT_NEVER, false},
+    {"kvtier-refine", 0.40, 0.70, 4, KVT_PARIS_EXACT_NEVER, false},
+    {"kvtier-refine", 0.50, 0.70, 4, KVT_PARIS_EXACT_NEVER, false},
+    {"kvtier-refine", 0.70, 1.00, 4, KVT_PARIS_EXACT_NEVER, false},
 };
-static int NSWEEP = 13;
-#define NSWEEP_FIXED 7 /* the entries before the index-path ratios --knob replaces */
+static int NSWEEP = 14;
+#define NSWEEP_FIXED 8 /* the entries before the index-path ratios --knob replaces */
 #define SWEEP_K	     100
 
 /*
@@ -645,8 +649,11 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 						    .rows = f16_rows,
 						    .dtype = KVT_DTYPE_F16,
 						    .stride = (size_t)D * sizeof(uint16_t)};
-		struct arena ar = {0};
+		struct arena ar = {0}, sar = {0};
 		const struct kvt_paris_alloc alloc = {arena_get, arena_put, &ar};
+		const struct kvt_paris_alloc salloc = {arena_get, arena_put, &sar};
+		struct kvt_sketch sk;
+		double build_sk;
 
 		kvt_srht_init(&srht, D, KVT_SRHT_SEED);
 		if (!no_thp) {
@@ -655,18 +662,35 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 			r = arena_init(
 			    &ar, pages * ((kvt_paris_page_bytes(D, KVT_PARIS_PAGE_KEYS) + 4095) &
 					  ~(size_t)4095));
-			if (r < 0)
+			if (r >= 0)
+				r = arena_init(&sar, pages * ((kvt_sketch_page_bytes(
+								   D, KVT_PARIS_PAGE_KEYS) +
+							       4095) &
+							      ~(size_t)4095));
+			if (r < 0) {
+				arena_fini(&ar);
 				goto out;
+			}
 		}
 		kvt_paris_index_init(&ix, D, 0, no_thp ? NULL : &alloc);
+		kvt_sketch_init(&sk, (unsigned int)D, 0, no_thp ? NULL : &salloc);
 		t0 = now();
 		r = kvt_paris_index_reserve(&ix, n);
 		if (r >= 0)
 			r = kvt_paris_index_append(&ix, &srht, keys, D, n);
 		build = now() - t0;
+		t0 = now();
+		if (r >= 0)
+			r = kvt_sketch_reserve(&sk, n);
+		if (r >= 0) /* from the fp16 rows: what the exact stage reads */
+			r = kvt_sketch_append(&sk, kh, (size_t)D * sizeof(uint16_t),
+					      KVT_DTYPE_F16, n);
+		build_sk = now() - t0;
 		if (r < 0) {
 			kvt_paris_index_fini(&ix);
+			kvt_sketch_fini(&sk);
 			arena_fini(&ar);
+			arena_fini(&sar);
 			goto out;
 		}
 		if (stages)
@@ -682,11 +706,19 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 				    .refine = vr->refine_x * ks[ki],
 				    .keys = vr->refine_x ? &kacc : NULL,
 				    .exact = vr->exact,
+				    .sketch = vr->sketch ? &sk : NULL,
 				};
+				double *read = NULL;
 				char param[80];
 
 				if (sweep && ks[ki] != SWEEP_K)
 					continue;
+				if (vr->sketch)
+					read = calloc(nq, sizeof(*read));
+				if (vr->sketch && !read) {
+					r = -ENOMEM;
+					break;
+				}
 				if (vr->refine_x && vr->exact == KVT_PARIS_EXACT_ALWAYS)
 					snprintf(param, sizeof(param), "every key, fp16 rows");
 				else if (vr->refine_x && vr->exact == KVT_PARIS_EXACT_AUTO)
@@ -716,16 +748,32 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 					for (uint32_t i = 0; i < ks[ki]; i++)
 						ids[i] = got[i];
 					rec[qi] = recall_of(ids, truth + (size_t)qi * KMAX, ks[ki]);
+					if (read) { /* untimed: how many rows the bound let through */
+						uint32_t nread = 0;
+
+						r = kvt_sketch_topk(&sk, &ix, &pq, ks[ki], &kacc, NULL,
+								    &scr, got, sc, &nread);
+						read[qi] = nread;
+						if (r < 0)
+							break;
+					}
 				}
+				if (read && r >= 0)
+					snprintf(param, sizeof(param),
+						 "int8 sketch, exact, %.0f rows read (median)",
+						 median(read, nq));
+				free(read);
 				if (r < 0)
 					break;
 				add_row(name, n, ks[ki], vr->name, param, rec, nq,
-					median(lat, nq) * 1e6, build);
+					median(lat, nq) * 1e6, vr->sketch ? build + build_sk : build);
 			}
 		}
 		kvt_paris_scratch_fini(&scr);
 		kvt_paris_index_fini(&ix);
+		kvt_sketch_fini(&sk);
 		arena_fini(&ar);
+		arena_fini(&sar);
 		if (r < 0)
 			goto out;
 	}
@@ -831,19 +879,21 @@ run_crossover(uint32_t nmax, uint32_t nq)
 {
 	static const char *const dname[2] = {"crossover-d64", "crossover-d128"};
 	const uint32_t k = 100;
-	double *lat[3], *rec = malloc(nq * sizeof(double));
+	double *lat[4], *rec = malloc(nq * sizeof(double));
 	int r = -ENOMEM;
 
-	for (int m = 0; m < 3; m++)
+	for (int m = 0; m < 4; m++)
 		lat[m] = malloc(nq * sizeof(double));
-	for (int di = 0; di < 2 && rec && lat[0] && lat[1] && lat[2]; di++) {
+	for (int di = 0; di < 2 && rec && lat[0] && lat[1] && lat[2] && lat[3]; di++) {
 		float *keys = NULL, *qs = NULL;
 		uint16_t *kh = NULL;
 		struct kvt_srht srht;
 		struct kvt_paris_index ix;
 		struct kvt_paris_scratch scr = {0};
-		struct arena ar = {0};
+		struct arena ar = {0}, sar = {0};
 		const struct kvt_paris_alloc alloc = {arena_get, arena_put, &ar};
+		const struct kvt_paris_alloc salloc = {arena_get, arena_put, &sar};
+		struct kvt_sketch sk = {0};
 		struct key_store kst;
 		struct kvt_paris_keys kacc;
 		size_t pages = (nmax + KVT_PARIS_PAGE_KEYS - 1) / KVT_PARIS_PAGE_KEYS;
@@ -855,7 +905,9 @@ run_crossover(uint32_t nmax, uint32_t nq)
 		kh = malloc((size_t)nmax * D * sizeof(uint16_t));
 		if (!keys || !qs || !kh ||
 		    arena_init(&ar, pages * ((kvt_paris_page_bytes(D, KVT_PARIS_PAGE_KEYS) + 4095) &
-					     ~(size_t)4095)) < 0)
+					     ~(size_t)4095)) < 0 ||
+		    arena_init(&sar, pages * ((kvt_sketch_page_bytes(D, KVT_PARIS_PAGE_KEYS) + 4095) &
+					      ~(size_t)4095)) < 0)
 			goto next;
 		r = gen_make(GEN_OUTLIER, nmax, D, nq, 1, keys, qs);
 		if (r < 0)
@@ -864,6 +916,9 @@ run_crossover(uint32_t nmax, uint32_t nq)
 		kvt_srht_init(&srht, D, KVT_SRHT_SEED);
 		kvt_paris_index_init(&ix, D, 0, &alloc);
 		r = kvt_paris_index_reserve(&ix, nmax);
+		kvt_sketch_init(&sk, (unsigned int)D, 0, &salloc);
+		if (r >= 0)
+			r = kvt_sketch_reserve(&sk, nmax);
 		kst = (struct key_store){keys, kh, 0};
 		kacc = (struct kvt_paris_keys){.get = raw_key,
 					       .ctx = &kst,
@@ -877,6 +932,10 @@ run_crossover(uint32_t nmax, uint32_t nq)
 
 			r = kvt_paris_index_append(&ix, &srht, keys + (size_t)ix.n * D, D,
 						   n - ix.n);
+			if (r >= 0)
+				r = kvt_sketch_append(&sk, kh + (size_t)sk.n * D,
+						      (size_t)D * sizeof(uint16_t), KVT_DTYPE_F16,
+						      n - sk.n);
 			if (r < 0)
 				break;
 			kst.n = n;
@@ -903,6 +962,20 @@ run_crossover(uint32_t nmax, uint32_t nq)
 				for (uint32_t i = 0; i < k; i++)
 					ids[i] = got[i];
 				rec[qi] = recall_of(ids, ref, k);
+				t0 = qnow();
+				kvt_paris_query_prep(&srht, q, &pq);
+				so.exact = KVT_PARIS_EXACT_AUTO;
+				so.sketch = &sk;
+				r = kvt_paris_search(&ix, &pq, &so, &scr, got, sc);
+				so.sketch = NULL;
+				lat[3][qi] = qnow() - t0;
+				if (r < 0)
+					break;
+				if (memcmp(got, ref, sizeof(ref))) { /* exact: the scan's list */
+					fprintf(stderr, "crossover: sketch result differs at n=%u\n", n);
+					r = -EPROTO;
+					break;
+				}
 #if defined(__x86_64__)
 				t0 = qnow();
 				if (kvt_simd_level() >= KVT_SIMD_AVX2)
@@ -919,6 +992,7 @@ run_crossover(uint32_t nmax, uint32_t nq)
 			{
 				double one[1] = {1.0}, m0 = median(lat[0], nq) * 1e6;
 				double m1 = median(lat[1], nq) * 1e6, m2 = median(lat[2], nq) * 1e6;
+				double m3 = median(lat[3], nq) * 1e6;
 
 				add_row(dname[di], n, k, "kvtier-exact", param, one, 1, m0, 0.0);
 				snprintf(param, sizeof(param),
@@ -928,19 +1002,25 @@ run_crossover(uint32_t nmax, uint32_t nq)
 				snprintf(param, sizeof(param), "N*D %llu, fp16 scan (AVX2)",
 					 (unsigned long long)n * D);
 				add_row(dname[di], n, k, "exact", param, one, 1, m2, 0.0);
+				snprintf(param, sizeof(param),
+					 "N*D %llu, int8 sketch, exact, %.2fx exact's time",
+					 (unsigned long long)n * D, m3 / m0);
+				add_row(dname[di], n, k, "kvtier-sketch", param, one, 1, m3, 0.0);
 			}
 		}
 		kvt_paris_scratch_fini(&scr);
 		kvt_paris_index_fini(&ix);
+		kvt_sketch_fini(&sk);
 	next:
 		arena_fini(&ar);
+		arena_fini(&sar);
 		free(keys);
 		free(qs);
 		free(kh);
 		if (r < 0)
 			break;
 	}
-	for (int m = 0; m < 3; m++)
+	for (int m = 0; m < 4; m++)
 		free(lat[m]);
 	free(rec);
 	D = DMAX;
@@ -1306,7 +1386,7 @@ main(int argc, char **argv)
 				return 2;
 			}
 			sweep_var[NSWEEP++] =
-			    (struct variant){"kvtier-refine", rc, rl, 4, KVT_PARIS_EXACT_NEVER};
+			    (struct variant){"kvtier-refine", rc, rl, 4, KVT_PARIS_EXACT_NEVER, false};
 			break;
 		}
 		case 'P': {

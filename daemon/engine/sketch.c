@@ -1,0 +1,591 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * sketch.c - the int8 key sketch and the exact top-k it bounds (sketch.h).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "kvt_abi.h" /* KVT_DTYPE_* */
+#include "quant.h"   /* kvt_f16_to_f32, kvt_bf16_to_f32 */
+#include "simd.h"
+#include "sketch.h"
+
+#define SK_CHUNK 16 /* keys whose integer dot products are formed before their bounds are read */
+
+static void *
+sk_page_get(void *ctx, size_t len)
+{
+	(void)ctx;
+	return aligned_alloc(64, (len + 63) & ~(size_t)63);
+}
+
+static void
+sk_page_put(void *ctx, void *page, size_t len)
+{
+	(void)ctx;
+	(void)len;
+	free(page);
+}
+
+size_t
+kvt_sketch_page_bytes(unsigned int dim, unsigned int page_keys)
+{
+	return (size_t)page_keys * (dim + 2 * sizeof(float));
+}
+
+static inline int8_t *
+sk_codes(const struct kvt_sketch *sk, uint32_t p)
+{
+	return sk->pages[p];
+}
+
+static inline float *
+sk_scale(const struct kvt_sketch *sk, uint32_t p)
+{
+	return (float *)((uint8_t *)sk->pages[p] + (size_t)sk->page_keys * sk->dim);
+}
+
+static inline float *
+sk_tol(const struct kvt_sketch *sk, uint32_t p)
+{
+	return sk_scale(sk, p) + sk->page_keys;
+}
+
+int
+kvt_sketch_init(struct kvt_sketch *sk, unsigned int dim, unsigned int page_keys,
+		const struct kvt_paris_alloc *alloc)
+{
+	if (!dim || dim % 32 || dim > KVT_SRHT_MAX_DIM)
+		return -EINVAL;
+	if (!page_keys)
+		page_keys = KVT_PARIS_PAGE_KEYS;
+	if (page_keys < 64 || page_keys > (1u << 20) || (page_keys & (page_keys - 1)))
+		return -EINVAL;
+	if (alloc && (!alloc->page_get || !alloc->page_put))
+		return -EINVAL;
+	memset(sk, 0, sizeof(*sk));
+	sk->dim = dim;
+	sk->page_keys = page_keys;
+	sk->page_shift = (uint32_t)__builtin_ctz(page_keys);
+	sk->page_bytes = kvt_sketch_page_bytes(dim, page_keys);
+	if (alloc) {
+		sk->alloc = *alloc;
+	} else {
+		sk->alloc.page_get = sk_page_get;
+		sk->alloc.page_put = sk_page_put;
+	}
+	return 0;
+}
+
+void
+kvt_sketch_fini(struct kvt_sketch *sk)
+{
+	if (!sk)
+		return;
+	for (uint32_t p = 0; p < sk->npages; p++)
+		sk->alloc.page_put(sk->alloc.ctx, sk->pages[p], sk->page_bytes);
+	free(sk->pages);
+	sk->pages = NULL;
+	sk->npages = sk->max_pages = 0;
+	sk->n = 0;
+}
+
+int
+kvt_sketch_reserve(struct kvt_sketch *sk, uint32_t nkeys)
+{
+	uint32_t want;
+
+	if (nkeys > (1u << 31))
+		return -EOVERFLOW;
+	want = (uint32_t)(((uint64_t)nkeys + sk->page_keys - 1) >> sk->page_shift);
+	if (want > sk->max_pages) {
+		uint32_t m = sk->max_pages ? sk->max_pages : 4;
+		void **np;
+
+		while (m < want)
+			m *= 2;
+		np = realloc(sk->pages, m * sizeof(*np));
+		if (!np)
+			return -ENOMEM;
+		sk->pages = np;
+		sk->max_pages = m;
+	}
+	while (sk->npages < want) {
+		void *pg = sk->alloc.page_get(sk->alloc.ctx, sk->page_bytes);
+
+		if (!pg)
+			return -ENOMEM;
+		/* a search reads whole chunks: keys past n stay defined (and skipped) */
+		memset(pg, 0, sk->page_bytes);
+		sk->pages[sk->npages++] = pg;
+	}
+	return (int)((uint64_t)sk->npages << sk->page_shift > (1u << 31)
+			 ? (1u << 31)
+			 : (uint64_t)sk->npages << sk->page_shift);
+}
+
+/* An upper bound of |x - s_x x^| per element for a unit query x (sketch.h): half an int16 step
+ * of a scale of at most (1 + 2^-20) / 32767, widened for the division's rounding. */
+#define SK_QSTEP 1.6e-5
+
+/* Codes, scale and tolerance of one key of @dim f32 values (sketch.h gives the bound). */
+static void
+encode(const float *v, unsigned int dim, int8_t *code, float *ret_scale, float *ret_tol)
+{
+	const double u = 0x1p-24, slack = 1.0 + 0x1p-20;
+	const double gamma = dim * u / (1.0 - dim * u);
+	double r2 = 0.0, b2 = 0.0, r, b, t;
+	float m = 0.0f, s, tf;
+
+	for (unsigned int j = 0; j < dim; j++) {
+		if (!isfinite(v[j])) { /* its exact score is not a number: always read it */
+			memset(code, 0, dim);
+			*ret_scale = 0.0f;
+			*ret_tol = INFINITY;
+			return;
+		}
+		m = fmaxf(m, fabsf(v[j]));
+	}
+	s = m / 127.0f; /* 0 for a zero key, or one too small for a normal step */
+	for (unsigned int j = 0; j < dim; j++) {
+		long c = s > 0.0f ? lrintf(v[j] / s) : 0;
+		double sc;
+
+		c = c > 127 ? 127 : c < -127 ? -127 : c;
+		code[j] = (int8_t)c;
+		sc = (double)s * (double)c; /* exact: 24 x 8 bits */
+		r2 += ((double)v[j] - sc) * ((double)v[j] - sc);
+		b2 += sc * sc;
+	}
+	r = sqrt(r2);
+	b = sqrt(b2);
+	t = (slack * r + SK_QSTEP * sqrt((double)dim) * b + (gamma + 8.0 * u) * (b + r)) * slack;
+	tf = (float)t;
+	if ((double)tf < t)
+		tf = nextafterf(tf, INFINITY);
+	*ret_scale = s;
+	*ret_tol = tf;
+}
+
+static void
+row_to_f32(const void *row, unsigned int dtype, unsigned int dim, float *ret)
+{
+	const uint16_t *h = row;
+
+	switch (dtype) {
+	case KVT_DTYPE_F16:
+		for (unsigned int j = 0; j < dim; j++)
+			ret[j] = kvt_f16_to_f32(h[j]);
+		break;
+	case KVT_DTYPE_BF16:
+		for (unsigned int j = 0; j < dim; j++)
+			ret[j] = kvt_bf16_to_f32(h[j]);
+		break;
+	default:
+		memcpy(ret, row, dim * sizeof(*ret));
+		break;
+	}
+}
+
+int
+kvt_sketch_append(struct kvt_sketch *sk, const void *rows, size_t stride, unsigned int dtype,
+		  uint32_t count)
+{
+	float v[KVT_SRHT_MAX_DIM];
+
+	if (dtype != KVT_DTYPE_F16 && dtype != KVT_DTYPE_BF16 && dtype != KVT_DTYPE_F32)
+		return -EINVAL;
+	if ((uint64_t)sk->n + count > (uint64_t)sk->npages << sk->page_shift)
+		return -ENOSPC;
+	for (uint32_t i = 0; i < count; i++) {
+		uint32_t at = sk->n + i, p = at >> sk->page_shift, off = at & (sk->page_keys - 1);
+
+		row_to_f32((const uint8_t *)rows + i * stride, dtype, sk->dim, v);
+		encode(v, sk->dim, sk_codes(sk, p) + (size_t)off * sk->dim, &sk_scale(sk, p)[off],
+		       &sk_tol(sk, p)[off]);
+	}
+	sk->n += count;
+	return (int)sk->n;
+}
+
+int
+kvt_sketch_set(struct kvt_sketch *sk, uint32_t i, const float *key)
+{
+	uint32_t p = i >> sk->page_shift, off = i & (sk->page_keys - 1);
+
+	if (i >= sk->n)
+		return -ERANGE;
+	encode(key, sk->dim, sk_codes(sk, p) + (size_t)off * sk->dim, &sk_scale(sk, p)[off],
+	       &sk_tol(sk, p)[off]);
+	return 0;
+}
+
+/* ---- the bound of every key of a chunk: integer dot products, exact at every level ----------- */
+
+/*
+ * For @cnt keys (codes [cnt][dim], scales, tolerances) and the int16 query @xq of scale @sx:
+ * ub[i] = (sx * scale[i]) * (float)<xq, code_i> + tol[i], the most key i can score. Returns the
+ * mask of the keys whose ub reaches @bar. The dot products are exact integers; the f32
+ * arithmetic after them is the same at every level.
+ */
+static uint32_t
+chunk_scalar(const int8_t *codes, unsigned int dim, const int16_t *xq, const float *scale,
+	     const float *tol, uint32_t cnt, float sx, float bar, float *ub)
+{
+	uint32_t mask = 0;
+
+	for (uint32_t i = 0; i < cnt; i++) {
+		const int8_t *c = codes + (size_t)i * dim;
+		int32_t acc = 0;
+		float e;
+
+		for (unsigned int j = 0; j < dim; j++)
+			acc += (int32_t)c[j] * xq[j];
+		e = (sx * scale[i]) * (float)acc;
+		ub[i] = e + tol[i];
+		mask |= (uint32_t)(ub[i] >= bar) << i;
+	}
+	return mask;
+}
+
+#if defined(__x86_64__)
+/* 8 keys at a time: per key 16-lane products, then three hadds and a lane swap for 8 sums. */
+__attribute__((target("avx2"))) static uint32_t
+chunk_avx2(const int8_t *codes, unsigned int dim, const int16_t *xq, const float *scale,
+	   const float *tol, uint32_t cnt, float sx, float bar, float *ub)
+{
+	uint32_t mask = 0, i = 0;
+
+	for (; i + 8 <= cnt; i += 8) {
+		__m256i acc[8], h01, h23, h45, h67, lo, hi, sum;
+		__m256 e, u;
+
+		for (int r = 0; r < 8; r++) {
+			const int8_t *c = codes + (size_t)(i + r) * dim;
+
+			acc[r] = _mm256_setzero_si256();
+			for (unsigned int j = 0; j < dim; j += 16) {
+				__m256i cw = _mm256_cvtepi8_epi16(
+				    _mm_loadu_si128((const __m128i *)(c + j)));
+
+				acc[r] = _mm256_add_epi32(
+				    acc[r],
+				    _mm256_madd_epi16(cw, _mm256_load_si256((const __m256i *)(xq + j))));
+			}
+		}
+		h01 = _mm256_hadd_epi32(acc[0], acc[1]);
+		h23 = _mm256_hadd_epi32(acc[2], acc[3]);
+		h45 = _mm256_hadd_epi32(acc[4], acc[5]);
+		h67 = _mm256_hadd_epi32(acc[6], acc[7]);
+		lo = _mm256_hadd_epi32(h01, h23); /* keys 0-3, per 128-bit half */
+		hi = _mm256_hadd_epi32(h45, h67); /* keys 4-7 */
+		sum = _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20),
+				       _mm256_permute2x128_si256(lo, hi, 0x31));
+		e = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(sx), _mm256_loadu_ps(scale + i)),
+				  _mm256_cvtepi32_ps(sum));
+		u = _mm256_add_ps(e, _mm256_loadu_ps(tol + i));
+		_mm256_storeu_ps(ub + i, u);
+		mask |= (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(u, _mm256_set1_ps(bar), _CMP_GE_OQ))
+			<< i;
+	}
+	if (i < cnt)
+		mask |= chunk_scalar(codes + (size_t)i * dim, dim, xq, scale + i, tol + i, cnt - i, sx,
+				     bar, ub + i)
+			<< i;
+	return mask;
+}
+
+/* 16 keys: per key 32-lane products, then a transpose-and-add tree for 16 sums. */
+__attribute__((target("avx512f,avx512bw"))) static uint32_t
+chunk_avx512(const int8_t *codes, unsigned int dim, const int16_t *xq, const float *scale,
+	     const float *tol, uint32_t cnt, float sx, float bar, float *ub)
+{
+	__m512i acc[16], g[4], h0, h1, sum;
+	__m512 e, u;
+
+	if (cnt < 16)
+		return chunk_scalar(codes, dim, xq, scale, tol, cnt, sx, bar, ub);
+	for (int r = 0; r < 16; r++) {
+		const int8_t *c = codes + (size_t)r * dim;
+
+		acc[r] = _mm512_setzero_si512();
+		for (unsigned int j = 0; j < dim; j += 32) {
+			__m512i cw = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(c + j)));
+
+			acc[r] = _mm512_add_epi32(acc[r],
+						  _mm512_madd_epi16(cw, _mm512_load_si512(xq + j)));
+		}
+	}
+	for (int q = 0; q < 4; q++) { /* per 128-bit lane: the partial sums of keys 4q .. 4q+3 */
+		__m512i *a = acc + 4 * q;
+		__m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]),
+					       _mm512_unpackhi_epi32(a[0], a[1]));
+		__m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[2], a[3]),
+					       _mm512_unpackhi_epi32(a[2], a[3]));
+
+		g[q] = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23),
+					_mm512_unpackhi_epi64(s01, s23));
+	}
+	h0 = _mm512_add_epi32(_mm512_shuffle_i32x4(g[0], g[1], _MM_SHUFFLE(1, 0, 1, 0)),
+			      _mm512_shuffle_i32x4(g[0], g[1], _MM_SHUFFLE(3, 2, 3, 2)));
+	h1 = _mm512_add_epi32(_mm512_shuffle_i32x4(g[2], g[3], _MM_SHUFFLE(1, 0, 1, 0)),
+			      _mm512_shuffle_i32x4(g[2], g[3], _MM_SHUFFLE(3, 2, 3, 2)));
+	sum = _mm512_add_epi32(_mm512_shuffle_i32x4(h0, h1, _MM_SHUFFLE(2, 0, 2, 0)),
+			       _mm512_shuffle_i32x4(h0, h1, _MM_SHUFFLE(3, 1, 3, 1)));
+	e = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(sx), _mm512_loadu_ps(scale)),
+			  _mm512_cvtepi32_ps(sum));
+	u = _mm512_add_ps(e, _mm512_loadu_ps(tol));
+	_mm512_storeu_ps(ub, u);
+	return _mm512_cmp_ps_mask(u, _mm512_set1_ps(bar), _CMP_GE_OQ);
+}
+#endif
+
+static uint32_t
+chunk(enum kvt_simd level, const int8_t *codes, unsigned int dim, const int16_t *xq,
+      const float *scale, const float *tol, uint32_t cnt, float sx, float bar, float *ub)
+{
+#if defined(__x86_64__)
+	if (level == KVT_SIMD_AVX512)
+		return chunk_avx512(codes, dim, xq, scale, tol, cnt, sx, bar, ub);
+	if (level == KVT_SIMD_AVX2)
+		return chunk_avx2(codes, dim, xq, scale, tol, cnt, sx, bar, ub);
+#endif
+	(void)level;
+	return chunk_scalar(codes, dim, xq, scale, tol, cnt, sx, bar, ub);
+}
+
+/* ---- the search ------------------------------------------------------------------------------ */
+
+/* The exact score of key @i as kvt_simd_dot_rows() forms it (through rows, else get). */
+static int
+exact_one(const struct kvt_paris_keys *keys, const float *x, unsigned int dim, uint32_t i,
+	  float *tmp, float *ret)
+{
+	uint32_t run = 0;
+	const void *row = keys->rows ? keys->rows(keys->ctx, i, &run) : NULL;
+
+	if (row) {
+		kvt_simd_dot_rows(row, keys->stride, 1, keys->dtype, x, dim, ret);
+		return 0;
+	}
+	row = keys->get(keys->ctx, i, tmp);
+	if (!row)
+		return -EIO;
+	kvt_simd_dot_rows(row, 0, 1, KVT_DTYPE_F32, x, dim, ret);
+	return 0;
+}
+
+/* Min-heap of the k largest values pushed: its root is a bar that k keys reach. */
+static void
+bar_push(float *h, uint32_t *hn, uint32_t k, float d)
+{
+	uint32_t at;
+
+	if (*hn < k) {
+		at = (*hn)++;
+		while (at && h[(at - 1) / 2] > d) {
+			h[at] = h[(at - 1) / 2];
+			at = (at - 1) / 2;
+		}
+		h[at] = d;
+		return;
+	}
+	if (!(d > h[0])) /* NaN never raises the bar */
+		return;
+	at = 0;
+	for (;;) {
+		uint32_t l = 2 * at + 1, m = at;
+
+		if (l < k && h[l] < d)
+			m = l;
+		if (l + 1 < k && h[l + 1] < (m == at ? d : h[l]))
+			m = l + 1;
+		if (m == at)
+			break;
+		h[at] = h[m];
+		at = m;
+	}
+	h[at] = d;
+}
+
+static int
+grow(uint32_t **idx, float **score, size_t *cap, size_t need)
+{
+	size_t c = *cap ? *cap : 1024;
+	uint32_t *ni;
+	float *ns;
+
+	if (need <= *cap)
+		return 0;
+	while (c < need)
+		c *= 2;
+	ni = realloc(*idx, c * sizeof(*ni));
+	if (!ni)
+		return -ENOMEM;
+	*idx = ni;
+	ns = realloc(*score, c * sizeof(*ns));
+	if (!ns)
+		return -ENOMEM;
+	*score = ns;
+	*cap = c;
+	return 0;
+}
+
+/* Key @key's exact score into the rescored list and the exact bar. */
+static int
+rescore(const struct kvt_paris_keys *keys, const float *x, unsigned int dim, uint32_t key,
+	struct kvt_paris_scratch *scr, uint32_t *nr, uint32_t *hn, uint32_t k)
+{
+	float d;
+	int r = exact_one(keys, x, dim, key, scr->key_tmp, &d);
+
+	if (r < 0)
+		return r;
+	r = grow(&scr->sk_idx, &scr->sk_score, &scr->sk_cap, *nr + 1);
+	if (r < 0)
+		return r;
+	scr->sk_idx[*nr] = key;
+	scr->sk_score[(*nr)++] = d;
+	if (d == d) /* a NaN ranks last: it never sets the bar */
+		bar_push(scr->sk_bar, hn, k, d);
+	return 0;
+}
+
+/*
+ * Three steps, none of which reads a row it could do without:
+ *  1. the codes of every live key give an interval [e - t, e + t] around its exact score; the
+ *     k-th largest lower end L so far is a bar k keys reach, so a key whose upper end stays
+ *     under the final L is out. The keys above the running L are listed (with their upper
+ *     ends), which is a superset of those above the final one.
+ *  2. the k listed keys with the highest upper ends are rescored: the k-th of their exact
+ *     scores is a bar T >= L.
+ *  3. the other listed keys whose upper end reaches T are rescored in index order (T rising
+ *     as they come), and the top k of all the rescored is the answer.
+ */
+int
+kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
+		const struct kvt_paris_query *q, uint32_t k, const struct kvt_paris_keys *keys,
+		const struct kvt_paris_drop *drop, struct kvt_paris_scratch *scr,
+		uint32_t *ret_idx, float *ret_score, uint32_t *ret_read)
+{
+	const unsigned int dim = sk->dim;
+	const enum kvt_simd level = kvt_simd_level();
+	int16_t xq[KVT_SRHT_MAX_DIM] __attribute__((aligned(64)));
+	float ub[SK_CHUNK];
+	float xm = 0.0f, sx, bar = -INFINITY;
+	uint32_t ns = 0, nr = 0, hn = 0, nsel;
+	int r;
+
+	if (sk->n != ix->n || q->dim != dim || ix->dim != dim || !k || !keys || !keys->get)
+		return -EINVAL;
+	r = grow(&scr->cand, &scr->score, &scr->cand_cap, k);
+	if (r >= 0)
+		r = grow(&scr->ref_idx, &scr->ref_score, &scr->ref_cap, 4 * (size_t)k);
+	if (r >= 0 && scr->sk_bar_cap < k) {
+		float *b = realloc(scr->sk_bar, k * sizeof(*b));
+
+		if (!b)
+			return -ENOMEM;
+		scr->sk_bar = b;
+		scr->sk_bar_cap = k;
+	}
+	if (r < 0)
+		return r;
+
+	for (unsigned int j = 0; j < dim; j++)
+		xm = fmaxf(xm, fabsf(q->x[j]));
+	sx = xm / 32767.0f;
+	for (unsigned int j = 0; j < dim; j++) {
+		long v = sx > 0.0f ? lrintf(q->x[j] / sx) : 0;
+
+		xq[j] = (int16_t)(v > 32767 ? 32767 : v < -32767 ? -32767 : v);
+	}
+
+	/* 1: every key's bound; list those above the running bar of lower ends */
+	for (uint32_t p = 0; p < sk->npages && ((uint64_t)p << sk->page_shift) < sk->n; p++) {
+		const uint32_t base = p << sk->page_shift;
+		const uint32_t cnt = sk->n - base < sk->page_keys ? sk->n - base : sk->page_keys;
+		const int8_t *codes = sk_codes(sk, p);
+		const float *scale = sk_scale(sk, p), *tol = sk_tol(sk, p);
+
+		for (uint32_t off = 0; off < cnt; off += SK_CHUNK) {
+			uint32_t m = cnt - off < SK_CHUNK ? cnt - off : SK_CHUNK;
+			uint32_t pass = chunk(level, codes + (size_t)off * dim, dim, xq, scale + off,
+					      tol + off, m, sx, bar, ub);
+
+			for (; pass; pass &= pass - 1) {
+				uint32_t i = (uint32_t)__builtin_ctz(pass), key = base + off + i;
+				float lb;
+
+				if (!(ub[i] >= bar)) /* the bar rose inside this chunk */
+					continue;
+				if (ix->ndead && (ix->dead[key / 64] >> (key % 64) & 1))
+					continue;
+				if (drop && drop->dropped(drop->ctx, key))
+					continue;
+				r = grow(&scr->ref_idx, &scr->ref_score, &scr->ref_cap, ns + 1);
+				if (r < 0)
+					return r;
+				scr->ref_idx[ns] = key;
+				scr->ref_score[ns++] = ub[i];
+				/* the lower end; an infinite tolerance gives NaN: no bar */
+				lb = ub[i] - 2.0f * tol[off + i];
+				if (lb == lb)
+					bar_push(scr->sk_bar, &hn, k, lb);
+				if (hn == k)
+					bar = scr->sk_bar[0];
+			}
+		}
+	}
+	{ /* the listed keys above the final bar */
+		uint32_t w = 0;
+
+		for (uint32_t i = 0; i < ns; i++)
+			if (scr->ref_score[i] >= bar) {
+				scr->ref_idx[w] = scr->ref_idx[i];
+				scr->ref_score[w++] = scr->ref_score[i];
+			}
+		ns = w;
+	}
+
+	/* 2: the k highest upper ends, exactly (their list positions, then marked done) */
+	nsel = k < ns ? k : ns;
+	hn = 0;
+	bar = -INFINITY;
+	if (nsel) {
+		kvt_paris_topk_select(NULL, scr->ref_score, ns, nsel, scr->cand, scr->score);
+		for (uint32_t i = 0; i < nsel; i++) {
+			r = rescore(keys, q->x, dim, scr->ref_idx[scr->cand[i]], scr, &nr, &hn, k);
+			if (r < 0)
+				return r;
+		}
+		for (uint32_t i = 0; i < nsel; i++)
+			scr->ref_score[scr->cand[i]] = -INFINITY;
+		if (hn == k)
+			bar = scr->sk_bar[0];
+	}
+
+	/* 3: the rest that can still reach the k-th exact score */
+	for (uint32_t i = 0; i < ns; i++) {
+		if (!(scr->ref_score[i] >= bar) || scr->ref_score[i] == -INFINITY)
+			continue;
+		r = rescore(keys, q->x, dim, scr->ref_idx[i], scr, &nr, &hn, k);
+		if (r < 0)
+			return r;
+		if (hn == k)
+			bar = scr->sk_bar[0];
+	}
+	if (ret_read)
+		*ret_read = nr;
+	if (k > nr)
+		k = nr;
+	if (k)
+		kvt_paris_topk_select(scr->sk_idx, scr->sk_score, nr, k, ret_idx, ret_score);
+	return (int)k;
+}

@@ -1,0 +1,100 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * sketch.h - an int8 sketch of a retrieval zone's keys: the exact top-k for about half the
+ * bytes of an fp16 scan (docs/retrieval.md, "The exact top-k from the int8 sketch").
+ *
+ * Per key the sketch holds D int8 codes c = round(v / s) with s = max_j |v_j| / 127 (v the key
+ * as the caller stores it, converted to f32), the scale s and a tolerance t (both f32): D + 8
+ * bytes against the 2D of an fp16 row. For a unit query x quantised once to int16 (x^, scale
+ * s_x), the estimate e = s_x * s * sum_j x^_j c_j is an integer dot product, and
+ *
+ *	|fl(<x, v>) - e| <= t
+ *
+ * for any such query, where fl(<x, v>) is the f32 inner product kvt_simd_dot_rows() computes
+ * for the stored row. t is fixed at encoding:
+ *
+ *	t = [ (1 + 2^-20) r + E b + (gamma_D + 6u)(b + r) ] (1 + 2^-20)
+ *
+ * with r = |v - s c| (the key's own rounding residual, computed in double), b = |s c|, E = 1.6e-5
+ * sqrt(D) >= |x - s_x x^| for any unit x (half an int16 step per element), u = 2^-24 and
+ * gamma_D = D u / (1 - D u) (the f32 dot product's and the estimate's own rounding). Cauchy-
+ * Schwarz on the two residuals gives the bound; nothing in it is statistical.
+ *
+ * The search (kvt_sketch_topk(), through kvt_paris_search() with opts.sketch) streams the
+ * codes, keeps the exact scores of the best k keys seen so far, and reads a key's row for its
+ * exact score only when e + t reaches the k-th of them: a key it skips scores below k others.
+ * So the result is the exact top-k, the same as scoring every row, while it reads D + 8 bytes
+ * of most keys instead of 2D (4D for f32 rows) and rows for a few k log(N / k) of them.
+ *
+ * Storage: pages of page_keys keys from the caller's allocator (struct kvt_paris_alloc): codes
+ * [P][D], then scales [P] and tolerances [P]. One writer; searches only read.
+ */
+#ifndef KVT_ENGINE_SKETCH_H
+#define KVT_ENGINE_SKETCH_H
+
+#include <stdint.h>
+
+#include "paris.h"
+
+struct kvt_sketch {
+	uint32_t dim;	     /* 64 or 128 (any multiple of 32 up to KVT_SRHT_MAX_DIM) */
+	uint32_t page_keys;  /* keys per page, a power of two >= 64 */
+	uint32_t page_shift; /* log2(page_keys) */
+	uint32_t n;	     /* keys encoded: index i is the caller's key i */
+	uint32_t npages;
+	uint32_t max_pages;
+	size_t page_bytes;
+	void **pages;
+	struct kvt_paris_alloc alloc;
+};
+
+/*
+ * kvt_sketch_init - an empty sketch. @dim: a multiple of 32, at most KVT_SRHT_MAX_DIM.
+ * @page_keys: a power of two in [64, 1 << 20]; 0 means KVT_PARIS_PAGE_KEYS. @alloc: copied,
+ * NULL means aligned_alloc()/free(). Returns 0 or -EINVAL. Allocates nothing.
+ */
+int kvt_sketch_init(struct kvt_sketch *sk, unsigned int dim, unsigned int page_keys,
+		    const struct kvt_paris_alloc *alloc);
+
+/* kvt_sketch_fini - give back every page. Accepts a zeroed sketch. */
+void kvt_sketch_fini(struct kvt_sketch *sk);
+
+/* kvt_sketch_page_bytes - bytes of one page: page_keys * (dim + 8). */
+size_t kvt_sketch_page_bytes(unsigned int dim, unsigned int page_keys);
+
+/* kvt_sketch_reserve - room for @nkeys keys in all. Returns the capacity, -ENOMEM or
+ * -EOVERFLOW (past 2^31 keys); on failure the sketch keeps what it had. */
+int kvt_sketch_reserve(struct kvt_sketch *sk, uint32_t nkeys);
+
+/*
+ * kvt_sketch_append - encode @count keys as indices n .. n + count - 1, key i at @rows + i *
+ * @stride bytes, @dim values of @dtype (KVT_DTYPE_F16, _BF16 or _F32): the values the exact
+ * stage will read for these keys. A key with an infinite or NaN element gets t = +inf (always
+ * read). Returns the new count, -EINVAL (bad @dtype) or -ENOSPC (reserve first; nothing is
+ * appended).
+ */
+int kvt_sketch_append(struct kvt_sketch *sk, const void *rows, size_t stride, unsigned int dtype,
+		      uint32_t count);
+
+/*
+ * kvt_sketch_set - re-encode key @i (< n) from @key (@dim f32): its stored value changed (a
+ * row quantised to int8 is read back dequantised). The bound holds only while the sketch
+ * encodes what the exact stage reads. Returns 0 or -ERANGE.
+ */
+int kvt_sketch_set(struct kvt_sketch *sk, uint32_t i, const float *key);
+
+/*
+ * kvt_sketch_topk - the exact top-k of the live keys of @ix (dropped ones, and those @drop
+ * names, never read) for the unit query @q->x, scores as kvt_simd_dot_rows() computes them
+ * from @keys (rows or get), ties to the lower index: what scoring every row would give.
+ * @sk must encode the same @ix->n keys. Uses @scr's ref_idx / ref_score (grown as needed).
+ * Returns the number of results (min(k, keys left)), -EINVAL (n mismatch, dim mismatch),
+ * -ENOMEM or -EIO (keys->get returned NULL). Scores are for the unit query.
+ * Counts the rows it read in *@ret_read when that is not NULL.
+ */
+int kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
+		    const struct kvt_paris_query *q, uint32_t k, const struct kvt_paris_keys *keys,
+		    const struct kvt_paris_drop *drop, struct kvt_paris_scratch *scr,
+		    uint32_t *ret_idx, float *ret_score, uint32_t *ret_read);
+
+#endif /* KVT_ENGINE_SKETCH_H */
