@@ -271,12 +271,12 @@ chunk_avx2(const int8_t *codes, unsigned int dim, const int16_t *xq, const float
 
 			acc[r] = _mm256_setzero_si256();
 			for (unsigned int j = 0; j < dim; j += 16) {
-				__m256i cw = _mm256_cvtepi8_epi16(
-				    _mm_loadu_si128((const __m128i *)(c + j)));
+				__m256i cw =
+				    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + j)));
 
 				acc[r] = _mm256_add_epi32(
-				    acc[r],
-				    _mm256_madd_epi16(cw, _mm256_load_si256((const __m256i *)(xq + j))));
+				    acc[r], _mm256_madd_epi16(
+						cw, _mm256_load_si256((const __m256i *)(xq + j))));
 			}
 		}
 		h01 = _mm256_hadd_epi32(acc[0], acc[1]);
@@ -291,12 +291,13 @@ chunk_avx2(const int8_t *codes, unsigned int dim, const int16_t *xq, const float
 				  _mm256_cvtepi32_ps(sum));
 		u = _mm256_add_ps(e, _mm256_loadu_ps(tol + i));
 		_mm256_storeu_ps(ub + i, u);
-		mask |= (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(u, _mm256_set1_ps(bar), _CMP_GE_OQ))
-			<< i;
+		mask |=
+		    (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(u, _mm256_set1_ps(bar), _CMP_GE_OQ))
+		    << i;
 	}
 	if (i < cnt)
-		mask |= chunk_scalar(codes + (size_t)i * dim, dim, xq, scale + i, tol + i, cnt - i, sx,
-				     bar, ub + i)
+		mask |= chunk_scalar(codes + (size_t)i * dim, dim, xq, scale + i, tol + i, cnt - i,
+				     sx, bar, ub + i)
 			<< i;
 	return mask;
 }
@@ -316,7 +317,8 @@ chunk_avx512(const int8_t *codes, unsigned int dim, const int16_t *xq, const flo
 
 		acc[r] = _mm512_setzero_si512();
 		for (unsigned int j = 0; j < dim; j += 32) {
-			__m512i cw = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(c + j)));
+			__m512i cw =
+			    _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(c + j)));
 
 			acc[r] = _mm512_add_epi32(acc[r],
 						  _mm512_madd_epi16(cw, _mm512_load_si512(xq + j)));
@@ -471,8 +473,8 @@ rescore(const struct kvt_paris_keys *keys, const float *x, unsigned int dim, uin
 int
 kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
 		const struct kvt_paris_query *q, uint32_t k, const struct kvt_paris_keys *keys,
-		const struct kvt_paris_drop *drop, struct kvt_paris_scratch *scr,
-		uint32_t *ret_idx, float *ret_score, uint32_t *ret_read)
+		const struct kvt_paris_drop *drop, struct kvt_paris_scratch *scr, uint32_t *ret_idx,
+		float *ret_score, uint32_t *ret_read)
 {
 	const unsigned int dim = sk->dim;
 	const enum kvt_simd level = kvt_simd_level();
@@ -516,8 +518,8 @@ kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
 
 		for (uint32_t off = 0; off < cnt; off += SK_CHUNK) {
 			uint32_t m = cnt - off < SK_CHUNK ? cnt - off : SK_CHUNK;
-			uint32_t pass = chunk(level, codes + (size_t)off * dim, dim, xq, scale + off,
-					      tol + off, m, sx, bar, ub);
+			uint32_t pass = chunk(level, codes + (size_t)off * dim, dim, xq,
+					      scale + off, tol + off, m, sx, bar, ub);
 
 			for (; pass; pass &= pass - 1) {
 				uint32_t i = (uint32_t)__builtin_ctz(pass), key = base + off + i;

@@ -377,12 +377,13 @@ static const struct variant {
 	bool sketch;	   /* with the int8 sketch (sketch.h): the exact top-k */
 } var[] = {
     {"kvtier", 0.0, 0.0, 0, 0, false},
-    {"kvtier-c05", 0.05, 0.20, 0, 0, false}, /* the adaptive-k variants' rho_cand at N >= 30K (3.6) */
+    {"kvtier-c05", 0.05, 0.20, 0, 0,
+     false}, /* the adaptive-k variants' rho_cand at N >= 30K (3.6) */
     {"kvtier-wide", 0.2, 0.5, 0, 0, false},
     {"kvtier-refine", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, false}, /* kvtierd's default */
     {"kvtier-refine-index", 0.0, 0.0, 4, KVT_PARIS_EXACT_NEVER, false},
     {"kvtier-refine-spec", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false}, /* refine, spec's ratios */
-    {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true}, /* exact, int8 sketch */
+    {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true},		 /* exact, int8 sketch */
 };
 #define NVAR ((int)(sizeof(var) / sizeof(var[0])))
 
@@ -396,7 +397,7 @@ static struct variant sweep_var[32] = {
     {"kvtier-estimate", 0.50, 0.70, 0, 0, false},
     {"kvtier-default", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, false}, /* kvtierd's TOPK */
     {"kvtier-exact", 0.0, 0.0, 4, KVT_PARIS_EXACT_ALWAYS, false}, /* the engine's exact scan */
-    {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true}, /* exact, int8 sketch */
+    {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true},	  /* exact, int8 sketch */
     {"kvtier-refine", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false},
     {"kvtier-refine", 0.20, 0.50, 4, KVT_PARIS_EXACT_NEVER, false},
     {"kvtier-refine", 0.30, 0.70, 4, KVT_PARIS_EXACT_NEVER, false},
@@ -663,10 +664,10 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 			    &ar, pages * ((kvt_paris_page_bytes(D, KVT_PARIS_PAGE_KEYS) + 4095) &
 					  ~(size_t)4095));
 			if (r >= 0)
-				r = arena_init(&sar, pages * ((kvt_sketch_page_bytes(
-								   D, KVT_PARIS_PAGE_KEYS) +
-							       4095) &
-							      ~(size_t)4095));
+				r = arena_init(
+				    &sar, pages * ((kvt_sketch_page_bytes(D, KVT_PARIS_PAGE_KEYS) +
+						    4095) &
+						   ~(size_t)4095));
 			if (r < 0) {
 				arena_fini(&ar);
 				goto out;
@@ -683,8 +684,8 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 		if (r >= 0)
 			r = kvt_sketch_reserve(&sk, n);
 		if (r >= 0) /* from the fp16 rows: what the exact stage reads */
-			r = kvt_sketch_append(&sk, kh, (size_t)D * sizeof(uint16_t),
-					      KVT_DTYPE_F16, n);
+			r = kvt_sketch_append(&sk, kh, (size_t)D * sizeof(uint16_t), KVT_DTYPE_F16,
+					      n);
 		build_sk = now() - t0;
 		if (r < 0) {
 			kvt_paris_index_fini(&ix);
@@ -748,11 +749,12 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 					for (uint32_t i = 0; i < ks[ki]; i++)
 						ids[i] = got[i];
 					rec[qi] = recall_of(ids, truth + (size_t)qi * KMAX, ks[ki]);
-					if (read) { /* untimed: how many rows the bound let through */
+					if (read) { /* untimed: how many rows the bound let through
+						     */
 						uint32_t nread = 0;
 
-						r = kvt_sketch_topk(&sk, &ix, &pq, ks[ki], &kacc, NULL,
-								    &scr, got, sc, &nread);
+						r = kvt_sketch_topk(&sk, &ix, &pq, ks[ki], &kacc,
+								    NULL, &scr, got, sc, &nread);
 						read[qi] = nread;
 						if (r < 0)
 							break;
@@ -766,7 +768,8 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 				if (r < 0)
 					break;
 				add_row(name, n, ks[ki], vr->name, param, rec, nq,
-					median(lat, nq) * 1e6, vr->sketch ? build + build_sk : build);
+					median(lat, nq) * 1e6,
+					vr->sketch ? build + build_sk : build);
 			}
 		}
 		kvt_paris_scratch_fini(&scr);
@@ -906,8 +909,9 @@ run_crossover(uint32_t nmax, uint32_t nq)
 		if (!keys || !qs || !kh ||
 		    arena_init(&ar, pages * ((kvt_paris_page_bytes(D, KVT_PARIS_PAGE_KEYS) + 4095) &
 					     ~(size_t)4095)) < 0 ||
-		    arena_init(&sar, pages * ((kvt_sketch_page_bytes(D, KVT_PARIS_PAGE_KEYS) + 4095) &
-					      ~(size_t)4095)) < 0)
+		    arena_init(&sar,
+			       pages * ((kvt_sketch_page_bytes(D, KVT_PARIS_PAGE_KEYS) + 4095) &
+					~(size_t)4095)) < 0)
 			goto next;
 		r = gen_make(GEN_OUTLIER, nmax, D, nq, 1, keys, qs);
 		if (r < 0)
@@ -972,7 +976,8 @@ run_crossover(uint32_t nmax, uint32_t nq)
 				if (r < 0)
 					break;
 				if (memcmp(got, ref, sizeof(ref))) { /* exact: the scan's list */
-					fprintf(stderr, "crossover: sketch result differs at n=%u\n", n);
+					fprintf(stderr,
+						"crossover: sketch result differs at n=%u\n", n);
 					r = -EPROTO;
 					break;
 				}
@@ -1385,8 +1390,8 @@ main(int argc, char **argv)
 				    optarg);
 				return 2;
 			}
-			sweep_var[NSWEEP++] =
-			    (struct variant){"kvtier-refine", rc, rl, 4, KVT_PARIS_EXACT_NEVER, false};
+			sweep_var[NSWEEP++] = (struct variant){"kvtier-refine",	      rc,   rl, 4,
+							       KVT_PARIS_EXACT_NEVER, false};
 			break;
 		}
 		case 'P': {

@@ -1,0 +1,504 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * check_sketch - the int8 sketch (daemon/engine/sketch.h): its bound holds for every key and
+ * query, so its top-k is the exact top-k of the rows (the list a full scan gives, ties to the
+ * lower index) at every SIMD level, with dropped keys, non-finite keys, any query scale and
+ * keys whose stored value changed; and it reads few rows doing so.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvt_abi.h"
+#include "kvt_test.h"
+#include "paris.h"
+#include "quant.h"
+#include "simd.h"
+#include "sketch.h"
+#include "srht.h"
+
+#define MAXD 128
+
+/* One zone: f32 keys (what get returns), their f16 rows, an index and a sketch of the rows. */
+struct zone {
+	unsigned int dim;
+	uint32_t n;
+	float *f32;
+	uint16_t *f16;
+	bool use_rows; /* offer rows (f16) or only get (f32) */
+	struct kvt_srht srht;
+	struct kvt_paris_index ix;
+	struct kvt_sketch sk;
+	struct kvt_paris_keys keys;
+};
+
+static const float *
+z_get(void *ctx, uint32_t idx, float *tmp)
+{
+	const struct zone *z = ctx;
+
+	(void)tmp;
+	return z->f32 + (size_t)idx * z->dim;
+}
+
+static const void *
+z_rows(void *ctx, uint32_t idx, uint32_t *ret_run)
+{
+	const struct zone *z = ctx;
+
+	*ret_run = z->n - idx;
+	return z->f16 + (size_t)idx * z->dim;
+}
+
+/* Keys with outlier channels (a few dims 10-30x the rest) and per-key scales over 1e-3..1e2 (inside
+ * f16). */
+static void
+gen_keys(float *k, uint32_t n, unsigned int dim, uint64_t seed)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		float s = powf(10.0f, (float)(kvt_test_splitmix(&seed) % 6) - 3.0f) *
+			  (i % 3 ? 1.0f : 0.01f);
+
+		for (unsigned int j = 0; j < dim; j++) {
+			float ch = j % 17 == 3 ? 25.0f : j % 29 == 5 ? 10.0f : 1.0f;
+
+			k[(size_t)i * dim + j] = s * ch * kvt_test_lcg_gauss(&seed);
+		}
+	}
+}
+
+/* Build a zone over @keys (n x dim f32); rows are their f16 roundings, get returns those too
+ * when @use_rows is false (so both read the same values). */
+static void
+zone_make(struct zone *z, const float *keys, uint32_t n, unsigned int dim, bool use_rows,
+	  unsigned int page_keys)
+{
+	memset(z, 0, sizeof(*z));
+	z->dim = dim;
+	z->n = n;
+	z->use_rows = use_rows;
+	z->f32 = malloc((size_t)n * dim * sizeof(float));
+	z->f16 = malloc((size_t)n * dim * sizeof(uint16_t));
+	ck_assert(z->f32 && z->f16);
+	for (size_t i = 0; i < (size_t)n * dim; i++) {
+		z->f16[i] = kvt_f32_to_f16(keys[i]);
+		z->f32[i] = kvt_f16_to_f32(z->f16[i]);
+	}
+	ck_assert_int_eq(kvt_srht_init(&z->srht, dim, KVT_SRHT_SEED), 0);
+	ck_assert_int_eq(kvt_paris_index_init(&z->ix, dim, page_keys, NULL), 0);
+	ck_assert_int_ge(kvt_paris_index_reserve(&z->ix, n), (int)n);
+	ck_assert_int_eq(kvt_paris_index_append(&z->ix, &z->srht, z->f32, dim, n), (int)n);
+	ck_assert_int_eq(kvt_sketch_init(&z->sk, dim, page_keys, NULL), 0);
+	ck_assert_int_ge(kvt_sketch_reserve(&z->sk, n), (int)n);
+	if (use_rows)
+		ck_assert_int_eq(
+		    kvt_sketch_append(&z->sk, z->f16, dim * sizeof(uint16_t), KVT_DTYPE_F16, n),
+		    (int)n);
+	else
+		ck_assert_int_eq(
+		    kvt_sketch_append(&z->sk, z->f32, dim * sizeof(float), KVT_DTYPE_F32, n),
+		    (int)n);
+	z->keys = (struct kvt_paris_keys){.get = z_get,
+					  .ctx = z,
+					  .rows = use_rows ? z_rows : NULL,
+					  .dtype = KVT_DTYPE_F16,
+					  .stride = dim * sizeof(uint16_t)};
+}
+
+static void
+zone_free(struct zone *z)
+{
+	kvt_sketch_fini(&z->sk);
+	kvt_paris_index_fini(&z->ix);
+	free(z->f32);
+	free(z->f16);
+}
+
+/* The exact top-k by a full scan of what the search reads, live keys only (@skip: also out). */
+static uint32_t
+brute(const struct zone *z, const struct kvt_paris_query *q, uint32_t k, const uint8_t *skip,
+      uint32_t *ret_idx, float *ret_score)
+{
+	float *s = malloc(z->n * sizeof(float));
+	uint32_t *idx = malloc(z->n * sizeof(uint32_t)), m = 0;
+
+	ck_assert(s && idx);
+	for (uint32_t i = 0; i < z->n; i++) {
+		float d;
+
+		if (z->ix.ndead && (z->ix.dead[i / 64] >> (i % 64) & 1))
+			continue;
+		if (skip && skip[i])
+			continue;
+		if (z->use_rows)
+			kvt_simd_dot_rows(z->f16 + (size_t)i * z->dim, 0, 1, KVT_DTYPE_F16, q->x,
+					  z->dim, &d);
+		else
+			kvt_simd_dot_rows(z->f32 + (size_t)i * z->dim, 0, 1, KVT_DTYPE_F32, q->x,
+					  z->dim, &d);
+		idx[m] = i;
+		s[m++] = d;
+	}
+	if (k > m)
+		k = m;
+	if (k)
+		kvt_paris_topk_select(idx, s, m, k, ret_idx, ret_score);
+	free(s);
+	free(idx);
+	return k;
+}
+
+/* The sketch's answer equals the scan's, index for index and bit for bit. */
+static uint32_t
+check_same(struct zone *z, const float *qv, uint32_t k, const struct kvt_paris_drop *drop,
+	   const uint8_t *skip, struct kvt_paris_scratch *scr)
+{
+	uint32_t gi[512], bi[512], nread = 0;
+	float gs[512], bs[512];
+	struct kvt_paris_query q;
+	int got;
+	uint32_t want;
+
+	ck_assert_uint_le(k, 512);
+	kvt_paris_query_prep(&z->srht, qv, &q);
+	got = kvt_sketch_topk(&z->sk, &z->ix, &q, k, &z->keys, drop, scr, gi, gs, &nread);
+	want = brute(z, &q, k, skip, bi, bs);
+	ck_assert_int_eq(got, (int)want);
+	for (uint32_t i = 0; i < want; i++) {
+		ck_assert_msg(gi[i] == bi[i], "rank %u: sketch %u (%.9g), scan %u (%.9g)", i, gi[i],
+			      (double)gs[i], bi[i], (double)bs[i]);
+		ck_assert_msg(memcmp(&gs[i], &bs[i], sizeof(float)) == 0 ||
+				  (isnan(gs[i]) && isnan(bs[i])),
+			      "rank %u: score %.9g vs %.9g", i, (double)gs[i], (double)bs[i]);
+	}
+	return nread;
+}
+
+/* Queries: gaussian, aligned with one key, concentrated on one dim, and a key's negation. */
+static void
+make_query(float *qv, unsigned int dim, const struct zone *z, uint32_t t, uint64_t *seed)
+{
+	for (unsigned int j = 0; j < dim; j++)
+		qv[j] = kvt_test_lcg_gauss(seed);
+	if (t % 4 == 1)
+		memcpy(qv, z->f32 + (size_t)(t * 7919 % z->n) * dim, dim * sizeof(float));
+	if (t % 4 == 2)
+		for (unsigned int j = 0; j < dim; j++)
+			qv[j] = j == t % dim ? 1.0f : 1e-3f * qv[j];
+	if (t % 4 == 3)
+		for (unsigned int j = 0; j < dim; j++)
+			qv[j] = -z->f32[(size_t)(t * 104729 % z->n) * dim + j];
+}
+
+/* Exact at every SIMD level, both dims, rows or get, page tails not a multiple of 16. */
+START_TEST(test_exact_every_level)
+{
+	static const unsigned int dims[2] = {64, 128};
+	const uint32_t n = 5003, k = 100;
+	uint64_t seed = 11;
+
+	for (int di = 0; di < 2; di++) {
+		unsigned int dim = dims[di];
+		float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD];
+		struct kvt_paris_scratch scr = {0};
+
+		ck_assert(keys);
+		gen_keys(keys, n, dim, 100 + di);
+		for (int rows = 0; rows < 2; rows++) {
+			struct zone z;
+
+			zone_make(&z, keys, n, dim, rows, 1024);
+			for (int lv = KVT_SIMD_SCALAR; lv <= KVT_SIMD_AVX512; lv++) {
+				uint32_t reads = 0;
+
+				if (kvt_simd_cap((enum kvt_simd)lv) != (enum kvt_simd)lv)
+					continue;
+				for (uint32_t t = 0; t < 24; t++) {
+					make_query(qv, dim, &z, t, &seed);
+					reads +=
+					    check_same(&z, qv, t % 3 ? k : 1 + t, NULL, NULL, &scr);
+				}
+				/* the point of the bound: far fewer rows than keys */
+				ck_assert_msg(reads < 24 * n / 4, "read %u rows of %u", reads,
+					      24 * n);
+			}
+			kvt_simd_cap(KVT_SIMD_AVX512);
+			zone_free(&z);
+		}
+		kvt_paris_scratch_fini(&scr);
+		free(keys);
+	}
+}
+END_TEST
+
+/* Many equal keys: the scan's tie order (lower index first) comes back. */
+START_TEST(test_ties)
+{
+	const unsigned int dim = 64;
+	const uint32_t n = 3000;
+	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD];
+	struct kvt_paris_scratch scr = {0};
+	uint64_t seed = 5;
+	struct zone z;
+
+	ck_assert(keys);
+	gen_keys(keys, 40, dim, 3);
+	for (uint32_t i = 40; i < n; i++) /* 40 distinct keys, repeated */
+		memcpy(keys + (size_t)i * dim, keys + (size_t)(i % 40) * dim, dim * sizeof(float));
+	zone_make(&z, keys, n, dim, true, 0);
+	for (uint32_t t = 0; t < 8; t++) {
+		make_query(qv, dim, &z, t, &seed);
+		check_same(&z, qv, 200, NULL, NULL, &scr);
+	}
+	zone_free(&z);
+	kvt_paris_scratch_fini(&scr);
+	free(keys);
+}
+END_TEST
+
+static bool
+drop_every_third(void *ctx, uint32_t idx)
+{
+	(void)ctx;
+	return idx % 3 == 0;
+}
+
+/* Dropped keys and a caller's drop filter are never read or returned; min(k, live) come back. */
+START_TEST(test_dropped)
+{
+	const unsigned int dim = 128;
+	const uint32_t n = 4096;
+	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD];
+	uint8_t *skip = calloc(n, 1);
+	struct kvt_paris_scratch scr = {0};
+	const struct kvt_paris_drop drop = {drop_every_third, NULL};
+	uint64_t seed = 9;
+	struct zone z;
+
+	ck_assert(keys && skip);
+	gen_keys(keys, n, dim, 21);
+	zone_make(&z, keys, n, dim, true, 512);
+	for (uint32_t i = 0; i < n; i++) /* 99 % dropped, the best keys first */
+		if (i % 100)
+			ck_assert_int_eq(kvt_paris_index_drop(&z.ix, i), 1);
+	for (uint32_t t = 0; t < 8; t++) {
+		make_query(qv, dim, &z, t, &seed);
+		ck_assert_uint_le(check_same(&z, qv, 100, NULL, NULL, &scr), 41);
+	}
+	for (uint32_t i = 0; i < n; i++)
+		skip[i] = i % 3 == 0;
+	for (uint32_t t = 0; t < 4; t++) { /* 41 live, 27 of them not filtered: 27 results */
+		make_query(qv, dim, &z, t, &seed);
+		check_same(&z, qv, 100, &drop, skip, &scr);
+	}
+	zone_free(&z);
+	kvt_paris_scratch_fini(&scr);
+	free(skip);
+	free(keys);
+}
+END_TEST
+
+/* A key with inf or NaN is always read (its bound is infinite) and ranks as the scan ranks it. */
+START_TEST(test_nonfinite_keys)
+{
+	const unsigned int dim = 64;
+	const uint32_t n = 2048;
+	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD];
+	struct kvt_paris_scratch scr = {0};
+	uint64_t seed = 2;
+	struct zone z;
+
+	ck_assert(keys);
+	gen_keys(keys, n, dim, 8);
+	keys[(size_t)17 * dim + 3] = INFINITY;
+	keys[(size_t)900 * dim + 0] = NAN;
+	keys[(size_t)901 * dim + 5] = -INFINITY;
+	zone_make(&z, keys, n, dim, false, 0);
+	for (uint32_t t = 0; t < 8; t++) {
+		make_query(qv, dim, &z, t, &seed);
+		check_same(&z, qv, 50, NULL, NULL, &scr);
+	}
+	zone_free(&z);
+	kvt_paris_scratch_fini(&scr);
+	free(keys);
+}
+END_TEST
+
+/* Through kvt_paris_search(): positions do not depend on the query's scale (1e-30 .. 1e19). */
+START_TEST(test_query_scale)
+{
+	const unsigned int dim = 128;
+	const uint32_t n = 6000, k = 64;
+	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD], qs[MAXD];
+	struct kvt_paris_scratch scr = {0};
+	uint64_t seed = 4;
+	struct zone z;
+
+	ck_assert(keys);
+	gen_keys(keys, n, dim, 31);
+	zone_make(&z, keys, n, dim, false, 0); /* no rows: kvt_paris_sketch_pays() always */
+	for (uint32_t t = 0; t < 6; t++) {
+		static const float scale[3] = {1.0f, 1e19f, 1e-30f};
+		uint32_t first[64];
+
+		make_query(qv, dim, &z, t, &seed);
+		for (int si = 0; si < 3; si++) {
+			struct kvt_paris_search_opts so = {
+			    .k = k, .refine = 4 * k, .keys = &z.keys, .sketch = &z.sk};
+			struct kvt_paris_query q;
+			uint32_t got[64];
+			float sc[64];
+
+			for (unsigned int j = 0; j < dim; j++)
+				qs[j] = qv[j] * scale[si];
+			kvt_paris_query_prep(&z.srht, qs, &q);
+			ck_assert_int_eq(kvt_paris_search(&z.ix, &q, &so, &scr, got, sc), (int)k);
+			for (uint32_t i = 0; i < k; i++)
+				ck_assert(!isnan(sc[i]));
+			if (!si)
+				memcpy(first, got, sizeof(first));
+			else
+				ck_assert_mem_eq(first, got, sizeof(first));
+		}
+		check_same(&z, qv, k, NULL, NULL, &scr);
+	}
+	zone_free(&z);
+	kvt_paris_scratch_fini(&scr);
+	free(keys);
+}
+END_TEST
+
+/* A key whose stored value changed must be re-encoded: without kvt_sketch_set() the bound is
+ * about the old value and the changed key, now the best, is missed; with it the answer is the
+ * scan's again. */
+START_TEST(test_set_after_change)
+{
+	const unsigned int dim = 64;
+	const uint32_t n = 4000;
+	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD];
+	struct kvt_paris_scratch scr = {0};
+	struct kvt_paris_query q;
+	uint32_t gi[20];
+	float gs[20];
+	uint64_t seed = 77;
+	struct zone z;
+
+	ck_assert(keys);
+	gen_keys(keys, n, dim, 12);
+	zone_make(&z, keys, n, dim, false, 0);
+	make_query(qv, dim, &z, 0, &seed);
+	kvt_paris_query_prep(&z.srht, qv, &q);
+	/* key 1234 becomes a large multiple of the query: the best score by far */
+	for (unsigned int j = 0; j < dim; j++)
+		z.f32[(size_t)1234 * dim + j] = 1e8f * q.x[j];
+	ck_assert_int_eq(kvt_sketch_topk(&z.sk, &z.ix, &q, 20, &z.keys, NULL, &scr, gi, gs, NULL),
+			 20);
+	for (uint32_t i = 0; i < 20; i++)
+		ck_assert_uint_ne(gi[i], 1234); /* stale: the old value's bound kept it out */
+	ck_assert_int_eq(kvt_sketch_set(&z.sk, 1234, z.f32 + (size_t)1234 * dim), 0);
+	ck_assert_int_eq(kvt_sketch_set(&z.sk, n, z.f32), -ERANGE);
+	check_same(&z, qv, 20, NULL, NULL, &scr);
+	ck_assert_int_eq(kvt_sketch_topk(&z.sk, &z.ix, &q, 20, &z.keys, NULL, &scr, gi, gs, NULL),
+			 20);
+	ck_assert_uint_eq(gi[0], 1234);
+	zone_free(&z);
+	kvt_paris_scratch_fini(&scr);
+	free(keys);
+}
+END_TEST
+
+/*
+ * The bound itself, read off the stored pages (layout in sketch.h): for adversarial keys (one
+ * huge element, subnormal values, mixed magnitudes) and queries, |fl(<x, v>) - e| <= t, e formed
+ * as the search forms it from the int16 query.
+ */
+START_TEST(test_bound_holds)
+{
+	const unsigned int dim = 128;
+	const uint32_t n = 2048;
+	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD];
+	uint64_t seed = 99;
+	struct zone z;
+
+	ck_assert(keys);
+	gen_keys(keys, n, dim, 41);
+	for (uint32_t i = 0; i < n; i += 7) /* one element dominating */
+		keys[(size_t)i * dim + i % dim] = 3e4f;
+	for (uint32_t i = 3; i < n; i += 11) /* subnormal in f16 */
+		for (unsigned int j = 0; j < dim; j++)
+			keys[(size_t)i * dim + j] = 1e-7f * kvt_test_lcg_gauss(&seed);
+	zone_make(&z, keys, n, dim, true, 256);
+	for (uint32_t t = 0; t < 16; t++) {
+		struct kvt_paris_query q;
+		int16_t xq[MAXD];
+		float xm = 0.0f, sx;
+
+		make_query(qv, dim, &z, t, &seed);
+		kvt_paris_query_prep(&z.srht, qv, &q);
+		for (unsigned int j = 0; j < dim; j++)
+			xm = fmaxf(xm, fabsf(q.x[j]));
+		sx = xm / 32767.0f;
+		for (unsigned int j = 0; j < dim; j++)
+			xq[j] = (int16_t)lrintf(q.x[j] / sx);
+		for (uint32_t i = 0; i < n; i++) {
+			const uint8_t *pg = z.sk.pages[i >> z.sk.page_shift];
+			uint32_t off = i & (z.sk.page_keys - 1);
+			const int8_t *c = (const int8_t *)pg + (size_t)off * dim;
+			const float *scale = (const float *)(pg + (size_t)z.sk.page_keys * dim);
+			const float *tol = scale + z.sk.page_keys;
+			int32_t acc = 0;
+			float d, e;
+
+			for (unsigned int j = 0; j < dim; j++)
+				acc += (int32_t)c[j] * xq[j];
+			e = (sx * scale[off]) * (float)acc;
+			kvt_simd_dot_rows(z.f16 + (size_t)i * dim, 0, 1, KVT_DTYPE_F16, q.x, dim,
+					  &d);
+			ck_assert_msg(fabs((double)d - (double)e) <= (double)tol[off],
+				      "key %u: exact %.9g estimate %.9g tolerance %.9g", i,
+				      (double)d, (double)e, (double)tol[off]);
+		}
+	}
+	zone_free(&z);
+	free(keys);
+}
+END_TEST
+
+START_TEST(test_bad_args)
+{
+	struct kvt_sketch sk;
+	struct zone z;
+	float keys[64 * 64] = {0};
+	struct kvt_paris_scratch scr = {0};
+	struct kvt_paris_query q;
+	uint32_t gi[4];
+	float gs[4];
+
+	ck_assert_int_eq(kvt_sketch_init(&sk, 48, 0, NULL), -EINVAL);
+	ck_assert_int_eq(kvt_sketch_init(&sk, 64, 100, NULL), -EINVAL);
+	ck_assert_int_eq(kvt_sketch_init(&sk, 64, 64, NULL), 0);
+	ck_assert_int_eq(kvt_sketch_append(&sk, keys, 64 * 4, KVT_DTYPE_F32, 1), -ENOSPC);
+	ck_assert_int_ge(kvt_sketch_reserve(&sk, 64), 64);
+	ck_assert_int_eq(kvt_sketch_append(&sk, keys, 64 * 4, 99, 1), -EINVAL);
+	kvt_sketch_fini(&sk);
+	/* a sketch of another length than the index is refused */
+	zone_make(&z, keys, 64, 64, true, 64);
+	z.sk.n--;
+	kvt_paris_query_prep(&z.srht, keys, &q);
+	ck_assert_int_eq(kvt_sketch_topk(&z.sk, &z.ix, &q, 4, &z.keys, NULL, &scr, gi, gs, NULL),
+			 -EINVAL);
+	z.sk.n++;
+	/* a zero query scores every key 0: the first k by index */
+	ck_assert_int_eq(kvt_sketch_topk(&z.sk, &z.ix, &q, 4, &z.keys, NULL, &scr, gi, gs, NULL),
+			 4);
+	for (uint32_t i = 0; i < 4; i++)
+		ck_assert_uint_eq(gi[i], i);
+	zone_free(&z);
+	kvt_paris_scratch_fini(&scr);
+}
+END_TEST
+
+KVT_CHECK_MAIN("sketch", 300, NULL, NULL, test_exact_every_level, test_ties, test_dropped,
+	       test_nonfinite_keys, test_query_scale, test_set_after_change, test_bound_holds,
+	       test_bad_args)
