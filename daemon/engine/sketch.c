@@ -39,7 +39,7 @@ kvt_sketch_page_bytes(unsigned int dim, unsigned int page_keys)
 	return (size_t)page_keys * (dim + 2 * sizeof(float));
 }
 
-static inline int8_t *
+static inline uint8_t *
 sk_codes(const struct kvt_sketch *sk, uint32_t p)
 {
 	return sk->pages[p];
@@ -130,13 +130,16 @@ kvt_sketch_reserve(struct kvt_sketch *sk, uint32_t nkeys)
 			 : (uint64_t)sk->npages << sk->page_shift);
 }
 
-/* An upper bound of |x - s_x x^| per element for a unit query x (sketch.h): half an int16 step
- * of a scale of at most (1 + 2^-20) / 32767, widened for the division's rounding. */
-#define SK_QSTEP 1.6e-5
+/* The query's integer range: |x^_j| <= 127 * 128, so x^ = 128 h + l with h and l signed bytes
+ * (the VNNI kernel's two digits). */
+#define SK_QMAX 16256
+/* An upper bound of |x - s_x x^| per element for a unit query x (sketch.h): half a step of a
+ * scale of at most (1 + 2^-20) / SK_QMAX, widened for the division's rounding. */
+#define SK_QSTEP 3.2e-5
 
 /* Codes, scale and tolerance of one key of @dim f32 values (sketch.h gives the bound). */
 static void
-encode(const float *v, unsigned int dim, int8_t *code, float *ret_scale, float *ret_tol)
+encode(const float *v, unsigned int dim, uint8_t *code, float *ret_scale, float *ret_tol)
 {
 	const double u = 0x1p-24, slack = 1.0 + 0x1p-20;
 	const double gamma = dim * u / (1.0 - dim * u);
@@ -158,8 +161,8 @@ encode(const float *v, unsigned int dim, int8_t *code, float *ret_scale, float *
 		double sc;
 
 		c = c > 127 ? 127 : c < -127 ? -127 : c;
-		code[j] = (int8_t)c;
-		sc = (double)s * (double)c; /* exact: 24 x 8 bits */
+		code[j] = (uint8_t)(c + 128); /* stored offset: 1 .. 255 */
+		sc = (double)s * (double)c;   /* exact: 24 x 8 bits */
 		r2 += ((double)v[j] - sc) * ((double)v[j] - sc);
 		b2 += sc * sc;
 	}
@@ -229,25 +232,59 @@ kvt_sketch_set(struct kvt_sketch *sk, uint32_t i, const float *key)
 /* ---- the bound of every key of a chunk: integer dot products, exact at every level ----------- */
 
 /*
- * For @cnt keys (codes [cnt][dim], scales, tolerances) and the int16 query @xq of scale @sx:
- * ub[i] = (sx * scale[i]) * (float)<xq, code_i> + tol[i], the most key i can score. Returns the
+ * The query in integers: x^ (|x^_j| <= SK_QMAX) of scale sx, its digits h and l (x^ = 128 h + l,
+ * l in [-64, 63]) and 128 sum_j x^_j, which the offset codes c + 128 add to every product.
+ */
+struct sk_query {
+	int16_t xq[KVT_SRHT_MAX_DIM] __attribute__((aligned(64)));
+	int8_t h[KVT_SRHT_MAX_DIM] __attribute__((aligned(64)));
+	int8_t l[KVT_SRHT_MAX_DIM] __attribute__((aligned(64)));
+	int32_t bias; /* 128 sum_j x^_j */
+	float sx;
+};
+
+static void
+sk_query_prep(const float *x, unsigned int dim, struct sk_query *ret)
+{
+	float xm = 0.0f;
+
+	ret->bias = 0;
+	for (unsigned int j = 0; j < dim; j++)
+		xm = fmaxf(xm, fabsf(x[j]));
+	ret->sx = xm / (float)SK_QMAX;
+	for (unsigned int j = 0; j < dim; j++) {
+		long v = ret->sx > 0.0f ? lrintf(x[j] / ret->sx) : 0;
+		int32_t lo;
+
+		v = v > SK_QMAX ? SK_QMAX : v < -SK_QMAX ? -SK_QMAX : v;
+		ret->xq[j] = (int16_t)v;
+		lo = (int32_t)(((v + 64) & 127) - 64);
+		ret->l[j] = (int8_t)lo;
+		ret->h[j] = (int8_t)((v - lo) / 128);
+		ret->bias += 128 * (int32_t)v;
+	}
+}
+
+/*
+ * For @cnt keys (codes [cnt][dim], scales, tolerances) and the prepared query:
+ * ub[i] = (sx * scale[i]) * (float)<x^, code_i> + tol[i], the most key i can score. Returns the
  * mask of the keys whose ub reaches @bar. The dot products are exact integers; the f32
  * arithmetic after them is the same at every level.
  */
 static uint32_t
-chunk_scalar(const int8_t *codes, unsigned int dim, const int16_t *xq, const float *scale,
-	     const float *tol, uint32_t cnt, float sx, float bar, float *ub)
+chunk_scalar(const uint8_t *codes, unsigned int dim, const struct sk_query *xq, const float *scale,
+	     const float *tol, uint32_t cnt, float bar, float *ub)
 {
 	uint32_t mask = 0;
 
 	for (uint32_t i = 0; i < cnt; i++) {
-		const int8_t *c = codes + (size_t)i * dim;
+		const uint8_t *c = codes + (size_t)i * dim;
 		int32_t acc = 0;
 		float e;
 
 		for (unsigned int j = 0; j < dim; j++)
-			acc += (int32_t)c[j] * xq[j];
-		e = (sx * scale[i]) * (float)acc;
+			acc += ((int32_t)c[j] - 128) * xq->xq[j];
+		e = (xq->sx * scale[i]) * (float)acc;
 		ub[i] = e + tol[i];
 		mask |= (uint32_t)(ub[i] >= bar) << i;
 	}
@@ -257,9 +294,10 @@ chunk_scalar(const int8_t *codes, unsigned int dim, const int16_t *xq, const flo
 #if defined(__x86_64__)
 /* 8 keys at a time: per key 16-lane products, then three hadds and a lane swap for 8 sums. */
 __attribute__((target("avx2"))) static uint32_t
-chunk_avx2(const int8_t *codes, unsigned int dim, const int16_t *xq, const float *scale,
-	   const float *tol, uint32_t cnt, float sx, float bar, float *ub)
+chunk_avx2(const uint8_t *codes, unsigned int dim, const struct sk_query *xq, const float *scale,
+	   const float *tol, uint32_t cnt, float bar, float *ub)
 {
+	const __m256i off = _mm256_set1_epi16(128);
 	uint32_t mask = 0, i = 0;
 
 	for (; i + 8 <= cnt; i += 8) {
@@ -267,16 +305,16 @@ chunk_avx2(const int8_t *codes, unsigned int dim, const int16_t *xq, const float
 		__m256 e, u;
 
 		for (int r = 0; r < 8; r++) {
-			const int8_t *c = codes + (size_t)(i + r) * dim;
+			const uint8_t *c = codes + (size_t)(i + r) * dim;
 
 			acc[r] = _mm256_setzero_si256();
 			for (unsigned int j = 0; j < dim; j += 16) {
-				__m256i cw =
-				    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + j)));
+				__m256i cw = _mm256_sub_epi16(
+				    _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(c + j))),
+				    off);
+				__m256i xw = _mm256_load_si256((const __m256i *)(xq->xq + j));
 
-				acc[r] = _mm256_add_epi32(
-				    acc[r], _mm256_madd_epi16(
-						cw, _mm256_load_si256((const __m256i *)(xq + j))));
+				acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(cw, xw));
 			}
 		}
 		h01 = _mm256_hadd_epi32(acc[0], acc[1]);
@@ -287,7 +325,7 @@ chunk_avx2(const int8_t *codes, unsigned int dim, const int16_t *xq, const float
 		hi = _mm256_hadd_epi32(h45, h67); /* keys 4-7 */
 		sum = _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20),
 				       _mm256_permute2x128_si256(lo, hi, 0x31));
-		e = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(sx), _mm256_loadu_ps(scale + i)),
+		e = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(xq->sx), _mm256_loadu_ps(scale + i)),
 				  _mm256_cvtepi32_ps(sum));
 		u = _mm256_add_ps(e, _mm256_loadu_ps(tol + i));
 		_mm256_storeu_ps(ub + i, u);
@@ -297,32 +335,35 @@ chunk_avx2(const int8_t *codes, unsigned int dim, const int16_t *xq, const float
 	}
 	if (i < cnt)
 		mask |= chunk_scalar(codes + (size_t)i * dim, dim, xq, scale + i, tol + i, cnt - i,
-				     sx, bar, ub + i)
+				     bar, ub + i)
 			<< i;
 	return mask;
 }
 
-/* 16 keys: per key 32-lane products, then a transpose-and-add tree for 16 sums. */
-__attribute__((target("avx512f,avx512bw"))) static uint32_t
-chunk_avx512(const int8_t *codes, unsigned int dim, const int16_t *xq, const float *scale,
-	     const float *tol, uint32_t cnt, float sx, float bar, float *ub)
+/*
+ * 16 keys, AVX-512 VNNI: per 64 dims one load of the offset codes and two u8 x s8 dot products
+ * (vpdpbusd), one per query digit; then a transpose-and-add tree for 16 sums.
+ */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static uint32_t
+chunk_vnni(const uint8_t *codes, unsigned int dim, const struct sk_query *xq, const float *scale,
+	   const float *tol, uint32_t cnt, float bar, float *ub)
 {
 	__m512i acc[16], g[4], h0, h1, sum;
 	__m512 e, u;
 
 	if (cnt < 16)
-		return chunk_scalar(codes, dim, xq, scale, tol, cnt, sx, bar, ub);
+		return chunk_scalar(codes, dim, xq, scale, tol, cnt, bar, ub);
 	for (int r = 0; r < 16; r++) {
-		const int8_t *c = codes + (size_t)r * dim;
+		const uint8_t *c = codes + (size_t)r * dim;
+		__m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
 
-		acc[r] = _mm512_setzero_si512();
-		for (unsigned int j = 0; j < dim; j += 32) {
-			__m512i cw =
-			    _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(c + j)));
+		for (unsigned int j = 0; j < dim; j += 64) {
+			__m512i cv = _mm512_loadu_si512(c + j);
 
-			acc[r] = _mm512_add_epi32(acc[r],
-						  _mm512_madd_epi16(cw, _mm512_load_si512(xq + j)));
+			ah = _mm512_dpbusd_epi32(ah, cv, _mm512_load_si512(xq->h + j));
+			al = _mm512_dpbusd_epi32(al, cv, _mm512_load_si512(xq->l + j));
 		}
+		acc[r] = _mm512_add_epi32(_mm512_slli_epi32(ah, 7), al);
 	}
 	for (int q = 0; q < 4; q++) { /* per 128-bit lane: the partial sums of keys 4q .. 4q+3 */
 		__m512i *a = acc + 4 * q;
@@ -340,26 +381,40 @@ chunk_avx512(const int8_t *codes, unsigned int dim, const int16_t *xq, const flo
 			      _mm512_shuffle_i32x4(g[2], g[3], _MM_SHUFFLE(3, 2, 3, 2)));
 	sum = _mm512_add_epi32(_mm512_shuffle_i32x4(h0, h1, _MM_SHUFFLE(2, 0, 2, 0)),
 			       _mm512_shuffle_i32x4(h0, h1, _MM_SHUFFLE(3, 1, 3, 1)));
-	e = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(sx), _mm512_loadu_ps(scale)),
+	sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(xq->bias));
+	e = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(xq->sx), _mm512_loadu_ps(scale)),
 			  _mm512_cvtepi32_ps(sum));
 	u = _mm512_add_ps(e, _mm512_loadu_ps(tol));
 	_mm512_storeu_ps(ub, u);
 	return _mm512_cmp_ps_mask(u, _mm512_set1_ps(bar), _CMP_GE_OQ);
 }
+
+static bool
+has_vnni(void)
+{
+	static int v = -1; /* racy but idempotent */
+
+	if (v < 0) {
+		__builtin_cpu_init();
+		v = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
+	}
+	return v;
+}
 #endif
 
+/* The VNNI kernel where the CPU has it (and dim is a multiple of 64), else AVX2, else scalar. */
 static uint32_t
-chunk(enum kvt_simd level, const int8_t *codes, unsigned int dim, const int16_t *xq,
-      const float *scale, const float *tol, uint32_t cnt, float sx, float bar, float *ub)
+chunk(enum kvt_simd level, const uint8_t *codes, unsigned int dim, const struct sk_query *xq,
+      const float *scale, const float *tol, uint32_t cnt, float bar, float *ub)
 {
 #if defined(__x86_64__)
-	if (level == KVT_SIMD_AVX512)
-		return chunk_avx512(codes, dim, xq, scale, tol, cnt, sx, bar, ub);
-	if (level == KVT_SIMD_AVX2)
-		return chunk_avx2(codes, dim, xq, scale, tol, cnt, sx, bar, ub);
+	if (level == KVT_SIMD_AVX512 && dim % 64 == 0 && has_vnni())
+		return chunk_vnni(codes, dim, xq, scale, tol, cnt, bar, ub);
+	if (level >= KVT_SIMD_AVX2)
+		return chunk_avx2(codes, dim, xq, scale, tol, cnt, bar, ub);
 #endif
 	(void)level;
-	return chunk_scalar(codes, dim, xq, scale, tol, cnt, sx, bar, ub);
+	return chunk_scalar(codes, dim, xq, scale, tol, cnt, bar, ub);
 }
 
 /* ---- the search ------------------------------------------------------------------------------ */
@@ -478,9 +533,9 @@ kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
 {
 	const unsigned int dim = sk->dim;
 	const enum kvt_simd level = kvt_simd_level();
-	int16_t xq[KVT_SRHT_MAX_DIM] __attribute__((aligned(64)));
+	struct sk_query xq;
 	float ub[SK_CHUNK];
-	float xm = 0.0f, sx, bar = -INFINITY;
+	float bar = -INFINITY;
 	uint32_t ns = 0, nr = 0, hn = 0, nsel;
 	int r;
 
@@ -500,26 +555,19 @@ kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
 	if (r < 0)
 		return r;
 
-	for (unsigned int j = 0; j < dim; j++)
-		xm = fmaxf(xm, fabsf(q->x[j]));
-	sx = xm / 32767.0f;
-	for (unsigned int j = 0; j < dim; j++) {
-		long v = sx > 0.0f ? lrintf(q->x[j] / sx) : 0;
-
-		xq[j] = (int16_t)(v > 32767 ? 32767 : v < -32767 ? -32767 : v);
-	}
+	sk_query_prep(q->x, dim, &xq);
 
 	/* 1: every key's bound; list those above the running bar of lower ends */
 	for (uint32_t p = 0; p < sk->npages && ((uint64_t)p << sk->page_shift) < sk->n; p++) {
 		const uint32_t base = p << sk->page_shift;
 		const uint32_t cnt = sk->n - base < sk->page_keys ? sk->n - base : sk->page_keys;
-		const int8_t *codes = sk_codes(sk, p);
+		const uint8_t *codes = sk_codes(sk, p);
 		const float *scale = sk_scale(sk, p), *tol = sk_tol(sk, p);
 
 		for (uint32_t off = 0; off < cnt; off += SK_CHUNK) {
 			uint32_t m = cnt - off < SK_CHUNK ? cnt - off : SK_CHUNK;
-			uint32_t pass = chunk(level, codes + (size_t)off * dim, dim, xq,
-					      scale + off, tol + off, m, sx, bar, ub);
+			uint32_t pass = chunk(level, codes + (size_t)off * dim, dim, &xq,
+					      scale + off, tol + off, m, bar, ub);
 
 			for (; pass; pass &= pass - 1) {
 				uint32_t i = (uint32_t)__builtin_ctz(pass), key = base + off + i;

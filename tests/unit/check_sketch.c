@@ -438,20 +438,20 @@ START_TEST(test_bound_holds)
 		kvt_paris_query_prep(&z.srht, qv, &q);
 		for (unsigned int j = 0; j < dim; j++)
 			xm = fmaxf(xm, fabsf(q.x[j]));
-		sx = xm / 32767.0f;
+		sx = xm / 16256.0f; /* the search's integer query range */
 		for (unsigned int j = 0; j < dim; j++)
 			xq[j] = (int16_t)lrintf(q.x[j] / sx);
 		for (uint32_t i = 0; i < n; i++) {
 			const uint8_t *pg = z.sk.pages[i >> z.sk.page_shift];
 			uint32_t off = i & (z.sk.page_keys - 1);
-			const int8_t *c = (const int8_t *)pg + (size_t)off * dim;
+			const uint8_t *c = pg + (size_t)off * dim; /* offset by 128 */
 			const float *scale = (const float *)(pg + (size_t)z.sk.page_keys * dim);
 			const float *tol = scale + z.sk.page_keys;
 			int32_t acc = 0;
 			float d, e;
 
 			for (unsigned int j = 0; j < dim; j++)
-				acc += (int32_t)c[j] * xq[j];
+				acc += ((int32_t)c[j] - 128) * xq[j];
 			e = (sx * scale[off]) * (float)acc;
 			kvt_simd_dot_rows(z.f16 + (size_t)i * dim, 0, 1, KVT_DTYPE_F16, q.x, dim,
 					  &d);
