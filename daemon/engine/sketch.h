@@ -3,31 +3,35 @@
  * sketch.h - an int8 sketch of a retrieval zone's keys: the exact top-k for about half the
  * bytes of an fp16 scan (docs/retrieval.md, "The exact top-k from the int8 sketch").
  *
- * Per key the sketch holds D int8 codes c = round(v / s) with s = max_j |v_j| / 127 (v the key
- * as the caller stores it, converted to f32), the scale s and a tolerance t (both f32): D + 8
- * bytes against the 2D of an fp16 row. For a unit query x quantised once to int16 (x^, scale
- * s_x), the estimate e = s_x * s * sum_j x^_j c_j is an integer dot product, and
+ * Per key the sketch holds D codes c = round(v / s) in [-127, 127], stored as bytes c + 128, with
+ * s = max_j |v_j| / 127 (v the key as the caller stores it, converted to f32), the scale s and a
+ * tolerance t (both f32): D + 8 bytes against the 2D of an fp16 row. A unit query x is
+ * quantised once to integers x^ (|x^_j| <= 16256, scale s_x); the estimate
+ * e = s_x * s * sum_j x^_j c_j is an integer dot product (with AVX-512 VNNI, the offset codes
+ * times the query's two signed byte digits, x^ = 128 h + l), and
  *
  *	|fl(<x, v>) - e| <= t
  *
  * for any such query, where fl(<x, v>) is the f32 inner product kvt_simd_dot_rows() computes
  * for the stored row. t is fixed at encoding:
  *
- *	t = [ (1 + 2^-20) r + E b + (gamma_D + 6u)(b + r) ] (1 + 2^-20)
+ *	t = [ (1 + 2^-20) r + E b + (gamma_D + 8u)(b + r) ] (1 + 2^-20)
  *
- * with r = |v - s c| (the key's own rounding residual, computed in double), b = |s c|, E = 1.6e-5
- * sqrt(D) >= |x - s_x x^| for any unit x (half an int16 step per element), u = 2^-24 and
- * gamma_D = D u / (1 - D u) (the f32 dot product's and the estimate's own rounding). Cauchy-
- * Schwarz on the two residuals gives the bound; nothing in it is statistical.
+ * with r = |v - s c| (the key's own rounding residual, computed in double), b = |s c|,
+ * E = 3.2e-5 sqrt(D) >= |x - s_x x^| for any unit x (half an integer step per element), u = 2^-24
+ * and gamma_D = D u / (1 - D u) (the f32 dot product's, the estimate's and the interval ends'
+ * own rounding). Cauchy-Schwarz on the two residuals gives the bound; nothing in it is
+ * statistical. An int16 query would make E smaller still; r dominates t either way.
  *
  * The search (kvt_sketch_topk(), through kvt_paris_search() with opts.sketch) streams the
- * codes, keeps the exact scores of the best k keys seen so far, and reads a key's row for its
- * exact score only when e + t reaches the k-th of them: a key it skips scores below k others.
- * So the result is the exact top-k, the same as scoring every row, while it reads D + 8 bytes
- * of most keys instead of 2D (4D for f32 rows) and rows for a few k log(N / k) of them.
+ * codes and bounds every key's exact score to [e - t, e + t]; a key whose upper end stays under
+ * the k-th largest lower end cannot be in the top k, and of the rest it reads rows only while
+ * their upper ends reach the k-th exact score found (three steps, in sketch.c). So the result
+ * is the exact top-k, the same as scoring every row, while it reads D + 8 bytes of every key
+ * instead of 2D (4D for f32 rows) and rows for about k keys plus those within 2t of the cut.
  *
  * Storage: pages of page_keys keys from the caller's allocator (struct kvt_paris_alloc): codes
- * [P][D], then scales [P] and tolerances [P]. One writer; searches only read.
+ * [P][D] (bytes c + 128), then scales [P] and tolerances [P]. One writer; searches only read.
  */
 #ifndef KVT_ENGINE_SKETCH_H
 #define KVT_ENGINE_SKETCH_H
