@@ -223,7 +223,7 @@ seq_new(const struct kvtd_seq_ctx *x, const struct kvt_seq_params *p, struct kvt
 		return -ENOMEM;
 	q->p = pp;
 	q->p.size = sizeof(pp);
-	q->cls = q->cls_q = q->cls_pg = q->cls_kb = -1;
+	q->cls = q->cls_q = q->cls_pg = q->cls_sk = q->cls_kb = -1;
 	kvt_tier_cfg_init(&pp, &q->cfg, &why);
 	q->row_bytes = (uint64_t)p->kv_heads * p->head_dim * kvt_dtype_size(p->dtype);
 	q->token_bytes = (uint64_t)p->layers * 2 * q->row_bytes;
@@ -378,6 +378,8 @@ kvtd_seq_destroy(const struct kvtd_seq_ctx *x, struct kvtd_seq *q)
 	free(q->topk_score);
 	if (q->cls_pg >= 0)
 		kvtd_pool_class_put(x->pool, q->cls_pg);
+	if (q->cls_sk >= 0)
+		kvtd_pool_class_put(x->pool, q->cls_sk);
 	if (q->cls >= 0)
 		kvtd_pool_class_put(x->pool, q->cls);
 	if (q->cls_q >= 0)

@@ -104,6 +104,7 @@ struct kvtd_seq {
 	/* the owner's context, for the index page allocator (paris calls back without one) */
 	const struct kvtd_seq_ctx *owner;
 	int cls_pg;    /* pool class of index pages */
+	int cls_sk;    /* pool class of sketch pages (cls_pg's own where the sizes match) */
 	float *keybuf; /* f32 keys being encoded, U tokens */
 	uint32_t *topk_pos;
 	float *topk_score;

@@ -164,6 +164,8 @@ kvtd_seq_retier(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, void *out, uin
 	r = kvt_tier_commit(&q->ts, &plan);
 	if (r < 0)
 		return r;
+	/* tier flags set: TOPK reads the quantized keys dequantized, and so must the sketch */
+	seq_retrieval_rekey(q, plan.quant_pos, plan.n_quant);
 
 	memset(&res, 0, sizeof(res));
 	res.size = sizeof(res);

@@ -156,5 +156,8 @@ int seq_batch_add(struct row_batch *b, const struct kvtd_seq *q, uint32_t pos, u
 int seq_retrieval_init(const struct kvtd_seq_ctx *x, struct kvtd_seq *q);
 /* After an append: encode the keys that left the dense window (every U tokens). */
 int seq_retrieval_flush(struct kvtd_seq *q);
+/* The stored keys of positions @pos[0..n) changed (quantized to int8 with their tier flag set,
+ * or their slots replaced): their sketch entries follow, where a retrieval zone holds them. */
+void seq_retrieval_rekey(struct kvtd_seq *q, const uint32_t *pos, uint32_t n);
 
 #endif

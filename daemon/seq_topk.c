@@ -13,7 +13,17 @@
 #include "pool.h"
 #include "seq_int.h"
 
-/* Index pages come from the pool, charged to the owner's accounts like rows. */
+/* The class of an index page or a sketch page, told apart by size (the same class where the
+ * two sizes are equal, at head_dim 64). */
+static int
+page_cls(const struct kvtd_seq *q, size_t len)
+{
+	return ((len + 63) & ~(size_t)63) == kvtd_pool_slot_size(q->owner->pool, q->cls_sk)
+		   ? q->cls_sk
+		   : q->cls_pg;
+}
+
+/* Index and sketch pages come from the pool, charged to the owner's accounts like rows. */
 static void *
 page_get(void *ctx, size_t len)
 {
@@ -21,7 +31,7 @@ page_get(void *ctx, size_t len)
 	const struct kvtd_seq_ctx *x = q->owner;
 	void *p;
 
-	if (kvtd_pool_alloc(x->pool, q->cls_pg, 1, x->acct, x->uid_acct, &p) < 0)
+	if (kvtd_pool_alloc(x->pool, page_cls(q, len), 1, x->acct, x->uid_acct, &p) < 0)
 		return NULL;
 	return p;
 }
@@ -32,7 +42,7 @@ page_put(void *ctx, void *page, size_t len)
 	struct kvtd_seq *q = ctx;
 	const struct kvtd_seq_ctx *x = q->owner;
 
-	kvtd_pool_free(x->pool, q->cls_pg, 1, x->acct, x->uid_acct, &page);
+	kvtd_pool_free(x->pool, page_cls(q, len), 1, x->acct, x->uid_acct, &page);
 }
 
 int
@@ -47,13 +57,18 @@ seq_retrieval_init(const struct kvtd_seq_ctx *x, struct kvtd_seq *q)
 	struct kvt_srht rot;
 	int r;
 
-	/* A page must fit in one pool chunk. */
+	/* A page must fit in one pool chunk (a sketch page is never larger: D + 8 <= 9D / 8
+	 * bytes a key for D >= 64). */
 	while (page_keys > 64 && kvt_paris_page_bytes(p->head_dim, page_keys) > x->pool->chunk_size)
 		page_keys /= 2;
 	r = kvtd_pool_class_get(x->pool, kvt_paris_page_bytes(p->head_dim, page_keys));
 	if (r < 0)
 		return r;
 	q->cls_pg = r;
+	r = kvtd_pool_class_get(x->pool, kvt_sketch_page_bytes(p->head_dim, page_keys));
+	if (r < 0)
+		return r;
+	q->cls_sk = r;
 	q->owner = x;
 	/* The rotation is a pure function of (dim, seed): every daemon and restart agrees. */
 	r = kvt_srht_init(&rot, p->head_dim, KVT_SRHT_SEED);
@@ -208,6 +223,33 @@ seq_retrieval_flush(struct kvtd_seq *q)
 		}
 	}
 	return 0;
+}
+
+/*
+ * TOPK past what the rows scan covers goes through the sketch, which is exact only while it
+ * encodes the values topk_key() returns: a key quantized to int8 after it was encoded is read
+ * dequantized from then on, so its entry is encoded again from that (key_f32(), the same
+ * conversion topk_key() makes, head by head as it reads them).
+ */
+void
+seq_retrieval_rekey(struct kvtd_seq *q, const uint32_t *pos, uint32_t n)
+{
+	float key[KVT_SRHT_MAX_DIM];
+	uint32_t S;
+
+	if (!q->paris)
+		return;
+	S = q->paris->zone.sink;
+	for (uint32_t i = 0; i < n; i++)
+		for (uint32_t l = 0; l < q->p.layers; l++) {
+			/* not encoded yet: its flush reads the new value */
+			if (pos[i] < S || pos[i] - S >= (uint32_t)kvt_paris_seq_len(q->paris, l))
+				continue;
+			for (uint32_t h = 0; h < q->p.kv_heads; h++) {
+				key_f32(q, pos[i], l, h, 1, key);
+				kvt_paris_seq_sketch_set(q->paris, l, h, pos[i], key);
+			}
+		}
 }
 
 int

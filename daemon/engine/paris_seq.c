@@ -21,13 +21,19 @@ kvt_paris_seq_init(struct kvt_paris_seq *seq, const struct kvt_paris_geom *g,
 		return -EINVAL;
 	nix = (size_t)g->layers * g->kv_heads;
 	seq->ix = calloc(nix, sizeof(*seq->ix));
-	if (!seq->ix)
-		return -ENOMEM;
+	seq->sk = calloc(nix, sizeof(*seq->sk));
+	if (!seq->ix || !seq->sk) {
+		r = -ENOMEM;
+		goto err_fini;
+	}
 	seq->g = *g;
 	seq->zone = *zone;
 	seq->srht = *srht;
 	for (size_t i = 0; i < nix; i++) {
 		r = kvt_paris_index_init(&seq->ix[i], g->head_dim, page_keys, alloc);
+		if (r < 0)
+			goto err_fini;
+		r = kvt_sketch_init(&seq->sk[i], g->head_dim, page_keys, alloc);
 		if (r < 0)
 			goto err_fini;
 	}
@@ -41,12 +47,18 @@ err_fini:
 void
 kvt_paris_seq_fini(struct kvt_paris_seq *seq)
 {
-	if (!seq || !seq->ix)
+	if (!seq)
 		return;
-	for (size_t i = 0; i < (size_t)seq->g.layers * seq->g.kv_heads; i++)
+	/* init zeroes the arrays, so a half-built seq holds only zeroed entries past the last
+	 * one set up, which both finis accept */
+	for (size_t i = 0; seq->ix && i < (size_t)seq->g.layers * seq->g.kv_heads; i++)
 		kvt_paris_index_fini(&seq->ix[i]);
+	for (size_t i = 0; seq->sk && i < (size_t)seq->g.layers * seq->g.kv_heads; i++)
+		kvt_sketch_fini(&seq->sk[i]);
 	free(seq->ix);
+	free(seq->sk);
 	seq->ix = NULL;
+	seq->sk = NULL;
 }
 
 int
@@ -72,26 +84,53 @@ kvt_paris_seq_append(struct kvt_paris_seq *seq, uint32_t layer, uint32_t pos, ui
 		     const float *keys, size_t token_stride)
 {
 	struct kvt_paris_index *row;
+	struct kvt_sketch *sk;
 	uint32_t hkv = seq->g.kv_heads, d = seq->g.head_dim;
 	int r = 0;
 
 	if (layer >= seq->g.layers)
 		return -ERANGE;
 	row = &seq->ix[(size_t)layer * hkv];
+	sk = &seq->sk[(size_t)layer * hkv];
 	if ((uint64_t)pos != (uint64_t)seq->zone.sink + row[0].n || token_stride < (size_t)hkv * d)
 		return -EINVAL;
 	if ((uint64_t)row[0].n + count > (1u << 31))
 		return -EINVAL;
+	/* Every page first: once they are all there no append can fail, so the heads' indexes
+	 * and sketches stay the same length (a search checks it) and a failed flush can be
+	 * retried. */
 	for (uint32_t h = 0; h < hkv; h++) {
 		r = kvt_paris_index_reserve(&row[h], row[h].n + count);
 		if (r < 0)
 			return r;
+		r = kvt_sketch_reserve(&sk[h], sk[h].n + count);
+		if (r < 0)
+			return r;
+	}
+	for (uint32_t h = 0; h < hkv; h++) {
 		r = kvt_paris_index_append(&row[h], &seq->srht, keys + (size_t)h * d, token_stride,
 					   count);
 		if (r < 0)
 			return r;
+		/* f32 values: the sketch encodes exactly the keys the caller's get returns */
+		r = kvt_sketch_append(&sk[h], keys + (size_t)h * d, token_stride * sizeof(float),
+				      KVT_DTYPE_F32, count);
+		if (r < 0)
+			return r;
 	}
-	return r;
+	return (int)row[0].n;
+}
+
+int
+kvt_paris_seq_sketch_set(struct kvt_paris_seq *seq, uint32_t layer, uint32_t head, uint32_t pos,
+			 const float *key)
+{
+	size_t i = (size_t)layer * seq->g.kv_heads + head;
+
+	if (layer >= seq->g.layers || head >= seq->g.kv_heads || pos < seq->zone.sink ||
+	    pos - seq->zone.sink >= seq->sk[i].n)
+		return -ERANGE;
+	return kvt_sketch_set(&seq->sk[i], pos - seq->zone.sink, key);
 }
 
 int
@@ -273,6 +312,8 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 		float *os = ret_score + (size_t)h * stride;
 
 		hk.head = h;
+		/* the exact top-k past what the rows scan covers (paris.h, opts.sketch) */
+		so.sketch = opts->refine ? &seq->sk[(size_t)layer * hkv + h] : NULL;
 		if (opts->flags & KVT_PARIS_F_UNION) {
 			uint32_t tot = 0; /* the lists, back to back */
 

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * paris_seq.h - the ParisKV retrieval state of one sequence: one index per (layer, kv head),
- * the shared rotation, the zone sizes, and the TOPK operation over them.
+ * paris_seq.h - the ParisKV retrieval state of one sequence: one index and one int8 sketch
+ * (sketch.h) per (layer, kv head), the shared rotation, the zone sizes, and the TOPK operation
+ * over them.
  *
  * How a daemon drives it (TOPK op and flushes):
  *   1. SEQ_OPEN: kvt_paris_seq_init() with the geometry, zone sizes, the persisted rotation and
@@ -12,6 +13,8 @@
  *   3. TOPK: if kvt_paris_zone_dense_only() the client attends densely; otherwise
  *      kvt_paris_seq_topk() returns, per kv head, absolute positions (S + retrieval index) and
  *      estimated <k, q> scores; the client attends sink + dense window + these positions.
+ *   4. When the stored value of an encoded key changes (a row quantized to int8, read back
+ *      dequantized): kvt_paris_seq_sketch_set() with the value the keys accessor now returns.
  *
  * Thread safety: one writer (init, append, fini); topk only reads, so concurrent topk calls are
  * safe with separate scratch, but not concurrently with append on the same layer.
@@ -24,6 +27,7 @@
 
 #include "paris.h"
 #include "paris_zone.h"
+#include "sketch.h"
 
 /* struct kvt_paris_geom - sequence geometry. q_heads must be a multiple of kv_heads. */
 struct kvt_paris_geom {
@@ -38,6 +42,9 @@ struct kvt_paris_seq {
 	struct kvt_paris_zone_cfg zone;
 	struct kvt_srht srht;
 	struct kvt_paris_index *ix; /* [layers][kv_heads] */
+	/* [layers][kv_heads]: the keys of ix[i] as the keys accessor returns them, so that a TOPK
+	 * with refine is exact past what the rows scan covers (kvt_paris_search()'s opts.sketch) */
+	struct kvt_sketch *sk;
 };
 
 /* Flags of struct kvt_paris_topk_opts. */
@@ -93,9 +100,11 @@ struct kvt_paris_topk_opts {
 };
 
 /*
- * kvt_paris_seq_init - set up empty indexes for every (layer, kv head).
+ * kvt_paris_seq_init - set up empty indexes and sketches for every (layer, kv head).
  * @srht: the persisted rotation, copied; its dim must equal @g->head_dim.
- * @page_keys, @alloc: as kvt_paris_index_init().
+ * @page_keys, @alloc: as kvt_paris_index_init(); sketch pages come from @alloc too, with @len
+ *	kvt_sketch_page_bytes(head_dim, page_keys) (at most kvt_paris_page_bytes() for the dims
+ *	allowed, equal at 64), index pages with kvt_paris_page_bytes(head_dim, page_keys).
  * Returns 0, or -EINVAL (zero or inconsistent geometry, bad zone cfg, dim mismatch), -ENOMEM.
  */
 int kvt_paris_seq_init(struct kvt_paris_seq *seq, const struct kvt_paris_geom *g,
@@ -120,11 +129,14 @@ int kvt_paris_seq_index(const struct kvt_paris_seq *seq, uint32_t layer, uint32_
 
 /*
  * kvt_paris_seq_append - encode the keys of absolute positions @pos .. @pos + @count - 1 of
- * @layer into every kv head's index, reserving pages as needed.
- * @keys: [count][kv_heads][head_dim] f32, token t at keys + t * @token_stride (floats).
+ * @layer into every kv head's index and sketch, reserving pages as needed.
+ * @keys: [count][kv_heads][head_dim] f32, token t at keys + t * @token_stride (floats): the
+ *	values the refine stage will read for them (struct kvt_paris_seq_keys' get), which the
+ *	sketch must encode exactly.
  * Returns the new key count of the layer, or -ERANGE (bad layer), -EINVAL (@pos is not
  * S + kvt_paris_seq_len(layer): flushes must be contiguous; @token_stride < kv_heads*head_dim),
- * -ENOMEM. On -ENOMEM some heads may hold more keys than others; the seq must then be dropped.
+ * -ENOMEM. All or nothing: on -ENOMEM no key is appended anywhere (pages reserved so far are
+ * kept for the next try), so the same call may be repeated.
  */
 int kvt_paris_seq_append(struct kvt_paris_seq *seq, uint32_t layer, uint32_t pos, uint32_t count,
 			 const float *keys, size_t token_stride);
@@ -137,6 +149,18 @@ int kvt_paris_seq_append(struct kvt_paris_seq *seq, uint32_t layer, uint32_t pos
  * Returns the number of layers it was newly dropped from (0 when none). Never allocates.
  */
 int kvt_paris_seq_drop(struct kvt_paris_seq *seq, uint32_t pos);
+
+/*
+ * kvt_paris_seq_sketch_set - the stored value of the key of (@layer, kv head @head) at absolute
+ * position @pos changed (its row was quantized to int8): re-encode its sketch entry from @key,
+ * head_dim f32, exactly what struct kvt_paris_seq_keys' get returns for it from now on. A
+ * TOPK's exactness through the sketch rests on this. The index's 4-bit codes are left as they
+ * are (they only rank candidates). Returns 0, or -ERANGE (bad layer or head, @pos outside the
+ * layer's encoded retrieval zone: not encoded yet, so the flush will read the new value).
+ * Never allocates; one writer, as append.
+ */
+int kvt_paris_seq_sketch_set(struct kvt_paris_seq *seq, uint32_t layer, uint32_t head, uint32_t pos,
+			     const float *key);
 
 /* kvt_paris_seq_topk_stride - entries per kv head in topk outputs: k, or k * q_heads/kv_heads
  * with KVT_PARIS_F_UNION. */
@@ -152,7 +176,10 @@ uint32_t kvt_paris_seq_topk_stride(const struct kvt_paris_seq *seq,
  * @scr: per-thread scratch (zeroed before first use, freed with kvt_paris_scratch_fini()).
  * @ret_pos, @ret_score: [kv_heads][stride] with stride = kvt_paris_seq_topk_stride(); absolute
  *     positions (S + retrieval index) and estimated <k, q_h> in descending score order (exact
- *     <k, q_h> in f32 with refine; q_h is the GQA mean without KVT_PARIS_F_UNION).
+ *     <k, q_h> in f32 with refine; q_h is the GQA mean without KVT_PARIS_F_UNION). With
+ *     refine and opts->exact not KVT_PARIS_EXACT_NEVER the positions are the exact top-k of
+ *     the keys as opts->keys returns them at any zone length: the rows scanned, or past
+ *     KVT_PARIS_SKETCH_BYTES of rows (always without opts->rows) bounded through the sketch.
  * @ret_count: [kv_heads] entries used: min(k, live keys) (kvt_paris_seq_drop()), or with
  *     KVT_PARIS_F_UNION the size of the union (that .. stride); fewer (down to 0) where
  *     opts->dropped names positions the index still holds live.
