@@ -568,6 +568,134 @@ START_TEST(t_topk_exact)
 }
 END_TEST
 
+/* Pool bytes of the sequence's retrieval pages: every index and sketch page, by class. */
+static uint64_t
+retrieval_bytes(const struct kvtd_seq *q)
+{
+	uint64_t b = 0;
+
+	for (uint32_t i = 0; i < (uint32_t)L * H; i++)
+		b += q->paris->ix[i].npages * kvtd_pool_slot_size(&Pool, q->cls_pg) +
+		     q->paris->sk[i].npages * kvtd_pool_slot_size(&Pool, q->cls_sk);
+	return b;
+}
+
+/*
+ * The sketch of every (layer, kv head) encodes exactly the keys TOPK's exact stage reads: the
+ * rows as appended, and after RETIER quantized positions of the zone to int8 (per head or per
+ * channel scales) their dequantized values, which FETCH stages too. Compared byte for byte
+ * with a sketch built from the staged rows. Its pages are charged to the account like the
+ * index's, and given back with the sequence.
+ */
+START_TEST(t_sketch_follows_int8)
+{
+	static const uint32_t t2_flags[] = {0, KVT_T2_F_KEY_CHANNEL};
+
+	for (unsigned m = 0; m < 2; m++) {
+		struct kvt_seq_params p = params();
+		static uint8_t out[KVT_RETIER_OUT_SIZE(T0)];
+		static uint32_t list[NMAX];
+		static float score[NMAX];
+		uint32_t changes, zone, n_int8 = 0;
+		struct kvtd_seq *q;
+
+		params_tiered(&p, 0.1f, 0.6f);
+		p.sinks = S;
+		p.window = W;
+		p.ret_update = U;
+		p.t2_flags = t2_flags[m];
+		q = open_seq(&p);
+		append(q, 400);
+		zone = (uint32_t)kvt_paris_seq_len(q->paris, 0);
+		ck_assert_uint_eq(zone, U * ((400 - S - W) / U));
+		ck_assert_uint_gt(retrieval_bytes(q), 0);
+		ck_assert_uint_eq(Acct.bytes, kvtd_seq_pool_bytes(&Pool, q) + retrieval_bytes(q));
+		for (uint32_t i = 0; i < 400; i++)
+			score[i] = (float)(kvt_test_lcg(&Rng) >> 40) / 16777216.0f;
+		ck_assert_int_eq(kvtd_seq_score_add(&X, q, 0, 400, score), 0);
+		ck_assert_int_gt(kvtd_seq_retier(&X, q, out, sizeof(out), &changes), 0);
+		for (uint32_t i = 0; i < zone; i++)
+			n_int8 += (q->ts.tier[S + i] & KVT_TIER_F_INT8) != 0;
+		ck_assert_uint_gt(n_int8, zone / 4);
+		/* what the exact stage reads: the rows FETCH stages, T2 ones dequantized */
+		for (uint32_t i = 0; i < zone; i++)
+			list[i] = S + i;
+		ck_assert_int_eq(kvtd_seq_fetch(&X, q, KVT_FETCH_F_LIST, 0, L, 0, list, NMAX, zone),
+				 (int)zone);
+		for (uint32_t l = 0; l < L; l++)
+			for (uint32_t h = 0; h < H; h++) {
+				const struct kvt_sketch *got = &q->paris->sk[l * H + h];
+				struct kvt_sketch want;
+
+				ck_assert_uint_eq(got->n, zone);
+				ck_assert_int_eq(kvt_sketch_init(&want, D, got->page_keys, NULL),
+						 0);
+				ck_assert_int_ge(kvt_sketch_reserve(&want, zone), (int)zone);
+				ck_assert_int_eq(kvt_sketch_append(&want, staged(0, l, 0) + h * D,
+								   ROW, KVT_DTYPE_F32, zone),
+						 (int)zone);
+				ck_assert_uint_eq(want.npages, got->npages);
+				for (uint32_t pg = 0; pg < got->npages; pg++)
+					ck_assert_msg(!memcmp(want.pages[pg], got->pages[pg],
+							      got->page_bytes),
+						      "t2_flags %u layer %u head %u: the sketch "
+						      "is not that of the keys TOPK reads",
+						      t2_flags[m], l, h);
+				kvt_sketch_fini(&want);
+			}
+		kvtd_seq_destroy(&X, q);
+		ck_assert_uint_eq(Acct.bytes, 0);
+		ck_assert_uint_eq(Pool.used_bytes, 0);
+	}
+}
+END_TEST
+
+/*
+ * An APPEND whose flush cannot have all its index and sketch pages (the account's limit, reached
+ * at the second head) fails, and leaves every head's index and sketch as they were; the next
+ * APPEND with room encodes the backlog too, every head alike, and TOPK answers over all of it.
+ */
+START_TEST(t_flush_no_room)
+{
+	static float qv[H * D];
+	static uint8_t out[H * 4 + H * 8 * 8];
+	struct kvt_seq_params p = params();
+	struct kvtd_seq *q;
+	uint64_t slot, n;
+	int r;
+
+	p.sinks = S;
+	p.window = W;
+	p.ret_update = U;
+	q = open_seq(&p);
+	slot = kvtd_pool_slot_size(&Pool, q->cls);
+	/* room for the rows of the first tokens and for head 0's first index and sketch pages:
+	 * head 1's index page is the one that cannot be had */
+	Acct.limit = 100 * slot + kvtd_pool_slot_size(&Pool, q->cls_pg) +
+		     kvtd_pool_slot_size(&Pool, q->cls_sk);
+	r = kvtd_seq_append_rows(&X, q, Rows, 100);
+	ck_assert_int_lt(r, 0);
+	ck_assert_uint_eq(q->ts.n, 100);
+	for (uint32_t i = 0; i < (uint32_t)L * H; i++) {
+		ck_assert_uint_eq(q->paris->ix[i].n, 0);
+		ck_assert_uint_eq(q->paris->sk[i].n, 0);
+	}
+	Acct.limit = 0;
+	append(q, 50);
+	for (uint32_t i = 0; i < (uint32_t)L * H; i++) {
+		ck_assert_uint_eq(q->paris->ix[i].n, U * ((150 - S - W) / U));
+		ck_assert_uint_eq(q->paris->sk[i].n, q->paris->ix[i].n);
+	}
+	for (int i = 0; i < H * D; i++)
+		qv[i] = kvt_test_lcg_gauss(&Rng);
+	ck_assert_int_eq(kvtd_seq_topk(&X, q, 1, 8, 0, qv, H * D, out, sizeof(out), &n), 8);
+	ck_assert_uint_eq(n, U * ((150 - S - W) / U));
+	kvtd_seq_destroy(&X, q);
+	ck_assert_uint_eq(Acct.bytes, 0);
+	ck_assert_uint_eq(Pool.used_bytes, 0);
+}
+END_TEST
+
 /*
  * Once each op has run once, RETIER (quantizing and promoting) and FETCH of T1 and T2 rows
  * allocate nothing while the sequence grows, and TOPK with F_FETCH nothing at a fixed length:
@@ -633,4 +761,5 @@ START_TEST(t_steady_no_alloc)
 END_TEST
 
 KVT_CHECK_MAIN("seq", 60, setup, teardown, t_append_fetch_t1, t_retier_int8_fetch,
-	       t_score_add_invalid, t_open_invalid, t_quota, t_topk_exact, t_steady_no_alloc)
+	       t_score_add_invalid, t_open_invalid, t_quota, t_topk_exact, t_steady_no_alloc,
+	       t_sketch_follows_int8, t_flush_no_room)
