@@ -551,6 +551,13 @@ kvtd_seq_publish(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const struct 
 			/* already there: the block's rows replace this sequence's copy */
 			kvtd_pool_free(x->pool, q->cls, bt, x->acct, x->uid_acct, slots);
 			memcpy(slots, blk->slot, bt * sizeof(void *));
+			/* equal rows only as far as the key is honest, or the model deterministic:
+			 * TOPK reads the block's now, so must the sketch */
+			for (uint32_t t = 0; t < bt; t++) {
+				uint32_t pos = b * bt + t;
+
+				seq_retrieval_rekey(q, &pos, 1);
+			}
 			n_found++;
 		} else {
 			n_new++;

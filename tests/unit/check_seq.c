@@ -24,6 +24,7 @@
 #include "kvt_test.h"
 #include "poller.h"
 #include "pool.h"
+#include "prefix.h"
 #include "seq.h"
 
 /* ---- allocation counters (the wrapped symbols) ------------------------------------------- */
@@ -650,6 +651,89 @@ START_TEST(t_sketch_follows_int8)
 }
 END_TEST
 
+/* The sketch of (layer, kv head) @i of @q against one built from zone key rows at @k0 + pos *
+ * TOK bytes for position pos: byte for byte. */
+static void
+sketch_is(const struct kvtd_seq *q, uint32_t l, uint32_t h, const uint8_t *k0, uint32_t zone)
+{
+	const struct kvt_sketch *got = &q->paris->sk[l * H + h];
+	struct kvt_sketch want;
+
+	ck_assert_uint_eq(got->n, zone);
+	ck_assert_int_eq(kvt_sketch_init(&want, D, got->page_keys, NULL), 0);
+	ck_assert_int_ge(kvt_sketch_reserve(&want, zone), (int)zone);
+	ck_assert_int_eq(kvt_sketch_append(&want, k0 + (uint64_t)S * TOK + (2 * l * H + h) * D * 4,
+					   TOK, KVT_DTYPE_F32, zone),
+			 (int)zone);
+	for (uint32_t pg = 0; pg < got->npages; pg++)
+		ck_assert_msg(!memcmp(want.pages[pg], got->pages[pg], got->page_bytes),
+			      "layer %u head %u: the sketch is not that of the keys TOPK reads", l,
+			      h);
+	kvt_sketch_fini(&want);
+}
+
+/*
+ * PUBLISH of blocks the namespace already holds points the sequence's positions at the
+ * block's rows, which TOPK reads from then on: where those differ from the sequence's own
+ * (another run of the model, or a client's wrong key), its sketch follows them.
+ */
+START_TEST(t_sketch_follows_publish)
+{
+	enum { BT = 16, NB = 12, NTOK = 200 };
+	struct kvt_ns_params np = {.size = sizeof(np),
+				   .layers = L,
+				   .kv_heads = H,
+				   .head_dim = D,
+				   .dtype = KVT_DTYPE_F32,
+				   .block_tokens = BT};
+	static struct kvtd_prefix px;
+	struct kvt_block_key keys[NB];
+	struct kvt_seq_params p = params();
+	struct kvtd_seq *qa, *qb;
+	struct kvtd_pns *ns;
+	uint32_t nn, nf, zone = U * ((NTOK - S - W) / U);
+	const char *why;
+
+	strcpy(np.name, "check-seq");
+	ck_assert_int_eq(kvtd_prefix_init(&px, &Pool, 8ull << 20), 0);
+	X.prefix = &px;
+	ck_assert_int_eq(kvtd_prefix_ns_check(&np, &why), 0);
+	ck_assert_int_eq(kvtd_prefix_ns_open(&px, &np, 1, &ns), 0);
+	for (uint32_t b = 0; b < NB; b++)
+		keys[b] = (struct kvt_block_key){.lo = b + 1, .hi = 7};
+	p.sinks = S;
+	p.window = W;
+	p.ret_update = U;
+	qa = open_seq(&p);
+	qb = open_seq(&p);
+	ck_assert_int_eq(kvtd_seq_join(&X, qa, ns, NULL, 0), 0);
+	ck_assert_int_eq(kvtd_seq_join(&X, qb, ns, NULL, 0), 0);
+	/* the same blocks, other rows */
+	ck_assert_int_eq(kvtd_seq_append_rows(&X, qa, Rows, NTOK), NTOK);
+	ck_assert_int_eq(kvtd_seq_append_rows(&X, qb, Rows + (uint64_t)NTOK * TOK, NTOK), NTOK);
+	ck_assert_uint_le(S + zone, NB * BT); /* the blocks cover the zone */
+	ck_assert_int_eq(kvtd_seq_publish(&X, qa, keys, NB, &nn, &nf), NB);
+	ck_assert_uint_eq(nn, NB);
+	for (uint32_t l = 0; l < L; l++)
+		for (uint32_t h = 0; h < H; h++)
+			sketch_is(qb, l, h, Rows + (uint64_t)NTOK * TOK, zone);
+	ck_assert_int_eq(kvtd_seq_publish(&X, qb, keys, NB, &nn, &nf), NB);
+	ck_assert_uint_eq(nf, NB);
+	ck_assert_ptr_eq(qb->slot[S], qa->slot[S]);
+	for (uint32_t l = 0; l < L; l++)
+		for (uint32_t h = 0; h < H; h++) {
+			sketch_is(qa, l, h, Rows, zone);
+			sketch_is(qb, l, h, Rows, zone);
+		}
+	kvtd_seq_destroy(&X, qa);
+	kvtd_seq_destroy(&X, qb);
+	kvtd_prefix_ns_close(&px, ns);
+	kvtd_prefix_fini(&px);
+	X.prefix = NULL;
+	ck_assert_uint_eq(Pool.used_bytes, 0);
+}
+END_TEST
+
 /*
  * An APPEND whose flush cannot have all its index and sketch pages (the account's limit, reached
  * at the second head) fails, and leaves every head's index and sketch as they were; the next
@@ -762,4 +846,4 @@ END_TEST
 
 KVT_CHECK_MAIN("seq", 60, setup, teardown, t_append_fetch_t1, t_retier_int8_fetch,
 	       t_score_add_invalid, t_open_invalid, t_quota, t_topk_exact, t_steady_no_alloc,
-	       t_sketch_follows_int8, t_flush_no_room)
+	       t_sketch_follows_int8, t_sketch_follows_publish, t_flush_no_room)
