@@ -4,7 +4,8 @@
  * 128 f32: 34 MiB of rows, where the engine would otherwise estimate and rescore 4k): the
  * positions are the exact top k, through the int8 sketch, for every query; and still after
  * RETIER quantized half the zone to int8 (per-channel key scales), against the keys as FETCH
- * stages them, dequantized, which is what the exact stage reads.
+ * stages them, dequantized, which is what the exact stage reads; and after a restart in place,
+ * which encodes the zone again from the pool.
  *
  * The reference is computed in double from the same f32 values, with the daemon's f32
  * rounding as the tolerance (check_topk_exact.c derives it): a returned position must score
@@ -19,6 +20,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "kvt_ctl.h"
 #include "kvtier.h"
 #include "kvt_test.h"
 
@@ -174,6 +176,18 @@ query(struct fixture *f, uint32_t near, float *q)
 		       kvt_test_lcg_gauss(&f->rng) * (near < ZONE ? 0.5f : 1.0f);
 }
 
+static void
+restart(struct kvtd_proc *d)
+{
+	struct json_object *o = admin_request(d->sock, KVT_CTL_RESTART), *v;
+
+	ck_assert_msg(o, "no reply to RESTART (log %s)", d->log);
+	ck_assert_msg(json_object_object_get_ex(o, "restarted", &v) && json_object_get_boolean(v),
+		      "RESTART: %s", json_object_to_json_string(o));
+	json_object_put(o);
+	ck_assert(daemon_alive(d));
+}
+
 START_TEST(t_exact_past_the_scan)
 {
 	static uint8_t out[1 << 16];
@@ -232,6 +246,18 @@ START_TEST(t_exact_past_the_scan)
 	fprintf(stderr, "TOPK over %u keys (%u int8): %u int8 positions among the results\n", ZONE,
 		n_int8, hits);
 	ck_assert_uint_gt(hits, 0);
+	/* a restart in place encodes the zone again from the pool: still exact */
+	restart(&Dm);
+	for (int t = 0; t < 6; t++) {
+		uint32_t near = ZONE;
+
+		if (t >= 2)
+			do
+				near = (uint32_t)(kvt_test_lcg(&f.rng) % ZONE);
+			while (!int8[near]);
+		query(&f, near, q);
+		topk_exact(&f, q, int8);
+	}
 	fixture_close(&f);
 }
 END_TEST
