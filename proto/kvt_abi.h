@@ -366,11 +366,12 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
  *     u32 n[kv_heads], then u32 pos[kv_heads][stride], then f32 score[kv_heads][stride],
  *     stride = k, or k * q_heads / kv_heads with KVT_TOPK_F_UNION; positions absolute,
  *     in descending score; n[h] <= stride, fewer when positions evicted since they were
- *     encoded (never returned) leave fewer live candidates. The daemon scores every key of a
- *     zone whose rows take at most 32 MiB (the exact top-k), and beyond rescores the 4k best
- *     ParisKV estimates from the stored keys (an exact refine stage, daemon/engine/paris.h),
- *     so scores are the exact <key, q> in f32 (q: the group's mean query, or the query head
- *     with KVT_TOPK_F_UNION).
+ *     encoded (never returned) leave fewer live candidates. The positions are the exact top-k
+ *     at any zone length: the daemon scores every key of a zone whose rows take at most
+ *     16 MiB, and beyond bounds every key through an int8 sketch of the stored keys and scores
+ *     only those that can reach the k-th (daemon/engine/sketch.h); scores are the exact
+ *     <key, q> in f32 (q: the group's mean query, or the query head with KVT_TOPK_F_UNION),
+ *     int8 (T2) keys dequantized.
  *   KVT_TOPK_F_FETCH: also stage the rows (all heads) of those positions for this layer into the
  *     staging region, kv head h's i-th position at staging row h * stride + i.
  *   KVT_TOPK_F_ESTIMATE: ParisKV's own pipeline only (its ratio schedule, no exact refine):

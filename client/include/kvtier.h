@@ -458,11 +458,11 @@ int kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer
  * head with KVT_TOPK_F_UNION). @out receives u32 n[kv_heads], u32 pos[kv_heads][stride],
  * f32 score[kv_heads][stride] (kvt_abi.h, KVT_OP_TOPK); with KVT_TOPK_F_FETCH the rows are also
  * staged. n[h] is min(k, live keys): evicted positions are never candidates nor returned.
- * Positions do not depend on the query's scale. By default a zone whose key rows take at most
- * 32 MiB (128K keys at head_dim 128 in f16, 256K at 64) is scored whole from the pool: the
- * exact top-k. Beyond, the best ParisKV estimates are rescored exactly; measured recall@100
- * at 1M keys, one query head per kv head (BENCHMARKS.md; mean, 5th percentile of the
- * queries): 0.998-0.999 (p5 0.99). KVT_TOPK_F_ESTIMATE
+ * Positions do not depend on the query's scale. By default the positions are the exact top-k
+ * at any zone length (int8 keys as they dequantize): a zone whose key rows take at most 16 MiB
+ * (64K keys at head_dim 128 in f16, 128K at 64) is scored whole from the pool; beyond, an int8
+ * sketch of the keys bounds every score and only keys that can reach the k-th are read.
+ * KVT_TOPK_F_ESTIMATE
  * trades recall for time (ParisKV's pipeline without the exact refine, estimated scores, about
  * half the time) and is much weaker on the same sets: 0.78-0.85 for one head (p5 0.19-0.41),
  * 0.34-0.57 for 8 averaged heads (p5 0.11-0.41), head_dim 64 lowest (an 8-block vote has half
