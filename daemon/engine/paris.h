@@ -328,11 +328,13 @@ struct kvt_paris_keys {
  * KVT_PARIS_SKETCH_BYTES - given a sketch (opts.sketch), a search scans the rows themselves
  * while the zone's live rows take at most this many bytes, and goes through the sketch past it
  * (or always, without @rows). Both are exact. The sketch reads D + 8 bytes a key against the
- * rows' 2D but spends more instructions on each (sign extension, integer products, the bound),
- * so it wins once the rows stream from DRAM: measured single-threaded (`kvtier-bench-retrieval
- * --crossover 1048576 --cpu-time`, BENCHMARKS.md), at D = 128 the sketch took 1.5-1.9x the
- * scan's time up to 8 MiB of rows, 1.0x at 16 MiB, 0.83x at 32 MiB and 0.60-0.74x from 64 MiB
- * to 256 MiB (1M keys); at D = 64 1.0x at 16 MiB, 0.92x at 32 MiB and 0.76x at 128 MiB.
+ * rows' 2D and forms its products with AVX-512 VNNI, but adds the bound and the row reads of
+ * about k + (keys near the cut), so from cache the two are even; once the rows stream from
+ * DRAM it wins. Measured single-threaded (`kvtier-bench-retrieval --crossover 1048576
+ * --cpu-time`, BENCHMARKS.md), sketch / scan time: D = 128: 0.86-1.03 from 4K to 64K keys (1 to
+ * 16 MiB of f16 rows), 0.60-0.67 from 128K to 1M; D = 64: 0.75-1.01 up to 128K keys (16 MiB),
+ * 0.74-0.85 from 256K to 1M. Below the bound the two are even, and the scan leaves the sketch's
+ * pages out of the cache.
  */
 #define KVT_PARIS_SKETCH_BYTES (16u << 20)
 

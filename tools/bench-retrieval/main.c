@@ -392,6 +392,7 @@ static const struct variant {
 static struct variant sweep_var[32] = {
     {"kvtier-estimate", 0.05, 0.20, 0, 0, false},
     {"kvtier-estimate", 0.10, 0.20, 0, 0, false},
+    {"kvtier-estimate", 0.15, 0.35, 0, 0, false},
     {"kvtier-estimate", 0.20, 0.50, 0, 0, false},
     {"kvtier-estimate", 0.30, 0.70, 0, 0, false},
     {"kvtier-estimate", 0.50, 0.70, 0, 0, false},
@@ -405,8 +406,8 @@ static struct variant sweep_var[32] = {
     {"kvtier-refine", 0.50, 0.70, 4, KVT_PARIS_EXACT_NEVER, false},
     {"kvtier-refine", 0.70, 1.00, 4, KVT_PARIS_EXACT_NEVER, false},
 };
-static int NSWEEP = 14;
-#define NSWEEP_FIXED 8 /* the entries before the index-path ratios --knob replaces */
+static int NSWEEP = 15;
+#define NSWEEP_FIXED 9 /* the entries before the index-path ratios --knob replaces */
 #define SWEEP_K	     100
 
 /*
