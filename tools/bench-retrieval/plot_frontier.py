@@ -25,6 +25,7 @@ STYLE = {
     "kvtier-refine": ("s", "-"),
     "kvtier-default": ("P", ""),
     "kvtier-exact": ("p", ""),
+    "kvtier-sketch": ("h", ""),
     "exact": ("*", ""),
     "faiss-flat": ("X", ""),
     "faiss-ivfpq": ("v", "--"),
