@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * seq_topk.c - retrieval (ret_update > 0): the PARIS index of a sequence (engine/paris_seq.h),
- * its pages from the pool, keys encoded as they leave the dense window, TOPK with an exact refine
- * from the pool's keys, and the index rebuilt after a restart.
+ * seq_topk.c - retrieval (ret_update > 0): the PARIS index and int8 sketch of a sequence
+ * (engine/paris_seq.h), their pages from the pool, keys encoded as they leave the dense window
+ * and encoded again in the sketch when their stored value changes, TOPK exact from the pool's
+ * keys, and both rebuilt after a restart.
  */
 #define _GNU_SOURCE
 #include <errno.h>
