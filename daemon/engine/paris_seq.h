@@ -16,8 +16,9 @@
  *   4. When the stored value of an encoded key changes (a row quantized to int8, read back
  *      dequantized): kvt_paris_seq_sketch_set() with the value the keys accessor now returns.
  *
- * Thread safety: one writer (init, append, drop, sketch_set, fini); topk only reads, so concurrent topk calls are
- * safe with separate scratch, but not concurrently with append on the same layer.
+ * Thread safety: one writer (init, append, drop, sketch_set, fini); topk only reads, so
+ * concurrent topk calls are safe with separate scratch, but not concurrently with a write on the
+ * same layer.
  */
 #ifndef KVT_ENGINE_PARIS_SEQ_H
 #define KVT_ENGINE_PARIS_SEQ_H
