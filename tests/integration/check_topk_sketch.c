@@ -5,7 +5,8 @@
  * positions are the exact top k, through the int8 sketch, for every query; and still after
  * RETIER quantized half the zone to int8 (per-channel key scales), against the keys as FETCH
  * stages them, dequantized, which is what the exact stage reads; and after a restart in place,
- * which encodes the zone again from the pool.
+ * which encodes the zone again from the pool. The sketch's pages are charged to the pool and
+ * all given back.
  *
  * The reference is computed in double from the same f32 values, with the daemon's f32
  * rounding as the tolerance (check_topk_exact.c derives it): a returned position must score
@@ -194,12 +195,18 @@ START_TEST(t_exact_past_the_scan)
 	static uint8_t int8[ZONE];
 	static float score[N_TOK], q[QH * D];
 	struct kvt_seq_stat st;
+	int64_t used0 = pool_used(Dm.sock);
 	struct fixture f;
 	uint32_t n_int8 = 0, hits = 0;
 
 	fixture_open(&f);
 	ck_assert_int_eq(kvt_seq_stat(f.c, f.seq, &st), 0);
 	ck_assert_uint_eq(st.n_tokens, N_TOK);
+	/* the pool holds the rows (1 KiB slots) and per kv head ceil(ZONE / 4096) index pages
+	 * (9 * 16 bytes a key) and as many sketch pages (128 + 8 bytes a key) */
+	ck_assert_int_eq(pool_used(Dm.sock) - used0,
+			 (int64_t)N_TOK * TOK * 4 +
+			     (int64_t)H * ((ZONE + 4095) / 4096) * 4096 * (9 * 16 + D + 8));
 	for (int t = 0; t < 8; t++) {
 		query(&f, t < 4 ? ZONE : (uint32_t)(kvt_test_lcg(&f.rng) % ZONE), q);
 		topk_exact(&f, q, NULL);
@@ -258,6 +265,9 @@ START_TEST(t_exact_past_the_scan)
 		query(&f, near, q);
 		topk_exact(&f, q, int8);
 	}
+	/* rows, int8 rows, key-scale blocks, index and sketch pages: all given back */
+	ck_assert_int_eq(kvt_seq_close(f.c, f.seq), 0);
+	ck_assert_int_eq(pool_used(Dm.sock), used0);
 	fixture_close(&f);
 }
 END_TEST
