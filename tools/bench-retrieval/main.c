@@ -374,7 +374,7 @@ static const struct variant {
 	double rho_cand, rho_col;
 	uint32_t refine_x; /* refine = refine_x * k (0: off) */
 	uint32_t exact;	   /* KVT_PARIS_EXACT_* */
-	bool sketch;	   /* with the int8 sketch (sketch.h): the exact top-k */
+	int sketch;	   /* 1: the int8 sketch (sketch.h) over the f16 rows, 2: over f32 rows */
 } var[] = {
     {"kvtier", 0.0, 0.0, 0, 0, false},
     {"kvtier-c05", 0.05, 0.20, 0, 0,
@@ -399,6 +399,7 @@ static struct variant sweep_var[32] = {
     {"kvtier-default", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, false}, /* kvtierd's TOPK */
     {"kvtier-exact", 0.0, 0.0, 4, KVT_PARIS_EXACT_ALWAYS, false}, /* the engine's exact scan */
     {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true},	  /* exact, int8 sketch */
+    {"kvtier-sketch-f32", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, 2},  /* the same over f32 keys */
     {"kvtier-refine", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false},
     {"kvtier-refine", 0.20, 0.50, 4, KVT_PARIS_EXACT_NEVER, false},
     {"kvtier-refine", 0.30, 0.70, 4, KVT_PARIS_EXACT_NEVER, false},
@@ -406,8 +407,8 @@ static struct variant sweep_var[32] = {
     {"kvtier-refine", 0.50, 0.70, 4, KVT_PARIS_EXACT_NEVER, false},
     {"kvtier-refine", 0.70, 1.00, 4, KVT_PARIS_EXACT_NEVER, false},
 };
-static int NSWEEP = 15;
-#define NSWEEP_FIXED 9 /* the entries before the index-path ratios --knob replaces */
+static int NSWEEP = 16;
+#define NSWEEP_FIXED 10 /* the entries before the index-path ratios --knob replaces */
 #define SWEEP_K	     100
 
 /*
@@ -445,6 +446,15 @@ f16_rows(void *ctx, uint32_t idx, uint32_t *ret_run)
 
 	*ret_run = ks->n - idx;
 	return ks->f16 + (size_t)idx * D;
+}
+
+static const void *
+f32_rows(void *ctx, uint32_t idx, uint32_t *ret_run)
+{
+	const struct key_store *ks = ctx;
+
+	*ret_run = ks->n - idx;
+	return ks->f32 + (size_t)idx * D;
 }
 
 /* ---- --stages: where a search spends its time ---- */
@@ -654,7 +664,15 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 		struct arena ar = {0}, sar = {0};
 		const struct kvt_paris_alloc alloc = {arena_get, arena_put, &ar};
 		const struct kvt_paris_alloc salloc = {arena_get, arena_put, &sar};
-		struct kvt_sketch sk;
+		/* f32 keys as the rows (a model kvtierd holds in f32): exact against the f32 truth
+		 */
+		const struct kvt_paris_keys kacc32 = {.get = raw_key,
+						      .ctx = &kst,
+						      .prefetch = raw_key_prefetch,
+						      .rows = f32_rows,
+						      .dtype = KVT_DTYPE_F32,
+						      .stride = (size_t)D * sizeof(float)};
+		struct kvt_sketch sk, sk32;
 		double build_sk;
 
 		kvt_srht_init(&srht, D, KVT_SRHT_SEED);
@@ -676,6 +694,7 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 		}
 		kvt_paris_index_init(&ix, D, 0, no_thp ? NULL : &alloc);
 		kvt_sketch_init(&sk, (unsigned int)D, 0, no_thp ? NULL : &salloc);
+		kvt_sketch_init(&sk32, (unsigned int)D, 0, NULL);
 		t0 = now();
 		r = kvt_paris_index_reserve(&ix, n);
 		if (r >= 0)
@@ -688,9 +707,15 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 			r = kvt_sketch_append(&sk, kh, (size_t)D * sizeof(uint16_t), KVT_DTYPE_F16,
 					      n);
 		build_sk = now() - t0;
+		if (r >= 0)
+			r = kvt_sketch_reserve(&sk32, n);
+		if (r >= 0)
+			r = kvt_sketch_append(&sk32, keys, (size_t)D * sizeof(float), KVT_DTYPE_F32,
+					      n);
 		if (r < 0) {
 			kvt_paris_index_fini(&ix);
 			kvt_sketch_fini(&sk);
+			kvt_sketch_fini(&sk32);
 			arena_fini(&ar);
 			arena_fini(&sar);
 			goto out;
@@ -706,9 +731,13 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 				    .rho_cand = vr->rho_cand,
 				    .rho_col = vr->rho_col,
 				    .refine = vr->refine_x * ks[ki],
-				    .keys = vr->refine_x ? &kacc : NULL,
+				    .keys = !vr->refine_x     ? NULL
+					    : vr->sketch == 2 ? &kacc32
+							      : &kacc,
 				    .exact = vr->exact,
-				    .sketch = vr->sketch ? &sk : NULL,
+				    .sketch = vr->sketch == 2 ? &sk32
+					      : vr->sketch    ? &sk
+							      : NULL,
 				};
 				double *read = NULL;
 				char param[80];
@@ -754,8 +783,9 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 						     */
 						uint32_t nread = 0;
 
-						r = kvt_sketch_topk(&sk, &ix, &pq, ks[ki], &kacc,
-								    NULL, &scr, got, sc, &nread);
+						r = kvt_sketch_topk(so.sketch, &ix, &pq, ks[ki],
+								    so.keys, NULL, &scr, got, sc,
+								    &nread);
 						read[qi] = nread;
 						if (r < 0)
 							break;
@@ -763,8 +793,9 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 				}
 				if (read && r >= 0)
 					snprintf(param, sizeof(param),
-						 "int8 sketch, exact, %.0f rows read (median)",
-						 median(read, nq));
+						 "int8 sketch, exact over %s rows, %.0f rows read "
+						 "(median)",
+						 vr->sketch == 2 ? "f32" : "f16", median(read, nq));
 				free(read);
 				if (r < 0)
 					break;
@@ -776,6 +807,7 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 		kvt_paris_scratch_fini(&scr);
 		kvt_paris_index_fini(&ix);
 		kvt_sketch_fini(&sk);
+		kvt_sketch_fini(&sk32);
 		arena_fini(&ar);
 		arena_fini(&sar);
 		if (r < 0)
