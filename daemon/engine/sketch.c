@@ -137,43 +137,251 @@ kvt_sketch_reserve(struct kvt_sketch *sk, uint32_t nkeys)
  * scale of at most (1 + 2^-20) / SK_QMAX, widened for the division's rounding. */
 #define SK_QSTEP 3.2e-5
 
-/* Codes, scale and tolerance of one key of @dim f32 values (sketch.h gives the bound). */
-static void
-encode(const float *v, unsigned int dim, uint8_t *code, float *ret_scale, float *ret_tol)
+/*
+ * Encoding one key: codes c_j = round(v_j * 127 / m) clamped to [-127, 127] (f32, ties to
+ * even), m = max_j |v_j|; the residual r^2 = sum_j (v_j - s c_j)^2 and b^2 = sum_j (s c_j)^2 in
+ * double (no underflow for any f32 key), element j into lane j mod 16, fused multiply-adds,
+ * the 16 lanes summed in order. Every level runs exactly these operations, so a key encodes to
+ * the same bytes at every level (check_sketch).
+ */
+#define SK_LANES 16
+
+/* The tolerance from the two sums (sketch.h), rounded up to f32. */
+static float
+tolerance(const double *r2, const double *b2, unsigned int dim)
 {
 	const double u = 0x1p-24, slack = 1.0 + 0x1p-20;
 	const double gamma = dim * u / (1.0 - dim * u);
-	double r2 = 0.0, b2 = 0.0, r, b, t;
-	float m = 0.0f, s, tf;
+	double rs = 0.0, bs = 0.0, r, b, t;
+	float tf;
 
-	for (unsigned int j = 0; j < dim; j++) {
-		if (!isfinite(v[j])) { /* its exact score is not a number: always read it */
-			memset(code, 0, dim);
-			*ret_scale = 0.0f;
-			*ret_tol = INFINITY;
-			return;
-		}
-		m = fmaxf(m, fabsf(v[j]));
+	for (int l = 0; l < SK_LANES; l++) {
+		rs += r2[l];
+		bs += b2[l];
 	}
-	s = m / 127.0f; /* 0 for a zero key, or one too small for a normal step */
-	for (unsigned int j = 0; j < dim; j++) {
-		long c = s > 0.0f ? lrintf(v[j] / s) : 0;
-		double sc;
-
-		c = c > 127 ? 127 : c < -127 ? -127 : c;
-		code[j] = (uint8_t)(c + 128); /* stored offset: 1 .. 255 */
-		sc = (double)s * (double)c;   /* exact: 24 x 8 bits */
-		r2 += ((double)v[j] - sc) * ((double)v[j] - sc);
-		b2 += sc * sc;
-	}
-	r = sqrt(r2);
-	b = sqrt(b2);
+	r = sqrt(rs);
+	b = sqrt(bs);
 	t = (slack * r + SK_QSTEP * sqrt((double)dim) * b + (gamma + 8.0 * u) * (b + r)) * slack;
 	tf = (float)t;
 	if ((double)tf < t)
 		tf = nextafterf(tf, INFINITY);
+	return tf;
+}
+
+/* A key the codes cannot describe: non-finite (always read), or too small for a finite step
+ * (codes 0, scale 0: the whole key is residual). */
+static void
+encode_zero(const float *v, unsigned int dim, bool finite, uint8_t *code, float *ret_scale,
+	    float *ret_tol)
+{
+	double r2[SK_LANES] = {0}, b2[SK_LANES] = {0};
+
+	memset(code, 128, dim);
+	*ret_scale = 0.0f;
+	if (!finite) {
+		*ret_tol = INFINITY;
+		return;
+	}
+	for (unsigned int j = 0; j < dim; j++)
+		r2[j % SK_LANES] = fma((double)v[j], (double)v[j], r2[j % SK_LANES]);
+	*ret_tol = tolerance(r2, b2, dim);
+}
+
+/* The scale and its inverse for max |v| = @m, or false when the key takes encode_zero(). */
+static bool
+scale_of(float m, float *ret_s, float *ret_inv)
+{
+	*ret_s = m / 127.0f;
+	*ret_inv = 127.0f / m;
+	return *ret_s > 0.0f && *ret_inv < INFINITY;
+}
+
+static void
+encode_scalar(const float *v, unsigned int dim, uint8_t *code, float *ret_scale, float *ret_tol)
+{
+	double r2[SK_LANES] = {0}, b2[SK_LANES] = {0};
+	float m = 0.0f, s, inv;
+
+	for (unsigned int j = 0; j < dim; j++) {
+		if (!isfinite(v[j])) {
+			encode_zero(v, dim, false, code, ret_scale, ret_tol);
+			return;
+		}
+		m = fmaxf(m, fabsf(v[j]));
+	}
+	if (!scale_of(m, &s, &inv)) {
+		encode_zero(v, dim, true, code, ret_scale, ret_tol);
+		return;
+	}
+	for (unsigned int j = 0; j < dim; j++) {
+		float c = fminf(fmaxf(nearbyintf(v[j] * inv), -127.0f), 127.0f);
+		double sc = (double)s * (double)c, d = (double)v[j] - sc;
+
+		code[j] = (uint8_t)((int)c + 128); /* stored offset: 1 .. 255 */
+		r2[j % SK_LANES] = fma(d, d, r2[j % SK_LANES]);
+		b2[j % SK_LANES] = fma(sc, sc, b2[j % SK_LANES]);
+	}
 	*ret_scale = s;
-	*ret_tol = tf;
+	*ret_tol = tolerance(r2, b2, dim);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) static void
+encode_avx2(const float *v, unsigned int dim, uint8_t *code, float *ret_scale, float *ret_tol)
+{
+	const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+	__m256 vmax = _mm256_setzero_ps(), vnan = _mm256_setzero_ps(), vinv, lo, hi;
+	__m256d r2[4], b2[4], vs;
+	double r2l[SK_LANES], b2l[SK_LANES];
+	float mm[8], nn[8], m = 0.0f, nan = 0.0f, s, inv;
+
+	for (unsigned int j = 0; j < dim; j += 8) {
+		__m256 x = _mm256_loadu_ps(v + j);
+
+		vmax = _mm256_max_ps(vmax, _mm256_and_ps(x, absmask));
+		vnan = _mm256_add_ps(vnan, _mm256_sub_ps(x, x)); /* NaN once any is inf or NaN */
+	}
+	_mm256_storeu_ps(mm, vmax);
+	_mm256_storeu_ps(nn, vnan);
+	for (int l = 0; l < 8; l++) {
+		m = fmaxf(m, mm[l]);
+		nan += nn[l];
+	}
+	if (nan != 0.0f) {
+		encode_zero(v, dim, false, code, ret_scale, ret_tol);
+		return;
+	}
+	if (!scale_of(m, &s, &inv)) {
+		encode_zero(v, dim, true, code, ret_scale, ret_tol);
+		return;
+	}
+	vinv = _mm256_set1_ps(inv);
+	lo = _mm256_set1_ps(-127.0f);
+	hi = _mm256_set1_ps(127.0f);
+	vs = _mm256_set1_pd((double)s);
+	for (int l = 0; l < 4; l++)
+		r2[l] = b2[l] = _mm256_setzero_pd();
+	for (unsigned int j = 0; j < dim; j += 16) {
+		for (int h = 0; h < 2;
+		     h++) { /* elements j + 8h .. j + 8h + 7: lanes 8h .. 8h + 7 */
+			__m256 x = _mm256_loadu_ps(v + j + 8 * h);
+			__m256 c =
+			    _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(_mm256_mul_ps(x, vinv),
+									_MM_FROUND_TO_NEAREST_INT |
+									    _MM_FROUND_NO_EXC),
+							lo),
+					  hi);
+			__m256i ci =
+			    _mm256_add_epi32(_mm256_cvtps_epi32(c), _mm256_set1_epi32(128));
+			int32_t cb[8];
+
+			_mm256_storeu_si256((__m256i *)cb, ci);
+			for (int l = 0; l < 8; l++)
+				code[j + 8 * h + l] = (uint8_t)cb[l];
+			for (int q = 0; q < 2; q++) {
+				__m128 xq =
+				    q ? _mm256_extractf128_ps(x, 1) : _mm256_castps256_ps128(x);
+				__m128 cq =
+				    q ? _mm256_extractf128_ps(c, 1) : _mm256_castps256_ps128(c);
+				__m256d sc = _mm256_mul_pd(vs, _mm256_cvtps_pd(cq));
+				__m256d d = _mm256_sub_pd(_mm256_cvtps_pd(xq), sc);
+
+				r2[2 * h + q] = _mm256_fmadd_pd(d, d, r2[2 * h + q]);
+				b2[2 * h + q] = _mm256_fmadd_pd(sc, sc, b2[2 * h + q]);
+			}
+		}
+	}
+	for (int l = 0; l < 4; l++) {
+		_mm256_storeu_pd(r2l + 4 * l, r2[l]);
+		_mm256_storeu_pd(b2l + 4 * l, b2[l]);
+	}
+	*ret_scale = s;
+	*ret_tol = tolerance(r2l, b2l, dim);
+}
+
+__attribute__((target("avx512f"))) static void
+encode_avx512(const float *v, unsigned int dim, uint8_t *code, float *ret_scale, float *ret_tol)
+{
+	__m512 vmax = _mm512_setzero_ps(), vnan = _mm512_setzero_ps(), vinv, lo, hi;
+	__m512d r2[2], b2[2], vs;
+	double r2l[SK_LANES], b2l[SK_LANES];
+	float mm[16], nn[16], m = 0.0f, nan = 0.0f, s, inv;
+
+	for (unsigned int j = 0; j < dim; j += 16) {
+		__m512 x = _mm512_loadu_ps(v + j);
+
+		vmax = _mm512_max_ps(vmax, _mm512_abs_ps(x));
+		vnan = _mm512_add_ps(vnan, _mm512_sub_ps(x, x)); /* NaN once any is inf or NaN */
+	}
+	_mm512_storeu_ps(mm, vmax);
+	_mm512_storeu_ps(nn, vnan);
+	for (int l = 0; l < 16; l++) {
+		m = fmaxf(m, mm[l]);
+		nan += nn[l];
+	}
+	if (nan != 0.0f) {
+		encode_zero(v, dim, false, code, ret_scale, ret_tol);
+		return;
+	}
+	if (!scale_of(m, &s, &inv)) {
+		encode_zero(v, dim, true, code, ret_scale, ret_tol);
+		return;
+	}
+	vinv = _mm512_set1_ps(inv);
+	lo = _mm512_set1_ps(-127.0f);
+	hi = _mm512_set1_ps(127.0f);
+	vs = _mm512_set1_pd((double)s);
+	r2[0] = r2[1] = b2[0] = b2[1] = _mm512_setzero_pd();
+	for (unsigned int j = 0; j < dim; j += 16) {
+		__m512 x = _mm512_loadu_ps(v + j);
+		__m512 c =
+		    _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(x, vinv),
+								     _MM_FROUND_TO_NEAREST_INT |
+									 _MM_FROUND_NO_EXC),
+						lo),
+				  hi);
+
+		_mm_storeu_si128((__m128i *)(code + j),
+				 _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(c),
+								       _mm512_set1_epi32(128))));
+		for (int q = 0; q < 2; q++) {
+			__m256 xq =
+			    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), q));
+			__m256 cq =
+			    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(c), q));
+			__m512d sc = _mm512_mul_pd(vs, _mm512_cvtps_pd(cq));
+			__m512d d = _mm512_sub_pd(_mm512_cvtps_pd(xq), sc);
+
+			r2[q] = _mm512_fmadd_pd(d, d, r2[q]);
+			b2[q] = _mm512_fmadd_pd(sc, sc, b2[q]);
+		}
+	}
+	for (int q = 0; q < 2; q++) {
+		_mm512_storeu_pd(r2l + 8 * q, r2[q]);
+		_mm512_storeu_pd(b2l + 8 * q, b2[q]);
+	}
+	*ret_scale = s;
+	*ret_tol = tolerance(r2l, b2l, dim);
+}
+#endif
+
+/* Codes, scale and tolerance of one key of @dim f32 values (sketch.h gives the bound). */
+static void
+encode(const float *v, unsigned int dim, uint8_t *code, float *ret_scale, float *ret_tol)
+{
+#if defined(__x86_64__)
+	switch (kvt_simd_level()) {
+	case KVT_SIMD_AVX512:
+		encode_avx512(v, dim, code, ret_scale, ret_tol);
+		return;
+	case KVT_SIMD_AVX2:
+		encode_avx2(v, dim, code, ret_scale, ret_tol);
+		return;
+	default:
+		break;
+	}
+#endif
+	encode_scalar(v, dim, code, ret_scale, ret_tol);
 }
 
 static void

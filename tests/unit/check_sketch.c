@@ -465,6 +465,62 @@ START_TEST(test_bound_holds)
 }
 END_TEST
 
+/* A key encodes to the same bytes at every SIMD level: zero, subnormal, huge, non-finite and
+ * ordinary keys alike; and a subnormal key's residual is not lost to underflow (its bound
+ * holds: it is the whole key). */
+START_TEST(test_encode_every_level)
+{
+	const unsigned int dim = 128;
+	const uint32_t n = 256;
+	float *keys = malloc((size_t)n * dim * sizeof(float));
+	struct kvt_sketch ref, sk;
+	uint64_t seed = 13;
+
+	ck_assert(keys);
+	gen_keys(keys, n, dim, 17);
+	memset(keys, 0, dim * sizeof(float));	 /* key 0: zero */
+	for (unsigned int j = 0; j < dim; j++) { /* key 1: subnormal f32 */
+		keys[dim + j] = 1e-40f * kvt_test_lcg_gauss(&seed);
+		keys[2 * dim + j] = j == 7 ? 3e38f : 1.0f; /* key 2: one huge element */
+	}
+	keys[3 * dim + 5] = INFINITY; /* key 3 */
+	keys[4 * dim + 9] = NAN;      /* key 4 */
+	keys[5 * dim] = 1e-45f;	      /* key 5: one denormal, the rest zero */
+	memset(keys + 5 * dim + 1, 0, (dim - 1) * sizeof(float));
+	for (int lv = KVT_SIMD_SCALAR; lv <= KVT_SIMD_AVX512; lv++) {
+		struct kvt_sketch *t = lv == KVT_SIMD_SCALAR ? &ref : &sk;
+
+		if (kvt_simd_cap((enum kvt_simd)lv) != (enum kvt_simd)lv)
+			continue;
+		ck_assert_int_eq(kvt_sketch_init(t, dim, 256, NULL), 0);
+		ck_assert_int_ge(kvt_sketch_reserve(t, n), (int)n);
+		ck_assert_int_eq(kvt_sketch_append(t, keys, dim * sizeof(float), KVT_DTYPE_F32, n),
+				 (int)n);
+		if (t == &sk) {
+			ck_assert_msg(memcmp(ref.pages[0], sk.pages[0], ref.page_bytes) == 0,
+				      "level %s encodes differently", kvt_simd_name(lv));
+			kvt_sketch_fini(&sk);
+		}
+	}
+	kvt_simd_cap(KVT_SIMD_AVX512);
+	{
+		const float *scale = (const float *)((const uint8_t *)ref.pages[0] + 256 * dim);
+		const float *tol = scale + 256;
+		double norm = 0.0;
+
+		for (unsigned int j = 0; j < dim; j++)
+			norm += (double)keys[dim + j] * keys[dim + j];
+		ck_assert(tol[0] == 0.0f);		   /* a zero key is exact */
+		ck_assert(tol[1] >= (float)sqrt(norm));	   /* subnormal: all residual */
+		ck_assert(tol[1] > 0.0f && tol[5] > 0.0f); /* not lost to underflow */
+		ck_assert(isinf(tol[3]) && isinf(tol[4])); /* always read */
+		ck_assert(tol[2] < INFINITY && scale[2] > 0.0f);
+	}
+	kvt_sketch_fini(&ref);
+	free(keys);
+}
+END_TEST
+
 START_TEST(test_bad_args)
 {
 	struct kvt_sketch sk;
@@ -501,4 +557,4 @@ END_TEST
 
 KVT_CHECK_MAIN("sketch", 300, NULL, NULL, test_exact_every_level, test_ties, test_dropped,
 	       test_nonfinite_keys, test_query_scale, test_set_after_change, test_bound_holds,
-	       test_bad_args)
+	       test_encode_every_level, test_bad_args)
