@@ -26,6 +26,7 @@ STYLE = {
     "kvtier-default": ("P", ""),
     "kvtier-exact": ("p", ""),
     "kvtier-sketch": ("h", ""),
+    "kvtier-sketch-f32": ("H", ""),
     "exact": ("*", ""),
     "faiss-flat": ("X", ""),
     "faiss-ivfpq": ("v", "--"),
