@@ -10,7 +10,9 @@
 #
 # Idempotent: an existing file with enough tokens is left alone (remove it to remake it).
 # Environment: KVTIER_LLM (the kvtier-llm binary, default build/tools/llm/kvtier-llm), TOKENS,
-# RUN_TOKENS (tokens generated per run, default 1536), KVT_MODEL (the model, see kvtier-llm).
+# RUN_TOKENS (tokens generated per run, default 1536), KVT_MODEL (the model, see kvtier-llm),
+# SEED (the first run's seed, default 0: give a file being extended seeds it has not had, or
+# its sequences repeat).
 set -eu
 
 out=${1:-${HOME}/.cache/kvtier/real-keys.kq}
@@ -44,14 +46,16 @@ The causes of the First World War are still debated by historians. Some argue
 Recipe: a simple bread that anyone can bake at home. Ingredients:'
 
 mkdir -p "$(dirname "$out")"
-seed=0
+seed=${SEED:-0}
+first=$seed
+runs_max=$((64 + tokens / 256)) # runs end early at end-of-text: about 800 tokens each
 while [ "$(count)" -lt "$tokens" ]; do
 	prompt=$(printf '%s\n' "$prompts" | sed -n "$((seed % 8 + 1))p")
 	"$llm" --prompt "$prompt" --max-tokens "$run_tokens" --temp 0.8 --seed "$seed" \
 		--dump-kv "$out" >/dev/null ||
 		die "kvtier-llm failed on prompt $((seed % 8 + 1))"
 	seed=$((seed + 1))
-	echo "make-real-keys: $out: $(count) tokens after $seed run(s)" >&2
-	[ "$seed" -lt 64 ] || die "64 runs and still under $tokens tokens"
+	echo "make-real-keys: $out: $(count) tokens after $((seed - first)) run(s)" >&2
+	[ $((seed - first)) -lt "$runs_max" ] || die "$runs_max runs and still under $tokens tokens"
 done
 echo "$out"
