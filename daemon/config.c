@@ -283,7 +283,7 @@ struct cfg_key {
 #define BOOL(sec, name, field, def, flag, sh, help)                                                \
 	{                                                                                          \
 		sec, name, CFG_BOOL, F(field), 0, 0, 1, NULL, def, 0, flag, sh, "yes|no", help,    \
-		    NULL                                                                           \
+		    ": yes or no (also true/false, on/off, 1/0)"                                   \
 	}
 #define IDS(sec, name, field, count, help)                                                         \
 	{                                                                                          \
@@ -365,6 +365,11 @@ static const struct cfg_key cfg_keys[] = {
 	"uids whose namespaces are one shared scope (others share only with their own uid)"),
     IDS("prefix", "share_gids", prefix_share_gids, n_prefix_share_gids,
 	"groups (primary or supplementary) whose members share that scope too"),
+    /* [retrieval] (docs/retrieval.md). Read at each SEQ_OPEN; a sequence keeps what it was
+     * opened with, across restarts in place too. Not reloadable: a restart applies it. */
+    BOOL("retrieval", "sketch", retrieval_sketch, "yes", NULL, 0,
+	 "an int8 sketch beside each TOPK index (head_dim + 8 pool bytes a key and kv head): "
+	 "TOPK exact at any zone length; no: past 32 MiB of rows it rescores the best estimates"),
 };
 
 #undef F

@@ -66,6 +66,8 @@ struct kvtd_config {
 	unsigned n_prefix_share_uids;
 	gid_t prefix_share_gids[KVTD_MAX_IDS];
 	unsigned n_prefix_share_gids;
+	/* [retrieval] */
+	int retrieval_sketch; /* sequences opened from now on keep an int8 sketch per index */
 };
 
 void kvtd_config_defaults(struct kvtd_config *cfg);

@@ -256,6 +256,11 @@ kvtd_image_sessions(const struct kvtd_image *img)
 	return n;
 }
 
+/* A sequence's flags in the image (version 2 on; older builds wrote 0 and ignore them): what it
+ * keeps for life whatever the config of the build that restores it says. */
+#define IMG_SEQ_F_NO_SKETCH (1u << 0) /* opened with [retrieval] sketch = no */
+#define IMG_SEQ_F_ALL	    IMG_SEQ_F_NO_SKETCH
+
 static int
 parse_seq(struct rbuf *r, struct img_seq *q, uint32_t version)
 {
@@ -305,8 +310,13 @@ parse_seq(struct rbuf *r, struct img_seq *q, uint32_t version)
 		q->si.tier = m;
 	}
 	if (version >= 2) {
+		uint32_t flags;
+
 		q->ns_id = get32(r);
-		get32(r); /* pad */
+		flags = get32(r); /* 0 in images of builds before IMG_SEQ_F_* */
+		if (flags & ~IMG_SEQ_F_ALL)
+			return -EBADMSG;
+		q->si.no_sketch = flags & IMG_SEQ_F_NO_SKETCH;
 		if (q->ns_id) {
 			size_t a4 = ((size_t)n * 4 + 7) & ~(size_t)7;
 			const void *idx = get(r, a4);
@@ -613,7 +623,7 @@ write_seq(struct wbuf *w, const struct kvtd *d, const struct kvtd_seq *q)
 	free(off);
 	put_pad8(w, q->ts.tier, n);
 	PUT(w, (uint32_t)(q->ns ? q->ns->id : 0));
-	PUT(w, (uint32_t)0);
+	PUT(w, (uint32_t)(q->no_sketch ? IMG_SEQ_F_NO_SKETCH : 0));
 	if (q->ns) {
 		uint32_t *idx = malloc((size_t)(n ? n : 1) * 4);
 

@@ -224,6 +224,7 @@ seq_new(const struct kvtd_seq_ctx *x, const struct kvt_seq_params *p, struct kvt
 	q->p = pp;
 	q->p.size = sizeof(pp);
 	q->cls = q->cls_q = q->cls_pg = q->cls_sk = q->cls_kb = -1;
+	q->no_sketch = x->no_sketch;
 	kvt_tier_cfg_init(&pp, &q->cfg, &why);
 	q->row_bytes = (uint64_t)p->kv_heads * p->head_dim * kvt_dtype_size(p->dtype);
 	q->token_bytes = (uint64_t)p->layers * 2 * q->row_bytes;
@@ -700,6 +701,7 @@ kvtd_seq_restore(const struct kvtd_seq_ctx *x, const struct kvt_seq_params *p,
 	r = seq_new(x, p, &q);
 	if (r < 0)
 		return r;
+	q->no_sketch = img->no_sketch; /* what it had, whatever the config says now */
 	if (img->n) {
 		r = seq_ensure_cap(q, img->n);
 		if (r < 0)

@@ -11,6 +11,7 @@
 #define KVTD_SEQ_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -51,6 +52,8 @@ int kvtd_why_vset(struct kvtd_why *w, int r, const char *fmt, va_list ap);
  * @why: where a refusal's reason goes (kvtd_seq_fail()).
  * @prefix: the shared block store (a sequence's shared rows go back there), NULL: none.
  * @owner_id: the session id, for logs.
+ * @no_sketch: [retrieval] sketch = no: sequences created now get a retrieval index without the
+ *	int8 sketch (each keeps what it got, across restarts too); false, the zero value: with.
  */
 struct kvtd_seq_ctx {
 	struct kvtd_pool *pool;
@@ -63,6 +66,7 @@ struct kvtd_seq_ctx {
 	uint32_t owner_id;
 	struct kvtd_why *why;
 	struct kvtd_prefix *prefix;
+	bool no_sketch;
 };
 
 /* kvtd_seq_fail() - state why the op is refused, printf-style, into @x->why; returns @r so a
@@ -104,7 +108,8 @@ struct kvtd_seq {
 	/* the owner's context, for the index page allocator (paris calls back without one) */
 	const struct kvtd_seq_ctx *owner;
 	int cls_pg;    /* pool class of index pages */
-	int cls_sk;    /* pool class of sketch pages (cls_pg's own where the sizes match) */
+	int cls_sk;    /* pool class of sketch pages (cls_pg's where sizes match), -1: none */
+	bool no_sketch; /* opened without the sketch ([retrieval] sketch = no), for life */
 	float *keybuf; /* f32 keys being encoded, U tokens */
 	uint32_t *topk_pos;
 	float *topk_score;
@@ -197,6 +202,7 @@ struct kvtd_seq_image {
 	const uint32_t *blk_idx;
 	struct kvtd_pblock *const *blocks;
 	uint32_t n_blocks;
+	bool no_sketch; /* the sequence had no retrieval sketch: it keeps none */
 };
 
 /*

@@ -3,7 +3,9 @@
  * seq_topk.c - retrieval (ret_update > 0): the PARIS index and int8 sketch of a sequence
  * (engine/paris_seq.h), their pages from the pool, keys encoded as they leave the dense window
  * and encoded again in the sketch when their stored value changes, TOPK exact from the pool's
- * keys, and both rebuilt after a restart.
+ * keys, and both rebuilt after a restart. A sequence opened with [retrieval] sketch = no
+ * (q->no_sketch, kept for life and across restarts) has the index alone: TOPK past
+ * KVT_PARIS_EXACT_BYTES of rows then rescores the best estimates.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -15,11 +17,12 @@
 #include "seq_int.h"
 
 /* The class of an index page or a sketch page, told apart by size (the same class where the
- * two sizes are equal, at head_dim 64). */
+ * two sizes are equal, at head_dim 64; no sketch class without sketches). */
 static int
 page_cls(const struct kvtd_seq *q, size_t len)
 {
-	return ((len + 63) & ~(size_t)63) == kvtd_pool_slot_size(q->owner->pool, q->cls_sk)
+	return q->cls_sk >= 0 &&
+		       ((len + 63) & ~(size_t)63) == kvtd_pool_slot_size(q->owner->pool, q->cls_sk)
 		   ? q->cls_sk
 		   : q->cls_pg;
 }
@@ -66,10 +69,12 @@ seq_retrieval_init(const struct kvtd_seq_ctx *x, struct kvtd_seq *q)
 	if (r < 0)
 		return r;
 	q->cls_pg = r;
-	r = kvtd_pool_class_get(x->pool, kvt_sketch_page_bytes(p->head_dim, page_keys));
-	if (r < 0)
-		return r;
-	q->cls_sk = r;
+	if (!q->no_sketch) {
+		r = kvtd_pool_class_get(x->pool, kvt_sketch_page_bytes(p->head_dim, page_keys));
+		if (r < 0)
+			return r;
+		q->cls_sk = r;
+	}
 	q->owner = x;
 	/* The rotation is a pure function of (dim, seed): every daemon and restart agrees. */
 	r = kvt_srht_init(&rot, p->head_dim, KVT_SRHT_SEED);
@@ -79,7 +84,8 @@ seq_retrieval_init(const struct kvtd_seq_ctx *x, struct kvtd_seq *q)
 	q->keybuf = malloc(sizeof(float) * p->kv_heads * p->head_dim * 256);
 	if (!q->paris || !q->keybuf)
 		return -ENOMEM;
-	r = kvt_paris_seq_init(q->paris, &g, &z, &rot, page_keys, &a);
+	r = kvt_paris_seq_init(q->paris, &g, &z, &rot, page_keys, &a,
+			       q->no_sketch ? KVT_PARIS_SEQ_F_NO_SKETCH : 0);
 	if (r < 0) {
 		free(q->paris);
 		q->paris = NULL;
@@ -238,7 +244,7 @@ seq_retrieval_rekey(struct kvtd_seq *q, const uint32_t *pos, uint32_t n)
 	float key[KVT_SRHT_MAX_DIM];
 	uint32_t S;
 
-	if (!q->paris)
+	if (!q->paris || !q->paris->sk) /* no sketch: the refine reads keys as they are now */
 		return;
 	S = q->paris->zone.sink;
 	for (uint32_t i = 0; i < n; i++)

@@ -244,6 +244,7 @@ kvtd_session_ctx(struct kvtd_session *s)
 	x->owner_id = s->id;
 	x->why = &s->why;
 	x->prefix = &s->d->prefix;
+	x->no_sketch = !s->d->cfg.retrieval_sketch;
 	return x;
 }
 

@@ -8,21 +8,24 @@
 int
 kvt_paris_seq_init(struct kvt_paris_seq *seq, const struct kvt_paris_geom *g,
 		   const struct kvt_paris_zone_cfg *zone, const struct kvt_srht *srht,
-		   unsigned int page_keys, const struct kvt_paris_alloc *alloc)
+		   unsigned int page_keys, const struct kvt_paris_alloc *alloc, unsigned int flags)
 {
+	const bool sketch = !(flags & KVT_PARIS_SEQ_F_NO_SKETCH);
 	size_t nix;
 	int r;
 
 	memset(seq, 0, sizeof(*seq));
 	if (!g->layers || !g->kv_heads || !g->q_heads || g->q_heads % g->kv_heads ||
-	    g->head_dim != srht->dim || kvt_paris_zone_check(zone) < 0)
+	    g->head_dim != srht->dim || kvt_paris_zone_check(zone) < 0 ||
+	    (flags & ~KVT_PARIS_SEQ_F_ALL))
 		return -EINVAL;
 	if ((uint64_t)g->layers * g->kv_heads > 1u << 20)
 		return -EINVAL;
 	nix = (size_t)g->layers * g->kv_heads;
 	seq->ix = calloc(nix, sizeof(*seq->ix));
-	seq->sk = calloc(nix, sizeof(*seq->sk));
-	if (!seq->ix || !seq->sk) {
+	if (sketch)
+		seq->sk = calloc(nix, sizeof(*seq->sk));
+	if (!seq->ix || (sketch && !seq->sk)) {
 		r = -ENOMEM;
 		goto err_fini;
 	}
@@ -33,6 +36,8 @@ kvt_paris_seq_init(struct kvt_paris_seq *seq, const struct kvt_paris_geom *g,
 		r = kvt_paris_index_init(&seq->ix[i], g->head_dim, page_keys, alloc);
 		if (r < 0)
 			goto err_fini;
+		if (!sketch)
+			continue;
 		r = kvt_sketch_init(&seq->sk[i], g->head_dim, page_keys, alloc);
 		if (r < 0)
 			goto err_fini;
@@ -91,7 +96,7 @@ kvt_paris_seq_append(struct kvt_paris_seq *seq, uint32_t layer, uint32_t pos, ui
 	if (layer >= seq->g.layers)
 		return -ERANGE;
 	row = &seq->ix[(size_t)layer * hkv];
-	sk = &seq->sk[(size_t)layer * hkv];
+	sk = seq->sk ? &seq->sk[(size_t)layer * hkv] : NULL;
 	if ((uint64_t)pos != (uint64_t)seq->zone.sink + row[0].n || token_stride < (size_t)hkv * d)
 		return -EINVAL;
 	if ((uint64_t)row[0].n + count > (1u << 31))
@@ -103,7 +108,7 @@ kvt_paris_seq_append(struct kvt_paris_seq *seq, uint32_t layer, uint32_t pos, ui
 		r = kvt_paris_index_reserve(&row[h], row[h].n + count);
 		if (r < 0)
 			return r;
-		r = kvt_sketch_reserve(&sk[h], sk[h].n + count);
+		r = sk ? kvt_sketch_reserve(&sk[h], sk[h].n + count) : 0;
 		if (r < 0)
 			return r;
 	}
@@ -112,6 +117,8 @@ kvt_paris_seq_append(struct kvt_paris_seq *seq, uint32_t layer, uint32_t pos, ui
 					   count);
 		if (r < 0)
 			return r;
+		if (!sk)
+			continue;
 		/* f32 values: the sketch encodes exactly the keys the caller's get returns */
 		r = kvt_sketch_append(&sk[h], keys + (size_t)h * d, token_stride * sizeof(float),
 				      KVT_DTYPE_F32, count);
@@ -128,8 +135,10 @@ kvt_paris_seq_sketch_set(struct kvt_paris_seq *seq, uint32_t layer, uint32_t hea
 	size_t i = (size_t)layer * seq->g.kv_heads + head;
 
 	if (layer >= seq->g.layers || head >= seq->g.kv_heads || pos < seq->zone.sink ||
-	    pos - seq->zone.sink >= seq->sk[i].n)
+	    pos - seq->zone.sink >= seq->ix[i].n)
 		return -ERANGE;
+	if (!seq->sk)
+		return 0; /* no sketch: the refine reads the new value itself */
 	return kvt_sketch_set(&seq->sk[i], pos - seq->zone.sink, key);
 }
 
@@ -313,7 +322,7 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 
 		hk.head = h;
 		/* the exact top-k past what the rows scan covers (paris.h, opts.sketch) */
-		so.sketch = opts->refine ? &seq->sk[(size_t)layer * hkv + h] : NULL;
+		so.sketch = opts->refine && seq->sk ? &seq->sk[(size_t)layer * hkv + h] : NULL;
 		if (opts->flags & KVT_PARIS_F_UNION) {
 			uint32_t tot = 0; /* the lists, back to back */
 

@@ -5,8 +5,8 @@
  * over them.
  *
  * How a daemon drives it (TOPK op and flushes):
- *   1. SEQ_OPEN: kvt_paris_seq_init() with the geometry, zone sizes, the persisted rotation and
- *      the pool's page allocator.
+ *   1. SEQ_OPEN: kvt_paris_seq_init() with the geometry, zone sizes, the persisted rotation,
+ *      the pool's page allocator and whether to keep sketches (KVT_PARIS_SEQ_F_NO_SKETCH).
  *   2. After every APPEND (prefill or decode): for each layer, kvt_paris_zone_flush(prompt_len,
  *      T, kvt_paris_seq_len(layer)) gives the positions that just left the dense window; pass
  *      their keys (post-RoPE, f32) to kvt_paris_seq_append().
@@ -44,9 +44,14 @@ struct kvt_paris_seq {
 	struct kvt_srht srht;
 	struct kvt_paris_index *ix; /* [layers][kv_heads] */
 	/* [layers][kv_heads]: the keys of ix[i] as the keys accessor returns them, so that a TOPK
-	 * with refine is exact past what the rows scan covers (kvt_paris_search()'s opts.sketch) */
+	 * with refine is exact past what the rows scan covers (kvt_paris_search()'s opts.sketch);
+	 * NULL with KVT_PARIS_SEQ_F_NO_SKETCH */
 	struct kvt_sketch *sk;
 };
+
+/* Flags of kvt_paris_seq_init(). */
+#define KVT_PARIS_SEQ_F_NO_SKETCH (1u << 0) /* no sketches: about half the pages, not exact */
+#define KVT_PARIS_SEQ_F_ALL	  KVT_PARIS_SEQ_F_NO_SKETCH
 
 /* Flags of struct kvt_paris_topk_opts. */
 #define KVT_PARIS_F_UNION (1u << 0) /* per query head top-k, merged per kv head (max score) */
@@ -106,11 +111,16 @@ struct kvt_paris_topk_opts {
  * @page_keys, @alloc: as kvt_paris_index_init(); sketch pages come from @alloc too, with @len
  *	kvt_sketch_page_bytes(head_dim, page_keys) (at most kvt_paris_page_bytes() for the dims
  *	allowed, equal at 64), index pages with kvt_paris_page_bytes(head_dim, page_keys).
- * Returns 0, or -EINVAL (zero or inconsistent geometry, bad zone cfg, dim mismatch), -ENOMEM.
+ * @flags: 0, or KVT_PARIS_SEQ_F_NO_SKETCH: indexes only (seq->sk NULL), no sketch page is ever
+ *	asked of @alloc; a TOPK with refine then scans the rows up to KVT_PARIS_EXACT_BYTES and
+ *	past that rescores the best estimates (not exact), as kvt_paris_search() without a sketch.
+ * Returns 0, or -EINVAL (zero or inconsistent geometry, bad zone cfg, dim mismatch, unknown
+ * flags), -ENOMEM.
  */
 int kvt_paris_seq_init(struct kvt_paris_seq *seq, const struct kvt_paris_geom *g,
 		       const struct kvt_paris_zone_cfg *zone, const struct kvt_srht *srht,
-		       unsigned int page_keys, const struct kvt_paris_alloc *alloc);
+		       unsigned int page_keys, const struct kvt_paris_alloc *alloc,
+		       unsigned int flags);
 
 /* kvt_paris_seq_fini - free everything. Accepts a zeroed or half-built seq. */
 void kvt_paris_seq_fini(struct kvt_paris_seq *seq);
@@ -130,7 +140,7 @@ int kvt_paris_seq_index(const struct kvt_paris_seq *seq, uint32_t layer, uint32_
 
 /*
  * kvt_paris_seq_append - encode the keys of absolute positions @pos .. @pos + @count - 1 of
- * @layer into every kv head's index and sketch, reserving pages as needed.
+ * @layer into every kv head's index and sketch (if it has sketches), reserving pages as needed.
  * @keys: [count][kv_heads][head_dim] f32, token t at keys + t * @token_stride (floats): the
  *	values the refine stage will read for them (struct kvt_paris_seq_keys' get), which the
  *	sketch must encode exactly.
@@ -156,7 +166,8 @@ int kvt_paris_seq_drop(struct kvt_paris_seq *seq, uint32_t pos);
  * position @pos changed (its row was quantized to int8): re-encode its sketch entry from @key,
  * head_dim f32, exactly what struct kvt_paris_seq_keys' get returns for it from now on. A
  * TOPK's exactness through the sketch rests on this. The index's 4-bit codes are left as they
- * are (they only rank candidates). Returns 0, or -ERANGE (bad layer or head, @pos outside the
+ * are (they only rank candidates). Without sketches (KVT_PARIS_SEQ_F_NO_SKETCH) there is nothing
+ * to encode: 0 after the same checks. Returns 0, or -ERANGE (bad layer or head, @pos outside the
  * layer's encoded retrieval zone: not encoded yet, so the flush will read the new value).
  * Never allocates; one writer, as append.
  */
@@ -181,6 +192,8 @@ uint32_t kvt_paris_seq_topk_stride(const struct kvt_paris_seq *seq,
  *     refine and opts->exact not KVT_PARIS_EXACT_NEVER the positions are the exact top-k of
  *     the keys as opts->keys returns them at any zone length: the rows scanned, or past
  *     KVT_PARIS_SKETCH_BYTES of rows (always without opts->rows) bounded through the sketch.
+ *     Without sketches (KVT_PARIS_SEQ_F_NO_SKETCH) only while the rows scan covers the zone
+ *     (kvt_paris_exact_covers()); beyond, the refine of the best estimates (paris.h).
  * @ret_count: [kv_heads] entries used: min(k, live keys) (kvt_paris_seq_drop()), or with
  *     KVT_PARIS_F_UNION the size of the union (that .. stride); fewer (down to 0) where
  *     opts->dropped names positions the index still holds live.

@@ -108,6 +108,35 @@ START_TEST(t_prefix_cache)
 }
 END_TEST
 
+/* [retrieval] sketch: yes by default; yes or no (as every boolean); anything else is refused,
+ * the message naming the file, the line, the key and what it takes. */
+START_TEST(t_retrieval_sketch)
+{
+	struct kvtd_config cfg;
+	char err[256] = "";
+
+	ck_assert_int_eq(load_file(&cfg, "", err, sizeof(err), NULL), 0);
+	ck_assert_int_eq(cfg.retrieval_sketch, 1);
+	ck_assert_int_eq(load_file(&cfg, "[retrieval]\nsketch = no\n", err, sizeof(err), NULL), 0);
+	ck_assert_int_eq(cfg.retrieval_sketch, 0);
+	ck_assert_int_eq(load_file(&cfg, "[retrieval]\nsketch = yes\n", err, sizeof(err), NULL), 0);
+	ck_assert_int_eq(cfg.retrieval_sketch, 1);
+	ck_assert_int_eq(load_file(&cfg, "[retrieval]\nsketch = off\n", err, sizeof(err), NULL), 0);
+	ck_assert_int_eq(cfg.retrieval_sketch, 0);
+	ck_assert_int_eq(load_file(&cfg, "[daemon]\nspin_us = 5\n\n[retrieval]\nsketch = maybe\n",
+				   err, sizeof(err), NULL),
+			 -EINVAL);
+	ck_assert_msg(strstr(err, path) && strstr(err, ":5: bad value for [retrieval] sketch = "
+						       "'maybe': yes or no"),
+		      "%s", err);
+	/* a key of [retrieval], not of another section */
+	ck_assert_int_eq(load_file(&cfg, "[prefix]\nsketch = no\n", err, sizeof(err), NULL),
+			 -EINVAL);
+	ck_assert_ptr_nonnull(strstr(err, "unknown key [prefix] sketch"));
+	unlink(path);
+}
+END_TEST
+
 START_TEST(t_bad_values)
 {
 	static const char *const bad[] = {
@@ -126,6 +155,8 @@ START_TEST(t_bad_values)
 	    "[nosection]\npollers = 1\n",
 	    "[daemon]\nsocket_mode = 999\n",
 	    "[pool]\nhugetlb = maybe\n",
+	    "[retrieval]\nsketch = 2\n",
+	    "[retrieval]\nsketch =\n",
 	    "this is not ini\n",
 	    "[pool]\nsize = 99999999999999999999G\n",
 	};
@@ -266,4 +297,4 @@ END_TEST
 
 KVT_CHECK_MAIN("config", 0, NULL, NULL, t_defaults_without_file, t_file_then_flags, t_bad_values,
 	       t_prefix_cache, t_bad_flags, t_missing_explicit_file, t_sizes, t_shipped_example,
-	       t_config_keys)
+	       t_config_keys, t_retrieval_sketch)

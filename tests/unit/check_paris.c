@@ -1476,14 +1476,14 @@ START_TEST(test_seq_topk)
 
 	test_rng_state = 111;
 	make_data(DS_OUTLIER, 128, L * 2, 4, tok, q);
-	ck_assert_int_eq(kvt_paris_seq_init(&seq, &g, &z, &srht64, 0, NULL), -EINVAL);
+	ck_assert_int_eq(kvt_paris_seq_init(&seq, &g, &z, &srht64, 0, NULL, 0), -EINVAL);
 	{
 		struct kvt_paris_geom bg = g;
 
 		bg.q_heads = 3;
-		ck_assert_int_eq(kvt_paris_seq_init(&seq, &bg, &z, &srht128, 0, NULL), -EINVAL);
+		ck_assert_int_eq(kvt_paris_seq_init(&seq, &bg, &z, &srht128, 0, NULL, 0), -EINVAL);
 	}
-	ck_assert_int_eq(kvt_paris_seq_init(&seq, &g, &z, &srht128, 1024, NULL), 0);
+	ck_assert_int_eq(kvt_paris_seq_init(&seq, &g, &z, &srht128, 1024, NULL, 0), 0);
 	ck_assert_int_eq(kvt_paris_zone_flush(&z, L, L, 0, &flush_pos, &flush_n), 0);
 	ck_assert_uint_eq(flush_pos, 4);
 	ck_assert_uint_eq(flush_n, n);
@@ -1694,7 +1694,7 @@ START_TEST(test_seq_query_scale)
 
 	test_rng_state = 145;
 	make_data(DS_OUTLIER, 128, L, 8, tok, &q[0][0]);
-	ck_assert_int_eq(kvt_paris_seq_init(&seq, &g, &z, &srht128, 0, NULL), 0);
+	ck_assert_int_eq(kvt_paris_seq_init(&seq, &g, &z, &srht128, 0, NULL, 0), 0);
 	ck_assert_int_eq(kvt_paris_seq_append(&seq, 0, 4, n, tok + 4 * 128, 128), (int)n);
 	for (int h = 0; h < 8; h++) /* one head repeated, plus noise: the sum grows 8x */
 		for (int i = 0; i < 128; i++) {
@@ -1792,7 +1792,7 @@ START_TEST(test_seq_evicted)
 	make_data(DS_OUTLIER, 128, L * 2, nq * 4, tok, q);
 	for (uint32_t t = 0; t < L; t++)
 		u[t] = (float)test_urand();
-	ck_assert_int_eq(kvt_paris_seq_init(&seq, &g, &z, &srht128, 0, NULL), 0);
+	ck_assert_int_eq(kvt_paris_seq_init(&seq, &g, &z, &srht128, 0, NULL, 0), 0);
 	ck_assert_int_eq(kvt_paris_seq_append(&seq, 0, 4, n, tok + 4 * 256, 256), (int)n);
 	ck_assert_int_eq(kvt_paris_seq_drop(&seq, 3), 0);     /* sink */
 	ck_assert_int_eq(kvt_paris_seq_drop(&seq, 4 + n), 0); /* dense window */

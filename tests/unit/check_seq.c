@@ -577,9 +577,109 @@ retrieval_bytes(const struct kvtd_seq *q)
 
 	for (uint32_t i = 0; i < (uint32_t)L * H; i++)
 		b += q->paris->ix[i].npages * kvtd_pool_slot_size(&Pool, q->cls_pg) +
-		     q->paris->sk[i].npages * kvtd_pool_slot_size(&Pool, q->cls_sk);
+		     (q->paris->sk ? q->paris->sk[i].npages * kvtd_pool_slot_size(&Pool, q->cls_sk)
+				   : 0);
 	return b;
 }
+
+/*
+ * [retrieval] sketch = no (the context's no_sketch at SEQ_OPEN): the sequence keeps it for life,
+ * has no sketch and no sketch class, the account holds its rows and index pages only (at
+ * head_dim 64 a sketch page is as large as an index page: with one the charge would double),
+ * RETIER's int8 keys need no re-encoding, and TOPK is still the exact top-k of the keys as
+ * FETCH stages them (a zone this short is scanned whole). A sequence opened once the setting
+ * is back on has its sketch.
+ */
+START_TEST(t_no_sketch)
+{
+	struct kvt_seq_params p = params();
+	static uint8_t out[KVT_RETIER_OUT_SIZE(T0)];
+	static uint8_t tout[H * 4 + H * 16 * 8];
+	static uint32_t list[NMAX];
+	static float score[NMAX], qv[H * D];
+	const uint32_t k = 16, *cnt = (const void *)tout, *pos = cnt + H;
+	uint32_t changes, zone, n_int8 = 0;
+	uint64_t n, ix_bytes = 0;
+	struct kvtd_seq *q, *q2;
+
+	params_tiered(&p, 0.1f, 0.6f);
+	p.sinks = S;
+	p.window = W;
+	p.ret_update = U;
+	X.no_sketch = true;
+	q = open_seq(&p);
+	X.no_sketch = false; /* the sequence keeps what it was opened with */
+	append(q, 400);
+	zone = (uint32_t)kvt_paris_seq_len(q->paris, 0);
+	ck_assert_uint_eq(zone, U * ((400 - S - W) / U));
+	ck_assert(q->no_sketch);
+	ck_assert_ptr_null(q->paris->sk);
+	ck_assert_int_eq(q->cls_sk, -1);
+	for (uint32_t i = 0; i < (uint32_t)L * H; i++) {
+		ck_assert_uint_eq(q->paris->ix[i].n, zone);
+		ix_bytes += q->paris->ix[i].npages * kvtd_pool_slot_size(&Pool, q->cls_pg);
+	}
+	ck_assert_uint_gt(ix_bytes, 0);
+	ck_assert_uint_eq(Acct.bytes, kvtd_seq_pool_bytes(&Pool, q) + ix_bytes);
+	ck_assert_uint_eq(Pool.used_bytes, Acct.bytes);
+
+	/* a third of the zone or more to int8: nothing to re-encode, and TOPK reads it as FETCH
+	 * stages it, dequantized */
+	for (uint32_t i = 0; i < 400; i++)
+		score[i] = (float)(kvt_test_lcg(&Rng) >> 40) / 16777216.0f;
+	ck_assert_int_eq(kvtd_seq_score_add(&X, q, 0, 400, score), 0);
+	ck_assert_int_gt(kvtd_seq_retier(&X, q, out, sizeof(out), &changes), 0);
+	for (uint32_t i = 0; i < zone; i++)
+		n_int8 += (q->ts.tier[S + i] & KVT_TIER_F_INT8) != 0;
+	ck_assert_uint_gt(n_int8, zone / 4);
+	for (uint32_t i = 0; i < zone; i++)
+		list[i] = S + i;
+	ck_assert_int_eq(kvtd_seq_fetch(&X, q, KVT_FETCH_F_LIST, 0, L, 0, list, NMAX, zone),
+			 (int)zone);
+	for (int i = 0; i < H * D; i++)
+		qv[i] = kvt_test_lcg_gauss(&Rng);
+	for (uint32_t l = 0; l < L; l++) {
+		int r = kvtd_seq_topk(&X, q, l, k, 0, qv, H * D, tout, sizeof(tout), &n);
+
+		ck_assert_msg(r == (int)k, "topk: %d (%s)", r, Why.msg);
+		for (uint32_t h = 0; h < H; h++) {
+			uint32_t above = 0;
+			double kth = INFINITY;
+
+			ck_assert_uint_eq(cnt[h], k);
+			for (uint32_t i = 0; i < k; i++) {
+				const float *key = staged(pos[h * k + i] - S, l, 0) + h * D;
+				double e = 0;
+
+				ck_assert_uint_ge(pos[h * k + i], S);
+				ck_assert_uint_lt(pos[h * k + i], S + zone);
+				for (int j = 0; j < D; j++)
+					e += (double)key[j] * qv[h * D + j];
+				kth = e < kth ? e : kth;
+			}
+			/* no key outside the answer scores above its lowest */
+			for (uint32_t i = 0; i < zone; i++) {
+				const float *key = staged(i, l, 0) + h * D;
+				double e = 0;
+
+				for (int j = 0; j < D; j++)
+					e += (double)key[j] * qv[h * D + j];
+				above += e > kth + 1e-4;
+			}
+			ck_assert_uint_lt(above, k);
+		}
+	}
+	/* opened with the setting on: a sketch, charged like the index */
+	q2 = open_retrieval(S + W + 64, &zone);
+	ck_assert(!q2->no_sketch);
+	ck_assert_ptr_nonnull(q2->paris->sk);
+	ck_assert_uint_eq(q2->paris->sk[0].n, zone);
+	kvtd_seq_destroy(&X, q2);
+	kvtd_seq_destroy(&X, q);
+	ck_assert_uint_eq(Acct.bytes, 0);
+	ck_assert_uint_eq(Pool.used_bytes, 0);
+}
+END_TEST
 
 /*
  * The sketch of every (layer, kv head) encodes exactly the keys TOPK's exact stage reads: the
@@ -846,4 +946,4 @@ END_TEST
 
 KVT_CHECK_MAIN("seq", 60, setup, teardown, t_append_fetch_t1, t_retier_int8_fetch,
 	       t_score_add_invalid, t_open_invalid, t_quota, t_topk_exact, t_steady_no_alloc,
-	       t_sketch_follows_int8, t_sketch_follows_publish, t_flush_no_room)
+	       t_sketch_follows_int8, t_sketch_follows_publish, t_flush_no_room, t_no_sketch)
