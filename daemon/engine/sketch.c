@@ -4,6 +4,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -600,13 +601,15 @@ chunk_vnni(const uint8_t *codes, unsigned int dim, const struct sk_query *xq, co
 static bool
 has_vnni(void)
 {
-	static int v = -1; /* racy but idempotent */
+	static _Atomic int v = -1; /* every thread computes the same value */
+	int x = atomic_load_explicit(&v, memory_order_relaxed);
 
-	if (v < 0) {
+	if (x < 0) {
 		__builtin_cpu_init();
-		v = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
+		x = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
+		atomic_store_explicit(&v, x, memory_order_relaxed);
 	}
-	return v;
+	return x;
 }
 #endif
 
