@@ -92,7 +92,7 @@ int kvt_sketch_set(struct kvt_sketch *sk, uint32_t i, const float *key);
  * names, never read) for the unit query @q->x, scores as kvt_simd_dot_rows() computes them
  * from @keys (rows or get), ties to the lower index: what scoring every row would give.
  * @sk must encode the same @ix->n keys. Uses @scr's cand / score, ref_idx / ref_score and sk_*
- * arrays, grown with malloc as needed (nothing once warm at a given zone length and k).
+ * arrays, grown with malloc only past the largest lists a search has needed before.
  * Returns the number of results (min(k, keys left)), -EINVAL (n mismatch, dim mismatch),
  * -ENOMEM or -EIO (keys->get returned NULL). Scores are for the unit query.
  * Counts the rows it read in *@ret_read when that is not NULL.
