@@ -430,7 +430,9 @@ struct kvt_paris_search_opts {
  * the exact score <key, q / |q|> from @opts->keys in kvt_simd_dot_rows()'s f32 arithmetic
  * (the same bits at every SIMD level, through @rows or @get alike), and the result is their
  * top k by that score. When R' >= n every key is scored exactly (no votes, no estimates): the
- * result is the exact top-k, ties to the lower index.
+ * result is the exact top-k, ties to the lower index. With opts->sketch (refine on, exact not
+ * KVT_PARIS_EXACT_NEVER) a zone kvt_paris_sketch_pays() for is answered by kvt_sketch_topk()
+ * instead: the same exact top-k, at any n.
  * Keys dropped from the index (kvt_paris_index_drop()) are not candidates: the ratios apply to
  * the live count, and min(k, live) results come back. opts->drop is a further filter: the
  * candidates it names leave the set before the rerank (the set is not refilled).
