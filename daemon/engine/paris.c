@@ -37,14 +37,19 @@ static const double tier_frac[KVT_PARIS_TIERS] = {0.05, 0.15, 0.30, 0.50, 0.75, 
 static void *
 default_page_get(void *ctx, size_t len)
 {
+	(void)ctx;
 	return aligned_alloc(64, (len + 63) & ~(size_t)63);
 }
 
 static void
 default_page_put(void *ctx, void *page, size_t len)
 {
+	(void)ctx;
+	(void)len;
 	free(page);
 }
+
+const struct kvt_paris_alloc kvt_paris_alloc_heap = {default_page_get, default_page_put, NULL};
 
 /* ---- index pages: layout of a page's centroid ids, codes and weights ------------------------- */
 
@@ -98,12 +103,7 @@ kvt_paris_index_init(struct kvt_paris_index *ix, unsigned int dim, unsigned int 
 	ix->page_keys = page_keys;
 	ix->page_shift = (uint32_t)__builtin_ctz(page_keys);
 	ix->page_bytes = kvt_paris_page_bytes(dim, page_keys);
-	if (alloc) {
-		ix->alloc = *alloc;
-	} else {
-		ix->alloc.page_get = default_page_get;
-		ix->alloc.page_put = default_page_put;
-	}
+	ix->alloc = alloc ? *alloc : kvt_paris_alloc_heap;
 	return 0;
 }
 

@@ -79,6 +79,9 @@ struct kvt_paris_alloc {
 	void *ctx;
 };
 
+/* Pages from aligned_alloc()/free(): what a NULL allocator means for the index and the sketch. */
+extern const struct kvt_paris_alloc kvt_paris_alloc_heap;
+
 /* struct kvt_paris_index - see the top of this file. Fields are read-only outside paris.c. */
 struct kvt_paris_index {
 	uint32_t dim;	     /* 64 or 128 */

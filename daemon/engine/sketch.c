@@ -19,21 +19,6 @@
 
 #define SK_CHUNK 16 /* keys whose integer dot products are formed before their bounds are read */
 
-static void *
-sk_page_get(void *ctx, size_t len)
-{
-	(void)ctx;
-	return aligned_alloc(64, (len + 63) & ~(size_t)63);
-}
-
-static void
-sk_page_put(void *ctx, void *page, size_t len)
-{
-	(void)ctx;
-	(void)len;
-	free(page);
-}
-
 size_t
 kvt_sketch_page_bytes(unsigned int dim, unsigned int page_keys)
 {
@@ -75,12 +60,7 @@ kvt_sketch_init(struct kvt_sketch *sk, unsigned int dim, unsigned int page_keys,
 	sk->page_keys = page_keys;
 	sk->page_shift = (uint32_t)__builtin_ctz(page_keys);
 	sk->page_bytes = kvt_sketch_page_bytes(dim, page_keys);
-	if (alloc) {
-		sk->alloc = *alloc;
-	} else {
-		sk->alloc.page_get = sk_page_get;
-		sk->alloc.page_put = sk_page_put;
-	}
+	sk->alloc = alloc ? *alloc : kvt_paris_alloc_heap;
 	return 0;
 }
 
@@ -613,19 +593,25 @@ has_vnni(void)
 }
 #endif
 
-/* The VNNI kernel where the CPU has it (and dim is a multiple of 64), else AVX2, else scalar. */
-static uint32_t
-chunk(enum kvt_simd level, const uint8_t *codes, unsigned int dim, const struct sk_query *xq,
-      const float *scale, const float *tol, uint32_t cnt, float bar, float *ub)
+typedef uint32_t (*chunk_fn)(const uint8_t *codes, unsigned int dim, const struct sk_query *xq,
+			     const float *scale, const float *tol, uint32_t cnt, float bar,
+			     float *ub);
+
+/* The VNNI kernel where the CPU has it (and dim is a multiple of 64), else AVX2, else scalar:
+ * chosen once per search. */
+static chunk_fn
+chunk_kernel(unsigned int dim)
 {
 #if defined(__x86_64__)
+	enum kvt_simd level = kvt_simd_level();
+
 	if (level == KVT_SIMD_AVX512 && dim % 64 == 0 && has_vnni())
-		return chunk_vnni(codes, dim, xq, scale, tol, cnt, bar, ub);
+		return chunk_vnni;
 	if (level >= KVT_SIMD_AVX2)
-		return chunk_avx2(codes, dim, xq, scale, tol, cnt, bar, ub);
+		return chunk_avx2;
 #endif
-	(void)level;
-	return chunk_scalar(codes, dim, xq, scale, tol, cnt, bar, ub);
+	(void)dim;
+	return chunk_scalar;
 }
 
 /* ---- the search ------------------------------------------------------------------------------ */
@@ -743,7 +729,7 @@ kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
 		float *ret_score, uint32_t *ret_read)
 {
 	const unsigned int dim = sk->dim;
-	const enum kvt_simd level = kvt_simd_level();
+	const chunk_fn chunk = chunk_kernel(sk->dim);
 	struct sk_query xq;
 	float ub[SK_CHUNK];
 	float bar = -INFINITY;
@@ -777,8 +763,8 @@ kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
 
 		for (uint32_t off = 0; off < cnt; off += SK_CHUNK) {
 			uint32_t m = cnt - off < SK_CHUNK ? cnt - off : SK_CHUNK;
-			uint32_t pass = chunk(level, codes + (size_t)off * dim, dim, &xq,
-					      scale + off, tol + off, m, bar, ub);
+			uint32_t pass = chunk(codes + (size_t)off * dim, dim, &xq, scale + off,
+					      tol + off, m, bar, ub);
 
 			for (; pass; pass &= pass - 1) {
 				uint32_t i = (uint32_t)__builtin_ctz(pass), key = base + off + i;

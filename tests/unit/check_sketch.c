@@ -521,6 +521,51 @@ START_TEST(test_encode_every_level)
 }
 END_TEST
 
+static const float *
+get_fails(void *ctx, uint32_t idx, float *tmp)
+{
+	(void)ctx;
+	(void)idx;
+	(void)tmp;
+	return NULL;
+}
+
+/* A key the caller cannot read (get returns NULL) fails the search with -EIO, through the engine
+ * and alone; the same zone answers again once its keys can be read. */
+START_TEST(test_unreadable_key)
+{
+	const unsigned int dim = 64;
+	const uint32_t n = 2048;
+	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD];
+	struct kvt_paris_scratch scr = {0};
+	struct kvt_paris_query q;
+	uint32_t gi[16];
+	float gs[16];
+	uint64_t seed = 3;
+	struct zone z;
+
+	ck_assert(keys);
+	gen_keys(keys, n, dim, 5);
+	zone_make(&z, keys, n, dim, false, 0);
+	make_query(qv, dim, &z, 0, &seed);
+	kvt_paris_query_prep(&z.srht, qv, &q);
+	z.keys.get = get_fails;
+	ck_assert_int_eq(kvt_sketch_topk(&z.sk, &z.ix, &q, 16, &z.keys, NULL, &scr, gi, gs, NULL),
+			 -EIO);
+	{
+		struct kvt_paris_search_opts so = {
+		    .k = 16, .refine = 64, .keys = &z.keys, .sketch = &z.sk};
+
+		ck_assert_int_eq(kvt_paris_search(&z.ix, &q, &so, &scr, gi, gs), -EIO);
+	}
+	z.keys.get = z_get;
+	check_same(&z, qv, 16, NULL, NULL, &scr);
+	zone_free(&z);
+	kvt_paris_scratch_fini(&scr);
+	free(keys);
+}
+END_TEST
+
 START_TEST(test_bad_args)
 {
 	struct kvt_sketch sk;
@@ -557,4 +602,4 @@ END_TEST
 
 KVT_CHECK_MAIN("sketch", 300, NULL, NULL, test_exact_every_level, test_ties, test_dropped,
 	       test_nonfinite_keys, test_query_scale, test_set_after_change, test_bound_holds,
-	       test_encode_every_level, test_bad_args)
+	       test_encode_every_level, test_unreadable_key, test_bad_args)
