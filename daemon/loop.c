@@ -1407,13 +1407,19 @@ kvtd_loop_adopt(struct kvtd *d, const struct kvtd_conn_info *ci, void **ret_conn
 			return -EUSERS;
 		}
 		c->uid_ent->sessions++;
-		/* what the restore claimed was charged to the session only: the uid's share */
+		/* what the restore claimed was charged to the session only: the uid's share. Under
+		 * the pool lock, as every account: sessions adopted before this one already run
+		 * on pollers and charge the same uid. */
+		pthread_mutex_lock(&d->pool.lock);
 		c->uid_ent->acct.bytes += ci->s->acct.bytes;
+		pthread_mutex_unlock(&d->pool.lock);
 		ci->s->uid_ent = c->uid_ent;
 		ci->s->sock = c->fd;
 		r = kvtd_poller_attach(d, ci->s);
 		if (r < 0) {
+			pthread_mutex_lock(&d->pool.lock);
 			c->uid_ent->acct.bytes -= ci->s->acct.bytes;
+			pthread_mutex_unlock(&d->pool.lock);
 			ci->s->uid_ent = NULL;
 			c->uid_ent->sessions--;
 			free(c);
