@@ -61,9 +61,12 @@ seq_retrieval_init(const struct kvtd_seq_ctx *x, struct kvtd_seq *q)
 	struct kvt_srht rot;
 	int r;
 
-	/* A page must fit in one pool chunk (a sketch page is never larger: D + 8 <= 9D / 8
-	 * bytes a key for D >= 64). */
-	while (page_keys > 64 && kvt_paris_page_bytes(p->head_dim, page_keys) > x->pool->chunk_size)
+	/* A page must fit in one pool chunk: an index page (9D / 8 bytes a key) and, larger,
+	 * a sketch page (9D / 8 + 12 a key and the centre). */
+	while (page_keys > 64 &&
+	       (kvt_paris_page_bytes(p->head_dim, page_keys) > x->pool->chunk_size ||
+		(!q->no_sketch &&
+		 kvt_sketch_page_bytes(p->head_dim, page_keys) > x->pool->chunk_size)))
 		page_keys /= 2;
 	r = kvtd_pool_class_get(x->pool, kvt_paris_page_bytes(p->head_dim, page_keys));
 	if (r < 0)

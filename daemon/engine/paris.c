@@ -1444,6 +1444,9 @@ kvt_paris_scratch_fini(struct kvt_paris_scratch *s)
 	s->sk_score = NULL;
 	s->sk_bar = NULL;
 	s->sk_cap = s->sk_bar_cap = 0;
+	free(s->sk_cand);
+	s->sk_cand = NULL;
+	s->sk_cand_cap = 0;
 }
 
 static int
@@ -1517,9 +1520,9 @@ kvt_paris_sketch_pays(uint32_t live, unsigned int dim, const struct kvt_paris_ke
  * per run); other keys one by one through @get, announced KVT_REFINE_PREFETCH ahead to
  * @prefetch. Returns 0 or -EIO.
  */
-static int
-score_exact(const struct kvt_paris_query *q, const struct kvt_paris_keys *keys, const uint32_t *idx,
-	    uint32_t nr, float *tmp, float *ret_score)
+int
+kvt_paris_score_list(const struct kvt_paris_query *q, const struct kvt_paris_keys *keys,
+		     const uint32_t *idx, uint32_t nr, float *tmp, float *ret_score)
 {
 	if (keys->rows) {
 		/* the refine's keys are scattered: announce them ahead, as for get */
@@ -1618,7 +1621,7 @@ refine_exact(const struct kvt_paris_query *q, const struct kvt_paris_keys *keys,
 		kvt_paris_topk_select(scr->cand, scr->score, nc, nr, scr->ref_idx, scr->ref_score);
 	else /* every candidate is rescored: no estimates needed, index order */
 		memcpy(scr->ref_idx, scr->cand, (size_t)nc * sizeof(*scr->cand));
-	r = score_exact(q, keys, scr->ref_idx, nr, scr->key_tmp, scr->ref_score);
+	r = kvt_paris_score_list(q, keys, scr->ref_idx, nr, scr->key_tmp, scr->ref_score);
 	if (r < 0)
 		return r;
 	kvt_paris_topk_select(scr->ref_idx, scr->ref_score, nr, k, ret_idx, ret_score);
@@ -1640,8 +1643,11 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 		return -EINVAL;
 	if (opts->exact > KVT_PARIS_EXACT_NEVER)
 		return -EINVAL;
-	if (opts->refine && opts->keys->rows && opts->keys->dtype != KVT_DTYPE_F16 &&
-	    opts->keys->dtype != KVT_DTYPE_BF16 && opts->keys->dtype != KVT_DTYPE_F32)
+	if (opts->fast && (opts->fast < k || !opts->sketch || !opts->keys || !opts->keys->get))
+		return -EINVAL;
+	if ((opts->refine || opts->fast) && opts->keys->rows &&
+	    opts->keys->dtype != KVT_DTYPE_F16 && opts->keys->dtype != KVT_DTYPE_BF16 &&
+	    opts->keys->dtype != KVT_DTYPE_F32)
 		return -EINVAL;
 	if (opts->rho_cand < 0.0 || opts->rho_cand > 1.0 || opts->rho_col < 0.0 ||
 	    opts->rho_col > 1.0 || isnan(opts->rho_cand) || isnan(opts->rho_col))
@@ -1683,6 +1689,15 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 			c = nr;
 	}
 
+	/* The fast path: the sketch's sign level chooses whom to score exactly. */
+	if (opts->fast) {
+		r = kvt_sketch_topk_fast(opts->sketch, ix, q, k, opts->fast, opts->keys, opts->drop,
+					 scr, ret_idx, ret_score, NULL);
+		if (r < 0)
+			return r;
+		k = (uint32_t)r;
+		goto out;
+	}
 	/* The exact top-k from the sketch: every live key bounded, rows read for the few that
 	 * can reach the k-th exact score (sketch.h). */
 	if (opts->refine && opts->sketch && opts->exact != KVT_PARIS_EXACT_NEVER &&

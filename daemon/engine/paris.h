@@ -271,6 +271,18 @@ void kvt_paris_rerank(const struct kvt_paris_index *ix, const struct kvt_paris_q
 void kvt_paris_topk_select(const uint32_t *idx, const float *score, uint32_t n, uint32_t k,
 			   uint32_t *ret_idx, float *ret_score);
 
+struct kvt_paris_query;
+struct kvt_paris_keys;
+
+/*
+ * kvt_paris_score_list - the exact scores <key, q->x> of the @nr keys listed in @idx into
+ * @ret_score, in list order, as the refine forms them: runs of consecutive indices through
+ * @keys->rows where it offers them, else one by one through @keys->get (with its prefetch
+ * announced ahead). @tmp: q->dim floats for get. Returns 0 or -EIO (get returned NULL).
+ */
+int kvt_paris_score_list(const struct kvt_paris_query *q, const struct kvt_paris_keys *keys,
+			 const uint32_t *idx, uint32_t nr, float *tmp, float *ret_score);
+
 /*
  * struct kvt_paris_keys - read access to the full-precision keys behind an index, for the exact
  * refine stage (see the top of this file; kvtier's addition, not ParisKV's).
@@ -382,6 +394,8 @@ struct kvt_paris_scratch {
 	float *sk_bar;
 	size_t sk_cap;	   /* entries of sk_idx, sk_score */
 	size_t sk_bar_cap; /* entries of sk_bar */
+	uint64_t *sk_cand; /* the fast path's candidate keys (sketch.c) */
+	size_t sk_cand_cap;
 };
 
 /* kvt_paris_scratch_fini - free the scratch buffers; the struct may be reused after. NULL-safe. */
@@ -418,6 +432,10 @@ struct kvt_paris_search_opts {
 	 * at any zone length, through kvt_sketch_topk() where kvt_paris_sketch_pays(), reading
 	 * rows only for the keys whose bound reaches the k-th exact score, else by the scan */
 	const struct kvt_sketch *sketch;
+	/* 0, or with @sketch and @keys (refine not needed): the fast path, the top k by exact
+	 * score of the @fast (>= k) live keys the sketch's sign level ranks highest
+	 * (kvt_sketch_topk_fast()): not exact, fast rows read instead of every key's codes */
+	uint32_t fast;
 };
 
 /*
@@ -444,8 +462,11 @@ struct kvt_paris_search_opts {
  * for the unit query q / |q| and go out multiplied by |q| (q->dnorm) in double and rounded to
  * f32: positions do not depend on the query's scale, a score is never NaN for finite keys and
  * query, and it saturates to +-inf where <key, q> passes FLT_MAX.
+ * With opts->fast (and a sketch) the candidates are instead the opts->fast live keys of the
+ * best sign-level estimates, all scored exactly; at fast >= live that is the exact top-k.
  * Returns the number of results (min(k, live), or fewer with opts->drop), or -EINVAL (k == 0,
- * a ratio outside (0, 1], dim mismatch, 0 < refine < k, refine without keys or keys->get, an
+ * a ratio outside (0, 1], dim mismatch, 0 < refine < k, 0 < fast < k, fast without a sketch,
+ * keys or keys->get, refine without keys or keys->get, an
  * opts->exact past KVT_PARIS_EXACT_NEVER, keys->rows with a dtype not F16, BF16 or F32),
  * -ERANGE (k > n keys appended, which includes an empty index), -ENOMEM (scratch growth), -EIO
  * (keys->get returned NULL). Thread-safe per the file comment, as long as keys->get is.

@@ -14,15 +14,23 @@
 
 #include "kvt_abi.h" /* KVT_DTYPE_* */
 #include "quant.h"   /* kvt_f16_to_f32, kvt_bf16_to_f32 */
+#include "select.h"  /* kvt_score_key */
 #include "simd.h"
 #include "sketch.h"
 
 #define SK_CHUNK 16 /* keys whose integer dot products are formed before their bounds are read */
 
 size_t
-kvt_sketch_page_bytes(unsigned int dim, unsigned int page_keys)
+kvt_sketch_int8_bytes(unsigned int dim, unsigned int page_keys)
 {
 	return (size_t)page_keys * (dim + 2 * sizeof(float));
+}
+
+size_t
+kvt_sketch_page_bytes(unsigned int dim, unsigned int page_keys)
+{
+	return kvt_sketch_int8_bytes(dim, page_keys) +
+	       (size_t)page_keys * (dim / 8 + sizeof(float)) + dim * sizeof(float);
 }
 
 static inline uint8_t *
@@ -43,11 +51,30 @@ sk_tol(const struct kvt_sketch *sk, uint32_t p)
 	return sk_scale(sk, p) + sk->page_keys;
 }
 
+/* the sign level: bits [D/8][P], f [P], the centre [D] */
+static inline uint8_t *
+sk_bits(const struct kvt_sketch *sk, uint32_t p)
+{
+	return (uint8_t *)(sk_tol(sk, p) + sk->page_keys);
+}
+
+static inline float *
+sk_fac(const struct kvt_sketch *sk, uint32_t p)
+{
+	return (float *)(sk_bits(sk, p) + (size_t)sk->page_keys * (sk->dim / 8));
+}
+
+static inline float *
+sk_centre(const struct kvt_sketch *sk, uint32_t p)
+{
+	return sk_fac(sk, p) + sk->page_keys;
+}
+
 int
 kvt_sketch_init(struct kvt_sketch *sk, unsigned int dim, unsigned int page_keys,
 		const struct kvt_paris_alloc *alloc)
 {
-	if (!dim || dim % 32 || dim > KVT_SRHT_MAX_DIM)
+	if (dim != 64 && dim != 128)
 		return -EINVAL;
 	if (!page_keys)
 		page_keys = KVT_PARIS_PAGE_KEYS;
@@ -61,7 +88,7 @@ kvt_sketch_init(struct kvt_sketch *sk, unsigned int dim, unsigned int page_keys,
 	sk->page_shift = (uint32_t)__builtin_ctz(page_keys);
 	sk->page_bytes = kvt_sketch_page_bytes(dim, page_keys);
 	sk->alloc = alloc ? *alloc : kvt_paris_alloc_heap;
-	return 0;
+	return kvt_srht_init(&sk->rot, dim, KVT_SRHT_SEED);
 }
 
 void
@@ -385,6 +412,93 @@ row_to_f32(const void *row, unsigned int dtype, unsigned int dim, float *ret)
 	}
 }
 
+/* ---- the sign level -------------------------------------------------------------------------- */
+
+static bool
+finite_key(const float *v, unsigned int dim)
+{
+	for (unsigned int j = 0; j < dim; j++)
+		if (!isfinite(v[j]))
+			return false;
+	return true;
+}
+
+/*
+ * The signs of y = R (v - centre) into byte b * @stride of @bits for b < dim / 8, and
+ * f = |y|^2 / |y|_1 (double sums in dim order, so every level agrees: the rotation is the
+ * same at every level, srht.h). A key whose difference is not finite gets f = +inf: its
+ * estimate is +inf, it is always a candidate (as the int8 level always reads it).
+ */
+static void
+encode_sign(const struct kvt_sketch *sk, const float *v, const float *centre, uint8_t *bits,
+	    size_t stride, float *ret_f)
+{
+	float y[KVT_SRHT_MAX_DIM];
+	double s1 = 0.0, s2 = 0.0;
+
+	for (unsigned int j = 0; j < sk->dim; j++)
+		y[j] = v[j] - centre[j];
+	if (!finite_key(y, sk->dim)) {
+		for (unsigned int b = 0; b < sk->dim / 8; b++)
+			bits[b * stride] = 0;
+		*ret_f = INFINITY;
+		return;
+	}
+	kvt_srht_apply(&sk->rot, y, y);
+	for (unsigned int b = 0; b < sk->dim / 8; b++) {
+		unsigned int byte = 0;
+
+		for (unsigned int j = 0; j < 8; j++) {
+			double d = y[8 * b + j];
+
+			byte |= (unsigned int)(d >= 0.0) << j;
+			s1 += fabs(d);
+			s2 += d * d;
+		}
+		bits[b * stride] = (uint8_t)byte;
+	}
+	*ret_f = s1 > 0.0 ? (float)(s2 / s1) : 0.0f;
+}
+
+/* The centre of page @p, opened now: the mean of the finite keys of page p - 1 (csum), or for
+ * page 0 that of the finite keys among @count rows from @rows. */
+static void
+open_page(struct kvt_sketch *sk, uint32_t p, const void *rows, size_t stride, unsigned int dtype,
+	  uint32_t count)
+{
+	float *c = sk_centre(sk, p);
+
+	if (p == 0) {
+		float v[KVT_SRHT_MAX_DIM];
+
+		memset(sk->csum, 0, sizeof(sk->csum));
+		sk->ccount = 0;
+		for (uint32_t i = 0; i < count && i < sk->page_keys; i++) {
+			row_to_f32((const uint8_t *)rows + i * stride, dtype, sk->dim, v);
+			if (!finite_key(v, sk->dim))
+				continue;
+			for (unsigned int j = 0; j < sk->dim; j++)
+				sk->csum[j] += v[j];
+			sk->ccount++;
+		}
+	}
+	for (unsigned int j = 0; j < sk->dim; j++)
+		c[j] = sk->ccount ? (float)(sk->csum[j] / sk->ccount) : 0.0f;
+	memset(sk->csum, 0, sizeof(sk->csum));
+	sk->ccount = 0;
+}
+
+static void
+encode_key(struct kvt_sketch *sk, uint32_t i, const float *v)
+{
+	uint32_t p = i >> sk->page_shift, off = i & (sk->page_keys - 1);
+
+	encode(v, sk->dim, sk_codes(sk, p) + (size_t)off * sk->dim, &sk_scale(sk, p)[off],
+	       &sk_tol(sk, p)[off]);
+	encode_sign(sk, v, sk_centre(sk, p), sk_bits(sk, p) + off, sk->page_keys,
+		    &sk_fac(sk, p)[off]);
+}
+
 int
 kvt_sketch_append(struct kvt_sketch *sk, const void *rows, size_t stride, unsigned int dtype,
 		  uint32_t count)
@@ -396,11 +510,18 @@ kvt_sketch_append(struct kvt_sketch *sk, const void *rows, size_t stride, unsign
 	if ((uint64_t)sk->n + count > (uint64_t)sk->npages << sk->page_shift)
 		return -ENOSPC;
 	for (uint32_t i = 0; i < count; i++) {
-		uint32_t at = sk->n + i, p = at >> sk->page_shift, off = at & (sk->page_keys - 1);
+		const uint8_t *row = (const uint8_t *)rows + i * stride;
+		uint32_t at = sk->n + i;
 
-		row_to_f32((const uint8_t *)rows + i * stride, dtype, sk->dim, v);
-		encode(v, sk->dim, sk_codes(sk, p) + (size_t)off * sk->dim, &sk_scale(sk, p)[off],
-		       &sk_tol(sk, p)[off]);
+		if (!(at & (sk->page_keys - 1)))
+			open_page(sk, at >> sk->page_shift, row, stride, dtype, count - i);
+		row_to_f32(row, dtype, sk->dim, v);
+		encode_key(sk, at, v);
+		if (finite_key(v, sk->dim)) {
+			for (unsigned int j = 0; j < sk->dim; j++)
+				sk->csum[j] += v[j];
+			sk->ccount++;
+		}
 	}
 	sk->n += count;
 	return (int)sk->n;
@@ -409,12 +530,28 @@ kvt_sketch_append(struct kvt_sketch *sk, const void *rows, size_t stride, unsign
 int
 kvt_sketch_set(struct kvt_sketch *sk, uint32_t i, const float *key)
 {
+	if (i >= sk->n)
+		return -ERANGE;
+	encode_key(sk, i, key);
+	return 0;
+}
+
+int
+kvt_sketch_sign_code(const struct kvt_sketch *sk, uint32_t i, const float *key, uint8_t *ret_bits,
+		     float *ret_f, const float **ret_centre)
+{
 	uint32_t p = i >> sk->page_shift, off = i & (sk->page_keys - 1);
 
 	if (i >= sk->n)
 		return -ERANGE;
-	encode(key, sk->dim, sk_codes(sk, p) + (size_t)off * sk->dim, &sk_scale(sk, p)[off],
-	       &sk_tol(sk, p)[off]);
+	*ret_centre = sk_centre(sk, p);
+	if (key) {
+		encode_sign(sk, key, sk_centre(sk, p), ret_bits, 1, ret_f);
+		return 0;
+	}
+	for (unsigned int b = 0; b < sk->dim / 8; b++)
+		ret_bits[b] = sk_bits(sk, p)[(size_t)b * sk->page_keys + off];
+	*ret_f = sk_fac(sk, p)[off];
 	return 0;
 }
 
@@ -834,5 +971,294 @@ kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
 		k = nr;
 	if (k)
 		kvt_paris_topk_select(scr->sk_idx, scr->sk_score, nr, k, ret_idx, ret_score);
+	return (int)k;
+}
+
+/* ---- the fast path: candidates from the sign level, rescored exactly --------------------------
+ */
+
+#define SB_GROUP 64 /* keys a kernel estimates at once (one dead-key bitmap word) */
+
+/*
+ * The rotated unit query as tables: for block b (dims 8b .. 8b + 7) and sign byte c,
+ * tab[b][c] = round(s * sum_j (bit j of c ? y_j : -y_j)) with one scale s = 127 / max_b
+ * sum_j |y_j|, so each entry fits a signed byte and a key's 16 entries an int16. The
+ * estimate of key i is then f_i * (acc_i / s) + <m_p, x>. (The tables' rounding costs nothing
+ * measurable next to the 1-bit codes': BENCHMARKS.md.)
+ */
+struct sb_query {
+	int8_t tab[KVT_PARIS_MAX_BLK][256] __attribute__((aligned(64)));
+	float inv_s;
+};
+
+static void
+sb_query_prep(const struct kvt_sketch *sk, const float *x, struct sb_query *ret)
+{
+	float y[KVT_SRHT_MAX_DIM], t[256], m = 0.0f, s;
+
+	kvt_srht_apply(&sk->rot, x, y);
+	for (unsigned int b = 0; b < sk->dim / 8; b++) {
+		float a = 0.0f;
+
+		for (unsigned int j = 0; j < 8; j++)
+			a += fabsf(y[8 * b + j]);
+		m = fmaxf(m, a);
+	}
+	s = m > 0.0f ? 127.0f / m : 0.0f;
+	ret->inv_s = m > 0.0f ? m / 127.0f : 0.0f;
+	for (unsigned int b = 0; b < sk->dim / 8; b++) {
+		const float *yb = y + 8 * b;
+
+		t[0] = 0.0f;
+		for (unsigned int j = 0; j < 8; j++)
+			t[0] -= yb[j];
+		for (unsigned int c = 1; c < 256; c++)
+			t[c] = t[c & (c - 1)] + 2.0f * yb[__builtin_ctz(c)];
+		for (unsigned int c = 0; c < 256; c++)
+			ret->tab[b][c] =
+			    (int8_t)fminf(fmaxf(nearbyintf(t[c] * s), -127.0f), 127.0f);
+	}
+}
+
+/*
+ * One group of @cnt (<= 64) keys at @off of a page: estimates into @est and the mask of those
+ * above @bar. The integer sums are exact and the rest is one multiply and one fused
+ * multiply-add per key, so every level gives the same bits.
+ */
+typedef uint64_t (*sb_group_fn)(const struct kvt_sketch *sk, uint32_t p, uint32_t off, uint32_t cnt,
+				const struct sb_query *bq, float cp, float bar, float *est);
+
+static uint64_t
+sb_group_scalar(const struct kvt_sketch *sk, uint32_t p, uint32_t off, uint32_t cnt,
+		const struct sb_query *bq, float cp, float bar, float *est)
+{
+	const uint8_t *bits = sk_bits(sk, p) + off;
+	const float *fac = sk_fac(sk, p) + off;
+	uint64_t pass = 0;
+
+	for (uint32_t i = 0; i < cnt; i++) {
+		int acc = 0;
+
+		for (unsigned int b = 0; b < sk->dim / 8; b++)
+			acc += bq->tab[b][bits[(size_t)b * sk->page_keys + i]];
+		est[i] = fac[i] == INFINITY ? INFINITY : fmaf((float)acc, fac[i] * bq->inv_s, cp);
+		pass |= (uint64_t)(est[i] > bar) << i;
+	}
+	return pass;
+}
+
+#if defined(__x86_64__)
+/* As the vote pass (paris.c): vpermi2b looks a 256-entry byte table up for 64 keys in ~4
+ * instructions; the bytes are summed as int16. */
+__attribute__((target("avx512f,avx512bw,avx512vbmi"))) static uint64_t
+sb_group_avx512(const struct kvt_sketch *sk, uint32_t p, uint32_t off, uint32_t cnt,
+		const struct sb_query *bq, float cp, float bar, float *est)
+{
+	const uint8_t *bits = sk_bits(sk, p) + off;
+	const float *fac = sk_fac(sk, p) + off;
+	__m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+	const __m512 inv = _mm512_set1_ps(bq->inv_s), c = _mm512_set1_ps(cp),
+		     vb = _mm512_set1_ps(bar), inf = _mm512_set1_ps(INFINITY);
+	uint64_t pass = 0;
+
+	/* a page holds a multiple of 64 keys: a short last group reads zeroed bytes */
+	for (unsigned int b = 0; b < sk->dim / 8; b++) {
+		const int8_t *t = bq->tab[b];
+		__m512i id = _mm512_loadu_si512(bits + (size_t)b * sk->page_keys);
+		__m512i lo =
+		    _mm512_permutex2var_epi8(_mm512_load_si512(t), id, _mm512_load_si512(t + 64));
+		__m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(t + 128), id,
+						      _mm512_load_si512(t + 192));
+		__m512i v = _mm512_mask_blend_epi8(_mm512_movepi8_mask(id), lo, hi);
+
+		a0 = _mm512_add_epi16(a0, _mm512_cvtepi8_epi16(_mm512_castsi512_si256(v)));
+		a1 = _mm512_add_epi16(a1, _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(v, 1)));
+	}
+	for (unsigned int g = 0; g < 4; g++) {
+		__m512i a = g < 2 ? a0 : a1;
+		__m256i h = g & 1 ? _mm512_extracti64x4_epi64(a, 1) : _mm512_castsi512_si256(a);
+		__m512 f = _mm512_loadu_ps(fac + 16 * g);
+		__m512 e = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(h)),
+					   _mm512_mul_ps(f, inv), c);
+
+		e = _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(f, inf, _CMP_EQ_OQ), inf);
+		_mm512_storeu_ps(est + 16 * g, e);
+		pass |= (uint64_t)_mm512_cmp_ps_mask(e, vb, _CMP_GT_OQ) << (16 * g);
+	}
+	return cnt < 64 ? pass & ((1ull << cnt) - 1) : pass;
+}
+#endif
+
+static sb_group_fn
+sb_group_kernel(void)
+{
+#if defined(__x86_64__)
+	if (kvt_simd_level() == KVT_SIMD_AVX512) /* F, BW, VBMI */
+		return sb_group_avx512;
+#endif
+	return sb_group_scalar;
+}
+
+/* A candidate as one u64, larger is better: the estimate's order-preserving key (select.h),
+ * then the lower index (~idx), so ties go to the lower index and keys are distinct. */
+static inline uint64_t
+cand_key(float est, uint32_t idx)
+{
+	return (uint64_t)kvt_score_key(est) << 32 | (uint32_t)~idx;
+}
+
+/* The estimate back from a key (kvt_score_key() inverted; estimates are never NaN). */
+static inline float
+est_of(uint64_t key)
+{
+	uint32_t u = (uint32_t)(key >> 32);
+	float f;
+
+	u = (u & 0x80000000u) ? u & 0x7fffffffu : ~u;
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+/*
+ * The @c largest of @n distinct keys to the front, in no order; returns the position of the
+ * smallest of them (1 <= c <= n). Quickselect with median-of-three pivots and a branch-free
+ * partition (the swap is unconditional, the store index advances by the comparison): the
+ * comparisons are unpredictable by nature, and a mispredicted branch per key cost more than
+ * the whole scan did.
+ */
+static uint32_t
+cand_keep(uint64_t *a, uint32_t n, uint32_t c)
+{
+	uint32_t lo = 0, hi = n;
+
+	for (;;) {
+		uint32_t mid = lo + (hi - lo) / 2, last = hi - 1, st = lo;
+		uint64_t pv, x;
+
+		if (hi - lo <= 1)
+			return lo;
+		if (a[mid] > a[lo]) {
+			x = a[mid];
+			a[mid] = a[lo];
+			a[lo] = x;
+		}
+		if (a[last] > a[lo]) {
+			x = a[last];
+			a[last] = a[lo];
+			a[lo] = x;
+		}
+		if (a[mid] > a[last]) {
+			x = a[mid];
+			a[mid] = a[last];
+			a[last] = x;
+		}
+		pv = a[last]; /* the median of three */
+		for (uint32_t t = lo; t < last; t++) {
+			x = a[t];
+			a[t] = a[st];
+			a[st] = x;
+			st += x > pv;
+		}
+		a[last] = a[st];
+		a[st] = pv;
+		/* [lo, st) beat the pivot, now at st */
+		if (st + 1 == c)
+			return st;
+		if (st + 1 > c)
+			hi = st;
+		else
+			lo = st + 1;
+	}
+}
+
+int
+kvt_sketch_topk_fast(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
+		     const struct kvt_paris_query *q, uint32_t k, uint32_t cand,
+		     const struct kvt_paris_keys *keys, const struct kvt_paris_drop *drop,
+		     struct kvt_paris_scratch *scr, uint32_t *ret_idx, float *ret_score,
+		     uint32_t *ret_read)
+{
+	const sb_group_fn group = sb_group_kernel();
+	struct sb_query *bq;
+	float est[SB_GROUP], bar = -INFINITY;
+	uint32_t hn = 0, live = kvt_paris_index_live(ix);
+	bool kept = false;
+	int r;
+
+	if (sk->n != ix->n || q->dim != sk->dim || ix->dim != sk->dim || !k || cand < k || !keys ||
+	    !keys->get)
+		return -EINVAL;
+	if (cand > live)
+		cand = live;
+	r = grow(&scr->ref_idx, &scr->ref_score, &scr->ref_cap, cand ? cand : 1);
+	if (r < 0)
+		return r;
+	/* up to 2C listed between selections: amortised O(1) a listing, no heap */
+	if (scr->sk_cand_cap < 2 * (size_t)cand) {
+		uint64_t *c = realloc(scr->sk_cand, 2 * (size_t)cand * sizeof(*c));
+
+		if (!c)
+			return -ENOMEM;
+		scr->sk_cand = c;
+		scr->sk_cand_cap = 2 * (size_t)cand;
+	}
+	bq = aligned_alloc(64, sizeof(*bq));
+	if (!bq)
+		return -ENOMEM;
+	sb_query_prep(sk, q->x, bq);
+
+	for (uint32_t p = 0; cand && p < sk->npages && ((uint64_t)p << sk->page_shift) < sk->n;
+	     p++) {
+		const uint32_t base = p << sk->page_shift;
+		const uint32_t cnt = sk->n - base < sk->page_keys ? sk->n - base : sk->page_keys;
+		const float *centre = sk_centre(sk, p);
+		float cp = 0.0f;
+
+		for (unsigned int j = 0; j < sk->dim; j++)
+			cp = fmaf(centre[j], q->x[j], cp);
+		for (uint32_t off = 0; off < cnt; off += SB_GROUP) {
+			uint32_t m = cnt - off < SB_GROUP ? cnt - off : SB_GROUP;
+			uint64_t pass = group(sk, p, off, m, bq, cp, bar, est);
+
+			if (!kept) /* before the first selection every key is listed */
+				pass = m < 64 ? (1ull << m) - 1 : ~0ull;
+			if (ix->ndead) /* base + off is a multiple of 64: one bitmap word */
+				pass &= ~ix->dead[(base + off) / 64];
+			for (; pass; pass &= pass - 1) {
+				uint32_t i = (uint32_t)__builtin_ctzll(pass), key = base + off + i;
+
+				/* after one, only above the C-th best (later keys lose ties) */
+				if (kept && !(est[i] > bar))
+					continue;
+				if (drop && drop->dropped(drop->ctx, key))
+					continue;
+				scr->sk_cand[hn++] = cand_key(est[i], key);
+				if (hn == 2 * cand) {
+					uint32_t w = cand_keep(scr->sk_cand, hn, cand);
+
+					/* the C-th best estimate: a later key must pass it */
+					bar = est_of(scr->sk_cand[w]);
+					hn = cand;
+					kept = true;
+				}
+			}
+		}
+	}
+	free(bq);
+	if (hn > cand) {
+		cand_keep(scr->sk_cand, hn, cand);
+		hn = cand;
+	}
+	for (uint32_t i = 0; i < hn; i++)
+		scr->ref_idx[i] = ~(uint32_t)scr->sk_cand[i];
+	r = kvt_paris_score_list(q, keys, scr->ref_idx, hn, scr->key_tmp, scr->ref_score);
+	if (r < 0)
+		return r;
+	if (ret_read)
+		*ret_read = hn;
+	if (k > hn)
+		k = hn;
+	if (k)
+		kvt_paris_topk_select(scr->ref_idx, scr->ref_score, hn, k, ret_idx, ret_score);
 	return (int)k;
 }

@@ -30,8 +30,26 @@
  * is the exact top-k, the same as scoring every row, while it reads D + 8 bytes of every key
  * instead of 2D (4D for f32 rows) and rows for about k keys plus those within 2t of the cut.
  *
+ * A second, coarser level serves the fast path (kvt_sketch_topk_fast(), opts.fast): per key the
+ * signs of y = R (v - m_p), one bit a dim (R the SRHT of srht.h, m_p a centre fixed per page),
+ * and f = |y|^2 / |y|_1, D / 8 + 4 bytes. For a unit query x, <v, x> = <y, R x> + <m_p, x> and
+ *
+ *	<v, x> ~ f * sum_j sign(y_j) (R x)_j + <m_p, x>
+ *
+ * (the 1-bit estimator of RaBitQ: the sign vector's projection, rescaled by how well it aligns
+ * with y). Nothing bounds it; its use is to choose the C keys to score exactly (C >= k), which
+ * makes the result the exact top-k of those C, close to the true one for C of 10-20 k
+ * (BENCHMARKS.md). Centring is what makes one bit enough: keys share large common components
+ * (the outlier channels of post-RoPE keys) whose signs would carry no information. m_p is the
+ * mean of page p - 1's finite keys as appended, and for page 0 that of the finite keys among
+ * the first append's (so a sketch rebuilt in other batches may differ in page 0's bits, never
+ * in the int8 level). kvt_sketch_set() re-encodes a key against its page's centre.
+ *
  * Storage: pages of page_keys keys from the caller's allocator (struct kvt_paris_alloc): codes
- * [P][D] (bytes c + 128), then scales [P] and tolerances [P]. One writer; searches only read.
+ * [P][D] (bytes c + 128), scales [P], tolerances [P] (the int8 level, the first
+ * kvt_sketch_int8_bytes() bytes), then sign bits [D/8][P] (byte b of key i at b * P + i, bit j
+ * for dim 8b + j, as the index's centroid ids), f [P] and the centre m_p [D] (f32).
+ * One writer; searches only read.
  */
 #ifndef KVT_ENGINE_SKETCH_H
 #define KVT_ENGINE_SKETCH_H
@@ -39,9 +57,10 @@
 #include <stdint.h>
 
 #include "paris.h"
+#include "srht.h"
 
 struct kvt_sketch {
-	uint32_t dim;	     /* 64 or 128 (any multiple of 32 up to KVT_SRHT_MAX_DIM) */
+	uint32_t dim;	     /* 64 or 128 */
 	uint32_t page_keys;  /* keys per page, a power of two >= 64 */
 	uint32_t page_shift; /* log2(page_keys) */
 	uint32_t n;	     /* keys encoded: index i is the caller's key i */
@@ -50,10 +69,14 @@ struct kvt_sketch {
 	size_t page_bytes;
 	void **pages;
 	struct kvt_paris_alloc alloc;
+	struct kvt_srht rot; /* the sign level's rotation (KVT_SRHT_SEED) */
+	/* the finite keys appended to the page being filled: the next page's centre */
+	double csum[KVT_SRHT_MAX_DIM];
+	uint32_t ccount;
 };
 
 /*
- * kvt_sketch_init - an empty sketch. @dim: a multiple of 32, at most KVT_SRHT_MAX_DIM.
+ * kvt_sketch_init - an empty sketch. @dim: 64 or 128 (the rotation's).
  * @page_keys: a power of two in [64, 1 << 20]; 0 means KVT_PARIS_PAGE_KEYS. @alloc: copied,
  * NULL means aligned_alloc()/free(). Returns 0 or -EINVAL. Allocates nothing.
  */
@@ -63,8 +86,12 @@ int kvt_sketch_init(struct kvt_sketch *sk, unsigned int dim, unsigned int page_k
 /* kvt_sketch_fini - give back every page. Accepts a zeroed sketch. */
 void kvt_sketch_fini(struct kvt_sketch *sk);
 
-/* kvt_sketch_page_bytes - bytes of one page: page_keys * (dim + 8). */
+/* kvt_sketch_page_bytes - bytes of one page: page_keys * (9 dim / 8 + 12) + 4 dim. */
 size_t kvt_sketch_page_bytes(unsigned int dim, unsigned int page_keys);
+
+/* kvt_sketch_int8_bytes - the int8 level's bytes at the start of each page:
+ * page_keys * (dim + 8). */
+size_t kvt_sketch_int8_bytes(unsigned int dim, unsigned int page_keys);
 
 /* kvt_sketch_reserve - room for @nkeys keys in all. Returns the capacity, -ENOMEM or
  * -EOVERFLOW (past 2^31 keys); on failure the sketch keeps what it had. */
@@ -88,6 +115,16 @@ int kvt_sketch_append(struct kvt_sketch *sk, const void *rows, size_t stride, un
 int kvt_sketch_set(struct kvt_sketch *sk, uint32_t i, const float *key);
 
 /*
+ * kvt_sketch_sign_code - key @i's sign level as the sketch holds it: @ret_bits (dim / 8 bytes,
+ * bit j of byte b for dim 8b + j), *@ret_f and the page's centre (*@ret_centre, dim floats).
+ * With @key (dim f32) not NULL, what encoding @key against that centre gives instead (for
+ * tests: a sketch must hold the encoding of the value the exact stage reads).
+ * Returns 0 or -ERANGE (i >= n).
+ */
+int kvt_sketch_sign_code(const struct kvt_sketch *sk, uint32_t i, const float *key,
+			 uint8_t *ret_bits, float *ret_f, const float **ret_centre);
+
+/*
  * kvt_sketch_topk - the exact top-k of the live keys of @ix (dropped ones, and those @drop
  * names, never read) for the unit query @q->x, scores as kvt_simd_dot_rows() computes them
  * from @keys (rows or get), ties to the lower index: what scoring every row would give.
@@ -101,5 +138,21 @@ int kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *i
 		    const struct kvt_paris_query *q, uint32_t k, const struct kvt_paris_keys *keys,
 		    const struct kvt_paris_drop *drop, struct kvt_paris_scratch *scr,
 		    uint32_t *ret_idx, float *ret_score, uint32_t *ret_read);
+
+/*
+ * kvt_sketch_topk_fast - the top-k by exact score of the @cand live keys of @ix (dropped ones
+ * and those @drop names left out) with the highest sign-level estimates (ties to the lower
+ * index): C rows read instead of every key's D + 8 bytes, not the exact top-k. @cand >= k;
+ * with @cand >= the live keys every key is scored, which is the exact top-k. Scores, order and
+ * the rest as kvt_sketch_topk(); *@ret_read counts the rows read (min(cand, live)).
+ * Uses @scr's ref_idx / ref_score (the candidates) and cand / score.
+ * Returns the number of results (min(k, candidates)), -EINVAL (n or dim mismatch, k == 0,
+ * cand < k), -ENOMEM or -EIO.
+ */
+int kvt_sketch_topk_fast(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
+			 const struct kvt_paris_query *q, uint32_t k, uint32_t cand,
+			 const struct kvt_paris_keys *keys, const struct kvt_paris_drop *drop,
+			 struct kvt_paris_scratch *scr, uint32_t *ret_idx, float *ret_score,
+			 uint32_t *ret_read);
 
 #endif /* KVT_ENGINE_SKETCH_H */

@@ -682,6 +682,41 @@ START_TEST(t_no_sketch)
 END_TEST
 
 /*
+ * @got against a sketch built from @zone f32 key rows at @rows + i * @stride bytes (what the
+ * exact stage reads): the int8 level byte for byte; the sign level key by key, as encoding
+ * those values against @got's page centres gives (the centres depend on how the keys came in
+ * batches, sketch.h).
+ */
+static void
+sketch_same(const struct kvt_sketch *got, const uint8_t *rows, size_t stride, uint32_t zone)
+{
+	struct kvt_sketch want;
+	size_t int8 = kvt_sketch_int8_bytes(D, got->page_keys);
+
+	ck_assert_uint_eq(got->n, zone);
+	ck_assert_int_eq(kvt_sketch_init(&want, D, got->page_keys, NULL), 0);
+	ck_assert_int_ge(kvt_sketch_reserve(&want, zone), (int)zone);
+	ck_assert_int_eq(kvt_sketch_append(&want, rows, stride, KVT_DTYPE_F32, zone), (int)zone);
+	ck_assert_uint_eq(want.npages, got->npages);
+	for (uint32_t pg = 0; pg < got->npages; pg++)
+		ck_assert_msg(!memcmp(want.pages[pg], got->pages[pg], int8),
+			      "page %u: the int8 sketch is not that of the keys TOPK reads", pg);
+	for (uint32_t i = 0; i < zone; i++) {
+		uint8_t bg[D / 8], bw[D / 8];
+		float fg, fw;
+		const float *c;
+
+		ck_assert_int_eq(kvt_sketch_sign_code(got, i, NULL, bg, &fg, &c), 0);
+		ck_assert_int_eq(
+		    kvt_sketch_sign_code(got, i, (const float *)(rows + i * stride), bw, &fw, &c),
+		    0);
+		ck_assert_msg(!memcmp(bg, bw, sizeof(bg)) && fg == fw,
+			      "key %u: the sign level is not that of the key TOPK reads", i);
+	}
+	kvt_sketch_fini(&want);
+}
+
+/*
  * The sketch of every (layer, kv head) encodes exactly the keys TOPK's exact stage reads: the
  * rows as appended, and after RETIER quantized positions of the zone to int8 (per head or per
  * channel scales) their dequantized values, which FETCH stages too. Compared byte for byte
@@ -724,26 +759,9 @@ START_TEST(t_sketch_follows_int8)
 		ck_assert_int_eq(kvtd_seq_fetch(&X, q, KVT_FETCH_F_LIST, 0, L, 0, list, NMAX, zone),
 				 (int)zone);
 		for (uint32_t l = 0; l < L; l++)
-			for (uint32_t h = 0; h < H; h++) {
-				const struct kvt_sketch *got = &q->paris->sk[l * H + h];
-				struct kvt_sketch want;
-
-				ck_assert_uint_eq(got->n, zone);
-				ck_assert_int_eq(kvt_sketch_init(&want, D, got->page_keys, NULL),
-						 0);
-				ck_assert_int_ge(kvt_sketch_reserve(&want, zone), (int)zone);
-				ck_assert_int_eq(kvt_sketch_append(&want, staged(0, l, 0) + h * D,
-								   ROW, KVT_DTYPE_F32, zone),
-						 (int)zone);
-				ck_assert_uint_eq(want.npages, got->npages);
-				for (uint32_t pg = 0; pg < got->npages; pg++)
-					ck_assert_msg(!memcmp(want.pages[pg], got->pages[pg],
-							      got->page_bytes),
-						      "t2_flags %u layer %u head %u: the sketch "
-						      "is not that of the keys TOPK reads",
-						      t2_flags[m], l, h);
-				kvt_sketch_fini(&want);
-			}
+			for (uint32_t h = 0; h < H; h++)
+				sketch_same(&q->paris->sk[l * H + h],
+					    (const uint8_t *)(staged(0, l, 0) + h * D), ROW, zone);
 		kvtd_seq_destroy(&X, q);
 		ck_assert_uint_eq(Acct.bytes, 0);
 		ck_assert_uint_eq(Pool.used_bytes, 0);
@@ -752,24 +770,12 @@ START_TEST(t_sketch_follows_int8)
 END_TEST
 
 /* The sketch of (layer, kv head) @i of @q against one built from zone key rows at @k0 + pos *
- * TOK bytes for position pos: byte for byte. */
+ * TOK bytes for position pos. */
 static void
 sketch_is(const struct kvtd_seq *q, uint32_t l, uint32_t h, const uint8_t *k0, uint32_t zone)
 {
-	const struct kvt_sketch *got = &q->paris->sk[l * H + h];
-	struct kvt_sketch want;
-
-	ck_assert_uint_eq(got->n, zone);
-	ck_assert_int_eq(kvt_sketch_init(&want, D, got->page_keys, NULL), 0);
-	ck_assert_int_ge(kvt_sketch_reserve(&want, zone), (int)zone);
-	ck_assert_int_eq(kvt_sketch_append(&want, k0 + (uint64_t)S * TOK + (2 * l * H + h) * D * 4,
-					   TOK, KVT_DTYPE_F32, zone),
-			 (int)zone);
-	for (uint32_t pg = 0; pg < got->npages; pg++)
-		ck_assert_msg(!memcmp(want.pages[pg], got->pages[pg], got->page_bytes),
-			      "layer %u head %u: the sketch is not that of the keys TOPK reads", l,
-			      h);
-	kvt_sketch_fini(&want);
+	sketch_same(&q->paris->sk[l * H + h], k0 + (uint64_t)S * TOK + (2 * l * H + h) * D * 4, TOK,
+		    zone);
 }
 
 /*

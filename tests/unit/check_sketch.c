@@ -3,7 +3,9 @@
  * check_sketch - the int8 sketch (daemon/engine/sketch.h): its bound holds for every key and
  * query, so its top-k is the exact top-k of the rows (the list a full scan gives, ties to the
  * lower index) at every SIMD level, with dropped keys, non-finite keys, any query scale and
- * keys whose stored value changed; and it reads few rows doing so.
+ * keys whose stored value changed; and it reads few rows doing so. Its sign level's fast path
+ * (kvt_sketch_topk_fast()) is the exact top-k when it scores every key, the same at every
+ * level, finds what it is for, and keeps the edges (dropped, infinite and changed keys).
  */
 #include <errno.h>
 #include <math.h>
@@ -566,6 +568,231 @@ START_TEST(test_unreadable_key)
 }
 END_TEST
 
+/* ---- the fast path (kvt_sketch_topk_fast()): the sign level chooses whom to score ---------- */
+
+/* The fast path's answer: @got results, returned as the exact scores of the keys they name. */
+static int
+fast(struct zone *z, const float *qv, uint32_t k, uint32_t cand, const struct kvt_paris_drop *drop,
+     struct kvt_paris_scratch *scr, uint32_t *gi, float *gs)
+{
+	struct kvt_paris_query q;
+	uint32_t nread = 0;
+	int r;
+
+	kvt_paris_query_prep(&z->srht, qv, &q);
+	r = kvt_sketch_topk_fast(&z->sk, &z->ix, &q, k, cand, &z->keys, drop, scr, gi, gs, &nread);
+	if (r >= 0)
+		ck_assert_uint_le(nread, cand);
+	return r;
+}
+
+/* With C >= the live keys every key is scored: the exact top-k, the scan's list, at every
+ * level, both dims, rows or get, with dropped keys and a drop filter. */
+START_TEST(test_fast_all_is_exact)
+{
+	static const unsigned int dims[2] = {64, 128};
+	const uint32_t n = 3001;
+	uint64_t seed = 41;
+
+	for (int di = 0; di < 2; di++) {
+		unsigned int dim = dims[di];
+		float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD];
+		uint8_t *skip = calloc(n, 1);
+		struct kvt_paris_scratch scr = {0};
+		const struct kvt_paris_drop drop = {drop_every_third, NULL};
+
+		ck_assert(keys && skip);
+		gen_keys(keys, n, dim, 300 + di);
+		for (int rows = 0; rows < 2; rows++) {
+			struct zone z;
+
+			zone_make(&z, keys, n, dim, rows, 512);
+			for (uint32_t i = 0; i < n; i += 7) /* a seventh dropped */
+				ck_assert_int_eq(kvt_paris_index_drop(&z.ix, i), 1);
+			for (int lv = KVT_SIMD_SCALAR; lv <= KVT_SIMD_AVX512; lv++) {
+				if (kvt_simd_cap((enum kvt_simd)lv) != (enum kvt_simd)lv)
+					continue;
+				for (uint32_t t = 0; t < 8; t++) {
+					uint32_t gi[100], bi[100];
+					float gs[100], bs[100];
+					struct kvt_paris_query q;
+					int got, want;
+
+					make_query(qv, dim, &z, t, &seed);
+					kvt_paris_query_prep(&z.srht, qv, &q);
+					for (uint32_t i = 0; i < n; i++)
+						skip[i] = t % 2 && i % 3 == 0;
+					got = fast(&z, qv, 100, n, t % 2 ? &drop : NULL, &scr, gi,
+						   gs);
+					want = (int)brute(&z, &q, 100, skip, bi, bs);
+					ck_assert_int_eq(got, want);
+					ck_assert_mem_eq(gi, bi, (size_t)want * sizeof(uint32_t));
+					ck_assert_mem_eq(gs, bs, (size_t)want * sizeof(float));
+				}
+			}
+			kvt_simd_cap(KVT_SIMD_AVX512);
+			zone_free(&z);
+		}
+		kvt_paris_scratch_fini(&scr);
+		free(skip);
+		free(keys);
+	}
+}
+END_TEST
+
+/* The sign level's estimates are integers and one fused multiply-add: every level chooses the
+ * same candidates, so returns the same list. */
+START_TEST(test_fast_levels_agree)
+{
+	const unsigned int dim = 128;
+	const uint32_t n = 6007, k = 50;
+	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD];
+	struct kvt_paris_scratch scr = {0};
+	uint64_t seed = 13;
+	struct zone z;
+
+	ck_assert(keys);
+	gen_keys(keys, n, dim, 77);
+	zone_make(&z, keys, n, dim, true, 1024);
+	for (uint32_t t = 0; t < 12; t++) {
+		uint32_t g0[50], g1[50];
+		float s0[50], s1[50];
+
+		make_query(qv, dim, &z, t, &seed);
+		kvt_simd_cap(KVT_SIMD_SCALAR);
+		ck_assert_int_eq(fast(&z, qv, k, 4 * k, NULL, &scr, g0, s0), (int)k);
+		kvt_simd_cap(KVT_SIMD_AVX512);
+		ck_assert_int_eq(fast(&z, qv, k, 4 * k, NULL, &scr, g1, s1), (int)k);
+		ck_assert_mem_eq(g0, g1, sizeof(g0));
+		ck_assert_mem_eq(s0, s1, sizeof(s0));
+	}
+	zone_free(&z);
+	kvt_paris_scratch_fini(&scr);
+	free(keys);
+}
+END_TEST
+
+/*
+ * What the level is for: keys that share a large common component (outlier channels, a mean
+ * 40x the spread) and 24 planted keys near the query, spread over the pages. With C = 4k the
+ * fast path returns all 24 first; it cannot when the signs carry the common component (no
+ * centring) or the estimate's sign is wrong.
+ */
+START_TEST(test_fast_finds_planted)
+{
+	const unsigned int dim = 64;
+	const uint32_t n = 20000, k = 24;
+	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD], mean[MAXD];
+	struct kvt_paris_scratch scr = {0};
+	uint64_t seed = 99;
+	struct zone z;
+
+	ck_assert(keys);
+	for (unsigned int j = 0; j < dim; j++)
+		mean[j] = 40.0f * kvt_test_lcg_gauss(&seed);
+	for (uint32_t i = 0; i < n; i++)
+		for (unsigned int j = 0; j < dim; j++)
+			keys[(size_t)i * dim + j] = mean[j] + kvt_test_lcg_gauss(&seed);
+	for (uint32_t t = 0; t < 6; t++) {
+		uint32_t gi[24], planted[24];
+		float gs[24];
+
+		for (unsigned int j = 0; j < dim; j++)
+			qv[j] = kvt_test_lcg_gauss(&seed);
+		if (t)
+			zone_free(&z);
+		for (uint32_t p = 0; p < k; p++) { /* mean + 3 sigma along the query, + noise */
+			float qn = 0.0f;
+
+			planted[p] = (p * 7919u + t * 104729u) % n;
+			for (unsigned int j = 0; j < dim; j++)
+				qn += qv[j] * qv[j];
+			for (unsigned int j = 0; j < dim; j++)
+				keys[(size_t)planted[p] * dim + j] =
+				    mean[j] + 3.0f * qv[j] / sqrtf(qn) * sqrtf((float)dim) / 2.0f +
+				    0.3f * kvt_test_lcg_gauss(&seed);
+		}
+		zone_make(&z, keys, n, dim, true, 4096);
+		ck_assert_int_eq(fast(&z, qv, k, 4 * k, NULL, &scr, gi, gs), (int)k);
+		for (uint32_t p = 0; p < k; p++) {
+			bool found = false;
+
+			for (uint32_t i = 0; i < k; i++)
+				found |= gi[i] == planted[p];
+			ck_assert_msg(found, "query %u: planted key %u not returned", t,
+				      planted[p]);
+		}
+		for (uint32_t p = 0; p < k; p++) /* back to ordinary keys */
+			for (unsigned int j = 0; j < dim; j++)
+				keys[(size_t)planted[p] * dim + j] =
+				    mean[j] + kvt_test_lcg_gauss(&seed);
+	}
+	zone_free(&z);
+	kvt_paris_scratch_fini(&scr);
+	free(keys);
+}
+END_TEST
+
+/* At 99 % dropped, min(k, live) results, none dropped; an infinite key is always a candidate
+ * (as the int8 level always reads it); a changed key is found once kvt_sketch_set() re-encodes
+ * it, and the stored sign code is then that of the new value. */
+START_TEST(test_fast_edges)
+{
+	const unsigned int dim = 128;
+	const uint32_t n = 8192;
+	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD];
+	struct kvt_paris_scratch scr = {0};
+	struct kvt_paris_query q;
+	uint32_t gi[100];
+	float gs[100], f0, f1;
+	uint8_t b0[16], b1[16];
+	const float *c;
+	uint64_t seed = 3;
+	struct zone z;
+	int r;
+
+	ck_assert(keys);
+	gen_keys(keys, n, dim, 5);
+	keys[(size_t)5000 * dim + 9] = INFINITY;
+	zone_make(&z, keys, n, dim, false, 0);
+	for (unsigned int j = 0; j < dim; j++)
+		qv[j] = j == 9 ? 1.0f : 0.01f * kvt_test_lcg_gauss(&seed);
+	ck_assert_int_eq(fast(&z, qv, 10, 10, NULL, &scr, gi, gs), 10);
+	ck_assert_uint_eq(gi[0], 5000);
+	ck_assert(gs[0] == INFINITY);
+
+	/* a changed key: the best by far once re-encoded */
+	make_query(qv, dim, &z, 0, &seed);
+	kvt_paris_query_prep(&z.srht, qv, &q);
+	for (unsigned int j = 0; j < dim; j++)
+		z.f32[(size_t)777 * dim + j] = 1e6f * q.x[j];
+	ck_assert_int_eq(kvt_sketch_set(&z.sk, 777, z.f32 + (size_t)777 * dim), 0);
+	ck_assert_int_eq(kvt_sketch_sign_code(&z.sk, 777, NULL, b0, &f0, &c), 0);
+	ck_assert_int_eq(kvt_sketch_sign_code(&z.sk, 777, z.f32 + (size_t)777 * dim, b1, &f1, &c),
+			 0);
+	ck_assert_mem_eq(b0, b1, sizeof(b0));
+	ck_assert(f0 == f1 && f0 > 0.0f);
+	ck_assert_int_eq(kvt_sketch_sign_code(&z.sk, n, NULL, b0, &f0, &c), -ERANGE);
+	ck_assert_int_eq(fast(&z, qv, 10, 40, NULL, &scr, gi, gs), 10);
+	ck_assert_uint_eq(gi[0], 777);
+
+	for (uint32_t i = 0; i < n; i++) /* 82 live of 8192 */
+		if (i % 100)
+			ck_assert_int_eq(kvt_paris_index_drop(&z.ix, i), 1);
+	for (uint32_t t = 0; t < 4; t++) {
+		make_query(qv, dim, &z, t, &seed);
+		r = fast(&z, qv, 100, 200, NULL, &scr, gi, gs);
+		ck_assert_int_eq(r, 82);
+		for (int i = 0; i < r; i++)
+			ck_assert_uint_eq(gi[i] % 100, 0);
+	}
+	ck_assert_int_eq(fast(&z, qv, 100, 99, NULL, &scr, gi, gs), -EINVAL);
+	zone_free(&z);
+	kvt_paris_scratch_fini(&scr);
+	free(keys);
+}
+END_TEST
+
 START_TEST(test_bad_args)
 {
 	struct kvt_sketch sk;
@@ -602,4 +829,5 @@ END_TEST
 
 KVT_CHECK_MAIN("sketch", 300, NULL, NULL, test_exact_every_level, test_ties, test_dropped,
 	       test_nonfinite_keys, test_query_scale, test_set_after_change, test_bound_holds,
-	       test_encode_every_level, test_unreadable_key, test_bad_args)
+	       test_encode_every_level, test_unreadable_key, test_fast_all_is_exact,
+	       test_fast_levels_agree, test_fast_finds_planted, test_fast_edges, test_bad_args)

@@ -375,40 +375,48 @@ static const struct variant {
 	uint32_t refine_x; /* refine = refine_x * k (0: off) */
 	uint32_t exact;	   /* KVT_PARIS_EXACT_* */
 	int sketch;	   /* 1: the int8 sketch (sketch.h) over the f16 rows, 2: over f32 rows */
+	uint32_t fast_x;   /* with sketch: the fast path, fast = fast_x * k rescored (0: off) */
 } var[] = {
-    {"kvtier", 0.0, 0.0, 0, 0, false},
-    {"kvtier-c05", 0.05, 0.20, 0, 0,
-     false}, /* the adaptive-k variants' rho_cand at N >= 30K (3.6) */
-    {"kvtier-wide", 0.2, 0.5, 0, 0, false},
-    {"kvtier-refine", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, false}, /* kvtierd's default */
-    {"kvtier-refine-index", 0.0, 0.0, 4, KVT_PARIS_EXACT_NEVER, false},
-    {"kvtier-refine-spec", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false}, /* refine, spec's ratios */
-    {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true},		 /* exact, int8 sketch */
+    {"kvtier", 0.0, 0.0, 0, 0, false, 0},
+    {"kvtier-c05", 0.05, 0.20, 0, 0, false,
+     0}, /* the adaptive-k variants' rho_cand at N >= 30K (3.6) */
+    {"kvtier-wide", 0.2, 0.5, 0, 0, false, 0},
+    {"kvtier-refine", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, false, 0}, /* kvtierd's default */
+    {"kvtier-refine-index", 0.0, 0.0, 4, KVT_PARIS_EXACT_NEVER, false, 0},
+    {"kvtier-refine-spec", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false,
+     0},							   /* refine, spec's ratios */
+    {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true, 0}, /* exact, int8 sketch */
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 16}, /* KVT_TOPK_F_FAST: sign level, 16k rescored */
 };
 #define NVAR ((int)(sizeof(var) / sizeof(var[0])))
 
 /* --sweep: kvtier's knobs, k = 100. Estimate only (the spec's pipeline at other ratios), and
  * with refine 4k; (0.10, 0.20) is the spec's schedule at N >= 30K, (0.30, 0.70) kvtierd's. */
 static struct variant sweep_var[32] = {
-    {"kvtier-estimate", 0.05, 0.20, 0, 0, false},
-    {"kvtier-estimate", 0.10, 0.20, 0, 0, false},
-    {"kvtier-estimate", 0.15, 0.35, 0, 0, false},
-    {"kvtier-estimate", 0.20, 0.50, 0, 0, false},
-    {"kvtier-estimate", 0.30, 0.70, 0, 0, false},
-    {"kvtier-estimate", 0.50, 0.70, 0, 0, false},
-    {"kvtier-default", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, false}, /* kvtierd's TOPK */
-    {"kvtier-exact", 0.0, 0.0, 4, KVT_PARIS_EXACT_ALWAYS, false}, /* the engine's exact scan */
-    {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true},	  /* exact, int8 sketch */
-    {"kvtier-sketch-f32", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, 2},  /* the same over f32 keys */
-    {"kvtier-refine", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false},
-    {"kvtier-refine", 0.20, 0.50, 4, KVT_PARIS_EXACT_NEVER, false},
-    {"kvtier-refine", 0.30, 0.70, 4, KVT_PARIS_EXACT_NEVER, false},
-    {"kvtier-refine", 0.40, 0.70, 4, KVT_PARIS_EXACT_NEVER, false},
-    {"kvtier-refine", 0.50, 0.70, 4, KVT_PARIS_EXACT_NEVER, false},
-    {"kvtier-refine", 0.70, 1.00, 4, KVT_PARIS_EXACT_NEVER, false},
+    {"kvtier-estimate", 0.05, 0.20, 0, 0, false, 0},
+    {"kvtier-estimate", 0.10, 0.20, 0, 0, false, 0},
+    {"kvtier-estimate", 0.15, 0.35, 0, 0, false, 0},
+    {"kvtier-estimate", 0.20, 0.50, 0, 0, false, 0},
+    {"kvtier-estimate", 0.30, 0.70, 0, 0, false, 0},
+    {"kvtier-estimate", 0.50, 0.70, 0, 0, false, 0},
+    {"kvtier-default", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, false, 0}, /* kvtierd's TOPK */
+    {"kvtier-exact", 0.0, 0.0, 4, KVT_PARIS_EXACT_ALWAYS, false, 0}, /* the engine's exact scan */
+    {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true, 0},   /* exact, int8 sketch */
+    {"kvtier-sketch-f32", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, 2, 0},  /* the same over f32 keys */
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 2}, /* the fast path: C = fast_x * k rescored */
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 4},
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 8},
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 16},
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 32},
+    {"kvtier-refine", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false, 0},
+    {"kvtier-refine", 0.20, 0.50, 4, KVT_PARIS_EXACT_NEVER, false, 0},
+    {"kvtier-refine", 0.30, 0.70, 4, KVT_PARIS_EXACT_NEVER, false, 0},
+    {"kvtier-refine", 0.40, 0.70, 4, KVT_PARIS_EXACT_NEVER, false, 0},
+    {"kvtier-refine", 0.50, 0.70, 4, KVT_PARIS_EXACT_NEVER, false, 0},
+    {"kvtier-refine", 0.70, 1.00, 4, KVT_PARIS_EXACT_NEVER, false, 0},
 };
-static int NSWEEP = 16;
-#define NSWEEP_FIXED 10 /* the entries before the index-path ratios --knob replaces */
+static int NSWEEP = 21;
+#define NSWEEP_FIXED 15 /* the entries before the index-path ratios --knob replaces */
 #define SWEEP_K	     100
 
 /*
@@ -437,6 +445,17 @@ raw_key_prefetch(void *ctx, uint32_t idx)
 
 	for (size_t off = 0; off < D * sizeof(float); off += 64)
 		__builtin_prefetch(k + off);
+}
+
+/* The row the search will read through f16_rows (what kvtierd's accessor prefetches). */
+static void
+f16_row_prefetch(void *ctx, uint32_t idx)
+{
+	const struct key_store *ks = ctx;
+	const char *row = (const char *)(ks->f16 + (size_t)idx * D);
+
+	for (size_t off = 0; off < D * sizeof(uint16_t); off += 64)
+		__builtin_prefetch(row + off);
 }
 
 static const void *
@@ -657,7 +676,7 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 		struct key_store kst = {keys, kh, n};
 		const struct kvt_paris_keys kacc = {.get = raw_key,
 						    .ctx = &kst,
-						    .prefetch = raw_key_prefetch,
+						    .prefetch = f16_row_prefetch,
 						    .rows = f16_rows,
 						    .dtype = KVT_DTYPE_F16,
 						    .stride = (size_t)D * sizeof(uint16_t)};
@@ -731,26 +750,31 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 				    .rho_cand = vr->rho_cand,
 				    .rho_col = vr->rho_col,
 				    .refine = vr->refine_x * ks[ki],
-				    .keys = !vr->refine_x     ? NULL
-					    : vr->sketch == 2 ? &kacc32
-							      : &kacc,
+				    .keys = !vr->refine_x && !vr->fast_x ? NULL
+					    : vr->sketch == 2		 ? &kacc32
+									 : &kacc,
 				    .exact = vr->exact,
 				    .sketch = vr->sketch == 2 ? &sk32
 					      : vr->sketch    ? &sk
 							      : NULL,
+				    .fast = vr->fast_x * ks[ki],
 				};
 				double *read = NULL;
 				char param[80];
 
 				if (sweep && ks[ki] != SWEEP_K)
 					continue;
-				if (vr->sketch)
+				if (vr->sketch && !vr->fast_x)
 					read = calloc(nq, sizeof(*read));
-				if (vr->sketch && !read) {
+				if (vr->sketch && !vr->fast_x && !read) {
 					r = -ENOMEM;
 					break;
 				}
-				if (vr->refine_x && vr->exact == KVT_PARIS_EXACT_ALWAYS)
+				if (vr->fast_x)
+					snprintf(param, sizeof(param),
+						 "sign level, %uk rescored (fp16 rows)",
+						 vr->fast_x);
+				else if (vr->refine_x && vr->exact == KVT_PARIS_EXACT_ALWAYS)
 					snprintf(param, sizeof(param), "every key, fp16 rows");
 				else if (vr->refine_x && vr->exact == KVT_PARIS_EXACT_AUTO)
 					snprintf(param, sizeof(param),
@@ -1423,8 +1447,8 @@ main(int argc, char **argv)
 				    optarg);
 				return 2;
 			}
-			sweep_var[NSWEEP++] = (struct variant){"kvtier-refine",	      rc,   rl, 4,
-							       KVT_PARIS_EXACT_NEVER, false};
+			sweep_var[NSWEEP++] = (struct variant){"kvtier-refine",	      rc,    rl, 4,
+							       KVT_PARIS_EXACT_NEVER, false, 0};
 			break;
 		}
 		case 'P': {
