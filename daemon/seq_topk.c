@@ -293,15 +293,24 @@ kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t layer, 
 				     "ret_update > 0)",
 				     q->id);
 	if (layer >= p->layers || !k ||
-	    (flags & ~(KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH | KVT_TOPK_F_ESTIMATE)))
+	    (flags &
+	     ~(KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH | KVT_TOPK_F_ESTIMATE | KVT_TOPK_F_FAST)))
 		return kvtd_seq_fail(x, -EINVAL,
 				     "layer %u (of %u), k %u (must be > 0), op_flags %#x", layer,
 				     p->layers, k, flags);
 	if (q_len != (uint64_t)qh * p->head_dim)
 		return kvtd_seq_fail(x, -EINVAL, "query of %llu f32, needs q_heads x head_dim = %u",
 				     (unsigned long long)q_len, qh * p->head_dim);
+	if ((flags & KVT_TOPK_F_ESTIMATE) && (flags & KVT_TOPK_F_FAST))
+		return kvtd_seq_fail(x, -EINVAL,
+				     "KVT_TOPK_F_ESTIMATE and KVT_TOPK_F_FAST exclude each other "
+				     "(pick one)");
 	if (flags & KVT_TOPK_F_ESTIMATE)
 		opts.refine = 0; /* the spec's pipeline and schedule, estimated scores */
+	/* the sketch's sign level picks 16k keys to score exactly (engine/sketch.h); without
+	 * sketches ([retrieval] sketch = no) the default path serves it */
+	if (flags & KVT_TOPK_F_FAST)
+		opts.fast = k > UINT32_MAX / KVT_TOPK_FAST_X ? UINT32_MAX : KVT_TOPK_FAST_X * k;
 	if (flags & KVT_TOPK_F_UNION)
 		opts.flags = KVT_PARIS_F_UNION;
 	r = kvt_paris_seq_len(q->paris, layer);

@@ -26,7 +26,8 @@
 
 #define KVT_ABI_MAJOR 1 /* bumped only on incompatible change */
 #define KVT_ABI_MINOR                                                                              \
-	2 /* bumped on compatible additions (1: kvt_region_hdr.err_off, 2: prefix blocks) */
+	3 /* bumped on compatible additions (1: kvt_region_hdr.err_off, 2: prefix blocks,          \
+	     3: KVT_TOPK_F_FAST) */
 
 /* The control socket kvtierd listens on and clients connect to unless told otherwise; the one
  * definition (kvtier.h, kvtierd's config and kvtierctl take it from here). */
@@ -377,6 +378,12 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
  *   KVT_TOPK_F_ESTIMATE: ParisKV's own pipeline only (its ratio schedule, no exact refine):
  *     about half the time at 128K-1M keys, recall@100 0.80-0.84 instead of 0.97-0.98 on the
  *     benchmark sets (docs/bench-retrieval.md); scores are the 4-bit RSQ-IP estimates.
+ *   KVT_TOPK_F_FAST: not exact, faster: the sketch's sign level (1 bit a dim) ranks every
+ *     live key and the KVT_TOPK_FAST_X * k best are scored exactly; positions are those
+ *     keys' exact top-k, scores exact. Recall@100 0.96 (p5 0.83) in 0.65x the exact path's
+ *     time at 128K keys on the drift set (BENCHMARKS.md, retrieval); with a sequence
+ *     opened without sketches ([retrieval] sketch = no) the default path answers. Not with
+ *     KVT_TOPK_F_ESTIMATE.
  * CQE res: stride. aux[0]: retrieval keys N. Errors: -EINVAL (k = 0, query length, a query
  * value NaN or infinite, flags, layer out of range, no retrieval), -ERANGE (k larger than the
  * retrieval zone, or nothing encoded yet: attend densely), -ENOSPC (output or staging too small).
@@ -384,6 +391,8 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
 #define KVT_TOPK_F_UNION    (1u << 0)
 #define KVT_TOPK_F_FETCH    (1u << 1)
 #define KVT_TOPK_F_ESTIMATE (1u << 2)
+#define KVT_TOPK_F_FAST	    (1u << 3) /* ABI 1.3 */
+#define KVT_TOPK_FAST_X	    16u	      /* KVT_TOPK_F_FAST scores this many keys per result */
 
 /* TOPK output bytes: n[kv_heads], pos[kv_heads][stride], score[kv_heads][stride]. */
 #define KVT_TOPK_OUT_SIZE(kv_heads, stride)                                                        \

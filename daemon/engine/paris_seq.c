@@ -295,7 +295,7 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 					   .rho_cand = opts->rho_cand,
 					   .rho_col = opts->rho_col,
 					   .refine = opts->refine,
-					   .keys = opts->refine ? &ik : NULL,
+					   .keys = opts->refine || opts->fast ? &ik : NULL,
 					   .exact = opts->exact};
 	const struct head_drop hd = {opts, seq->zone.sink};
 	const struct kvt_paris_drop drop = {head_dropped, (void *)&hd};
@@ -308,6 +308,8 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 	if (!k || q_len != (size_t)seq->g.q_heads * d || (opts->flags & ~KVT_PARIS_F_ALL))
 		return -EINVAL;
 	if (opts->refine && (opts->refine < k || !opts->keys || !opts->keys->get))
+		return -EINVAL;
+	if (opts->fast && (opts->fast < k || !opts->keys || !opts->keys->get))
 		return -EINVAL;
 	row = &seq->ix[(size_t)layer * hkv];
 	if (k > row[0].n)
@@ -322,7 +324,11 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 
 		hk.head = h;
 		/* the exact top-k past what the rows scan covers (paris.h, opts.sketch) */
-		so.sketch = opts->refine && seq->sk ? &seq->sk[(size_t)layer * hkv + h] : NULL;
+		so.sketch = (opts->refine || opts->fast) && seq->sk
+				? &seq->sk[(size_t)layer * hkv + h]
+				: NULL;
+		/* the fast path needs the sketch's sign level; without one, refine as asked */
+		so.fast = so.sketch ? opts->fast : 0;
 		if (opts->flags & KVT_PARIS_F_UNION) {
 			uint32_t tot = 0; /* the lists, back to back */
 

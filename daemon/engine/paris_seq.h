@@ -99,6 +99,10 @@ struct kvt_paris_topk_opts {
 			    search (per query head with KVT_PARIS_F_UNION) */
 	const struct kvt_paris_seq_keys *keys; /* required when refine > 0 */
 	const struct kvt_paris_seq_rows *rows; /* NULL, or the rows behind keys (with refine) */
+	/* 0, or >= k with keys: the fast path (paris.h, opts.fast), this many keys of the best
+	 * sign-level estimates scored exactly per search; a sequence without sketches
+	 * (KVT_PARIS_SEQ_F_NO_SKETCH) takes the refine path instead (set refine too) */
+	uint32_t fast;
 	uint32_t exact; /* KVT_PARIS_EXACT_* (paris.h): when refine scores a whole zone */
 	/* NULL, or positions dropped since they were encoded (evicted): never returned */
 	bool (*dropped)(void *ctx, uint32_t pos);
@@ -198,8 +202,9 @@ uint32_t kvt_paris_seq_topk_stride(const struct kvt_paris_seq *seq,
  *     KVT_PARIS_F_UNION the size of the union (that .. stride); fewer (down to 0) where
  *     opts->dropped names positions the index still holds live.
  * Returns the number of kv heads, or -ERANGE (bad layer, k > N, N == 0), -EINVAL (k == 0,
- * @q_len wrong, unknown flags, ratio outside [0, 1], 0 < refine < k, refine without keys or
- * keys->get), -ENOMEM, -EIO (keys->get returned NULL). Outputs are undefined on failure.
+ * @q_len wrong, unknown flags, ratio outside [0, 1], 0 < refine < k, 0 < fast < k, refine or fast
+ * without keys or keys->get), -ENOMEM, -EIO (keys->get returned NULL). Outputs are undefined on
+ * failure.
  */
 int kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float *q,
 		       size_t q_len, const struct kvt_paris_topk_opts *opts,

@@ -249,7 +249,10 @@ START_TEST(t_bad_topk)
 	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0, q, QH * D - 1, out, sizeof(out)), -EINVAL);
 	ck_assert_int_eq(kvt_topk(f.c, f.seq, L, K, 0, q, QH * D, out, sizeof(out)), -EINVAL);
 	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0x80, q, QH * D, out, sizeof(out)), -EINVAL);
-	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 1u << 3, q, QH * D, out, sizeof(out)), -EINVAL);
+	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 1u << 4, q, QH * D, out, sizeof(out)), -EINVAL);
+	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, KVT_TOPK_F_FAST | KVT_TOPK_F_ESTIMATE, q,
+				  QH * D, out, sizeof(out)),
+			 -EINVAL);
 	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, 0, q, QH * D, small, sizeof(small)), -ENOSPC);
 	/* a query that is not a vector of numbers */
 	q[7] = NAN;

@@ -9,6 +9,8 @@
  * all given back. With [retrieval] sketch = no a sequence has no sketch pages, for life (a
  * restart in place under a config saying yes keeps it so), and TOPK on the same zone rescores
  * the index's best estimates: high recall, not the exact top k for every query.
+ * KVT_TOPK_F_FAST (the sketch's sign level choosing 16k keys to score) returns nearly the exact
+ * top k with exact scores; without a sketch the default path answers it.
  *
  * The reference is computed in double from the same f32 values, with the daemon's f32
  * rounding as the tolerance (check_topk_exact.c derives it): a returned position must score
@@ -135,20 +137,22 @@ cmp_desc(const void *a, const void *b)
 	return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* One TOPK of @q: every returned position scores at least the true k-th (over f->key) less the
- * rounding, and none twice. Returns how many returned positions @mark names. */
+/* One TOPK of @q (op_flags @flags): every returned position scores at least the true k-th
+ * (over f->key) less the rounding, with its exact score, and none twice. Returns how many
+ * returned positions @mark names. */
 static uint32_t
-topk_exact(struct fixture *f, const float *q, const uint8_t *mark)
+topk_exact(struct fixture *f, const float *q, const uint8_t *mark, unsigned flags)
 {
 	static double all[ZONE];
 	static uint8_t out[H * 4 + H * K * 8];
 	static uint8_t seen[ZONE];
 	const uint32_t *n = (const void *)out, *pos = n + H;
+	const float *score = (const float *)(pos + H * K);
 	uint32_t marked = 0;
 	double tol, kth;
 	int r;
 
-	r = kvt_topk(f->c, f->seq, 0, K, 0, q, QH * D, out, sizeof(out));
+	r = kvt_topk(f->c, f->seq, 0, K, flags, q, QH * D, out, sizeof(out));
 	ck_assert_msg(r == K, "TOPK: %d (%s)", r, kvt_strerror(r));
 	ck_assert_uint_eq(n[0], K);
 	for (uint32_t i = 0; i < ZONE; i++)
@@ -165,6 +169,8 @@ topk_exact(struct fixture *f, const float *q, const uint8_t *mark)
 		ck_assert_msg(!seen[p - S], "position %u returned twice", p);
 		seen[p - S] = 1;
 		e = exact_dot(f->key + (uint64_t)(p - S) * D, q, &tol);
+		ck_assert_msg(fabs(score[j] - e) <= tol + 1e-6 * fabs(e),
+			      "position %u: score %.9g, exact %.9g", p, (double)score[j], e);
 		ck_assert_msg(f->lenient || e >= kth - tol,
 			      "position %u (%.9g) is not in the top %d (the %dth is %.9g)", p, e, K,
 			      K, kth);
@@ -228,7 +234,7 @@ START_TEST(t_exact_past_the_scan)
 				 (4096 * (9 * 16 + D + 8 + D / 8 + 4) + 4 * D));
 	for (int t = 0; t < 8; t++) {
 		query(&f, t < 4 ? ZONE : (uint32_t)(kvt_test_lcg(&f.rng) % ZONE), q);
-		topk_exact(&f, q, NULL);
+		topk_exact(&f, q, NULL, 0);
 	}
 
 	/* the older half is cold: RETIER quantizes it */
@@ -267,7 +273,7 @@ START_TEST(t_exact_past_the_scan)
 				near = (uint32_t)(kvt_test_lcg(&f.rng) % ZONE);
 			while (!int8[near]);
 		query(&f, near, q);
-		hits += topk_exact(&f, q, int8);
+		hits += topk_exact(&f, q, int8, 0);
 	}
 	fprintf(stderr, "TOPK over %u keys (%u int8): %u int8 positions among the results\n", ZONE,
 		n_int8, hits);
@@ -282,8 +288,24 @@ START_TEST(t_exact_past_the_scan)
 				near = (uint32_t)(kvt_test_lcg(&f.rng) % ZONE);
 			while (!int8[near]);
 		query(&f, near, q);
-		topk_exact(&f, q, int8);
+		topk_exact(&f, q, int8, 0);
 	}
+	/* KVT_TOPK_F_FAST: the 16k keys of the best sign-level estimates scored exactly (the sign
+	 * level re-encoded from the pool by the restart, int8 keys as they dequantize): nearly
+	 * the exact top k, exact scores; not with KVT_TOPK_F_ESTIMATE */
+	f.lenient = 1;
+	f.missed = f.returned = 0;
+	for (int t = 0; t < 8; t++) {
+		query(&f, t < 4 ? ZONE : (uint32_t)(kvt_test_lcg(&f.rng) % ZONE), q);
+		topk_exact(&f, q, NULL, KVT_TOPK_F_FAST);
+	}
+	fprintf(stderr, "KVT_TOPK_F_FAST: %u of %u positions returned not in the top %d\n",
+		f.missed, f.returned, K);
+	ck_assert_uint_le(f.missed, f.returned / 8); /* 79 of 800 here: isotropic keys */
+	ck_assert_int_eq(kvt_topk(f.c, f.seq, 0, K, KVT_TOPK_F_FAST | KVT_TOPK_F_ESTIMATE, q,
+				  QH * D, out, sizeof(out)),
+			 -EINVAL);
+	f.lenient = 0;
 	/* rows, int8 rows, key-scale blocks, index and sketch pages: all given back */
 	ck_assert_int_eq(kvt_seq_close(f.c, f.seq), 0);
 	ck_assert_int_eq(pool_used(Dm.sock), used0);
@@ -337,13 +359,18 @@ START_TEST(t_no_sketch_index_path)
 					    (int64_t)H * ((ZONE + 4095) / 4096) * 4096 * 9 * 16);
 	for (int t = 0; t < 8; t++) {
 		query(&f, t < 4 ? ZONE : (uint32_t)(kvt_test_lcg(&f.rng) % ZONE), q[t]);
-		topk_exact(&f, q[t], NULL);
+		topk_exact(&f, q[t], NULL, 0);
 	}
 	fprintf(stderr, "without the sketch: %u of %u positions returned not in the top %d\n",
 		f.missed, f.returned, K);
 	ck_assert_uint_gt(f.missed, 0);
 	ck_assert_uint_le(f.missed, f.returned / 50); /* recall@100 0.98 or better */
 	missed = f.missed;
+	/* KVT_TOPK_F_FAST needs the sketch: without one the same path answers */
+	f.missed = f.returned = 0;
+	for (int t = 0; t < 8; t++)
+		topk_exact(&f, q[t], NULL, KVT_TOPK_F_FAST);
+	ck_assert_uint_eq(f.missed, missed);
 
 	/* the config says yes now; a restart in place leaves this sequence as it was opened */
 	write_conf(conf, "yes");
@@ -351,7 +378,7 @@ START_TEST(t_no_sketch_index_path)
 	ck_assert_int_eq(pool_used(Dm.sock), used1);
 	f.missed = f.returned = 0;
 	for (int t = 0; t < 8; t++)
-		topk_exact(&f, q[t], NULL);
+		topk_exact(&f, q[t], NULL, 0);
 	ck_assert_uint_eq(f.missed, missed);
 
 	/* ... and a sequence opened now has its sketch: one index page and one sketch page */

@@ -21,7 +21,7 @@ from ctypes import (
 
 ABI_MAJOR = 1
 """The KVT_ABI_MAJOR these mirrors follow; libkvtier must report the same major."""
-ABI_MINOR = 2
+ABI_MINOR = 3
 """The KVT_ABI_MINOR these mirrors follow (a newer minor only adds)."""
 OP_ERR_MSG_LEN = 224
 """Bytes of struct kvt_op_err's message, NUL included."""
@@ -66,6 +66,8 @@ FETCH_F_LIST = 1 << 2
 TOPK_F_UNION = 1 << 0
 TOPK_F_FETCH = 1 << 1
 TOPK_F_ESTIMATE = 1 << 2
+TOPK_F_FAST = 1 << 3
+TOPK_FAST_X = 16
 LOOKUP_F_PIN = 1 << 0
 
 # Prefix blocks (ABI 1.2).
@@ -444,6 +446,8 @@ CONSTANTS: dict[str, int] = {
     "KVT_TOPK_F_UNION": TOPK_F_UNION,
     "KVT_TOPK_F_FETCH": TOPK_F_FETCH,
     "KVT_TOPK_F_ESTIMATE": TOPK_F_ESTIMATE,
+    "KVT_TOPK_F_FAST": TOPK_F_FAST,
+    "KVT_TOPK_FAST_X": TOPK_FAST_X,
     "KVT_LOOKUP_F_PIN": LOOKUP_F_PIN,
     "KVT_NS_NAME_LEN": NS_NAME_LEN,
     "KVT_BLOCK_TOKENS_DEFAULT": BLOCK_TOKENS_DEFAULT,

@@ -383,6 +383,13 @@ def test_topk_scores_are_exact_dot_products(kvtierd):
                 assert ((4 <= pos) & (pos < n - 32)).all()  # retrieval zone only
             u = s.topk(0, 4, q, kvtier.TOPK_F_UNION)
             assert u.stride == 8
+            # TOPK_F_FAST scores the 16k keys of the best 1-bit estimates; with 16k past the
+            # zone (256 keys here) that is every key: the exact answer, the same as the default
+            for layer, k in ((0, 16), (1, 20)):
+                e, f = s.topk(layer, k, q), s.topk(layer, k, q, kvtier.TOPK_F_FAST)
+                np.testing.assert_array_equal(f.positions, e.positions)
+                np.testing.assert_array_equal(f.scores, e.scores)
+            raises(errno.EINVAL, s.topk, 0, 4, q, kvtier.TOPK_F_FAST | kvtier.TOPK_F_ESTIMATE)
             raises(errno.ERANGE, s.topk, 0, n, q)  # k beyond the zone: attend densely
             raises(errno.EINVAL, s.topk, 0, 0, q)
             raises(errno.EINVAL, s.topk, 0, 4, q[:1])  # query length
