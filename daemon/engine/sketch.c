@@ -1014,9 +1014,12 @@ sb_query_prep(const struct kvt_sketch *sk, const float *x, struct sb_query *ret)
 			t[0] -= yb[j];
 		for (unsigned int c = 1; c < 256; c++)
 			t[c] = t[c & (c - 1)] + 2.0f * yb[__builtin_ctz(c)];
-		for (unsigned int c = 0; c < 256; c++)
-			ret->tab[b][c] =
-			    (int8_t)fminf(fmaxf(nearbyintf(t[c] * s), -127.0f), 127.0f);
+		for (unsigned int c = 0; c < 256; c++) { /* half away from zero, no libm call */
+			float v = t[c] * s;
+			int e = (int)(v + (v < 0.0f ? -0.5f : 0.5f));
+
+			ret->tab[b][c] = (int8_t)(e < -127 ? -127 : e > 127 ? 127 : e);
+		}
 	}
 }
 
@@ -1215,7 +1218,7 @@ kvt_sketch_topk_fast(const struct kvt_sketch *sk, const struct kvt_paris_index *
 		float cp = 0.0f;
 
 		for (unsigned int j = 0; j < sk->dim; j++)
-			cp = fmaf(centre[j], q->x[j], cp);
+			cp += centre[j] * q->x[j];
 		for (uint32_t off = 0; off < cnt; off += SB_GROUP) {
 			uint32_t m = cnt - off < SB_GROUP ? cnt - off : SB_GROUP;
 			uint64_t pass = group(sk, p, off, m, bq, cp, bar, est);
