@@ -1633,6 +1633,7 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 		 const struct kvt_paris_search_opts *opts, struct kvt_paris_scratch *scr,
 		 uint32_t *ret_idx, float *ret_score)
 {
+	struct kvt_paris_search_opts fo;
 	double rho_cand, rho_col, cd;
 	uint32_t n = ix->n, k = opts->k, c, nc, nr = 0;
 	int r;
@@ -1660,6 +1661,14 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 		k = n;
 	if (!k)
 		return 0;
+	if (opts->fast && (uint64_t)opts->fast * KVT_PARIS_FAST_MIN >= n) {
+		/* a short zone: the exact answer costs no more than the fast one */
+		fo = *opts;
+		fo.fast = 0;
+		fo.refine = opts->fast;
+		fo.exact = KVT_PARIS_EXACT_AUTO;
+		opts = &fo;
+	}
 	if (opts->refine)
 		kvt_paris_schedule_refine(n, ix->dim, &rho_cand, &rho_col);
 	else

@@ -353,6 +353,16 @@ struct kvt_paris_keys {
  */
 #define KVT_PARIS_SKETCH_BYTES (16u << 20)
 
+/*
+ * KVT_PARIS_FAST_MIN - opts.fast takes the fast path only on a zone of more than this many
+ * times fast live keys; a shorter one gets the exact answer (as with refine = fast), which
+ * costs no more there. The fast path reads D / 8 + 4 bytes of every key and C = fast rows at
+ * random, the exact one D + 8 bytes or the 2D of a row from cache: measured single-threaded at
+ * k = 100 (BENCHMARKS.md, retrieval), C = 1600 took 198-271 us on 32K keys (D = 128) where the
+ * exact answer took 221-394, and 144-148 us on 8K real keys (D = 64) against 58-65.
+ */
+#define KVT_PARIS_FAST_MIN 32u
+
 /* kvt_paris_sketch_pays - whether a search with a sketch over @live keys reads it (above). */
 bool kvt_paris_sketch_pays(uint32_t live, unsigned int dim, const struct kvt_paris_keys *keys);
 
@@ -463,7 +473,8 @@ struct kvt_paris_search_opts {
  * f32: positions do not depend on the query's scale, a score is never NaN for finite keys and
  * query, and it saturates to +-inf where <key, q> passes FLT_MAX.
  * With opts->fast (and a sketch) the candidates are instead the opts->fast live keys of the
- * best sign-level estimates, all scored exactly; at fast >= live that is the exact top-k.
+ * best sign-level estimates, all scored exactly, on a zone of more than KVT_PARIS_FAST_MIN *
+ * fast live keys; a shorter zone gets the exact top-k (as refine = fast would).
  * Returns the number of results (min(k, live), or fewer with opts->drop), or -EINVAL (k == 0,
  * a ratio outside (0, 1], dim mismatch, 0 < refine < k, 0 < fast < k, fast without a sketch,
  * keys or keys->get, refine without keys or keys->get, an

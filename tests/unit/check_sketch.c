@@ -793,6 +793,50 @@ START_TEST(test_fast_edges)
 }
 END_TEST
 
+/* Through kvt_paris_search(): opts.fast takes the fast path on a zone of more than
+ * KVT_PARIS_FAST_MIN * fast keys, and on a shorter one returns the exact top-k. */
+START_TEST(test_fast_search_routes)
+{
+	const unsigned int dim = 128;
+	const uint32_t n = 3001, k = 50;
+	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD];
+	struct kvt_paris_scratch scr = {0};
+	uint64_t seed = 61;
+	struct zone z;
+	uint32_t differ = 0;
+
+	ck_assert(keys);
+	gen_keys(keys, n, dim, 404);
+	zone_make(&z, keys, n, dim, true, 512);
+	for (uint32_t t = 0; t < 12; t++) {
+		struct kvt_paris_search_opts so = {.k = k, .keys = &z.keys, .sketch = &z.sk};
+		struct kvt_paris_query q;
+		uint32_t gi[50], fi[50], bi[50];
+		float gs[50], fs[50], bs[50];
+
+		make_query(qv, dim, &z, t, &seed);
+		kvt_paris_query_prep(&z.srht, qv, &q);
+		ck_assert_uint_eq(brute(&z, &q, k, NULL, bi, bs), k);
+		/* 3001 keys > 32 * 50: the fast path, as kvt_sketch_topk_fast() gives it */
+		so.fast = k;
+		ck_assert_int_eq(kvt_paris_search(&z.ix, &q, &so, &scr, gi, gs), (int)k);
+		ck_assert_int_eq(
+		    kvt_sketch_topk_fast(&z.sk, &z.ix, &q, k, k, &z.keys, NULL, &scr, fi, fs, NULL),
+		    (int)k);
+		ck_assert_mem_eq(gi, fi, sizeof(gi));
+		differ += memcmp(gi, bi, sizeof(gi)) != 0;
+		/* 3001 keys <= 32 * 100: the exact top-k */
+		so.fast = 2 * k;
+		ck_assert_int_eq(kvt_paris_search(&z.ix, &q, &so, &scr, gi, gs), (int)k);
+		ck_assert_mem_eq(gi, bi, sizeof(gi));
+	}
+	ck_assert_uint_gt(differ, 0); /* C = k: the fast path is not the exact top-k */
+	zone_free(&z);
+	kvt_paris_scratch_fini(&scr);
+	free(keys);
+}
+END_TEST
+
 START_TEST(test_bad_args)
 {
 	struct kvt_sketch sk;
@@ -830,4 +874,5 @@ END_TEST
 KVT_CHECK_MAIN("sketch", 300, NULL, NULL, test_exact_every_level, test_ties, test_dropped,
 	       test_nonfinite_keys, test_query_scale, test_set_after_change, test_bound_holds,
 	       test_encode_every_level, test_unreadable_key, test_fast_all_is_exact,
-	       test_fast_levels_agree, test_fast_finds_planted, test_fast_edges, test_bad_args)
+	       test_fast_levels_agree, test_fast_finds_planted, test_fast_edges,
+	       test_fast_search_routes, test_bad_args)
