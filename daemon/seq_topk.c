@@ -62,7 +62,7 @@ seq_retrieval_init(const struct kvtd_seq_ctx *x, struct kvtd_seq *q)
 	int r;
 
 	/* A page must fit in one pool chunk: an index page (9D / 8 bytes a key) and, larger,
-	 * a sketch page (9D / 8 + 12 a key and the centre). */
+	 * a sketch page (5D / 4 + 12 a key and the centre). */
 	while (page_keys > 64 &&
 	       (kvt_paris_page_bytes(p->head_dim, page_keys) > x->pool->chunk_size ||
 		(!q->no_sketch &&
@@ -307,7 +307,7 @@ kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t layer, 
 				     "(pick one)");
 	if (flags & KVT_TOPK_F_ESTIMATE)
 		opts.refine = 0; /* the spec's pipeline and schedule, estimated scores */
-	/* the sketch's sign level picks 16k keys to score exactly (engine/sketch.h); without
+	/* the sketch's 2-bit level picks 16k keys to score exactly (engine/sketch.h); without
 	 * sketches ([retrieval] sketch = no) the default path serves it */
 	if (flags & KVT_TOPK_F_FAST)
 		opts.fast = k > UINT32_MAX / KVT_TOPK_FAST_X ? UINT32_MAX : KVT_TOPK_FAST_X * k;

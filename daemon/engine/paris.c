@@ -1698,7 +1698,7 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 			c = nr;
 	}
 
-	/* The fast path: the sketch's sign level chooses whom to score exactly. */
+	/* The fast path: the sketch's 2-bit level chooses whom to score exactly. */
 	if (opts->fast) {
 		r = kvt_sketch_topk_fast(opts->sketch, ix, q, k, opts->fast, opts->keys, opts->drop,
 					 scr, ret_idx, ret_score, NULL);

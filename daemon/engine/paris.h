@@ -356,7 +356,7 @@ struct kvt_paris_keys {
 /*
  * KVT_PARIS_FAST_MIN - opts.fast takes the fast path only on a zone of more than this many
  * times fast live keys; a shorter one gets the exact answer (as with refine = fast), which
- * costs no more there. The fast path reads D / 8 + 4 bytes of every key and C = fast rows at
+ * costs no more there. The fast path reads D / 4 + 4 bytes of every key and C = fast rows at
  * random, the exact one D + 8 bytes or the 2D of a row from cache: measured single-threaded at
  * k = 100 (BENCHMARKS.md, retrieval), C = 1600 took 198-271 us on 32K keys (D = 128) where the
  * exact answer took 221-394, and 144-148 us on 8K real keys (D = 64) against 58-65.
@@ -443,7 +443,7 @@ struct kvt_paris_search_opts {
 	 * rows only for the keys whose bound reaches the k-th exact score, else by the scan */
 	const struct kvt_sketch *sketch;
 	/* 0, or with @sketch and @keys (refine not needed): the fast path, the top k by exact
-	 * score of the @fast (>= k) live keys the sketch's sign level ranks highest
+	 * score of the @fast (>= k) live keys the sketch's 2-bit level ranks highest
 	 * (kvt_sketch_topk_fast()): not exact, fast rows read instead of every key's codes */
 	uint32_t fast;
 };
@@ -473,7 +473,7 @@ struct kvt_paris_search_opts {
  * f32: positions do not depend on the query's scale, a score is never NaN for finite keys and
  * query, and it saturates to +-inf where <key, q> passes FLT_MAX.
  * With opts->fast (and a sketch) the candidates are instead the opts->fast live keys of the
- * best sign-level estimates, all scored exactly, on a zone of more than KVT_PARIS_FAST_MIN *
+ * best 2-bit estimates, all scored exactly, on a zone of more than KVT_PARIS_FAST_MIN *
  * fast live keys; a shorter zone gets the exact top-k (as refine = fast would).
  * Returns the number of results (min(k, live), or fewer with opts->drop), or -EINVAL (k == 0,
  * a ratio outside (0, 1], dim mismatch, 0 < refine < k, 0 < fast < k, fast without a sketch,

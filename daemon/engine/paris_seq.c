@@ -327,7 +327,7 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 		so.sketch = (opts->refine || opts->fast) && seq->sk
 				? &seq->sk[(size_t)layer * hkv + h]
 				: NULL;
-		/* the fast path needs the sketch's sign level; without one, refine as asked */
+		/* the fast path needs the sketch's 2-bit level; without one, refine as asked */
 		so.fast = so.sketch ? opts->fast : 0;
 		if (opts->flags & KVT_PARIS_F_UNION) {
 			uint32_t tot = 0; /* the lists, back to back */

@@ -100,7 +100,7 @@ struct kvt_paris_topk_opts {
 	const struct kvt_paris_seq_keys *keys; /* required when refine > 0 */
 	const struct kvt_paris_seq_rows *rows; /* NULL, or the rows behind keys (with refine) */
 	/* 0, or >= k with keys: the fast path (paris.h, opts.fast), this many keys of the best
-	 * sign-level estimates scored exactly per search; a sequence without sketches
+	 * 2-bit estimates scored exactly per search; a sequence without sketches
 	 * (KVT_PARIS_SEQ_F_NO_SKETCH) takes the refine path instead (set refine too) */
 	uint32_t fast;
 	uint32_t exact; /* KVT_PARIS_EXACT_* (paris.h): when refine scores a whole zone */

@@ -19,6 +19,11 @@
 #include "sketch.h"
 
 #define SK_CHUNK 16 /* keys whose integer dot products are formed before their bounds are read */
+/* The 2-bit level: one byte per 4 dims (4 sign bits, then 4 magnitude bits) */
+#define SB_DIMS	       4
+#define SB_BLOCKS(dim) ((dim) / SB_DIMS)
+#define SB_MAX_BLOCKS  (KVT_SRHT_MAX_DIM / SB_DIMS)
+#define SB_TAB_MAX     31 /* |table entry|: four sum in an int8 */
 
 size_t
 kvt_sketch_int8_bytes(unsigned int dim, unsigned int page_keys)
@@ -30,7 +35,7 @@ size_t
 kvt_sketch_page_bytes(unsigned int dim, unsigned int page_keys)
 {
 	return kvt_sketch_int8_bytes(dim, page_keys) +
-	       (size_t)page_keys * (dim / 8 + sizeof(float)) + dim * sizeof(float);
+	       (size_t)page_keys * (SB_BLOCKS(dim) + sizeof(float)) + dim * sizeof(float);
 }
 
 static inline uint8_t *
@@ -51,7 +56,7 @@ sk_tol(const struct kvt_sketch *sk, uint32_t p)
 	return sk_scale(sk, p) + sk->page_keys;
 }
 
-/* the sign level: bits [D/8][P], f [P], the centre [D] */
+/* the 2-bit level: codes [D/4][P], f [P], the centre [D] */
 static inline uint8_t *
 sk_bits(const struct kvt_sketch *sk, uint32_t p)
 {
@@ -61,7 +66,7 @@ sk_bits(const struct kvt_sketch *sk, uint32_t p)
 static inline float *
 sk_fac(const struct kvt_sketch *sk, uint32_t p)
 {
-	return (float *)(sk_bits(sk, p) + (size_t)sk->page_keys * (sk->dim / 8));
+	return (float *)(sk_bits(sk, p) + (size_t)sk->page_keys * SB_BLOCKS(sk->dim));
 }
 
 static inline float *
@@ -412,7 +417,7 @@ row_to_f32(const void *row, unsigned int dtype, unsigned int dim, float *ret)
 	}
 }
 
-/* ---- the sign level -------------------------------------------------------------------------- */
+/* ---- the 2-bit level ------------------------------------------------------------------------- */
 
 static bool
 finite_key(const float *v, unsigned int dim)
@@ -423,41 +428,129 @@ finite_key(const float *v, unsigned int dim)
 	return true;
 }
 
+/* Lane sums of |y| and y^2 (lane l: dims l, l + 8, ..., added in that order), then the large
+ * dims' |y| and the code bytes for threshold h: the scalar form of what the AVX2 pair does with
+ * one register per sum, to the same bits. */
+static void
+sign_sums_scalar(const float *y, unsigned int dim, float *s1, float *s2)
+{
+	for (unsigned int j = 0; j < dim; j += 8)
+		for (unsigned int l = 0; l < 8; l++) {
+			s1[l] += fabsf(y[j + l]);
+			s2[l] += y[j + l] * y[j + l];
+		}
+}
+
+static void
+sign_bytes_scalar(const float *y, unsigned int dim, float h, float *sl, uint8_t *bits,
+		  size_t stride)
+{
+	for (unsigned int j = 0; j < dim; j += 8)
+		for (unsigned int l = 0; l < 8; l++) {
+			float a = fabsf(y[j + l]);
+
+			/* not a ?: select, which compiled to a branch mispredicted half the time */
+			sl[l] += a * (float)(a > h);
+		}
+	for (unsigned int b = 0; b < SB_BLOCKS(dim); b++) {
+		const float *yb = y + SB_DIMS * b;
+		unsigned int byte = 0;
+
+		for (unsigned int j = 0; j < SB_DIMS; j++)
+			byte |= (unsigned int)(yb[j] >= 0.0f) << j |
+				(unsigned int)(fabsf(yb[j]) > h) << (4 + j);
+		bits[b * stride] = (uint8_t)byte;
+	}
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static void
+sign_sums_avx2(const float *y, unsigned int dim, float *s1, float *s2)
+{
+	const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+	__m256 a1 = _mm256_loadu_ps(s1), a2 = _mm256_loadu_ps(s2);
+
+	for (unsigned int j = 0; j < dim; j += 8) {
+		__m256 v = _mm256_loadu_ps(y + j);
+
+		a1 = _mm256_add_ps(a1, _mm256_and_ps(v, abs));
+		a2 = _mm256_add_ps(a2, _mm256_mul_ps(v, v));
+	}
+	_mm256_storeu_ps(s1, a1);
+	_mm256_storeu_ps(s2, a2);
+}
+
+__attribute__((target("avx2"))) static void
+sign_bytes_avx2(const float *y, unsigned int dim, float h, float *sl, uint8_t *bits, size_t stride)
+{
+	const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)),
+		     vh = _mm256_set1_ps(h), zero = _mm256_setzero_ps();
+	__m256 al = _mm256_loadu_ps(sl);
+
+	for (unsigned int j = 0; j < dim; j += 8) {
+		__m256 v = _mm256_loadu_ps(y + j), a = _mm256_and_ps(v, abs);
+		__m256 big = _mm256_cmp_ps(a, vh, _CMP_GT_OQ);
+		unsigned int sg =
+		    (unsigned int)_mm256_movemask_ps(_mm256_cmp_ps(v, zero, _CMP_GE_OQ));
+		unsigned int lg = (unsigned int)_mm256_movemask_ps(big);
+
+		al = _mm256_add_ps(al, _mm256_and_ps(a, big));
+		bits[(j / 4) * stride] = (uint8_t)((sg & 15) | (lg & 15) << 4);
+		bits[(j / 4 + 1) * stride] = (uint8_t)(sg >> 4 | (lg >> 4) << 4);
+	}
+	_mm256_storeu_ps(sl, al);
+}
+#endif
+
 /*
- * The signs of y = R (v - centre) into byte b * @stride of @bits for b < dim / 8, and
- * f = |y|^2 / |y|_1 (double sums in dim order, so every level agrees: the rotation is the
- * same at every level, srht.h). A key whose difference is not finite gets f = +inf: its
- * estimate is +inf, it is always a candidate (as the int8 level always reads it).
+ * The 2-bit code of y = R (v - centre) into byte b * @stride of @bits for b < dim / 4: per dim
+ * a level l_j = sign(y_j) (1 + 2 [|y_j| > h]), h = 0.8453 mean |y| (a gaussian's median |y|:
+ * about half the dims are large); byte b holds the signs of dims 4b .. 4b + 3 in bits 0-3
+ * (1: y >= 0) and their large flags in bits 4-7. f = |y|^2 / <y, l> (RaBitQ's rescaling of a
+ * quantized direction). The rotation gives the same bits at every level (srht.h), and so do
+ * the sums here: 8 lanes of f32, each added in dim order, then the lanes in order. A key
+ * whose difference is not finite gets f = +inf: its estimate is +inf, it is always a
+ * candidate (as the int8 level always reads it).
  */
 static void
 encode_sign(const struct kvt_sketch *sk, const float *v, const float *centre, uint8_t *bits,
 	    size_t stride, float *ret_f)
 {
-	float y[KVT_SRHT_MAX_DIM];
-	double s1 = 0.0, s2 = 0.0;
+	float y[KVT_SRHT_MAX_DIM], s1[8] = {0}, s2[8] = {0}, sl[8] = {0}, h, a1 = 0, a2 = 0, al = 0;
+	bool avx2 = false;
 
 	for (unsigned int j = 0; j < sk->dim; j++)
 		y[j] = v[j] - centre[j];
 	if (!finite_key(y, sk->dim)) {
-		for (unsigned int b = 0; b < sk->dim / 8; b++)
+		for (unsigned int b = 0; b < SB_BLOCKS(sk->dim); b++)
 			bits[b * stride] = 0;
 		*ret_f = INFINITY;
 		return;
 	}
 	kvt_srht_apply(&sk->rot, y, y);
-	for (unsigned int b = 0; b < sk->dim / 8; b++) {
-		unsigned int byte = 0;
-
-		for (unsigned int j = 0; j < 8; j++) {
-			double d = y[8 * b + j];
-
-			byte |= (unsigned int)(d >= 0.0) << j;
-			s1 += fabs(d);
-			s2 += d * d;
-		}
-		bits[b * stride] = (uint8_t)byte;
+#if defined(__x86_64__)
+	avx2 = kvt_simd_level() >= KVT_SIMD_AVX2;
+	if (avx2)
+		sign_sums_avx2(y, sk->dim, s1, s2);
+#endif
+	if (!avx2)
+		sign_sums_scalar(y, sk->dim, s1, s2);
+	for (unsigned int l = 0; l < 8; l++) {
+		a1 += s1[l];
+		a2 += s2[l];
 	}
-	*ret_f = s1 > 0.0 ? (float)(s2 / s1) : 0.0f;
+	h = 0.8453f * a1 / (float)sk->dim;
+#if defined(__x86_64__)
+	if (avx2)
+		sign_bytes_avx2(y, sk->dim, h, sl, bits, stride);
+#endif
+	if (!avx2)
+		sign_bytes_scalar(y, sk->dim, h, sl, bits, stride);
+	for (unsigned int l = 0; l < 8; l++)
+		al += sl[l];
+	/* <y, l> = sum |y| + 2 sum of the large |y| */
+	al = a1 + 2.0f * al;
+	*ret_f = al > 0.0f ? a2 / al : 0.0f;
 }
 
 /* The centre of page @p, opened now: the mean of the finite keys of page p - 1 (csum), or for
@@ -549,7 +642,7 @@ kvt_sketch_sign_code(const struct kvt_sketch *sk, uint32_t i, const float *key, 
 		encode_sign(sk, key, sk_centre(sk, p), ret_bits, 1, ret_f);
 		return 0;
 	}
-	for (unsigned int b = 0; b < sk->dim / 8; b++)
+	for (unsigned int b = 0; b < SB_BLOCKS(sk->dim); b++)
 		ret_bits[b] = sk_bits(sk, p)[(size_t)b * sk->page_keys + off];
 	*ret_f = sk_fac(sk, p)[off];
 	return 0;
@@ -974,51 +1067,62 @@ kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
 	return (int)k;
 }
 
-/* ---- the fast path: the sign level's best C, scored exactly ---------------------------------- */
+/* ---- the fast path: the 2-bit level's best C, scored exactly --------------------------------- */
 
 #define SB_GROUP 64 /* keys a kernel estimates at once (one dead-key bitmap word) */
 
 /*
- * The rotated unit query as tables: for block b (dims 8b .. 8b + 7) and sign byte c,
- * tab[b][c] = round(s * sum_j (bit j of c ? y_j : -y_j)) with one scale s = 127 / max_b
- * sum_j |y_j|, so each entry fits a signed byte and a key's 16 entries an int16. The
- * estimate of key i is then f_i * (acc_i / s) + <m_p, x>. (The tables' rounding is small next
- * to the 1-bit codes' error: a numpy model of the drift set gave the same recall with exact
- * tables, 0.937 at C = 10k either way.)
+ * The rotated unit query y' = R x as tables: for block b (dims 4b .. 4b + 3) and code byte c,
+ * tab[b][c] = round(s * sum_j l_j(c) y'_j), l_j(c) = (bit j of c ? 1 : -1) (bit 4 + j ? 3 : 1),
+ * with one scale s = 31 / max_b 3 sum_j |y'_j|, so four entries sum in a signed byte (the
+ * kernel widens once per four blocks) and a key's D / 4 entries in an int16. The estimate of
+ * key i is then f_i * (acc_i / s) + <m_p, x>. (Five-bit tables cost nothing measurable next to
+ * the 2-bit codes' error: a numpy model of the drift set gave recall 0.937 at C = 2k with
+ * exact tables and with these.)
  */
 struct sb_query {
-	int8_t tab[KVT_PARIS_MAX_BLK][256] __attribute__((aligned(64)));
+	int8_t tab[SB_MAX_BLOCKS][256] __attribute__((aligned(64)));
 	float inv_s;
 };
 
 static void
 sb_query_prep(const struct kvt_sketch *sk, const float *x, struct sb_query *ret)
 {
-	float y[KVT_SRHT_MAX_DIM], t[256], m = 0.0f, s;
+	float y[KVT_SRHT_MAX_DIM], m = 0.0f, s;
 
 	kvt_srht_apply(&sk->rot, x, y);
-	for (unsigned int b = 0; b < sk->dim / 8; b++) {
+	for (unsigned int b = 0; b < SB_BLOCKS(sk->dim); b++) {
 		float a = 0.0f;
 
-		for (unsigned int j = 0; j < 8; j++)
-			a += fabsf(y[8 * b + j]);
-		m = fmaxf(m, a);
+		for (unsigned int j = 0; j < SB_DIMS; j++)
+			a += 3.0f * fabsf(y[SB_DIMS * b + j]);
+		m = a > m ? a : m;
 	}
-	s = m > 0.0f ? 127.0f / m : 0.0f;
-	ret->inv_s = m > 0.0f ? m / 127.0f : 0.0f;
-	for (unsigned int b = 0; b < sk->dim / 8; b++) {
-		const float *yb = y + 8 * b;
+	s = m > 0.0f ? (float)SB_TAB_MAX / m : 0.0f;
+	ret->inv_s = m > 0.0f ? m / (float)SB_TAB_MAX : 0.0f;
+	for (unsigned int b = 0; b < SB_BLOCKS(sk->dim); b++) {
+		const float *yb = y + SB_DIMS * b;
+		float t[256];
 
-		t[0] = 0.0f;
-		for (unsigned int j = 0; j < 8; j++)
-			t[0] -= yb[j];
-		for (unsigned int c = 1; c < 256; c++)
-			t[c] = t[c & (c - 1)] + 2.0f * yb[__builtin_ctz(c)];
+		/* for each magnitude nibble, the 16 sign patterns as subset sums */
+		for (unsigned int m = 0; m < 16; m++) {
+			float *tm = t + 16 * m, l[SB_DIMS];
+
+			tm[0] = 0.0f;
+			for (unsigned int j = 0; j < SB_DIMS; j++) {
+				l[j] = (m >> j & 1 ? 3.0f : 1.0f) * yb[j];
+				tm[0] -= l[j];
+			}
+			for (unsigned int c = 1; c < 16; c++)
+				tm[c] = tm[c & (c - 1)] + 2.0f * l[__builtin_ctz(c)];
+		}
 		for (unsigned int c = 0; c < 256; c++) { /* half away from zero, no libm call */
 			float v = t[c] * s;
 			int e = (int)(v + (v < 0.0f ? -0.5f : 0.5f));
 
-			ret->tab[b][c] = (int8_t)(e < -127 ? -127 : e > 127 ? 127 : e);
+			ret->tab[b][c] = (int8_t)(e < -SB_TAB_MAX  ? -SB_TAB_MAX
+						  : e > SB_TAB_MAX ? SB_TAB_MAX
+								   : e);
 		}
 	}
 }
@@ -1042,7 +1146,7 @@ sb_group_scalar(const struct kvt_sketch *sk, uint32_t p, uint32_t off, uint32_t 
 	for (uint32_t i = 0; i < cnt; i++) {
 		int acc = 0;
 
-		for (unsigned int b = 0; b < sk->dim / 8; b++)
+		for (unsigned int b = 0; b < SB_BLOCKS(sk->dim); b++)
 			acc += bq->tab[b][bits[(size_t)b * sk->page_keys + i]];
 		est[i] = fac[i] == INFINITY ? INFINITY : fmaf((float)acc, fac[i] * bq->inv_s, cp);
 		pass |= (uint64_t)(est[i] > bar) << i;
@@ -1064,16 +1168,22 @@ sb_group_avx512(const struct kvt_sketch *sk, uint32_t p, uint32_t off, uint32_t 
 		     vb = _mm512_set1_ps(bar), inf = _mm512_set1_ps(INFINITY);
 	uint64_t pass = 0;
 
-	/* a page holds a multiple of 64 keys: a short last group reads zeroed bytes */
-	for (unsigned int b = 0; b < sk->dim / 8; b++) {
-		const int8_t *t = bq->tab[b];
-		__m512i id = _mm512_loadu_si512(bits + (size_t)b * sk->page_keys);
-		__m512i lo =
-		    _mm512_permutex2var_epi8(_mm512_load_si512(t), id, _mm512_load_si512(t + 64));
-		__m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(t + 128), id,
-						      _mm512_load_si512(t + 192));
-		__m512i v = _mm512_mask_blend_epi8(_mm512_movepi8_mask(id), lo, hi);
+	/* a page holds a multiple of 64 keys: a short last group reads zeroed bytes; D / 4 is a
+	 * multiple of 4, and four entries of at most 31 sum in a byte */
+	for (unsigned int b = 0; b < SB_BLOCKS(sk->dim); b += 4) {
+		__m512i v = _mm512_setzero_si512();
 
+		for (unsigned int u = b; u < b + 4; u++) {
+			const int8_t *t = bq->tab[u];
+			__m512i id = _mm512_loadu_si512(bits + (size_t)u * sk->page_keys);
+			__m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(t), id,
+							      _mm512_load_si512(t + 64));
+			__m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(t + 128), id,
+							      _mm512_load_si512(t + 192));
+
+			v = _mm512_add_epi8(
+			    v, _mm512_mask_blend_epi8(_mm512_movepi8_mask(id), lo, hi));
+		}
 		a0 = _mm512_add_epi16(a0, _mm512_cvtepi8_epi16(_mm512_castsi512_si256(v)));
 		a1 = _mm512_add_epi16(a1, _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(v, 1)));
 	}

@@ -30,25 +30,29 @@
  * is the exact top-k, the same as scoring every row, while it reads D + 8 bytes of every key
  * instead of 2D (4D for f32 rows) and rows for about k keys plus those within 2t of the cut.
  *
- * A second, coarser level serves the fast path (kvt_sketch_topk_fast(), opts.fast): per key the
- * signs of y = R (v - m_p), one bit a dim (R the SRHT of srht.h, m_p a centre fixed per page),
- * and f = |y|^2 / |y|_1, D / 8 + 4 bytes. For a unit query x, <v, x> = <y, R x> + <m_p, x> and
+ * A second, coarser level serves the fast path (kvt_sketch_topk_fast(), opts.fast): per key
+ * two bits a dim of y = R (v - m_p) (R the SRHT of srht.h, m_p a centre fixed per page): the
+ * sign, and whether |y_j| passes h = 0.8453 mean |y| (a gaussian's median), giving the level
+ * l_j = sign(y_j) (1 + 2 [|y_j| > h]); and f = |y|^2 / <y, l>, D / 4 + 4 bytes. For a unit
+ * query x, <v, x> = <y, R x> + <m_p, x> and
  *
- *	<v, x> ~ f * sum_j sign(y_j) (R x)_j + <m_p, x>
+ *	<v, x> ~ f * <l, R x> + <m_p, x>
  *
- * (the 1-bit estimator of RaBitQ: the sign vector's projection, rescaled by how well it aligns
- * with y). Nothing bounds it; its use is to choose the C keys to score exactly (C >= k), which
- * makes the result the exact top-k of those C, close to the true one for C of 10-20 k
- * (BENCHMARKS.md). Centring is what makes one bit enough: keys share large common components
- * (the outlier channels of post-RoPE keys) whose signs would carry no information. m_p is the
- * mean of page p - 1's finite keys as appended, and for page 0 that of the finite keys among
- * the first append's (so a sketch rebuilt in other batches may differ in page 0's bits, never
- * in the int8 level). kvt_sketch_set() re-encodes a key against its page's centre.
+ * (RaBitQ's estimator for a quantized direction). Nothing bounds it; its use is to choose the C
+ * keys to score exactly (C >= k), which makes the result the exact top-k of those C, close to
+ * the true one for C of 4-16 k (BENCHMARKS.md). Centring matters: keys share large common
+ * components (the outlier channels of post-RoPE keys) whose signs carry no information; the
+ * magnitude bit matters more on real keys (SmolLM2, head_dim 64: the top 100 within the best
+ * 1,600 by estimate for 0.79 of them with signs alone, 0.98 with the second bit; a numpy model
+ * before the code). m_p is the mean of page p - 1's finite keys as appended, and for page 0
+ * that of the finite keys among the first append's (so a sketch rebuilt in other batches may
+ * differ in page 0's codes, never in the int8 level). kvt_sketch_set() re-encodes a key
+ * against its page's centre.
  *
  * Storage: pages of page_keys keys from the caller's allocator (struct kvt_paris_alloc): codes
  * [P][D] (bytes c + 128), scales [P], tolerances [P] (the int8 level, the first
- * kvt_sketch_int8_bytes() bytes), then sign bits [D/8][P] (byte b of key i at b * P + i, bit j
- * for dim 8b + j, as the index's centroid ids), f [P] and the centre m_p [D] (f32).
+ * kvt_sketch_int8_bytes() bytes), then the 2-bit codes [D/4][P] (byte b of key i at b * P + i:
+ * bit j the sign of dim 4b + j, bit 4 + j its magnitude), f [P] and the centre m_p [D] (f32).
  * One writer; searches only read.
  */
 #ifndef KVT_ENGINE_SKETCH_H
@@ -69,7 +73,7 @@ struct kvt_sketch {
 	size_t page_bytes;
 	void **pages;
 	struct kvt_paris_alloc alloc;
-	struct kvt_srht rot; /* the sign level's rotation (KVT_SRHT_SEED) */
+	struct kvt_srht rot; /* the 2-bit level's rotation (KVT_SRHT_SEED) */
 	/* the finite keys appended to the page being filled: the next page's centre */
 	double csum[KVT_SRHT_MAX_DIM];
 	uint32_t ccount;
@@ -86,7 +90,7 @@ int kvt_sketch_init(struct kvt_sketch *sk, unsigned int dim, unsigned int page_k
 /* kvt_sketch_fini - give back every page. Accepts a zeroed sketch. */
 void kvt_sketch_fini(struct kvt_sketch *sk);
 
-/* kvt_sketch_page_bytes - bytes of one page: page_keys * (9 dim / 8 + 12) + 4 dim. */
+/* kvt_sketch_page_bytes - bytes of one page: page_keys * (5 dim / 4 + 12) + 4 dim. */
 size_t kvt_sketch_page_bytes(unsigned int dim, unsigned int page_keys);
 
 /* kvt_sketch_int8_bytes - the int8 level's bytes at the start of each page:
@@ -115,8 +119,8 @@ int kvt_sketch_append(struct kvt_sketch *sk, const void *rows, size_t stride, un
 int kvt_sketch_set(struct kvt_sketch *sk, uint32_t i, const float *key);
 
 /*
- * kvt_sketch_sign_code - key @i's sign level as the sketch holds it: @ret_bits (dim / 8 bytes,
- * bit j of byte b for dim 8b + j), *@ret_f and the page's centre (*@ret_centre, dim floats).
+ * kvt_sketch_sign_code - key @i's 2-bit code as the sketch holds it: @ret_bits (dim / 4 bytes,
+ * layout above), *@ret_f and the page's centre (*@ret_centre, dim floats).
  * With @key (dim f32) not NULL, what encoding @key against that centre gives instead (for
  * tests: a sketch must hold the encoding of the value the exact stage reads).
  * Returns 0 or -ERANGE (i >= n).
@@ -141,7 +145,7 @@ int kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *i
 
 /*
  * kvt_sketch_topk_fast - the top-k by exact score of the @cand live keys of @ix (dropped ones
- * and those @drop names left out) with the highest sign-level estimates (ties to the lower
+ * and those @drop names left out) with the highest 2-bit estimates (ties to the lower
  * index): C rows read instead of every key's D + 8 bytes, not the exact top-k. @cand >= k;
  * with @cand >= the live keys every key is scored, which is the exact top-k. Scores, order and
  * the rest as kvt_sketch_topk(); *@ret_read counts the rows read (min(cand, live)).

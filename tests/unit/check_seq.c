@@ -683,7 +683,7 @@ END_TEST
 
 /*
  * @got against a sketch built from @zone f32 key rows at @rows + i * @stride bytes (what the
- * exact stage reads): the int8 level byte for byte; the sign level key by key, as encoding
+ * exact stage reads): the int8 level byte for byte; the 2-bit level key by key, as encoding
  * those values against @got's page centres gives (the centres depend on how the keys came in
  * batches, sketch.h).
  */
@@ -702,7 +702,7 @@ sketch_same(const struct kvt_sketch *got, const uint8_t *rows, size_t stride, ui
 		ck_assert_msg(!memcmp(want.pages[pg], got->pages[pg], int8),
 			      "page %u: the int8 sketch is not that of the keys TOPK reads", pg);
 	for (uint32_t i = 0; i < zone; i++) {
-		uint8_t bg[D / 8], bw[D / 8];
+		uint8_t bg[D / 4], bw[D / 4];
 		float fg, fw;
 		const float *c;
 
@@ -711,7 +711,7 @@ sketch_same(const struct kvt_sketch *got, const uint8_t *rows, size_t stride, ui
 		    kvt_sketch_sign_code(got, i, (const float *)(rows + i * stride), bw, &fw, &c),
 		    0);
 		ck_assert_msg(!memcmp(bg, bw, sizeof(bg)) && fg == fw,
-			      "key %u: the sign level is not that of the key TOPK reads", i);
+			      "key %u: the 2-bit level is not that of the key TOPK reads", i);
 	}
 	kvt_sketch_fini(&want);
 }

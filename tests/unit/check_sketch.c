@@ -3,7 +3,7 @@
  * check_sketch - the int8 sketch (daemon/engine/sketch.h): its bound holds for every key and
  * query, so its top-k is the exact top-k of the rows (the list a full scan gives, ties to the
  * lower index) at every SIMD level, with dropped keys, non-finite keys, any query scale and
- * keys whose stored value changed; and it reads few rows doing so. Its sign level's fast path
+ * keys whose stored value changed; and it reads few rows doing so. Its 2-bit level's fast path
  * (kvt_sketch_topk_fast()) is the exact top-k when it scores every key, the same at every
  * level, finds what it is for, and keeps the edges (dropped, infinite and changed keys).
  */
@@ -568,7 +568,7 @@ START_TEST(test_unreadable_key)
 }
 END_TEST
 
-/* ---- the fast path (kvt_sketch_topk_fast()): the sign level chooses whom to score ---------- */
+/* ---- the fast path (kvt_sketch_topk_fast()): the 2-bit level chooses whom to score ---------- */
 
 /* The fast path's answer: @got results, returned as the exact scores of the keys they name. */
 static int
@@ -640,7 +640,7 @@ START_TEST(test_fast_all_is_exact)
 }
 END_TEST
 
-/* The sign level's estimates are integers and one fused multiply-add: every level chooses the
+/* The 2-bit level's estimates are integers and one fused multiply-add: every level chooses the
  * same candidates, so returns the same list. */
 START_TEST(test_fast_levels_agree)
 {
@@ -745,7 +745,7 @@ START_TEST(test_fast_edges)
 	struct kvt_paris_query q;
 	uint32_t gi[100];
 	float gs[100], f0, f1;
-	uint8_t b0[16], b1[16];
+	uint8_t b0[32], b1[32];
 	const float *c;
 	uint64_t seed = 3;
 	struct zone z;
@@ -837,6 +837,43 @@ START_TEST(test_fast_search_routes)
 }
 END_TEST
 
+/* The 2-bit code itself: a key built as centre + R^-1 y for a chosen y encodes y's signs and
+ * which dims pass 0.8453 mean |y|, and f = |y|^2 / <y, l>. */
+START_TEST(test_fast_code_layout)
+{
+	const unsigned int dim = 64;
+	float keys[64 * 64], y[64], v[64], f;
+	uint8_t bits[16];
+	const float *c;
+	double num = 0, den = 0;
+	uint64_t seed = 8;
+	struct zone z;
+
+	for (unsigned int i = 0; i < 64 * dim; i++)
+		keys[i] = kvt_test_lcg_gauss(&seed);
+	zone_make(&z, keys, 64, dim, false, 64);
+	for (unsigned int j = 0; j < dim; j++) { /* |y| 2 on a third of the dims, 0.5 elsewhere */
+		y[j] = (j % 3 ? 0.5f : 2.0f) * (j % 2 ? 1.0f : -1.0f);
+		num += (double)y[j] * y[j];
+		den += fabs(y[j]) * (j % 3 ? 1.0 : 3.0);
+	}
+	ck_assert_int_eq(kvt_sketch_sign_code(&z.sk, 5, NULL, bits, &f, &c), 0);
+	kvt_srht_inverse(&z.sk.rot, y, v);
+	for (unsigned int j = 0; j < dim; j++)
+		v[j] += c[j];
+	ck_assert_int_eq(kvt_sketch_sign_code(&z.sk, 5, v, bits, &f, &c), 0);
+	for (unsigned int b = 0; b < dim / 4; b++)
+		for (unsigned int j = 0; j < 4; j++) {
+			unsigned int d = 4 * b + j;
+
+			ck_assert_uint_eq(bits[b] >> j & 1, d % 2);	       /* y >= 0 */
+			ck_assert_uint_eq(bits[b] >> (4 + j) & 1, d % 3 == 0); /* |y| large */
+		}
+	ck_assert_double_eq_tol(f, num / den, 1e-4);
+	zone_free(&z);
+}
+END_TEST
+
 START_TEST(test_bad_args)
 {
 	struct kvt_sketch sk;
@@ -875,4 +912,4 @@ KVT_CHECK_MAIN("sketch", 300, NULL, NULL, test_exact_every_level, test_ties, tes
 	       test_nonfinite_keys, test_query_scale, test_set_after_change, test_bound_holds,
 	       test_encode_every_level, test_unreadable_key, test_fast_all_is_exact,
 	       test_fast_levels_agree, test_fast_finds_planted, test_fast_edges,
-	       test_fast_search_routes, test_bad_args)
+	       test_fast_search_routes, test_fast_code_layout, test_bad_args)

@@ -386,7 +386,7 @@ static const struct variant {
     {"kvtier-refine-spec", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false,
      0},							   /* refine, spec's ratios */
     {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true, 0}, /* exact, int8 sketch */
-    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 16}, /* KVT_TOPK_F_FAST: sign level, 16k rescored */
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 16}, /* KVT_TOPK_F_FAST: 2-bit level, 16k rescored */
 };
 #define NVAR ((int)(sizeof(var) / sizeof(var[0])))
 
@@ -403,11 +403,11 @@ static struct variant sweep_var[32] = {
     {"kvtier-exact", 0.0, 0.0, 4, KVT_PARIS_EXACT_ALWAYS, false, 0}, /* the engine's exact scan */
     {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true, 0},   /* exact, int8 sketch */
     {"kvtier-sketch-f32", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, 2, 0},  /* the same over f32 keys */
-    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 2}, /* the fast path: C = fast_x * k rescored */
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 1}, /* the fast path: C = fast_x * k rescored */
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 2},
     {"kvtier-fast", 0.0, 0.0, 0, 0, true, 4},
     {"kvtier-fast", 0.0, 0.0, 0, 0, true, 8},
     {"kvtier-fast", 0.0, 0.0, 0, 0, true, 16},
-    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 32},
     {"kvtier-refine", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false, 0},
     {"kvtier-refine", 0.20, 0.50, 4, KVT_PARIS_EXACT_NEVER, false, 0},
     {"kvtier-refine", 0.30, 0.70, 4, KVT_PARIS_EXACT_NEVER, false, 0},
@@ -772,7 +772,7 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 				}
 				if (vr->fast_x)
 					snprintf(
-					    param, sizeof(param), "sign level, %uk rescored%s",
+					    param, sizeof(param), "2-bit level, %uk rescored%s",
 					    vr->fast_x,
 					    (uint64_t)vr->fast_x * ks[ki] * KVT_PARIS_FAST_MIN >= n
 						? " (short zone: the exact path)"
