@@ -378,12 +378,14 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
  *   KVT_TOPK_F_ESTIMATE: ParisKV's own pipeline only (its ratio schedule, no exact refine):
  *     about half the time at 128K-1M keys, recall@100 0.80-0.84 instead of 0.97-0.98 on the
  *     benchmark sets (docs/bench-retrieval.md); scores are the 4-bit RSQ-IP estimates.
- *   KVT_TOPK_F_FAST: not exact, faster: the sketch's sign level (1 bit a dim) ranks every
- *     live key and the KVT_TOPK_FAST_X * k best are scored exactly; positions are those
- *     keys' exact top-k, scores exact. Recall@100 0.96 (p5 0.83) in 0.65x the exact path's
- *     time at 128K keys on the drift set (BENCHMARKS.md, retrieval); with a sequence
- *     opened without sketches ([retrieval] sketch = no) the default path answers. Not with
- *     KVT_TOPK_F_ESTIMATE.
+ *   KVT_TOPK_F_FAST: not exact, faster: the sketch's 2-bit level ranks every live key and
+ *     the KVT_TOPK_FAST_X * k best are scored exactly; positions are those keys' exact top-k,
+ *     scores exact (a zone of at most 512 k keys, where that costs no more, gets the exact
+ *     top-k). Measured at k = 100 (BENCHMARKS.md, retrieval): recall@100 0.995-0.997 (p5
+ *     0.97-0.99) in 0.62-0.64x the exact path's time on 128K synthetic keys and 0.99 (p5
+ *     0.95) at 1M; on real SmolLM2 keys (head_dim 64, 131K) 0.92-0.97 (p5 0.71-0.85) in
+ *     0.54-0.58x. With a sequence opened without sketches ([retrieval] sketch = no) the
+ *     default path answers. Not with KVT_TOPK_F_ESTIMATE.
  * CQE res: stride. aux[0]: retrieval keys N. Errors: -EINVAL (k = 0, query length, a query
  * value NaN or infinite, flags, layer out of range, no retrieval), -ERANGE (k larger than the
  * retrieval zone, or nothing encoded yet: attend densely), -ENOSPC (output or staging too small).

@@ -467,12 +467,12 @@ int kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer
  * half the time) and is much weaker on the same sets: 0.78-0.85 for one head (p5 0.19-0.41),
  * 0.34-0.57 for 8 averaged heads (p5 0.11-0.41), head_dim 64 lowest (an 8-block vote has half
  * the collision tests); use it only where such misses are acceptable. KVT_TOPK_F_FAST (ABI 1.3)
- * is the cheaper trade: the sketch's sign level (1 bit a dim) ranks every key and the 16k best
- * are scored exactly, so scores stay exact and recall@100 was 0.96 (p5 0.83) in 0.65x the
- * default's time at 128K keys (drift set; 0.90 on isotropic random keys); a kvtierd older
- * than 1.3 refuses the flag with -EINVAL. Returns the stride,
- * -ERANGE (k larger than the retrieval zone: attend densely), -ENOSPC (@out or staging too
- * small), -EINVAL, or the errors above.
+ * is the better trade: the sketch's 2-bit level ranks every key and the 16k best are scored
+ * exactly, so scores stay exact; recall@100 was 0.995-0.997 (p5 0.97-0.99) in 0.62-0.64x the
+ * default's time at 128K synthetic keys and 0.92-0.97 (p5 0.71-0.85) on real head_dim-64 keys
+ * (BENCHMARKS.md); a zone of at most 512k keys gets the exact top-k. A kvtierd older than 1.3
+ * refuses the flag with -EINVAL. Returns the stride, -ERANGE (k larger than the retrieval zone:
+ * attend densely), -ENOSPC (@out or staging too small), -EINVAL, or the errors above.
  */
 int kvt_topk(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
 	     const float *query, uint32_t q_len, void *out, uint64_t out_len);

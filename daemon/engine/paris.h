@@ -357,9 +357,11 @@ struct kvt_paris_keys {
  * KVT_PARIS_FAST_MIN - opts.fast takes the fast path only on a zone of more than this many
  * times fast live keys; a shorter one gets the exact answer (as with refine = fast), which
  * costs no more there. The fast path reads D / 4 + 4 bytes of every key and C = fast rows at
- * random, the exact one D + 8 bytes or the 2D of a row from cache: measured single-threaded at
- * k = 100 (BENCHMARKS.md, retrieval), C = 1600 took 198-271 us on 32K keys (D = 128) where the
- * exact answer took 221-394, and 144-148 us on 8K real keys (D = 64) against 58-65.
+ * random, the exact one D + 8 bytes or the 2D of a row from cache, and a row read at random
+ * costs about what scanning 20-40 keys does. Measured single-threaded at k = 100
+ * (BENCHMARKS.md, retrieval) at n = 41 C: 0.6-0.75x the exact time (8K keys, C = 200: 29-51
+ * against 39-67 us; 32K keys, C = 800: 135-143 against 214-224); the 1-bit code this level
+ * replaced, at C = 1600, took 198-271 us on 32K keys against 221-394.
  */
 #define KVT_PARIS_FAST_MIN 32u
 

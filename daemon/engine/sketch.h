@@ -40,7 +40,7 @@
  *
  * (RaBitQ's estimator for a quantized direction). Nothing bounds it; its use is to choose the C
  * keys to score exactly (C >= k), which makes the result the exact top-k of those C, close to
- * the true one for C of 4-16 k (BENCHMARKS.md). Centring matters: keys share large common
+ * the true one for C of 8-16 k (BENCHMARKS.md). Centring matters: keys share large common
  * components (the outlier channels of post-RoPE keys) whose signs carry no information; the
  * magnitude bit matters more on real keys (SmolLM2, head_dim 64: the top 100 within the best
  * 1,600 by estimate for 0.79 of them with signs alone, 0.98 with the second bit; a numpy model
