@@ -1661,7 +1661,7 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 		k = n;
 	if (!k)
 		return 0;
-	if (opts->fast && (uint64_t)opts->fast * KVT_PARIS_FAST_MIN >= n) {
+	if (opts->fast && !kvt_paris_fast_pays(n, opts->fast)) {
 		/* a short zone: the exact answer costs no more than the fast one */
 		fo = *opts;
 		fo.fast = 0;

@@ -365,6 +365,13 @@ struct kvt_paris_keys {
  */
 #define KVT_PARIS_FAST_MIN 32u
 
+/* kvt_paris_fast_pays - whether opts.fast = @fast takes the fast path on @live keys (above). */
+static inline bool
+kvt_paris_fast_pays(uint32_t live, uint32_t fast)
+{
+	return (uint64_t)fast * KVT_PARIS_FAST_MIN < live;
+}
+
 /* kvt_paris_sketch_pays - whether a search with a sketch over @live keys reads it (above). */
 bool kvt_paris_sketch_pays(uint32_t live, unsigned int dim, const struct kvt_paris_keys *keys);
 

@@ -519,6 +519,11 @@ START_TEST(t_no_sketch)
 	ck_assert_int_eq(kvt_paris_seq_sketch_set(&seq, 0, 1, S + N, skey(&st, 1, 0)), -ERANGE);
 	ck_assert_int_eq(kvt_paris_seq_sketch_set(&seq, 0, HKV, S, skey(&st, 1, 0)), -ERANGE);
 
+	/* opts.fast below k is refused; with no sketch a fast request is answered by refine */
+	o.fast = k - 1;
+	ck_assert_int_eq(kvt_paris_seq_topk(&seq, 0, qv, HKV * D, &o, &scr, pos, score, cnt),
+			 -EINVAL);
+	o.fast = 16 * k;
 	for (int t = 0; t < 12; t++) {
 		query(&rng, qv);
 		o.rows = t & 1 ? &rws : NULL;

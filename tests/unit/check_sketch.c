@@ -560,6 +560,10 @@ START_TEST(test_unreadable_key)
 
 		ck_assert_int_eq(kvt_paris_search(&z.ix, &q, &so, &scr, gi, gs), -EIO);
 	}
+	/* the fast path reads its candidates' keys too: fails alone, with -EIO */
+	ck_assert_int_eq(
+	    kvt_sketch_topk_fast(&z.sk, &z.ix, &q, 16, 16, &z.keys, NULL, &scr, gi, gs, NULL),
+	    -EIO);
 	z.keys.get = z_get;
 	check_same(&z, qv, 16, NULL, NULL, &scr);
 	zone_free(&z);
@@ -897,7 +901,27 @@ START_TEST(test_bad_args)
 	kvt_paris_query_prep(&z.srht, keys, &q);
 	ck_assert_int_eq(kvt_sketch_topk(&z.sk, &z.ix, &q, 4, &z.keys, NULL, &scr, gi, gs, NULL),
 			 -EINVAL);
+	ck_assert_int_eq(
+	    kvt_sketch_topk_fast(&z.sk, &z.ix, &q, 4, 8, &z.keys, NULL, &scr, gi, gs, NULL),
+	    -EINVAL);
 	z.sk.n++;
+	{ /* opts.fast: at least k, and a sketch and keys to score with */
+		struct kvt_paris_search_opts so = {
+		    .k = 4, .fast = 3, .keys = &z.keys, .sketch = &z.sk};
+
+		ck_assert_int_eq(kvt_paris_search(&z.ix, &q, &so, &scr, gi, gs), -EINVAL);
+		so.fast = 8;
+		so.sketch = NULL;
+		ck_assert_int_eq(kvt_paris_search(&z.ix, &q, &so, &scr, gi, gs), -EINVAL);
+		so.sketch = &z.sk;
+		so.keys = NULL;
+		ck_assert_int_eq(kvt_paris_search(&z.ix, &q, &so, &scr, gi, gs), -EINVAL);
+		ck_assert_int_eq(
+		    kvt_sketch_topk_fast(&z.sk, &z.ix, &q, 4, 8, NULL, NULL, &scr, gi, gs, NULL),
+		    -EINVAL);
+		so.keys = &z.keys; /* and then it answers */
+		ck_assert_int_eq(kvt_paris_search(&z.ix, &q, &so, &scr, gi, gs), 4);
+	}
 	/* a zero query scores every key 0: the first k by index */
 	ck_assert_int_eq(kvt_sketch_topk(&z.sk, &z.ix, &q, 4, &z.keys, NULL, &scr, gi, gs, NULL),
 			 4);

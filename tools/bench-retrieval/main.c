@@ -771,12 +771,11 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 					break;
 				}
 				if (vr->fast_x)
-					snprintf(
-					    param, sizeof(param), "2-bit level, %uk rescored%s",
-					    vr->fast_x,
-					    (uint64_t)vr->fast_x * ks[ki] * KVT_PARIS_FAST_MIN >= n
-						? " (short zone: the exact path)"
-						: " (fp16 rows)");
+					snprintf(param, sizeof(param),
+						 "2-bit level, %uk rescored%s", vr->fast_x,
+						 !kvt_paris_fast_pays(n, vr->fast_x * ks[ki])
+						     ? " (short zone: the exact path)"
+						     : " (fp16 rows)");
 				else if (vr->refine_x && vr->exact == KVT_PARIS_EXACT_ALWAYS)
 					snprintf(param, sizeof(param), "every key, fp16 rows");
 				else if (vr->refine_x && vr->exact == KVT_PARIS_EXACT_AUTO)
