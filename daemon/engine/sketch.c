@@ -1078,17 +1078,82 @@ kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
  * kernel widens once per four blocks) and a key's D / 4 entries in an int16. The estimate of
  * key i is then f_i * (acc_i / s) + <m_p, x>. (Five-bit tables cost nothing measurable next to
  * the 2-bit codes' error: a numpy model of the drift set gave recall 0.937 at C = 2k with
- * exact tables and with these.)
+ * exact tables and with these.) The sums are formed in fixed point (y'_j s with SB_FRAC
+ * fraction bits): integer sums are exact in any order, so every SIMD level builds the same
+ * tables, and the AVX-512 builder does 16 entries an instruction (the scalar loop's 8,192
+ * entries at D = 128 took ~25 us, a tenth of a search at 128K keys).
  */
+#define SB_FRAC 16
+
 struct sb_query {
 	int8_t tab[SB_MAX_BLOCKS][256] __attribute__((aligned(64)));
 	float inv_s;
 };
 
+/* round(t / 2^SB_FRAC), halves away from zero, clamped to +-SB_TAB_MAX */
+static inline int8_t
+sb_entry(int32_t t)
+{
+	int32_t a = ((t < 0 ? -t : t) + (1 << (SB_FRAC - 1))) >> SB_FRAC;
+
+	a = a > SB_TAB_MAX ? SB_TAB_MAX : a;
+	return (int8_t)(t < 0 ? -a : a);
+}
+
+static void
+sb_tab_scalar(const int32_t *yb, int8_t *tab)
+{
+	/* for each magnitude nibble, the 16 sign patterns as subset sums */
+	for (unsigned int m = 0; m < 16; m++) {
+		int32_t t[16], l[SB_DIMS];
+
+		t[0] = 0;
+		for (unsigned int j = 0; j < SB_DIMS; j++) {
+			l[j] = (m >> j & 1 ? 3 : 1) * yb[j];
+			t[0] -= l[j];
+		}
+		for (unsigned int c = 1; c < 16; c++)
+			t[c] = t[c & (c - 1)] + 2 * l[__builtin_ctz(c)];
+		for (unsigned int c = 0; c < 16; c++)
+			tab[16 * m + c] = sb_entry(t[c]);
+	}
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static void
+sb_tab_avx512(const int32_t *yb, int8_t *tab)
+{
+	/* lane c: bit j of c set in mask j */
+	static const __mmask16 bit[SB_DIMS] = {0xaaaa, 0xcccc, 0xf0f0, 0xff00};
+	const __m512i zero = _mm512_setzero_si512(), lim = _mm512_set1_epi32(SB_TAB_MAX),
+		      half = _mm512_set1_epi32(1 << (SB_FRAC - 1));
+
+	for (unsigned int m = 0; m < 16; m++) {
+		__m512i t = zero, a;
+
+		for (unsigned int j = 0; j < SB_DIMS; j++) {
+			int32_t l = (m >> j & 1 ? 3 : 1) * yb[j];
+
+			t = _mm512_add_epi32(t,
+					     _mm512_mask_blend_epi32(bit[j], _mm512_set1_epi32(-l),
+								     _mm512_set1_epi32(l)));
+		}
+		a = _mm512_srli_epi32(_mm512_add_epi32(_mm512_abs_epi32(t), half), SB_FRAC);
+		a = _mm512_min_epi32(a, lim);
+		a = _mm512_mask_sub_epi32(a, _mm512_cmplt_epi32_mask(t, zero), zero, a);
+		_mm_store_si128((__m128i *)(tab + 16 * m), _mm512_cvtepi32_epi8(a));
+	}
+}
+#endif
+
 static void
 sb_query_prep(const struct kvt_sketch *sk, const float *x, struct sb_query *ret)
 {
 	float y[KVT_SRHT_MAX_DIM], m = 0.0f, s;
+	int32_t yi[KVT_SRHT_MAX_DIM];
+#if defined(__x86_64__)
+	const bool wide = kvt_simd_level() == KVT_SIMD_AVX512;
+#endif
 
 	kvt_srht_apply(&sk->rot, x, y);
 	for (unsigned int b = 0; b < SB_BLOCKS(sk->dim); b++) {
@@ -1100,30 +1165,19 @@ sb_query_prep(const struct kvt_sketch *sk, const float *x, struct sb_query *ret)
 	}
 	s = m > 0.0f ? (float)SB_TAB_MAX / m : 0.0f;
 	ret->inv_s = m > 0.0f ? m / (float)SB_TAB_MAX : 0.0f;
+	for (unsigned int j = 0; j < sk->dim; j++) { /* |v| <= 31 / 3 * 2^16: exact in a float */
+		float v = y[j] * s * (float)(1 << SB_FRAC);
+
+		yi[j] = (int32_t)(v + (v < 0.0f ? -0.5f : 0.5f)); /* half away from zero, no libm */
+	}
 	for (unsigned int b = 0; b < SB_BLOCKS(sk->dim); b++) {
-		const float *yb = y + SB_DIMS * b;
-		float t[256];
-
-		/* for each magnitude nibble, the 16 sign patterns as subset sums */
-		for (unsigned int m = 0; m < 16; m++) {
-			float *tm = t + 16 * m, l[SB_DIMS];
-
-			tm[0] = 0.0f;
-			for (unsigned int j = 0; j < SB_DIMS; j++) {
-				l[j] = (m >> j & 1 ? 3.0f : 1.0f) * yb[j];
-				tm[0] -= l[j];
-			}
-			for (unsigned int c = 1; c < 16; c++)
-				tm[c] = tm[c & (c - 1)] + 2.0f * l[__builtin_ctz(c)];
+#if defined(__x86_64__)
+		if (wide) {
+			sb_tab_avx512(yi + SB_DIMS * b, ret->tab[b]);
+			continue;
 		}
-		for (unsigned int c = 0; c < 256; c++) { /* half away from zero, no libm call */
-			float v = t[c] * s;
-			int e = (int)(v + (v < 0.0f ? -0.5f : 0.5f));
-
-			ret->tab[b][c] = (int8_t)(e < -SB_TAB_MAX  ? -SB_TAB_MAX
-						  : e > SB_TAB_MAX ? SB_TAB_MAX
-								   : e);
-		}
+#endif
+		sb_tab_scalar(yi + SB_DIMS * b, ret->tab[b]);
 	}
 }
 
@@ -1297,26 +1351,156 @@ cand_keep(uint64_t *a, uint32_t n, uint32_t c)
 	}
 }
 
-int
-kvt_sketch_topk_fast(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
-		     const struct kvt_paris_query *q, uint32_t k, uint32_t cand,
-		     const struct kvt_paris_keys *keys, const struct kvt_paris_drop *drop,
-		     struct kvt_paris_scratch *scr, uint32_t *ret_idx, float *ret_score,
-		     uint32_t *ret_read)
+/* The page centre's product with the query: the estimate's constant for page @p. */
+static float
+centre_dot(const struct kvt_sketch *sk, uint32_t p, const float *x)
+{
+	const float *centre = sk_centre(sk, p);
+	float cp = 0.0f;
+
+	for (unsigned int j = 0; j < sk->dim; j++)
+		cp += centre[j] * x[j];
+	return cp;
+}
+
+/* keys a group of key @g's page holds from it on (the last page may be part full) */
+static inline uint32_t
+group_len(const struct kvt_sketch *sk, uint32_t base, uint32_t off)
+{
+	uint32_t cnt = sk->n - base < sk->page_keys ? sk->n - base : sk->page_keys;
+
+	return cnt - off < SB_GROUP ? cnt - off : SB_GROUP;
+}
+
+#define SB_SAMPLE_RANK 64 /* about the sample's rank whose estimate is the first bar */
+#define SB_SAMPLE_MAX  128
+#define SB_SAMPLE_OVER 4 /* live keys above the first bar, in C (expected) */
+
+/*
+ * A first bar from a sample: whole groups spread evenly over the zone, about
+ * SB_SAMPLE_RANK * n / (4C) keys, whose 4C * sampled / n-th best estimate about 4C live keys
+ * beat (4C, not nearer C: the best keys come in runs, a passage on one topic, so a sample of
+ * whole groups misjudges the tail; at 2C one drift-set query in ten found fewer than C above
+ * the bar and scanned again). Without it the bar starts at -inf and rises only as keys are
+ * listed, so a zone whose best keys come last (a drifting context: later keys resemble the
+ * query) lists and reselects most of them. Returns -inf where a sample would cover a quarter
+ * of the zone or more (nothing to gain) or holds too few live keys.
+ */
+static float
+sample_bar(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
+	   const struct kvt_paris_drop *drop, const struct sb_query *bq, const float *x,
+	   uint32_t cand, sb_group_fn group)
+{
+	const uint32_t ngroups = (sk->n + SB_GROUP - 1) / SB_GROUP;
+	const uint64_t over = SB_SAMPLE_OVER * (uint64_t)cand;
+	const uint64_t want = ((uint64_t)SB_SAMPLE_RANK * sk->n / over + SB_GROUP - 1) / SB_GROUP;
+	float h[SB_SAMPLE_MAX], est[SB_GROUP], cp = 0.0f;
+	uint32_t hn = 0, cp_page = UINT32_MAX;
+	uint64_t rank;
+
+	if (!want || want * 4 > ngroups)
+		return -INFINITY;
+	rank = (over * want * SB_GROUP + sk->n / 2) / sk->n;
+	rank = rank < 1 ? 1 : rank > SB_SAMPLE_MAX ? SB_SAMPLE_MAX : rank;
+	for (uint64_t s = 0; s < want; s++) {
+		/* groups never straddle pages: a page is a multiple of SB_GROUP keys */
+		const uint32_t g = (uint32_t)(s * ngroups / want), key0 = g * SB_GROUP;
+		const uint32_t p = key0 >> sk->page_shift, base = p << sk->page_shift;
+		const uint32_t off = key0 - base, m = group_len(sk, base, off);
+		uint64_t live = m < 64 ? (1ull << m) - 1 : ~0ull;
+
+		if (p != cp_page) {
+			cp = centre_dot(sk, p, x);
+			cp_page = p;
+		}
+		group(sk, p, off, m, bq, cp, -INFINITY, est);
+		if (ix->ndead)
+			live &= ~ix->dead[key0 / 64];
+		for (; live; live &= live - 1) {
+			uint32_t i = (uint32_t)__builtin_ctzll(live);
+
+			if (drop && drop->dropped(drop->ctx, key0 + i))
+				continue;
+			bar_push(h, &hn, (uint32_t)rank, est[i]);
+		}
+	}
+	/* dropped keys thin the sample and the zone alike: still about 4C live keys beat it */
+	return hn == rank ? h[0] : -INFINITY;
+}
+
+/*
+ * The candidate stage: the @cand best live keys by estimate (ties to the lower index) as
+ * cand_key()s in scr->sk_cand, in no order; returns how many (min(cand, live keys)).
+ * A first bar from sample_bar() (@sample) lists only keys above it; should fewer than @cand
+ * beat it, the zone is scanned again from -inf, so the set never depends on the sample.
+ */
+static uint32_t
+fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const float *x,
+	   uint32_t cand, const struct kvt_paris_drop *drop, struct kvt_paris_scratch *scr,
+	   const struct sb_query *bq, bool sample)
 {
 	const sb_group_fn group = sb_group_kernel();
-	struct sb_query *bq;
-	float est[SB_GROUP], bar = -INFINITY;
-	uint32_t hn = 0, live = kvt_paris_index_live(ix);
-	bool kept = false;
-	int r;
+	float est[SB_GROUP],
+	    first = sample ? sample_bar(sk, ix, drop, bq, x, cand, group) : -INFINITY;
 
-	if (sk->n != ix->n || q->dim != sk->dim || ix->dim != sk->dim || !k || cand < k || !keys ||
-	    !keys->get)
-		return -EINVAL;
-	if (cand > live)
-		cand = live;
-	r = grow(&scr->ref_idx, &scr->ref_score, &scr->ref_cap, cand ? cand : 1);
+	for (;;) {
+		/* before the first selection every key above the first bar is listed */
+		float bar = first;
+		bool kept = false;
+		uint32_t hn = 0;
+
+		for (uint32_t p = 0; p < sk->npages && ((uint64_t)p << sk->page_shift) < sk->n;
+		     p++) {
+			const uint32_t base = p << sk->page_shift;
+			const float cp = centre_dot(sk, p, x);
+
+			for (uint32_t off = 0; off < sk->page_keys && base + off < sk->n;
+			     off += SB_GROUP) {
+				uint32_t m = group_len(sk, base, off);
+				uint64_t pass = group(sk, p, off, m, bq, cp, bar, est);
+
+				if (bar == -INFINITY) /* an infinite estimate is not above -inf */
+					pass = m < 64 ? (1ull << m) - 1 : ~0ull;
+				if (ix->ndead) /* base + off is a multiple of 64: one bitmap word */
+					pass &= ~ix->dead[(base + off) / 64];
+				for (; pass; pass &= pass - 1) {
+					uint32_t i = (uint32_t)__builtin_ctzll(pass),
+						 key = base + off + i;
+
+					/* after one, only above the C-th best (later keys lose
+					 * ties) */
+					if (kept && !(est[i] > bar))
+						continue;
+					if (drop && drop->dropped(drop->ctx, key))
+						continue;
+					scr->sk_cand[hn++] = cand_key(est[i], key);
+					if (hn == 2 * cand) {
+						uint32_t w = cand_keep(scr->sk_cand, hn, cand);
+
+						/* the C-th best estimate: a later key must pass it
+						 */
+						bar = est_of(scr->sk_cand[w]);
+						hn = cand;
+						kept = true;
+					}
+				}
+			}
+		}
+		if (hn >= cand || first == -INFINITY) {
+			if (hn > cand)
+				cand_keep(scr->sk_cand, hn, cand);
+			return hn < cand ? hn : cand;
+		}
+		first = -INFINITY; /* the sample's bar was too high */
+	}
+}
+
+/* Scratch for @cand candidates: ref_idx / ref_score, and 2C listed keys. */
+static int
+fast_reserve(struct kvt_paris_scratch *scr, uint32_t cand)
+{
+	int r = grow(&scr->ref_idx, &scr->ref_score, &scr->ref_cap, cand ? cand : 1);
+
 	if (r < 0)
 		return r;
 	/* up to 2C listed between selections: amortised O(1) a listing, no heap */
@@ -1328,53 +1512,61 @@ kvt_sketch_topk_fast(const struct kvt_sketch *sk, const struct kvt_paris_index *
 		scr->sk_cand = c;
 		scr->sk_cand_cap = 2 * (size_t)cand;
 	}
+	return 0;
+}
+
+int
+kvt_sketch_fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const float *x,
+		      uint32_t cand, const struct kvt_paris_drop *drop, bool sample,
+		      struct kvt_paris_scratch *scr, uint32_t *ret_idx)
+{
+	uint32_t live = kvt_paris_index_live(ix), hn;
+	struct sb_query *bq;
+	int r;
+
+	if (sk->n != ix->n || ix->dim != sk->dim || !cand)
+		return -EINVAL;
+	cand = cand > live ? live : cand;
+	r = fast_reserve(scr, cand);
+	if (r < 0)
+		return r;
+	bq = aligned_alloc(64, sizeof(*bq));
+	if (!bq)
+		return -ENOMEM;
+	sb_query_prep(sk, x, bq);
+	hn = cand ? fast_cands(sk, ix, x, cand, drop, scr, bq, sample) : 0;
+	free(bq);
+	for (uint32_t i = 0; i < hn; i++)
+		ret_idx[i] = ~(uint32_t)scr->sk_cand[i];
+	return (int)hn;
+}
+
+int
+kvt_sketch_topk_fast(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
+		     const struct kvt_paris_query *q, uint32_t k, uint32_t cand,
+		     const struct kvt_paris_keys *keys, const struct kvt_paris_drop *drop,
+		     struct kvt_paris_scratch *scr, uint32_t *ret_idx, float *ret_score,
+		     uint32_t *ret_read)
+{
+	uint32_t hn = 0, live = kvt_paris_index_live(ix);
+	struct sb_query *bq;
+	int r;
+
+	if (sk->n != ix->n || q->dim != sk->dim || ix->dim != sk->dim || !k || cand < k || !keys ||
+	    !keys->get)
+		return -EINVAL;
+	if (cand > live)
+		cand = live;
+	r = fast_reserve(scr, cand);
+	if (r < 0)
+		return r;
 	bq = aligned_alloc(64, sizeof(*bq));
 	if (!bq)
 		return -ENOMEM;
 	sb_query_prep(sk, q->x, bq);
-
-	for (uint32_t p = 0; cand && p < sk->npages && ((uint64_t)p << sk->page_shift) < sk->n;
-	     p++) {
-		const uint32_t base = p << sk->page_shift;
-		const uint32_t cnt = sk->n - base < sk->page_keys ? sk->n - base : sk->page_keys;
-		const float *centre = sk_centre(sk, p);
-		float cp = 0.0f;
-
-		for (unsigned int j = 0; j < sk->dim; j++)
-			cp += centre[j] * q->x[j];
-		for (uint32_t off = 0; off < cnt; off += SB_GROUP) {
-			uint32_t m = cnt - off < SB_GROUP ? cnt - off : SB_GROUP;
-			uint64_t pass = group(sk, p, off, m, bq, cp, bar, est);
-
-			if (!kept) /* before the first selection every key is listed */
-				pass = m < 64 ? (1ull << m) - 1 : ~0ull;
-			if (ix->ndead) /* base + off is a multiple of 64: one bitmap word */
-				pass &= ~ix->dead[(base + off) / 64];
-			for (; pass; pass &= pass - 1) {
-				uint32_t i = (uint32_t)__builtin_ctzll(pass), key = base + off + i;
-
-				/* after one, only above the C-th best (later keys lose ties) */
-				if (kept && !(est[i] > bar))
-					continue;
-				if (drop && drop->dropped(drop->ctx, key))
-					continue;
-				scr->sk_cand[hn++] = cand_key(est[i], key);
-				if (hn == 2 * cand) {
-					uint32_t w = cand_keep(scr->sk_cand, hn, cand);
-
-					/* the C-th best estimate: a later key must pass it */
-					bar = est_of(scr->sk_cand[w]);
-					hn = cand;
-					kept = true;
-				}
-			}
-		}
-	}
+	if (cand)
+		hn = fast_cands(sk, ix, q->x, cand, drop, scr, bq, true);
 	free(bq);
-	if (hn > cand) {
-		cand_keep(scr->sk_cand, hn, cand);
-		hn = cand;
-	}
 	for (uint32_t i = 0; i < hn; i++)
 		scr->ref_idx[i] = ~(uint32_t)scr->sk_cand[i];
 	r = kvt_paris_score_list(q, keys, scr->ref_idx, hn, scr->key_tmp, scr->ref_score);

@@ -159,4 +159,16 @@ int kvt_sketch_topk_fast(const struct kvt_sketch *sk, const struct kvt_paris_ind
 			 struct kvt_paris_scratch *scr, uint32_t *ret_idx, float *ret_score,
 			 uint32_t *ret_read);
 
+/*
+ * kvt_sketch_fast_cands - kvt_sketch_topk_fast()'s candidate stage alone: the min(@cand, live)
+ * live keys with the highest 2-bit estimates for the query @x (dim floats, as prepared for
+ * the index: kvt_paris_query.x), ties to the lower index, into @ret_idx in no order.
+ * @sample false starts the bar at -inf instead of from a sample of the zone (the set is the
+ * same either way; tests hold the two against each other). Uses @scr as the fast path does.
+ * Returns the count, -EINVAL (n or dim mismatch, cand == 0) or -ENOMEM.
+ */
+int kvt_sketch_fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
+			  const float *x, uint32_t cand, const struct kvt_paris_drop *drop,
+			  bool sample, struct kvt_paris_scratch *scr, uint32_t *ret_idx);
+
 #endif /* KVT_ENGINE_SKETCH_H */

@@ -797,6 +797,113 @@ START_TEST(test_fast_edges)
 }
 END_TEST
 
+static int
+cmp_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* The candidate set with and without the sampled first bar, sorted: they must be equal. */
+static void
+cands_agree(struct zone *z, const float *qv, uint32_t cand, const struct kvt_paris_drop *drop,
+	    struct kvt_paris_scratch *scr, uint32_t *a, uint32_t *b, uint32_t want)
+{
+	struct kvt_paris_query q;
+	int na, nb;
+
+	kvt_paris_query_prep(&z->srht, qv, &q);
+	na = kvt_sketch_fast_cands(&z->sk, &z->ix, q.x, cand, drop, true, scr, a);
+	nb = kvt_sketch_fast_cands(&z->sk, &z->ix, q.x, cand, drop, false, scr, b);
+	ck_assert_int_eq(na, (int)want);
+	ck_assert_int_eq(nb, (int)want);
+	qsort(a, want, sizeof(*a), cmp_u32);
+	qsort(b, want, sizeof(*b), cmp_u32);
+	ck_assert_mem_eq(a, b, want * sizeof(*a));
+}
+
+/*
+ * The first bar comes from a sample of the zone; the candidates may not depend on it. A
+ * drifting zone (later keys ever closer to the query: the order that made the bar start at
+ * -inf costly), every level, both dims, dropped keys and a drop filter, C from 50 to 3,000.
+ */
+START_TEST(test_fast_sample_same_set)
+{
+	static const unsigned int dims[2] = {64, 128};
+	static const uint32_t cands[4] = {50, 200, 777, 3000};
+	const uint32_t n = 60000;
+	const struct kvt_paris_drop drop = {drop_every_third, NULL};
+	uint32_t *a = malloc(3000 * sizeof(*a)), *b = malloc(3000 * sizeof(*b));
+	uint64_t seed = 5;
+
+	ck_assert(a && b);
+	for (int di = 0; di < 2; di++) {
+		const unsigned int dim = dims[di];
+		float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD], u[MAXD];
+		struct kvt_paris_scratch scr = {0};
+		struct zone z;
+
+		ck_assert(keys);
+		for (unsigned int j = 0; j < dim; j++)
+			u[j] = kvt_test_lcg_gauss(&seed);
+		for (uint32_t i = 0; i < n; i++)
+			for (unsigned int j = 0; j < dim; j++)
+				keys[(size_t)i * dim + j] =
+				    kvt_test_lcg_gauss(&seed) + 3.0f * (float)i / (float)n * u[j];
+		zone_make(&z, keys, n, dim, true, 1024);
+		for (uint32_t i = 0; i < n; i += 11)
+			ck_assert_int_eq(kvt_paris_index_drop(&z.ix, i), 1);
+		for (int lv = KVT_SIMD_SCALAR; lv <= KVT_SIMD_AVX512; lv++) {
+			if (kvt_simd_cap((enum kvt_simd)lv) != (enum kvt_simd)lv)
+				continue;
+			for (uint32_t t = 0; t < 8; t++) {
+				for (unsigned int j = 0; j < dim; j++)
+					qv[j] = u[j] + 0.5f * kvt_test_lcg_gauss(&seed);
+				cands_agree(&z, qv, cands[t % 4], t % 2 ? &drop : NULL, &scr, a, b,
+					    cands[t % 4]);
+			}
+		}
+		kvt_simd_cap(KVT_SIMD_AVX512);
+		zone_free(&z);
+		kvt_paris_scratch_fini(&scr);
+		free(keys);
+	}
+	free(a);
+	free(b);
+}
+END_TEST
+
+/*
+ * A sample that overrates the zone: the first group (which every sample holds) is the 64 best
+ * keys and nothing else comes near, so the sample's bar lets only those 64 through. With C =
+ * 100 the zone must be scanned again from -inf (fails without the rescan: 64 candidates).
+ */
+START_TEST(test_fast_sample_too_high)
+{
+	const unsigned int dim = 128;
+	const uint32_t n = 40000;
+	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD];
+	uint32_t a[100], b[100];
+	struct kvt_paris_scratch scr = {0};
+	uint64_t seed = 8;
+	struct zone z;
+
+	ck_assert(keys);
+	for (unsigned int j = 0; j < dim; j++)
+		qv[j] = kvt_test_lcg_gauss(&seed);
+	for (uint32_t i = 0; i < n; i++)
+		for (unsigned int j = 0; j < dim; j++)
+			keys[(size_t)i * dim + j] =
+			    kvt_test_lcg_gauss(&seed) + (i < 64 ? 2.0f * qv[j] : 0.0f);
+	zone_make(&z, keys, n, dim, true, 1024);
+	cands_agree(&z, qv, 100, NULL, &scr, a, b, 100);
+	zone_free(&z);
+	kvt_paris_scratch_fini(&scr);
+	free(keys);
+}
+END_TEST
+
 /* Through kvt_paris_search(): opts.fast takes the fast path on a zone of more than
  * KVT_PARIS_FAST_MIN * fast keys, and on a shorter one returns the exact top-k. */
 START_TEST(test_fast_search_routes)
@@ -936,4 +1043,5 @@ KVT_CHECK_MAIN("sketch", 300, NULL, NULL, test_exact_every_level, test_ties, tes
 	       test_nonfinite_keys, test_query_scale, test_set_after_change, test_bound_holds,
 	       test_encode_every_level, test_unreadable_key, test_fast_all_is_exact,
 	       test_fast_levels_agree, test_fast_finds_planted, test_fast_edges,
-	       test_fast_search_routes, test_fast_code_layout, test_bad_args)
+	       test_fast_sample_same_set, test_fast_sample_too_high, test_fast_search_routes,
+	       test_fast_code_layout, test_bad_args)
