@@ -33,7 +33,7 @@ esac
 
 # ---- dependencies ------------------------------------------------------------------------------
 pkgs=(build-essential cmake pkg-config git liburing-dev libnuma-dev check libsystemd-dev
-	libinih-dev libjson-c-dev libicu-dev libfaiss-dev systemd valgrind clang-format python3
+	libinih-dev libjson-c-dev libicu-dev libfaiss-dev libhnswlib-dev systemd valgrind clang-format python3
 	python3-pip python3-venv libseccomp-dev dpkg-dev lintian groff-base man-db prometheus
 	libxxhash-dev)
 missing=()
