@@ -1447,6 +1447,8 @@ kvt_paris_scratch_fini(struct kvt_paris_scratch *s)
 	free(s->sk_cand);
 	s->sk_cand = NULL;
 	s->sk_cand_cap = 0;
+	free(s->sk_tab);
+	s->sk_tab = NULL;
 }
 
 static int

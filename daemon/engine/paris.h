@@ -415,6 +415,7 @@ struct kvt_paris_scratch {
 	size_t sk_bar_cap; /* entries of sk_bar */
 	uint64_t *sk_cand; /* the fast path's candidate keys (sketch.c) */
 	size_t sk_cand_cap;
+	void *sk_tab; /* the fast path's query tables (sketch.c), 64-byte aligned */
 };
 
 /* kvt_paris_scratch_fini - free the scratch buffers; the struct may be reused after. NULL-safe. */

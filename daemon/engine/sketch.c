@@ -1495,7 +1495,7 @@ fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const 
 	}
 }
 
-/* Scratch for @cand candidates: ref_idx / ref_score, and 2C listed keys. */
+/* Scratch for @cand candidates: ref_idx / ref_score, 2C listed keys, the query tables. */
 static int
 fast_reserve(struct kvt_paris_scratch *scr, uint32_t cand)
 {
@@ -1511,6 +1511,11 @@ fast_reserve(struct kvt_paris_scratch *scr, uint32_t cand)
 			return -ENOMEM;
 		scr->sk_cand = c;
 		scr->sk_cand_cap = 2 * (size_t)cand;
+	}
+	if (!scr->sk_tab) {
+		scr->sk_tab = aligned_alloc(64, sizeof(struct sb_query));
+		if (!scr->sk_tab)
+			return -ENOMEM;
 	}
 	return 0;
 }
@@ -1530,12 +1535,9 @@ kvt_sketch_fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index 
 	r = fast_reserve(scr, cand);
 	if (r < 0)
 		return r;
-	bq = aligned_alloc(64, sizeof(*bq));
-	if (!bq)
-		return -ENOMEM;
+	bq = scr->sk_tab;
 	sb_query_prep(sk, x, bq);
 	hn = cand ? fast_cands(sk, ix, x, cand, drop, scr, bq, sample) : 0;
-	free(bq);
 	for (uint32_t i = 0; i < hn; i++)
 		ret_idx[i] = ~(uint32_t)scr->sk_cand[i];
 	return (int)hn;
@@ -1560,13 +1562,10 @@ kvt_sketch_topk_fast(const struct kvt_sketch *sk, const struct kvt_paris_index *
 	r = fast_reserve(scr, cand);
 	if (r < 0)
 		return r;
-	bq = aligned_alloc(64, sizeof(*bq));
-	if (!bq)
-		return -ENOMEM;
+	bq = scr->sk_tab;
 	sb_query_prep(sk, q->x, bq);
 	if (cand)
 		hn = fast_cands(sk, ix, q->x, cand, drop, scr, bq, true);
-	free(bq);
 	for (uint32_t i = 0; i < hn; i++)
 		scr->ref_idx[i] = ~(uint32_t)scr->sk_cand[i];
 	r = kvt_paris_score_list(q, keys, scr->ref_idx, hn, scr->key_tmp, scr->ref_score);
