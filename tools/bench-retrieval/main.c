@@ -417,8 +417,11 @@ static struct variant sweep_var[32] = {
     {"kvtier-sketch-f32", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, 2, 0},  /* the same over f32 keys */
     {"kvtier-fast", 0.0, 0.0, 0, 0, true, 1}, /* the fast path: C = fast_x * k rescored */
     {"kvtier-fast", 0.0, 0.0, 0, 0, true, 2},
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 3},
     {"kvtier-fast", 0.0, 0.0, 0, 0, true, 4},
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 6},
     {"kvtier-fast", 0.0, 0.0, 0, 0, true, 8},
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 12},
     {"kvtier-fast", 0.0, 0.0, 0, 0, true, 16},
     {"kvtier-refine", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false, 0},
     {"kvtier-refine", 0.20, 0.50, 4, KVT_PARIS_EXACT_NEVER, false, 0},
@@ -427,8 +430,8 @@ static struct variant sweep_var[32] = {
     {"kvtier-refine", 0.50, 0.70, 4, KVT_PARIS_EXACT_NEVER, false, 0},
     {"kvtier-refine", 0.70, 1.00, 4, KVT_PARIS_EXACT_NEVER, false, 0},
 };
-static int NSWEEP = 21;
-#define NSWEEP_FIXED 15 /* the entries before the index-path ratios --knob replaces */
+static int NSWEEP = 24;
+#define NSWEEP_FIXED 18 /* the entries before the index-path ratios --knob replaces */
 #define SWEEP_K	     100
 
 /*

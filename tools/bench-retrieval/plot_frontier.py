@@ -6,7 +6,7 @@ usage: plot_frontier.py SWEEP.json [MORE.json ...] OUT.png
 
 One panel per (data set, N); one curve per method, its points the method's knob settings
 (kvtier: candidate and collision ratios, with and without the exact refine; IVFPQ: nprobe,
-alone and with exact rescoring of 16k PQ candidates; HNSW: efSearch); flat, the exact fp16
+alone and with exact rescoring of 16k PQ candidates; HNSW, FAISS's and hnswlib's: efSearch); flat, the exact fp16
 scan, kvtier's default (what kvtierd's TOPK runs) and kvtier's whole-zone exact scan are single
 points. The y axis is log-scaled (single-thread median microseconds per query).
 Rows from several files are merged, so a 1M run without FAISS can sit beside smaller ones.
@@ -32,6 +32,7 @@ STYLE = {
     "faiss-ivfpq": ("v", "--"),
     "faiss-ivfpq-refine": ("^", "--"),
     "faiss-hnsw": ("D", ":"),
+    "hnswlib": ("d", "-."),
 }
 
 
