@@ -14,10 +14,10 @@
  *   exact        fp16 keys, full scan with a size-k heap (F16C when the CPU has it)
  *   faiss-flat   IndexFlatIP;  faiss-ivfpq  IndexIVFPQ trained on the first 10 % (the prefill)
  *   faiss-hnsw   IndexHNSWFlat
- *   hnswlib      hnswlib's HNSW (M 32, efC 200) over the exact MIPS-to-L2 reduction (its
- *                inner-product space is weaker on these sets: recall@100 0.79 against 0.82 at
- *                efSearch 100, capped near 0.92), SIMD kernels built for this CPU: the graph
- *                peer at full speed (Debian's FAISS runs scalar distance code)
+ *   hnswlib      hnswlib's HNSW (M 32, efC 200) in its inner-product space, SIMD kernels built
+ *                for this CPU: the graph peer at full speed (Debian's FAISS runs scalar
+ *                distance code)
+ *   hnswlib-l2   the same over the exact MIPS-to-L2 reduction: neither way wins everywhere
  * Ground truth is the exact f32 inner-product top-k (double accumulation). Recall is the mean
  * over the queries and its 5th percentile (p5: the worst queries a mean hides). Times are
  * medians over the queries (wall time, or the thread's CPU time with --cpu-time); build times
@@ -86,11 +86,13 @@ static bool no_faiss; /* --no-faiss: kvtier and exact only (FAISS IVFPQ at 1M bu
 static bool no_thp;   /* --no-thp: index pages from aligned_alloc, not a THP mapping */
 static bool stages;   /* --stages: time each stage of the search */
 static bool sweep;    /* --sweep: recall-time curves, k = 100, every method's knob swept */
-/* --peers: peers run, a bit each: flat, ivfpq, hnsw (enum fpeer_kind order), then hnswlib */
-static unsigned int peers = 15;
-#define PEER_HNSWLIB (1u << 3)
-#define HNSWLIB_M    32
-#define HNSWLIB_EFC  200
+/* --peers: peers run, a bit each: flat, ivfpq, hnsw (enum fpeer_kind order), then hnswlib in
+ * its inner-product space and over the MIPS-to-L2 reduction */
+static unsigned int peers = 31;
+#define PEER_HNSWLIB	(1u << 3)
+#define PEER_HNSWLIB_L2 (1u << 4)
+#define HNSWLIB_M	32
+#define HNSWLIB_EFC	200
 static unsigned int build_threads = 1; /* --build-threads: hnswlib's construction threads */
 
 /* Index pages carved from one mapping advised MADV_HUGEPAGE, as kvtierd's pool backs them. */
@@ -669,20 +671,21 @@ out:
  */
 static int
 hnswlib_case(const char *name, const float *keys, uint32_t n, const float *qs, uint32_t nq,
-	     const uint32_t *truth, double *rec, double *lat)
+	     const uint32_t *truth, double *rec, double *lat, bool l2)
 {
+	const char *method = l2 ? "hnswlib-l2" : "hnswlib";
 	struct hpeer *p;
 	int64_t ids[KMAX];
 	double t0, build;
 	int r;
 
-	fprintf(stderr, "%s n=%u: building hnswlib (%u threads)\n", name, n, build_threads);
+	fprintf(stderr, "%s n=%u: building %s (%u threads)\n", name, n, method, build_threads);
 	t0 = now();
-	r = hpeer_build(keys, n, (unsigned int)D, HNSWLIB_M, HNSWLIB_EFC, build_threads, true, &p);
+	r = hpeer_build(keys, n, (unsigned int)D, HNSWLIB_M, HNSWLIB_EFC, build_threads, l2, &p);
 	build = now() - t0;
 	if (r < 0)
 		return r;
-	fprintf(stderr, "  hnswlib: %s, %.1f s\n", hpeer_describe(p), build);
+	fprintf(stderr, "  %s: %s, %.1f s\n", method, hpeer_describe(p), build);
 	for (unsigned int step = 0; step < (sweep ? HNSW_NEF : NK); step++) {
 		unsigned int ef = sweep ? hnsw_ef[step] : 256;
 		uint32_t k = sweep ? SWEEP_K : ks[step];
@@ -700,7 +703,7 @@ hnswlib_case(const char *name, const float *keys, uint32_t n, const float *qs, u
 			rec[qi] = recall_of(ids, truth + (size_t)qi * KMAX, k);
 		}
 		snprintf(param, sizeof(param), "%s efS %u", hpeer_describe(p), ef < k ? k : ef);
-		add_row(name, n, k, "hnswlib", param, rec, nq, median(lat, nq) * 1e6, build);
+		add_row(name, n, k, method, param, rec, nq, median(lat, nq) * 1e6, build);
 	}
 out:
 	hpeer_free(p);
@@ -982,8 +985,10 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 	}
 #endif
 #ifdef KVT_HAVE_HNSWLIB
-	if (peers & PEER_HNSWLIB) {
-		r = hnswlib_case(name, keys, n, qs, nq, truth, rec, lat);
+	for (int l2 = 0; l2 < 2; l2++) {
+		if (!(peers & (l2 ? PEER_HNSWLIB_L2 : PEER_HNSWLIB)))
+			continue;
+		r = hnswlib_case(name, keys, n, qs, nq, truth, rec, lat, l2);
 		if (r < 0)
 			goto out;
 	}
@@ -1368,7 +1373,8 @@ usage(FILE *f)
 	    "                              [--sweep] [--simd scalar|avx2|avx512]\n"
 	    "                              [--data outlier|drift|real]... [--keys FILE]\n"
 	    "                              [--real-head L.H]... [--knob RC:RCOL]...\n"
-	    "                              [--peers flat,ivfpq,hnsw,hnswlib] [--crossover N]\n"
+	    "                              [--peers flat,ivfpq,hnsw,hnswlib,hnswlib-l2]\n"
+	    "                              [--crossover N]\n"
 	    "                              [--cpu-time] [--build-threads N]\n"
 	    "  --json        print {\"rows\":[...]} on stdout instead of a table\n"
 	    "  --quick       N = 32K and 128K only (the full run adds 1M)\n"
@@ -1390,8 +1396,8 @@ usage(FILE *f)
 	    "  --knob RC:RCOL  with --sweep: kvtier's index-path points at rho_cand RC and "
 	    "rho_col\n"
 	    "                RCOL with refine 4k (repeatable; replaces the built-in list)\n"
-	    "  --peers LIST  peers to run (comma-separated: flat, ivfpq, hnsw (FAISS), hnswlib;\n"
-	    "                default all)\n"
+	    "  --peers LIST  peers to run (comma-separated: flat, ivfpq, hnsw (FAISS), hnswlib,\n"
+	    "                hnswlib-l2; default all)\n"
 	    "  --build-threads N  threads inserting into hnswlib's graph (default 1; queries\n"
 	    "                always run on one)\n"
 	    "  --crossover N  only the exact-scan / index-path crossover, D = 64 and 128, N = 4K\n"
@@ -1545,11 +1551,14 @@ main(int argc, char **argv)
 					peers |= 1u << 2;
 				else if (!strcmp(t, "hnswlib"))
 					peers |= PEER_HNSWLIB;
+				else if (!strcmp(t, "hnswlib-l2"))
+					peers |= PEER_HNSWLIB_L2;
 				else {
-					fprintf(stderr,
-						"kvtier-bench-retrieval: --peers wants a list of "
-						"flat, ivfpq, hnsw and hnswlib, got '%s'\n",
-						optarg);
+					fprintf(
+					    stderr,
+					    "kvtier-bench-retrieval: --peers wants a list of "
+					    "flat, ivfpq, hnsw, hnswlib and hnswlib-l2, got '%s'\n",
+					    optarg);
 					return 2;
 				}
 			}

@@ -33,6 +33,7 @@ STYLE = {
     "faiss-ivfpq-refine": ("^", "--"),
     "faiss-hnsw": ("D", ":"),
     "hnswlib": ("d", "-."),
+    "hnswlib-l2": ("1", "-."),
 }
 
 
