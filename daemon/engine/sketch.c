@@ -1165,7 +1165,7 @@ sb_query_prep(const struct kvt_sketch *sk, const float *x, struct sb_query *ret)
 	}
 	s = m > 0.0f ? (float)SB_TAB_MAX / m : 0.0f;
 	ret->inv_s = m > 0.0f ? m / (float)SB_TAB_MAX : 0.0f;
-	for (unsigned int j = 0; j < sk->dim; j++) { /* |v| <= 31 / 3 * 2^16: exact in a float */
+	for (unsigned int j = 0; j < sk->dim; j++) { /* |v| <= 31 / 3 * 2^16 < 2^24: whole floats */
 		float v = y[j] * s * (float)(1 << SB_FRAC);
 
 		yi[j] = (int32_t)(v + (v < 0.0f ? -0.5f : 0.5f)); /* half away from zero, no libm */
@@ -1363,7 +1363,7 @@ centre_dot(const struct kvt_sketch *sk, uint32_t p, const float *x)
 	return cp;
 }
 
-/* keys a group of key @g's page holds from it on (the last page may be part full) */
+/* keys in the group at @off of the page at key @base (the last page may be part full) */
 static inline uint32_t
 group_len(const struct kvt_sketch *sk, uint32_t base, uint32_t off)
 {
