@@ -826,7 +826,8 @@ cands_agree(struct zone *z, const float *qv, uint32_t cand, const struct kvt_par
 /*
  * The first bar comes from a sample of the zone; the candidates may not depend on it. A
  * drifting zone (later keys ever closer to the query: the order that made the bar start at
- * -inf costly), every level, both dims, dropped keys and a drop filter, C from 50 to 3,000.
+ * -inf costly), every level, both dims, dropped keys and a drop filter, C from 50 to 3,000
+ * (sampled from 777 on).
  */
 START_TEST(test_fast_sample_same_set)
 {
@@ -876,15 +877,16 @@ END_TEST
 
 /*
  * A sample that overrates the zone: the first group (which every sample holds) is the 64 best
- * keys and nothing else comes near, so the sample's bar lets only those 64 through. With C =
- * 100 the zone must be scanned again from -inf (fails without the rescan: 64 candidates).
+ * keys and nothing else comes near, and the sample (10 groups for C = 1,000 of 40,000 keys)
+ * ranks its 64th best as the bar, which only those 64 pass. The zone must be scanned again
+ * from -inf (fails without the rescan: 63 candidates).
  */
 START_TEST(test_fast_sample_too_high)
 {
 	const unsigned int dim = 128;
 	const uint32_t n = 40000;
 	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD];
-	uint32_t a[100], b[100];
+	static uint32_t a[1000], b[1000];
 	struct kvt_paris_scratch scr = {0};
 	uint64_t seed = 8;
 	struct zone z;
@@ -897,7 +899,7 @@ START_TEST(test_fast_sample_too_high)
 			keys[(size_t)i * dim + j] =
 			    kvt_test_lcg_gauss(&seed) + (i < 64 ? 2.0f * qv[j] : 0.0f);
 	zone_make(&z, keys, n, dim, true, 1024);
-	cands_agree(&z, qv, 100, NULL, &scr, a, b, 100);
+	cands_agree(&z, qv, 1000, NULL, &scr, a, b, 1000);
 	zone_free(&z);
 	kvt_paris_scratch_fini(&scr);
 	free(keys);
