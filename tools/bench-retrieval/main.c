@@ -94,6 +94,9 @@ static unsigned int peers = 31;
 #define HNSWLIB_M	32
 #define HNSWLIB_EFC	200
 static unsigned int build_threads = 1; /* --build-threads: hnswlib's construction threads */
+/* hnswlib builds above this many keys are skipped: 1M keys took 6-14 minutes on two threads
+ * (each way), so the default full run stops it below that */
+static uint32_t hnswlib_max = 262144;
 
 /* Index pages carved from one mapping advised MADV_HUGEPAGE, as kvtierd's pool backs them. */
 struct arena {
@@ -988,6 +991,11 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 	for (int l2 = 0; l2 < 2; l2++) {
 		if (!(peers & (l2 ? PEER_HNSWLIB_L2 : PEER_HNSWLIB)))
 			continue;
+		if (n > hnswlib_max) {
+			fprintf(stderr, "%s n=%u: skipping hnswlib%s above --hnswlib-max %u\n",
+				name, n, l2 ? "-l2" : "", hnswlib_max);
+			continue;
+		}
 		r = hnswlib_case(name, keys, n, qs, nq, truth, rec, lat, l2);
 		if (r < 0)
 			goto out;
@@ -1375,7 +1383,7 @@ usage(FILE *f)
 	    "                              [--real-head L.H]... [--knob RC:RCOL]...\n"
 	    "                              [--peers flat,ivfpq,hnsw,hnswlib,hnswlib-l2]\n"
 	    "                              [--crossover N]\n"
-	    "                              [--cpu-time] [--build-threads N]\n"
+	    "                              [--cpu-time] [--build-threads N] [--hnswlib-max N]\n"
 	    "  --json        print {\"rows\":[...]} on stdout instead of a table\n"
 	    "  --quick       N = 32K and 128K only (the full run adds 1M)\n"
 	    "  --queries N   queries per case (default 32)\n"
@@ -1400,6 +1408,7 @@ usage(FILE *f)
 	    "                hnswlib-l2; default all)\n"
 	    "  --build-threads N  threads inserting into hnswlib's graph (default 1; queries\n"
 	    "                always run on one)\n"
+	    "  --hnswlib-max N  skip hnswlib above N keys (default 262144)\n"
 	    "  --crossover N  only the exact-scan / index-path crossover, D = 64 and 128, N = 4K\n"
 	    "                .. N (doubling), outlier set (the default queries: 32)\n"
 	    "  --cpu-time    per-query times as the thread's CPU time, not wall time (a shared\n"
@@ -1429,6 +1438,7 @@ main(int argc, char **argv)
 	    {"crossover", required_argument, NULL, 'X'},
 	    {"cpu-time", no_argument, NULL, 'C'},
 	    {"build-threads", required_argument, NULL, 'B'},
+	    {"hnswlib-max", required_argument, NULL, 'M'},
 	    {0},
 	};
 	const char *keys_path = NULL;
@@ -1440,7 +1450,8 @@ main(int argc, char **argv)
 	double t0 = now();
 	int c, r;
 
-	while ((c = getopt_long(argc, argv, "jqn:m:s:FTSWL:hD:K:H:k:P:X:CB:", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "jqn:m:s:FTSWL:hD:K:H:k:P:X:CB:M:", opts, NULL)) !=
+	       -1) {
 		switch (c) {
 		case 'j':
 			json = true;
@@ -1564,6 +1575,9 @@ main(int argc, char **argv)
 			}
 			break;
 		}
+		case 'M':
+			hnswlib_max = (uint32_t)strtoul(optarg, NULL, 10);
+			break;
 		case 'B':
 			build_threads = (unsigned int)strtoul(optarg, NULL, 10);
 			if (build_threads < 1 || build_threads > 256) {
