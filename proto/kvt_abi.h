@@ -384,11 +384,12 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
  *     top-k). Measured at k = 100 (BENCHMARKS.md, retrieval): recall@100 0.995-0.997 (p5
  *     0.97-0.99) in 0.62-0.64x the exact path's time on 128K synthetic keys and 0.99 (p5
  *     0.94-0.95) in 0.62-0.67x at 1M; on real SmolLM2 keys (head_dim 64, 131K) 0.92-0.97
- *     (p5 0.71-0.85) in 0.51-0.66x. With a sequence opened without sketches ([retrieval] sketch =
- * no) the default path answers. Not with KVT_TOPK_F_ESTIMATE. CQE res: stride. aux[0]: retrieval
- * keys N. Errors: -EINVAL (k = 0, query length, a query value NaN or infinite, flags, layer out of
- * range, no retrieval), -ERANGE (k larger than the retrieval zone, or nothing encoded yet: attend
- * densely), -ENOSPC (output or staging too small).
+ *     (p5 0.71-0.85) in 0.51-0.66x. An HNSW graph is faster at recall 0.80-0.84 on some
+ *     sets and at 1M keys (BENCHMARKS.md). With a sequence opened without sketches
+ *     ([retrieval] sketch = no) the default path answers. Not with KVT_TOPK_F_ESTIMATE.
+ * CQE res: stride. aux[0]: retrieval keys N. Errors: -EINVAL (k = 0, query length, a query
+ * value NaN or infinite, flags, layer out of range, no retrieval), -ERANGE (k larger than the
+ * retrieval zone, or nothing encoded yet: attend densely), -ENOSPC (output or staging too small).
  */
 #define KVT_TOPK_F_UNION    (1u << 0)
 #define KVT_TOPK_F_FETCH    (1u << 1)

@@ -1524,27 +1524,40 @@ fast_reserve(struct kvt_paris_scratch *scr, uint32_t cand)
 	return 0;
 }
 
+/* The candidate stage with its scratch: min(cand, live) candidates into scr->ref_idx. */
+static int
+fast_stage(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const float *x,
+	   uint32_t cand, const struct kvt_paris_drop *drop, bool sample,
+	   struct kvt_paris_scratch *scr)
+{
+	uint32_t live = kvt_paris_index_live(ix), hn = 0;
+	int r;
+
+	cand = cand > live ? live : cand;
+	r = fast_reserve(scr, cand);
+	if (r < 0)
+		return r;
+	sb_query_prep(sk, x, scr->sk_tab);
+	if (cand)
+		hn = fast_cands(sk, ix, x, cand, drop, scr, scr->sk_tab, sample);
+	for (uint32_t i = 0; i < hn; i++)
+		scr->ref_idx[i] = ~(uint32_t)scr->sk_cand[i];
+	return (int)hn;
+}
+
 int
 kvt_sketch_fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const float *x,
 		      uint32_t cand, const struct kvt_paris_drop *drop, bool sample,
 		      struct kvt_paris_scratch *scr, uint32_t *ret_idx)
 {
-	uint32_t live = kvt_paris_index_live(ix), hn;
-	struct sb_query *bq;
-	int r;
+	int hn;
 
 	if (sk->n != ix->n || ix->dim != sk->dim || !cand)
 		return -EINVAL;
-	cand = cand > live ? live : cand;
-	r = fast_reserve(scr, cand);
-	if (r < 0)
-		return r;
-	bq = scr->sk_tab;
-	sb_query_prep(sk, x, bq);
-	hn = cand ? fast_cands(sk, ix, x, cand, drop, scr, bq, sample) : 0;
-	for (uint32_t i = 0; i < hn; i++)
-		ret_idx[i] = ~(uint32_t)scr->sk_cand[i];
-	return (int)hn;
+	hn = fast_stage(sk, ix, x, cand, drop, sample, scr);
+	if (hn > 0)
+		memcpy(ret_idx, scr->ref_idx, (size_t)hn * sizeof(*ret_idx));
+	return hn;
 }
 
 int
@@ -1554,24 +1567,16 @@ kvt_sketch_topk_fast(const struct kvt_sketch *sk, const struct kvt_paris_index *
 		     struct kvt_paris_scratch *scr, uint32_t *ret_idx, float *ret_score,
 		     uint32_t *ret_read)
 {
-	uint32_t hn = 0, live = kvt_paris_index_live(ix);
-	struct sb_query *bq;
+	uint32_t hn;
 	int r;
 
 	if (sk->n != ix->n || q->dim != sk->dim || ix->dim != sk->dim || !k || cand < k || !keys ||
 	    !keys->get)
 		return -EINVAL;
-	if (cand > live)
-		cand = live;
-	r = fast_reserve(scr, cand);
+	r = fast_stage(sk, ix, q->x, cand, drop, true, scr);
 	if (r < 0)
 		return r;
-	bq = scr->sk_tab;
-	sb_query_prep(sk, q->x, bq);
-	if (cand)
-		hn = fast_cands(sk, ix, q->x, cand, drop, scr, bq, true);
-	for (uint32_t i = 0; i < hn; i++)
-		scr->ref_idx[i] = ~(uint32_t)scr->sk_cand[i];
+	hn = (uint32_t)r;
 	r = kvt_paris_score_list(q, keys, scr->ref_idx, hn, scr->key_tmp, scr->ref_score);
 	if (r < 0)
 		return r;

@@ -1013,7 +1013,17 @@ START_TEST(test_bad_args)
 	ck_assert_int_eq(
 	    kvt_sketch_topk_fast(&z.sk, &z.ix, &q, 4, 8, &z.keys, NULL, &scr, gi, gs, NULL),
 	    -EINVAL);
+	ck_assert_int_eq(kvt_sketch_fast_cands(&z.sk, &z.ix, q.x, 4, NULL, true, &scr, gi),
+			 -EINVAL);
 	z.sk.n++;
+	/* no candidates asked for; all 64 asked for with 60 dropped: the 4 live ones */
+	ck_assert_int_eq(kvt_sketch_fast_cands(&z.sk, &z.ix, q.x, 0, NULL, true, &scr, gi),
+			 -EINVAL);
+	for (uint32_t i = 4; i < 64; i++)
+		ck_assert_int_eq(kvt_paris_index_drop(&z.ix, i), 1);
+	ck_assert_int_eq(kvt_sketch_fast_cands(&z.sk, &z.ix, q.x, 64, NULL, false, &scr, gi), 4);
+	for (uint32_t i = 0; i < 4; i++)
+		ck_assert_uint_lt(gi[i], 4);
 	{ /* opts.fast: at least k, and a sketch and keys to score with */
 		struct kvt_paris_search_opts so = {
 		    .k = 4, .fast = 3, .keys = &z.keys, .sketch = &z.sk};
