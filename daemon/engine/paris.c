@@ -1449,6 +1449,12 @@ kvt_paris_scratch_fini(struct kvt_paris_scratch *s)
 	s->sk_cand_cap = 0;
 	free(s->sk_tab);
 	s->sk_tab = NULL;
+	free(s->sk_grp);
+	s->sk_grp = NULL;
+	s->sk_grp_cap = 0;
+	free(s->sk_gmap);
+	s->sk_gmap = NULL;
+	s->sk_gmap_cap = 0;
 }
 
 static int
@@ -1648,6 +1654,8 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 		return -EINVAL;
 	if (opts->fast && (opts->fast < k || !opts->sketch || !opts->keys || !opts->keys->get))
 		return -EINVAL;
+	if (opts->probe && (!opts->fast || opts->probe < opts->fast))
+		return -EINVAL;
 	if ((opts->refine || opts->fast) && opts->keys->rows &&
 	    opts->keys->dtype != KVT_DTYPE_F16 && opts->keys->dtype != KVT_DTYPE_BF16 &&
 	    opts->keys->dtype != KVT_DTYPE_F32)
@@ -1667,6 +1675,7 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 		/* a short zone: the exact answer costs no more than the fast one */
 		fo = *opts;
 		fo.fast = 0;
+		fo.probe = 0;
 		fo.refine = opts->fast;
 		fo.exact = KVT_PARIS_EXACT_AUTO;
 		opts = &fo;
@@ -1702,8 +1711,8 @@ kvt_paris_search(const struct kvt_paris_index *ix, const struct kvt_paris_query 
 
 	/* The fast path: the sketch's 2-bit level chooses whom to score exactly. */
 	if (opts->fast) {
-		r = kvt_sketch_topk_fast(opts->sketch, ix, q, k, opts->fast, opts->keys, opts->drop,
-					 scr, ret_idx, ret_score, NULL);
+		r = kvt_sketch_topk_fast(opts->sketch, ix, q, k, opts->fast, opts->probe,
+					 opts->keys, opts->drop, scr, ret_idx, ret_score, NULL);
 		if (r < 0)
 			return r;
 		k = (uint32_t)r;

@@ -415,7 +415,11 @@ struct kvt_paris_scratch {
 	size_t sk_bar_cap; /* entries of sk_bar */
 	uint64_t *sk_cand; /* the fast path's candidate keys (sketch.c) */
 	size_t sk_cand_cap;
-	void *sk_tab; /* the fast path's query tables (sketch.c), 64-byte aligned */
+	void *sk_tab;	  /* the fast path's query tables (sketch.c), 64-byte aligned */
+	uint64_t *sk_grp; /* a probing search's groups by score (sketch.c) */
+	size_t sk_grp_cap;
+	uint64_t *sk_gmap; /* the groups it scans, one bit each */
+	size_t sk_gmap_cap;
 };
 
 /* kvt_paris_scratch_fini - free the scratch buffers; the struct may be reused after. NULL-safe. */
@@ -456,6 +460,9 @@ struct kvt_paris_search_opts {
 	 * score of the @fast (>= k) live keys the sketch's 2-bit level ranks highest
 	 * (kvt_sketch_topk_fast()): not exact, fast rows read instead of every key's codes */
 	uint32_t fast;
+	/* 0, or with @fast (>= fast): the candidates come only from the 64-key groups whose
+	 * means best match the query, enough to hold this many live keys (sketch.h, "probe") */
+	uint32_t probe;
 };
 
 /*

@@ -31,11 +31,17 @@ kvt_sketch_int8_bytes(unsigned int dim, unsigned int page_keys)
 	return (size_t)page_keys * (dim + 2 * sizeof(float));
 }
 
+/* 64-key groups a page holds (each one bitmap word of dead keys, one 2-bit kernel call) */
+#define SB_GROUP	     64
+#define SK_GROUPS(page_keys) ((page_keys) / SB_GROUP)
+#define SK_GROUP_BYTES(dim)  ((size_t)(dim) + 2 * sizeof(float))
+
 size_t
 kvt_sketch_page_bytes(unsigned int dim, unsigned int page_keys)
 {
 	return kvt_sketch_int8_bytes(dim, page_keys) +
-	       (size_t)page_keys * (SB_BLOCKS(dim) + sizeof(float)) + dim * sizeof(float);
+	       (size_t)page_keys * (SB_BLOCKS(dim) + sizeof(float)) + dim * sizeof(float) +
+	       SK_GROUPS(page_keys) * SK_GROUP_BYTES(dim);
 }
 
 static inline uint8_t *
@@ -75,6 +81,25 @@ sk_centre(const struct kvt_sketch *sk, uint32_t p)
 	return sk_fac(sk, p) + sk->page_keys;
 }
 
+/* the group level: per 64-key group the int8 codes [G][D], scale [G] and flag [G] of its mean */
+static inline uint8_t *
+sk_gcodes(const struct kvt_sketch *sk, uint32_t p)
+{
+	return (uint8_t *)(sk_centre(sk, p) + sk->dim);
+}
+
+static inline float *
+sk_gscale(const struct kvt_sketch *sk, uint32_t p)
+{
+	return (float *)(sk_gcodes(sk, p) + (size_t)SK_GROUPS(sk->page_keys) * sk->dim);
+}
+
+static inline float *
+sk_gflag(const struct kvt_sketch *sk, uint32_t p)
+{
+	return sk_gscale(sk, p) + SK_GROUPS(sk->page_keys);
+}
+
 int
 kvt_sketch_init(struct kvt_sketch *sk, unsigned int dim, unsigned int page_keys,
 		const struct kvt_paris_alloc *alloc)
@@ -107,6 +132,7 @@ kvt_sketch_fini(struct kvt_sketch *sk)
 	sk->pages = NULL;
 	sk->npages = sk->max_pages = 0;
 	sk->n = 0;
+	memset(&sk->gacc, 0, sizeof(sk->gacc));
 }
 
 int
@@ -581,6 +607,41 @@ open_page(struct kvt_sketch *sk, uint32_t p, const void *rows, size_t stride, un
 	sk->ccount = 0;
 }
 
+/*
+ * The group level: per 64-key group the mean of its keys' int8 values (what the sketch holds,
+ * so a group's summary depends on its keys alone, not on how they were appended or re-encoded),
+ * int8-encoded as a key is. A group holding a key that is not finite gets the flag +inf: its
+ * score is +inf and it is always scanned (its keys' bounds are). A probing search ranks the
+ * groups by <mean, x> and scans only the best (kvt_sketch_topk_fast(), probe).
+ */
+static void
+group_add(const struct kvt_sketch *sk, uint32_t i, struct kvt_sketch_gacc *a)
+{
+	uint32_t p = i >> sk->page_shift, off = i & (sk->page_keys - 1);
+	const uint8_t *c = sk_codes(sk, p) + (size_t)off * sk->dim;
+	const double s = sk_scale(sk, p)[off];
+
+	if (sk_tol(sk, p)[off] == INFINITY) {
+		a->bad = true;
+		return;
+	}
+	for (unsigned int j = 0; j < sk->dim; j++)
+		a->sum[j] += s * ((int)c[j] - 128);
+	a->count++;
+}
+
+static void
+group_put(struct kvt_sketch *sk, uint32_t g, const struct kvt_sketch_gacc *a)
+{
+	const uint32_t p = g >> (sk->page_shift - 6), j = g & (SK_GROUPS(sk->page_keys) - 1);
+	float m[KVT_SRHT_MAX_DIM], tol;
+
+	for (unsigned int d = 0; d < sk->dim; d++)
+		m[d] = a->count ? (float)(a->sum[d] / a->count) : 0.0f;
+	encode(m, sk->dim, sk_gcodes(sk, p) + (size_t)j * sk->dim, &sk_gscale(sk, p)[j], &tol);
+	sk_gflag(sk, p)[j] = a->bad ? INFINITY : 0.0f;
+}
+
 static void
 encode_key(struct kvt_sketch *sk, uint32_t i, const float *v)
 {
@@ -615,6 +676,13 @@ kvt_sketch_append(struct kvt_sketch *sk, const void *rows, size_t stride, unsign
 				sk->csum[j] += v[j];
 			sk->ccount++;
 		}
+		/* the group being filled: its summary after every append, its sums reset when full
+		 */
+		group_add(sk, at, &sk->gacc);
+		if (!((at + 1) & (SB_GROUP - 1)) || i + 1 == count)
+			group_put(sk, at / SB_GROUP, &sk->gacc);
+		if (!((at + 1) & (SB_GROUP - 1)))
+			memset(&sk->gacc, 0, sizeof(sk->gacc));
 	}
 	sk->n += count;
 	return (int)sk->n;
@@ -623,9 +691,19 @@ kvt_sketch_append(struct kvt_sketch *sk, const void *rows, size_t stride, unsign
 int
 kvt_sketch_set(struct kvt_sketch *sk, uint32_t i, const float *key)
 {
+	const uint32_t g = i / SB_GROUP,
+		       end = (g + 1) * SB_GROUP < sk->n ? (g + 1) * SB_GROUP : sk->n;
+	struct kvt_sketch_gacc a = {.count = 0};
+
 	if (i >= sk->n)
 		return -ERANGE;
 	encode_key(sk, i, key);
+	/* the group's sums again, in key order: what appending these values would have made */
+	for (uint32_t t = g * SB_GROUP; t < end; t++)
+		group_add(sk, t, &a);
+	group_put(sk, g, &a);
+	if (end & (SB_GROUP - 1)) /* the group being filled */
+		sk->gacc = a;
 	return 0;
 }
 
@@ -1069,8 +1147,6 @@ kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
 
 /* ---- the fast path: the 2-bit level's best C, scored exactly --------------------------------- */
 
-#define SB_GROUP 64 /* keys a kernel estimates at once (one dead-key bitmap word) */
-
 /*
  * The rotated unit query y' = R x as tables: for block b (dims 4b .. 4b + 3) and code byte c,
  * tab[b][c] = round(s * sum_j l_j(c) y'_j), l_j(c) = (bit j of c ? 1 : -1) (bit 4 + j ? 3 : 1),
@@ -1435,41 +1511,52 @@ sample_bar(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
 /*
  * The candidate stage: the @cand best live keys by estimate (ties to the lower index) as
  * cand_key()s in scr->sk_cand, in no order; returns how many (min(cand, live keys)).
+ * With @gmap only the groups it marks are scanned (a probing search), else every group.
  * A first bar from sample_bar() (@sample) lists only keys above it; should fewer than @cand
  * beat it, the zone is scanned again from -inf, so the set never depends on the sample.
  */
 static uint32_t
 fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const float *x,
 	   uint32_t cand, const struct kvt_paris_drop *drop, struct kvt_paris_scratch *scr,
-	   const struct sb_query *bq, bool sample)
+	   const struct sb_query *bq, bool sample, const uint64_t *gmap)
 {
 	const sb_group_fn group = sb_group_kernel();
+	const uint32_t ngroups = (sk->n + SB_GROUP - 1) / SB_GROUP;
 	float est[SB_GROUP],
-	    first = sample ? sample_bar(sk, ix, drop, bq, x, cand, group) : -INFINITY;
+	    first = sample && !gmap ? sample_bar(sk, ix, drop, bq, x, cand, group) : -INFINITY;
 
 	for (;;) {
 		/* before the first selection every key above the first bar is listed */
-		float bar = first;
+		float bar = first, cp = 0.0f;
 		bool kept = false;
-		uint32_t hn = 0;
+		uint32_t hn = 0, cp_page = UINT32_MAX;
 
-		for (uint32_t p = 0; p < sk->npages && ((uint64_t)p << sk->page_shift) < sk->n;
-		     p++) {
-			const uint32_t base = p << sk->page_shift;
-			const float cp = centre_dot(sk, p, x);
+		for (uint32_t w = 0; w < (ngroups + 63) / 64; w++) {
+			uint64_t gw = gmap ? gmap[w] : ~0ull;
 
-			for (uint32_t off = 0; off < sk->page_keys && base + off < sk->n;
-			     off += SB_GROUP) {
-				uint32_t m = group_len(sk, base, off);
-				uint64_t pass = group(sk, p, off, m, bq, cp, bar, est);
+			if (w == ngroups / 64) /* the last word: groups past n are not there */
+				gw &= (1ull << (ngroups % 64)) - 1;
+			for (; gw; gw &= gw - 1) {
+				/* groups never straddle pages: a page is a multiple of 64 keys */
+				const uint32_t key0 =
+				    (w * 64 + (uint32_t)__builtin_ctzll(gw)) * SB_GROUP;
+				const uint32_t p = key0 >> sk->page_shift,
+					       base = p << sk->page_shift;
+				const uint32_t off = key0 - base, m = group_len(sk, base, off);
+				uint64_t pass;
 
+				if (p != cp_page) {
+					cp = centre_dot(sk, p, x);
+					cp_page = p;
+				}
+				pass = group(sk, p, off, m, bq, cp, bar, est);
 				if (bar == -INFINITY) /* an infinite estimate is not above -inf */
 					pass = m < 64 ? (1ull << m) - 1 : ~0ull;
-				if (ix->ndead) /* base + off is a multiple of 64: one bitmap word */
-					pass &= ~ix->dead[(base + off) / 64];
+				if (ix->ndead) /* key0 is a multiple of 64: one bitmap word */
+					pass &= ~ix->dead[key0 / 64];
 				for (; pass; pass &= pass - 1) {
 					uint32_t i = (uint32_t)__builtin_ctzll(pass),
-						 key = base + off + i;
+						 key = key0 + i;
 
 					/* after one, only above the C-th best (later keys lose
 					 * ties) */
@@ -1479,11 +1566,11 @@ fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const 
 						continue;
 					scr->sk_cand[hn++] = cand_key(est[i], key);
 					if (hn == 2 * cand) {
-						uint32_t w = cand_keep(scr->sk_cand, hn, cand);
+						uint32_t s = cand_keep(scr->sk_cand, hn, cand);
 
 						/* the C-th best estimate: a later key must pass it
 						 */
-						bar = est_of(scr->sk_cand[w]);
+						bar = est_of(scr->sk_cand[s]);
 						hn = cand;
 						kept = true;
 					}
@@ -1499,10 +1586,73 @@ fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const 
 	}
 }
 
-/* Scratch for @cand candidates: ref_idx / ref_score, 2C listed keys, the query tables. */
-static int
-fast_reserve(struct kvt_paris_scratch *scr, uint32_t cand)
+/* live keys of the group at key @key0 (a multiple of 64) */
+static inline uint32_t
+group_live(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, uint32_t key0)
 {
+	const uint32_t m = sk->n - key0 < SB_GROUP ? sk->n - key0 : SB_GROUP;
+	uint64_t live = m < 64 ? (1ull << m) - 1 : ~0ull;
+
+	if (ix->ndead)
+		live &= ~ix->dead[key0 / 64];
+	return (uint32_t)__builtin_popcountll(live);
+}
+
+/*
+ * A probing search's groups: every group with a live key scored by its mean's int8 estimate
+ * <mean, x> (+inf for a group with a key that is not finite), and the best taken until they hold
+ * @probe live keys or none is left; their bits set in scr->sk_gmap. The groups' scores come
+ * from the int8 kernels of the exact stage, 16 groups a call.
+ */
+static void
+probe_groups(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const float *x,
+	     uint32_t probe, struct kvt_paris_scratch *scr)
+{
+	const uint32_t ngroups = (sk->n + SB_GROUP - 1) / SB_GROUP, gpp = SK_GROUPS(sk->page_keys);
+	const chunk_fn chunk = chunk_kernel(sk->dim);
+	uint64_t *a = scr->sk_grp;
+	struct sk_query xq;
+	float ub[SK_CHUNK];
+	/* both powers of two: a step never straddles a page */
+	const uint32_t step = gpp < SK_CHUNK ? gpp : SK_CHUNK;
+	uint32_t m = 0, taken = 0, live = 0;
+
+	sk_query_prep(x, sk->dim, &xq);
+	for (uint32_t g0 = 0; g0 < ngroups; g0 += step) {
+		const uint32_t p = g0 / gpp, j = g0 % gpp;
+		const uint32_t cnt = ngroups - g0 < step ? ngroups - g0 : step;
+
+		chunk(sk_gcodes(sk, p) + (size_t)j * sk->dim, sk->dim, &xq, sk_gscale(sk, p) + j,
+		      sk_gflag(sk, p) + j, cnt, -INFINITY, ub);
+		for (uint32_t i = 0; i < cnt; i++)
+			if (group_live(sk, ix, (g0 + i) * SB_GROUP))
+				a[m++] = cand_key(ub[i], g0 + i);
+	}
+	memset(scr->sk_gmap, 0, (ngroups + 63) / 64 * sizeof(uint64_t));
+	/* the best groups first; more while they hold fewer than @probe live keys */
+	while (live < probe && taken < m) {
+		uint32_t want = (probe - live + SB_GROUP - 1) / SB_GROUP;
+
+		if (want < m - taken)
+			cand_keep(a + taken, m - taken, want);
+		else
+			want = m - taken;
+		for (uint32_t i = taken; i < taken + want; i++) {
+			uint32_t g = ~(uint32_t)a[i];
+
+			scr->sk_gmap[g / 64] |= 1ull << (g % 64);
+			live += group_live(sk, ix, g * SB_GROUP);
+		}
+		taken += want;
+	}
+}
+
+/* Scratch for @cand candidates: ref_idx / ref_score, 2C listed keys, the query tables; with
+ * @probe the groups' scores and map. */
+static int
+fast_reserve(const struct kvt_sketch *sk, struct kvt_paris_scratch *scr, uint32_t cand, bool probe)
+{
+	const size_t ngroups = (sk->n + SB_GROUP - 1) / SB_GROUP;
 	int r = grow(&scr->ref_idx, &scr->ref_score, &scr->ref_cap, cand ? cand : 1);
 
 	if (r < 0)
@@ -1521,25 +1671,50 @@ fast_reserve(struct kvt_paris_scratch *scr, uint32_t cand)
 		if (!scr->sk_tab)
 			return -ENOMEM;
 	}
+	if (probe && scr->sk_grp_cap < ngroups) {
+		uint64_t *g = realloc(scr->sk_grp, ngroups * sizeof(*g));
+
+		if (!g)
+			return -ENOMEM;
+		scr->sk_grp = g;
+		scr->sk_grp_cap = ngroups;
+	}
+	if (probe && scr->sk_gmap_cap < (ngroups + 63) / 64) {
+		uint64_t *g = realloc(scr->sk_gmap, (ngroups + 63) / 64 * sizeof(*g));
+
+		if (!g)
+			return -ENOMEM;
+		scr->sk_gmap = g;
+		scr->sk_gmap_cap = (ngroups + 63) / 64;
+	}
 	return 0;
 }
 
-/* The candidate stage with its scratch: min(cand, live) candidates into scr->ref_idx. */
+/*
+ * The candidate stage with its scratch: min(cand, live) candidates into scr->ref_idx. With
+ * @probe (>= cand) below the live count, from the best groups holding @probe live keys; should
+ * they give fewer than C (keys @drop names), from the whole zone.
+ */
 static int
 fast_stage(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const float *x,
-	   uint32_t cand, const struct kvt_paris_drop *drop, bool sample,
+	   uint32_t cand, uint32_t probe, const struct kvt_paris_drop *drop, bool sample,
 	   struct kvt_paris_scratch *scr)
 {
 	uint32_t live = kvt_paris_index_live(ix), hn = 0;
 	int r;
 
 	cand = cand > live ? live : cand;
-	r = fast_reserve(scr, cand);
+	probe = probe >= live ? 0 : probe;
+	r = fast_reserve(sk, scr, cand, probe);
 	if (r < 0)
 		return r;
 	sb_query_prep(sk, x, scr->sk_tab);
-	if (cand)
-		hn = fast_cands(sk, ix, x, cand, drop, scr, scr->sk_tab, sample);
+	if (cand && probe) {
+		probe_groups(sk, ix, x, probe, scr);
+		hn = fast_cands(sk, ix, x, cand, drop, scr, scr->sk_tab, false, scr->sk_gmap);
+	}
+	if (cand && hn < cand)
+		hn = fast_cands(sk, ix, x, cand, drop, scr, scr->sk_tab, sample, NULL);
 	for (uint32_t i = 0; i < hn; i++)
 		scr->ref_idx[i] = ~(uint32_t)scr->sk_cand[i];
 	return (int)hn;
@@ -1547,14 +1722,14 @@ fast_stage(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const 
 
 int
 kvt_sketch_fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const float *x,
-		      uint32_t cand, const struct kvt_paris_drop *drop, bool sample,
+		      uint32_t cand, uint32_t probe, const struct kvt_paris_drop *drop, bool sample,
 		      struct kvt_paris_scratch *scr, uint32_t *ret_idx)
 {
 	int hn;
 
-	if (sk->n != ix->n || ix->dim != sk->dim || !cand)
+	if (sk->n != ix->n || ix->dim != sk->dim || !cand || (probe && probe < cand))
 		return -EINVAL;
-	hn = fast_stage(sk, ix, x, cand, drop, sample, scr);
+	hn = fast_stage(sk, ix, x, cand, probe, drop, sample, scr);
 	if (hn > 0)
 		memcpy(ret_idx, scr->ref_idx, (size_t)hn * sizeof(*ret_idx));
 	return hn;
@@ -1562,7 +1737,7 @@ kvt_sketch_fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index 
 
 int
 kvt_sketch_topk_fast(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
-		     const struct kvt_paris_query *q, uint32_t k, uint32_t cand,
+		     const struct kvt_paris_query *q, uint32_t k, uint32_t cand, uint32_t probe,
 		     const struct kvt_paris_keys *keys, const struct kvt_paris_drop *drop,
 		     struct kvt_paris_scratch *scr, uint32_t *ret_idx, float *ret_score,
 		     uint32_t *ret_read)
@@ -1570,10 +1745,10 @@ kvt_sketch_topk_fast(const struct kvt_sketch *sk, const struct kvt_paris_index *
 	uint32_t hn;
 	int r;
 
-	if (sk->n != ix->n || q->dim != sk->dim || ix->dim != sk->dim || !k || cand < k || !keys ||
-	    !keys->get)
+	if (sk->n != ix->n || q->dim != sk->dim || ix->dim != sk->dim || !k || cand < k ||
+	    (probe && probe < cand) || !keys || !keys->get)
 		return -EINVAL;
-	r = fast_stage(sk, ix, q->x, cand, drop, true, scr);
+	r = fast_stage(sk, ix, q->x, cand, probe, drop, true, scr);
 	if (r < 0)
 		return r;
 	hn = (uint32_t)r;

@@ -63,6 +63,13 @@
 #include "paris.h"
 #include "srht.h"
 
+/* sums of a 64-key group's int8 values (sketch.c): the group being filled */
+struct kvt_sketch_gacc {
+	double sum[KVT_SRHT_MAX_DIM];
+	uint32_t count; /* finite keys summed */
+	bool bad;	/* a key not finite */
+};
+
 struct kvt_sketch {
 	uint32_t dim;	     /* 64 or 128 */
 	uint32_t page_keys;  /* keys per page, a power of two >= 64 */
@@ -77,6 +84,7 @@ struct kvt_sketch {
 	/* the finite keys appended to the page being filled: the next page's centre */
 	double csum[KVT_SRHT_MAX_DIM];
 	uint32_t ccount;
+	struct kvt_sketch_gacc gacc;
 };
 
 /*
@@ -154,7 +162,7 @@ int kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *i
  * cand < k), -ENOMEM or -EIO.
  */
 int kvt_sketch_topk_fast(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
-			 const struct kvt_paris_query *q, uint32_t k, uint32_t cand,
+			 const struct kvt_paris_query *q, uint32_t k, uint32_t cand, uint32_t probe,
 			 const struct kvt_paris_keys *keys, const struct kvt_paris_drop *drop,
 			 struct kvt_paris_scratch *scr, uint32_t *ret_idx, float *ret_score,
 			 uint32_t *ret_read);
@@ -168,7 +176,8 @@ int kvt_sketch_topk_fast(const struct kvt_sketch *sk, const struct kvt_paris_ind
  * Returns the count, -EINVAL (n or dim mismatch, cand == 0) or -ENOMEM.
  */
 int kvt_sketch_fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
-			  const float *x, uint32_t cand, const struct kvt_paris_drop *drop,
-			  bool sample, struct kvt_paris_scratch *scr, uint32_t *ret_idx);
+			  const float *x, uint32_t cand, uint32_t probe,
+			  const struct kvt_paris_drop *drop, bool sample,
+			  struct kvt_paris_scratch *scr, uint32_t *ret_idx);
 
 #endif /* KVT_ENGINE_SKETCH_H */

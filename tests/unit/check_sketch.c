@@ -562,7 +562,7 @@ START_TEST(test_unreadable_key)
 	}
 	/* the fast path reads its candidates' keys too: fails alone, with -EIO */
 	ck_assert_int_eq(
-	    kvt_sketch_topk_fast(&z.sk, &z.ix, &q, 16, 16, &z.keys, NULL, &scr, gi, gs, NULL),
+	    kvt_sketch_topk_fast(&z.sk, &z.ix, &q, 16, 16, 0, &z.keys, NULL, &scr, gi, gs, NULL),
 	    -EIO);
 	z.keys.get = z_get;
 	check_same(&z, qv, 16, NULL, NULL, &scr);
@@ -584,7 +584,8 @@ fast(struct zone *z, const float *qv, uint32_t k, uint32_t cand, const struct kv
 	int r;
 
 	kvt_paris_query_prep(&z->srht, qv, &q);
-	r = kvt_sketch_topk_fast(&z->sk, &z->ix, &q, k, cand, &z->keys, drop, scr, gi, gs, &nread);
+	r = kvt_sketch_topk_fast(&z->sk, &z->ix, &q, k, cand, 0, &z->keys, drop, scr, gi, gs,
+				 &nread);
 	if (r >= 0)
 		ck_assert_uint_le(nread, cand);
 	return r;
@@ -814,8 +815,8 @@ cands_agree(struct zone *z, const float *qv, uint32_t cand, const struct kvt_par
 	int na, nb;
 
 	kvt_paris_query_prep(&z->srht, qv, &q);
-	na = kvt_sketch_fast_cands(&z->sk, &z->ix, q.x, cand, drop, true, scr, a);
-	nb = kvt_sketch_fast_cands(&z->sk, &z->ix, q.x, cand, drop, false, scr, b);
+	na = kvt_sketch_fast_cands(&z->sk, &z->ix, q.x, cand, 0, drop, true, scr, a);
+	nb = kvt_sketch_fast_cands(&z->sk, &z->ix, q.x, cand, 0, drop, false, scr, b);
 	ck_assert_int_eq(na, (int)want);
 	ck_assert_int_eq(nb, (int)want);
 	qsort(a, want, sizeof(*a), cmp_u32);
@@ -906,6 +907,197 @@ START_TEST(test_fast_sample_too_high)
 }
 END_TEST
 
+/* ---- probing (kvt_sketch_topk_fast() with probe): only the best 64-key groups are scanned --- */
+
+#define PG 64 /* keys a group */
+
+/* kvt_sketch_fast_cands() with @probe, sorted */
+static int
+probe_cands(const struct kvt_sketch *sk, const struct zone *z, const float *qv, uint32_t cand,
+	    uint32_t probe, const struct kvt_paris_drop *drop, struct kvt_paris_scratch *scr,
+	    uint32_t *ret)
+{
+	struct kvt_paris_query q;
+	int r;
+
+	kvt_paris_query_prep(&z->srht, qv, &q);
+	r = kvt_sketch_fast_cands(sk, &z->ix, q.x, cand, probe, drop, false, scr, ret);
+	if (r > 0)
+		qsort(ret, (size_t)r, sizeof(*ret), cmp_u32);
+	return r;
+}
+
+/* whether every one of @n keys lies in group @g */
+static bool
+all_in_group(const uint32_t *idx, int n, uint32_t g)
+{
+	for (int i = 0; i < n; i++)
+		if (idx[i] / PG != g)
+			return false;
+	return true;
+}
+
+static bool
+drop_group_150(void *ctx, uint32_t idx)
+{
+	(void)ctx;
+	return idx / PG == 150;
+}
+
+/*
+ * Groups are ranked by their means: with two planted groups (37 far ahead of 150) one group's
+ * worth of probe scans group 37 alone, two scan both, at every level, both dims, pages of 64
+ * and of 1,024 keys; the answer is then the exact top-k of what was scanned. Evicted keys do not
+ * count toward the probe (a dead group is passed over, a half-dead one needs a second), a drop
+ * filter that empties the probed groups falls back to the whole zone, and a group with a key
+ * that is not finite is always scanned.
+ */
+START_TEST(test_probe_groups)
+{
+	static const unsigned int dims[2] = {64, 128};
+	static const unsigned int pages[2] = {64, 1024};
+	const uint32_t n = 200 * PG, k = 10;
+	const struct kvt_paris_drop drop150 = {drop_group_150, NULL};
+	static uint32_t a[256], b[256], bi[16];
+	uint64_t seed = 77;
+
+	for (int di = 0; di < 4; di++) {
+		const unsigned int dim = dims[di % 2];
+		float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD], u[MAXD], bs[16];
+		struct kvt_paris_scratch scr = {0};
+		struct kvt_paris_query q;
+		uint32_t gi[16];
+		float gs[16];
+		struct zone z;
+		int r;
+
+		ck_assert(keys);
+		for (unsigned int j = 0; j < dim; j++)
+			u[j] = kvt_test_lcg_gauss(&seed);
+		for (uint32_t i = 0; i < n; i++)
+			for (unsigned int j = 0; j < dim; j++)
+				keys[(size_t)i * dim + j] =
+				    kvt_test_lcg_gauss(&seed) + (i / PG == 37	 ? 3.0f
+								 : i / PG == 150 ? 1.5f
+										 : 0.0f) *
+								    u[j];
+		zone_make(&z, keys, n, dim, true, pages[di / 2]);
+		for (unsigned int j = 0; j < dim; j++)
+			qv[j] = u[j] + 0.3f * kvt_test_lcg_gauss(&seed);
+		kvt_paris_query_prep(&z.srht, qv, &q);
+		for (int lv = KVT_SIMD_SCALAR; lv <= KVT_SIMD_AVX512; lv++) {
+			if (kvt_simd_cap((enum kvt_simd)lv) != (enum kvt_simd)lv)
+				continue;
+			ck_assert_int_eq(probe_cands(&z.sk, &z, qv, PG, PG, NULL, &scr, a), PG);
+			ck_assert(all_in_group(a, PG, 37));
+			ck_assert_int_eq(probe_cands(&z.sk, &z, qv, 2 * PG, 2 * PG, NULL, &scr, a),
+					 2 * PG);
+			ck_assert(all_in_group(a, PG, 37) && all_in_group(a + PG, PG, 150));
+			/* C = the probe: every scanned key scored, the exact top-k */
+			ck_assert_uint_eq(brute(&z, &q, k, NULL, bi, bs), k);
+			ck_assert_int_eq(kvt_sketch_topk_fast(&z.sk, &z.ix, &q, k, PG, PG, &z.keys,
+							      NULL, &scr, gi, gs, NULL),
+					 (int)k);
+			ck_assert_mem_eq(gi, bi, k * sizeof(*gi));
+		}
+		kvt_simd_cap(KVT_SIMD_AVX512);
+		/* group 37 evicted: 150 is scanned, and the answer is the live keys' top-k */
+		for (uint32_t i = 37 * PG; i < 38 * PG; i++)
+			ck_assert_int_eq(kvt_paris_index_drop(&z.ix, i), 1);
+		ck_assert_uint_eq(brute(&z, &q, k, NULL, bi, bs), k);
+		ck_assert_int_eq(kvt_sketch_topk_fast(&z.sk, &z.ix, &q, k, PG, PG, &z.keys, NULL,
+						      &scr, gi, gs, NULL),
+				 (int)k);
+		ck_assert_mem_eq(gi, bi, k * sizeof(*gi));
+		/* half of 150 evicted too: its 32 live keys and a second group's */
+		for (uint32_t i = 150 * PG; i < 151 * PG; i += 2)
+			ck_assert_int_eq(kvt_paris_index_drop(&z.ix, i), 1);
+		ck_assert_int_eq(probe_cands(&z.sk, &z, qv, PG, PG, NULL, &scr, a), PG);
+		r = 0;
+		for (int i = 0; i < PG; i++)
+			r += a[i] / PG == 150;
+		ck_assert_int_eq(r, PG / 2);
+		/* a filter that drops 150's live keys: the probed groups (150 and one more) give
+		 * 64 of the 65 asked for, so the whole zone answers (64 without the fallback) */
+		r = probe_cands(&z.sk, &z, qv, PG + 1, PG + 1, &drop150, &scr, a);
+		ck_assert_int_eq(r, PG + 1);
+		for (int i = 0; i < r; i++)
+			ck_assert(a[i] / PG != 150 && a[i] / PG != 37);
+		/* a key that is not finite makes its group's score +inf: scanned first */
+		z.f32[(size_t)5 * PG * dim + 3] = INFINITY;
+		ck_assert_int_eq(kvt_sketch_set(&z.sk, 5 * PG, z.f32 + (size_t)5 * PG * dim), 0);
+		ck_assert_int_eq(probe_cands(&z.sk, &z, qv, PG, PG, NULL, &scr, b), PG);
+		ck_assert(all_in_group(b, PG, 5));
+		zone_free(&z);
+		kvt_paris_scratch_fini(&scr);
+		free(keys);
+	}
+}
+END_TEST
+
+/*
+ * A group's summary depends on its keys alone: appended in one batch or one key at a time
+ * (a part-full last group included), or re-encoded later (kvt_sketch_set()), a group ranks as
+ * the keys it holds now say. Fails if set() leaves the summary as appended: group 90, changed
+ * to match the query, would not be scanned.
+ */
+START_TEST(test_probe_summary_follows_keys)
+{
+	const unsigned int dim = 128;
+	const uint32_t n = 100 * PG + 20;
+	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD], v[MAXD];
+	static uint32_t a[2 * PG], b[2 * PG];
+	struct kvt_paris_scratch scr = {0};
+	struct kvt_sketch one;
+	uint64_t seed = 91;
+	struct zone z;
+
+	ck_assert(keys);
+	for (unsigned int j = 0; j < dim; j++)
+		qv[j] = kvt_test_lcg_gauss(&seed);
+	for (uint32_t i = 0; i < n; i++) /* the part-full last group matches the query */
+		for (unsigned int j = 0; j < dim; j++)
+			keys[(size_t)i * dim + j] =
+			    kvt_test_lcg_gauss(&seed) + (i >= 100 * PG ? 2.0f * qv[j] : 0.0f);
+	zone_make(&z, keys, n, dim, true, 1024);
+	ck_assert_int_eq(kvt_sketch_init(&one, dim, 1024, NULL), 0);
+	ck_assert_int_ge(kvt_sketch_reserve(&one, n), (int)n);
+	for (uint32_t i = 0; i < n; i++)
+		ck_assert_int_eq(kvt_sketch_append(&one, z.f16 + (size_t)i * dim,
+						   dim * sizeof(uint16_t), KVT_DTYPE_F16, 1),
+				 (int)i + 1);
+	ck_assert_int_eq(probe_cands(&z.sk, &z, qv, 20, 20, NULL, &scr, a), 20);
+	ck_assert_int_eq(probe_cands(&one, &z, qv, 20, 20, NULL, &scr, b), 20);
+	ck_assert(all_in_group(a, 20, 100));
+	ck_assert_mem_eq(a, b, sizeof(a[0]) * 20);
+	/* group 90 changed after the fact to match the query better still */
+	for (uint32_t i = 90 * PG; i < 91 * PG; i++) {
+		for (unsigned int j = 0; j < dim; j++)
+			v[j] = kvt_test_lcg_gauss(&seed) + 4.0f * qv[j];
+		ck_assert_int_eq(kvt_sketch_set(&z.sk, i, v), 0);
+		ck_assert_int_eq(kvt_sketch_set(&one, i, v), 0);
+	}
+	ck_assert_int_eq(probe_cands(&z.sk, &z, qv, PG, PG, NULL, &scr, a), PG);
+	ck_assert_int_eq(probe_cands(&one, &z, qv, PG, PG, NULL, &scr, b), PG);
+	ck_assert(all_in_group(a, PG, 90));
+	ck_assert_mem_eq(a, b, PG * sizeof(a[0]));
+	/* and the part-full group after a change inside it: still its keys' mean */
+	for (unsigned int j = 0; j < dim; j++)
+		v[j] = -100.0f * qv[j];
+	for (uint32_t i = 100 * PG; i < n; i++) {
+		ck_assert_int_eq(kvt_sketch_set(&z.sk, i, v), 0);
+		ck_assert_int_eq(kvt_sketch_set(&one, i, v), 0);
+	}
+	ck_assert_int_eq(probe_cands(&z.sk, &z, qv, PG + 20, PG + 20, NULL, &scr, a), PG + 20);
+	for (int i = 0; i < PG + 20; i++)
+		ck_assert_uint_lt(a[i], 100 * PG);
+	kvt_sketch_fini(&one);
+	zone_free(&z);
+	kvt_paris_scratch_fini(&scr);
+	free(keys);
+}
+END_TEST
+
 /* Through kvt_paris_search(): opts.fast takes the fast path on a zone of more than
  * KVT_PARIS_FAST_MIN * fast keys, and on a shorter one returns the exact top-k. */
 START_TEST(test_fast_search_routes)
@@ -933,9 +1125,9 @@ START_TEST(test_fast_search_routes)
 		/* 3001 keys > 32 * 50: the fast path, as kvt_sketch_topk_fast() gives it */
 		so.fast = k;
 		ck_assert_int_eq(kvt_paris_search(&z.ix, &q, &so, &scr, gi, gs), (int)k);
-		ck_assert_int_eq(
-		    kvt_sketch_topk_fast(&z.sk, &z.ix, &q, k, k, &z.keys, NULL, &scr, fi, fs, NULL),
-		    (int)k);
+		ck_assert_int_eq(kvt_sketch_topk_fast(&z.sk, &z.ix, &q, k, k, 0, &z.keys, NULL,
+						      &scr, fi, fs, NULL),
+				 (int)k);
 		ck_assert_mem_eq(gi, fi, sizeof(gi));
 		differ += memcmp(gi, bi, sizeof(gi)) != 0;
 		/* 3001 keys <= 32 * 100: the exact top-k */
@@ -1011,17 +1203,17 @@ START_TEST(test_bad_args)
 	ck_assert_int_eq(kvt_sketch_topk(&z.sk, &z.ix, &q, 4, &z.keys, NULL, &scr, gi, gs, NULL),
 			 -EINVAL);
 	ck_assert_int_eq(
-	    kvt_sketch_topk_fast(&z.sk, &z.ix, &q, 4, 8, &z.keys, NULL, &scr, gi, gs, NULL),
+	    kvt_sketch_topk_fast(&z.sk, &z.ix, &q, 4, 8, 0, &z.keys, NULL, &scr, gi, gs, NULL),
 	    -EINVAL);
-	ck_assert_int_eq(kvt_sketch_fast_cands(&z.sk, &z.ix, q.x, 4, NULL, true, &scr, gi),
+	ck_assert_int_eq(kvt_sketch_fast_cands(&z.sk, &z.ix, q.x, 4, 0, NULL, true, &scr, gi),
 			 -EINVAL);
 	z.sk.n++;
 	/* no candidates asked for; all 64 asked for with 60 dropped: the 4 live ones */
-	ck_assert_int_eq(kvt_sketch_fast_cands(&z.sk, &z.ix, q.x, 0, NULL, true, &scr, gi),
+	ck_assert_int_eq(kvt_sketch_fast_cands(&z.sk, &z.ix, q.x, 0, 0, NULL, true, &scr, gi),
 			 -EINVAL);
 	for (uint32_t i = 4; i < 64; i++)
 		ck_assert_int_eq(kvt_paris_index_drop(&z.ix, i), 1);
-	ck_assert_int_eq(kvt_sketch_fast_cands(&z.sk, &z.ix, q.x, 64, NULL, false, &scr, gi), 4);
+	ck_assert_int_eq(kvt_sketch_fast_cands(&z.sk, &z.ix, q.x, 64, 0, NULL, false, &scr, gi), 4);
 	for (uint32_t i = 0; i < 4; i++)
 		ck_assert_uint_lt(gi[i], 4);
 	{ /* opts.fast: at least k, and a sketch and keys to score with */
@@ -1036,7 +1228,7 @@ START_TEST(test_bad_args)
 		so.keys = NULL;
 		ck_assert_int_eq(kvt_paris_search(&z.ix, &q, &so, &scr, gi, gs), -EINVAL);
 		ck_assert_int_eq(
-		    kvt_sketch_topk_fast(&z.sk, &z.ix, &q, 4, 8, NULL, NULL, &scr, gi, gs, NULL),
+		    kvt_sketch_topk_fast(&z.sk, &z.ix, &q, 4, 8, 0, NULL, NULL, &scr, gi, gs, NULL),
 		    -EINVAL);
 		so.keys = &z.keys; /* and then it answers */
 		ck_assert_int_eq(kvt_paris_search(&z.ix, &q, &so, &scr, gi, gs), 4);
@@ -1055,5 +1247,6 @@ KVT_CHECK_MAIN("sketch", 300, NULL, NULL, test_exact_every_level, test_ties, tes
 	       test_nonfinite_keys, test_query_scale, test_set_after_change, test_bound_holds,
 	       test_encode_every_level, test_unreadable_key, test_fast_all_is_exact,
 	       test_fast_levels_agree, test_fast_finds_planted, test_fast_edges,
-	       test_fast_sample_same_set, test_fast_sample_too_high, test_fast_search_routes,
-	       test_fast_code_layout, test_bad_args)
+	       test_fast_sample_same_set, test_fast_sample_too_high, test_probe_groups,
+	       test_probe_summary_follows_keys, test_fast_search_routes, test_fast_code_layout,
+	       test_bad_args)

@@ -393,50 +393,67 @@ static const struct variant {
 	uint32_t exact;	   /* KVT_PARIS_EXACT_* */
 	int sketch;	   /* 1: the int8 sketch (sketch.h) over the f16 rows, 2: over f32 rows */
 	uint32_t fast_x;   /* with sketch: the fast path, fast = fast_x * k rescored (0: off) */
+	uint32_t probe_pm; /* with fast_x: probe this many thousandths of the zone (>= fast) */
 } var[] = {
-    {"kvtier", 0.0, 0.0, 0, 0, false, 0},
-    {"kvtier-c05", 0.05, 0.20, 0, 0, false,
+    {"kvtier", 0.0, 0.0, 0, 0, false, 0, 0},
+    {"kvtier-c05", 0.05, 0.20, 0, 0, false, 0,
      0}, /* the adaptive-k variants' rho_cand at N >= 30K (3.6) */
-    {"kvtier-wide", 0.2, 0.5, 0, 0, false, 0},
-    {"kvtier-refine", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, false, 0}, /* kvtierd's default */
-    {"kvtier-refine-index", 0.0, 0.0, 4, KVT_PARIS_EXACT_NEVER, false, 0},
-    {"kvtier-refine-spec", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false,
-     0},							   /* refine, spec's ratios */
-    {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true, 0}, /* exact, int8 sketch */
-    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 16}, /* KVT_TOPK_F_FAST: 2-bit level, 16k rescored */
+    {"kvtier-wide", 0.2, 0.5, 0, 0, false, 0, 0},
+    {"kvtier-refine", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, false, 0, 0}, /* kvtierd's default */
+    {"kvtier-refine-index", 0.0, 0.0, 4, KVT_PARIS_EXACT_NEVER, false, 0, 0},
+    {"kvtier-refine-spec", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false, 0,
+     0},							      /* refine, spec's ratios */
+    {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true, 0, 0}, /* exact, int8 sketch */
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 16, 0}, /* KVT_TOPK_F_FAST: 2-bit level, 16k rescored */
 };
 #define NVAR ((int)(sizeof(var) / sizeof(var[0])))
 
 /* --sweep: kvtier's knobs, k = 100. Estimate only (the spec's pipeline at other ratios), and
  * with refine 4k; (0.10, 0.20) is the spec's schedule at N >= 30K, (0.30, 0.70) kvtierd's. */
-static struct variant sweep_var[32] = {
-    {"kvtier-estimate", 0.05, 0.20, 0, 0, false, 0},
-    {"kvtier-estimate", 0.10, 0.20, 0, 0, false, 0},
-    {"kvtier-estimate", 0.15, 0.35, 0, 0, false, 0},
-    {"kvtier-estimate", 0.20, 0.50, 0, 0, false, 0},
-    {"kvtier-estimate", 0.30, 0.70, 0, 0, false, 0},
-    {"kvtier-estimate", 0.50, 0.70, 0, 0, false, 0},
-    {"kvtier-default", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, false, 0}, /* kvtierd's TOPK */
-    {"kvtier-exact", 0.0, 0.0, 4, KVT_PARIS_EXACT_ALWAYS, false, 0}, /* the engine's exact scan */
-    {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true, 0},   /* exact, int8 sketch */
-    {"kvtier-sketch-f32", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, 2, 0},  /* the same over f32 keys */
-    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 1}, /* the fast path: C = fast_x * k rescored */
-    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 2},
-    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 3},
-    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 4},
-    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 6},
-    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 8},
-    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 12},
-    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 16},
-    {"kvtier-refine", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false, 0},
-    {"kvtier-refine", 0.20, 0.50, 4, KVT_PARIS_EXACT_NEVER, false, 0},
-    {"kvtier-refine", 0.30, 0.70, 4, KVT_PARIS_EXACT_NEVER, false, 0},
-    {"kvtier-refine", 0.40, 0.70, 4, KVT_PARIS_EXACT_NEVER, false, 0},
-    {"kvtier-refine", 0.50, 0.70, 4, KVT_PARIS_EXACT_NEVER, false, 0},
-    {"kvtier-refine", 0.70, 1.00, 4, KVT_PARIS_EXACT_NEVER, false, 0},
+static struct variant sweep_var[48] = {
+    {"kvtier-estimate", 0.05, 0.20, 0, 0, false, 0, 0},
+    {"kvtier-estimate", 0.10, 0.20, 0, 0, false, 0, 0},
+    {"kvtier-estimate", 0.15, 0.35, 0, 0, false, 0, 0},
+    {"kvtier-estimate", 0.20, 0.50, 0, 0, false, 0, 0},
+    {"kvtier-estimate", 0.30, 0.70, 0, 0, false, 0, 0},
+    {"kvtier-estimate", 0.50, 0.70, 0, 0, false, 0, 0},
+    {"kvtier-default", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, false, 0, 0}, /* kvtierd's TOPK */
+    {"kvtier-exact", 0.0, 0.0, 4, KVT_PARIS_EXACT_ALWAYS, false, 0,
+     0},							       /* the engine's exact scan */
+    {"kvtier-sketch", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, true, 0, 0},  /* exact, int8 sketch */
+    {"kvtier-sketch-f32", 0.0, 0.0, 4, KVT_PARIS_EXACT_AUTO, 2, 0, 0}, /* the same over f32 keys */
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 1, 0}, /* the fast path: C = fast_x * k rescored */
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 2, 0},
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 3, 0},
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 4, 0},
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 6, 0},
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 8, 0},
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 12, 0},
+    {"kvtier-fast", 0.0, 0.0, 0, 0, true, 16, 0},
+    /* probing: only the 64-key groups whose means best match the query */
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 5},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 5},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 10},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 10},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 10},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 20},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 20},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 50},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 50},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 8, 50},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 100},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 8, 100},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 200},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 8, 200},
+    {"kvtier-refine", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false, 0, 0},
+    {"kvtier-refine", 0.20, 0.50, 4, KVT_PARIS_EXACT_NEVER, false, 0, 0},
+    {"kvtier-refine", 0.30, 0.70, 4, KVT_PARIS_EXACT_NEVER, false, 0, 0},
+    {"kvtier-refine", 0.40, 0.70, 4, KVT_PARIS_EXACT_NEVER, false, 0, 0},
+    {"kvtier-refine", 0.50, 0.70, 4, KVT_PARIS_EXACT_NEVER, false, 0, 0},
+    {"kvtier-refine", 0.70, 1.00, 4, KVT_PARIS_EXACT_NEVER, false, 0, 0},
 };
-static int NSWEEP = 24;
-#define NSWEEP_FIXED 18 /* the entries before the index-path ratios --knob replaces */
+static int NSWEEP = 38;
+#define NSWEEP_FIXED 32 /* the entries before the index-path ratios --knob replaces */
 #define SWEEP_K	     100
 
 /*
@@ -830,6 +847,7 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 							      : NULL,
 				    .fast = vr->fast_x * ks[ki],
 				};
+				uint64_t probe = (uint64_t)vr->probe_pm * n / 1000;
 				double *read = NULL;
 				char param[80];
 
@@ -841,7 +859,17 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 					r = -ENOMEM;
 					break;
 				}
-				if (vr->fast_x)
+				if (vr->probe_pm)
+					so.probe = probe > so.fast ? (uint32_t)probe : so.fast;
+				if (vr->probe_pm)
+					snprintf(param, sizeof(param),
+						 "groups of %u keys (%.1f %% of the zone), %uk "
+						 "rescored%s",
+						 so.probe, 100.0 * so.probe / n, vr->fast_x,
+						 !kvt_paris_fast_pays(n, so.fast)
+						     ? " (short zone: the exact path)"
+						     : "");
+				else if (vr->fast_x)
 					snprintf(param, sizeof(param),
 						 "2-bit level, %uk rescored%s", vr->fast_x,
 						 !kvt_paris_fast_pays(n, vr->fast_x * ks[ki])
@@ -1544,7 +1572,7 @@ main(int argc, char **argv)
 				return 2;
 			}
 			sweep_var[NSWEEP++] = (struct variant){"kvtier-refine",	      rc,    rl, 4,
-							       KVT_PARIS_EXACT_NEVER, false, 0};
+							       KVT_PARIS_EXACT_NEVER, false, 0,	 0};
 			break;
 		}
 		case 'P': {
