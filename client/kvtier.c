@@ -1038,6 +1038,13 @@ KVT_EXPORT int
 kvt_topk(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
 	 const float *query, uint32_t q_len, void *out, uint64_t out_len)
 {
+	return kvt_topk_probe(c, seq, layer, k, flags, 0, query, q_len, out, out_len);
+}
+
+KVT_EXPORT int
+kvt_topk_probe(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
+	       uint32_t probe, const float *query, uint32_t q_len, void *out, uint64_t out_len)
+{
 	uint64_t qbytes = (uint64_t)q_len * sizeof(float), out_off = (qbytes + 63) & ~63ull;
 	struct kvt_sqe *e;
 	int r;
@@ -1052,6 +1059,7 @@ kvt_topk(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigne
 		return r;
 	memcpy(c->arena, query, qbytes);
 	kvt_prep_topk(e, seq, layer, k, flags, 0, q_len, out_off, (uint32_t)out_len);
+	e->probe = probe;
 	r = run_one(c, e, NULL);
 	if (r > 0)
 		memcpy(out, c->arena + out_off, out_len);

@@ -214,8 +214,8 @@ op_topk(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_s
 		    "output (out_off %llu, out_len %u) is not 8-byte aligned inside "
 		    "the %llu-byte arena",
 		    (unsigned long long)e->out_off, e->out_len, (unsigned long long)s->arena_size);
-	r = kvtd_seq_topk(x, q, (uint32_t)e->layer, e->k, e->op_flags, query, e->arena_len / 4, out,
-			  e->out_len, &n);
+	r = kvtd_seq_topk(x, q, (uint32_t)e->layer, e->k, e->op_flags, e->probe, query,
+			  e->arena_len / 4, out, e->out_len, &n);
 	c->aux[0] = n;
 	return r;
 }
@@ -357,6 +357,7 @@ enum {
 	F_ARG1 = 1 << 3,
 	F_ARG2 = 1 << 4,
 	F_BUF = 1 << 5,
+	F_ARG3 = 1 << 6,
 };
 
 /*
@@ -386,7 +387,7 @@ static const struct kvtd_op_def kvtd_op_defs[] = {
     [KVT_OP_RETIER] = {"retier", F_ARENA, 0, true, op_retier},
     [KVT_OP_FETCH] = {"fetch", F_ARENA | F_COUNT | F_ARG0 | F_ARG1 | F_ARG2,
 		      KVT_FETCH_F_T1 | KVT_FETCH_F_T2 | KVT_FETCH_F_LIST, true, op_fetch},
-    [KVT_OP_TOPK] = {"topk", F_ARENA | F_COUNT | F_ARG0 | F_ARG1 | F_ARG2,
+    [KVT_OP_TOPK] = {"topk", F_ARENA | F_COUNT | F_ARG0 | F_ARG1 | F_ARG2 | F_ARG3,
 		     KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH | KVT_TOPK_F_ESTIMATE | KVT_TOPK_F_FAST,
 		     true, op_topk},
     [KVT_OP_SEQ_STAT] = {"seq_stat", F_ARENA, 0, true, op_seq_stat},
@@ -414,7 +415,7 @@ unused_zero(const struct kvt_sqe *e, unsigned fields)
 	if (!(fields & F_COUNT) && e->count)
 		return false;
 	if ((!(fields & F_ARG0) && e->arg0) || (!(fields & F_ARG1) && e->arg1) ||
-	    (!(fields & F_ARG2) && e->arg2))
+	    (!(fields & F_ARG2) && e->arg2) || (!(fields & F_ARG3) && e->arg3))
 		return false;
 	return (fields & F_BUF) || !e->buf_id;
 }
@@ -436,6 +437,7 @@ unused_nonzero(const struct kvt_sqe *e, unsigned fields, uint64_t *ret_val)
 	    {F_ARG1, "arg1", e->arg1},
 	    {F_ARG2, "arg2", e->arg2},
 	    {F_BUF, "buf_id", e->buf_id},
+	    {F_ARG3, "arg3", e->arg3},
 	};
 
 	for (unsigned i = 0; i < sizeof(f) / sizeof(f[0]); i++)
@@ -509,11 +511,9 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c)
 				 e->opcode, KVT_OP__COUNT - 1, KVT_ABI_MAJOR, KVT_ABI_MINOR);
 		goto out;
 	}
-	if (e->flags & ~KVT_SQE_F_ALL || e->reserved) {
-		r = kvtd_op_fail(s, -EINVAL,
-				 e->reserved ? "reserved is %#x, must be 0"
-					     : "SQE flags %#x: none is defined, flags must be 0",
-				 e->reserved ? e->reserved : e->flags);
+	if (e->flags & ~KVT_SQE_F_ALL) {
+		r = kvtd_op_fail(s, -EINVAL, "SQE flags %#x: none is defined, flags must be 0",
+				 e->flags);
 		goto out;
 	}
 	def = &kvtd_op_defs[e->opcode];

@@ -175,11 +175,12 @@ int kvtd_seq_fetch(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, unsigned fl
 		   uint32_t layer0, uint32_t nlayers, uint32_t stage_row, uint32_t *list,
 		   uint32_t list_cap, uint32_t count);
 
-/* TOPK (see KVT_TOPK_F_* in kvt_abi.h). @query: @q_len floats in the arena; @out: @out_len
- * bytes in the arena. Returns the stride or -errno; @ret_n: the retrieval keys N. */
+/* TOPK (see KVT_TOPK_F_* in kvt_abi.h). @probe: the SQE's (0: off; needs KVT_TOPK_F_FAST).
+ * @query: @q_len floats in the arena; @out: @out_len bytes in the arena. Returns the stride or
+ * -errno; @ret_n: the retrieval keys N. */
 int kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t layer, uint32_t k,
-		  unsigned flags, const float *query, uint64_t q_len, void *out, uint64_t out_len,
-		  uint64_t *ret_n);
+		  unsigned flags, uint32_t probe, const float *query, uint64_t q_len, void *out,
+		  uint64_t out_len, uint64_t *ret_n);
 
 /*
  * A sequence as a restart hands it over (restart.c): its SEQ_OPEN parameters, the tier state of

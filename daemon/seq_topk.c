@@ -264,8 +264,8 @@ seq_retrieval_rekey(struct kvtd_seq *q, const uint32_t *pos, uint32_t n)
 
 int
 kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t layer, uint32_t k,
-	      unsigned flags, const float *query, uint64_t q_len, void *out, uint64_t out_len,
-	      uint64_t *ret_n)
+	      unsigned flags, uint32_t probe, const float *query, uint64_t q_len, void *out,
+	      uint64_t out_len, uint64_t *ret_n)
 {
 	const struct kvt_seq_params *p = &q->p;
 	/* Exact refine of the 4k best estimates from the pool's keys (paris_seq.h): recall@100
@@ -305,12 +305,24 @@ kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t layer, 
 		return kvtd_seq_fail(x, -EINVAL,
 				     "KVT_TOPK_F_ESTIMATE and KVT_TOPK_F_FAST exclude each other "
 				     "(pick one)");
+	if (probe && !(flags & KVT_TOPK_F_FAST))
+		return kvtd_seq_fail(
+		    x, -EINVAL,
+		    "probe %u without KVT_TOPK_F_FAST (the probe picks the keys the "
+		    "fast path scans: set both, or probe 0)",
+		    probe);
 	if (flags & KVT_TOPK_F_ESTIMATE)
 		opts.refine = 0; /* the spec's pipeline and schedule, estimated scores */
 	/* the sketch's 2-bit level picks 16k keys to score exactly (engine/sketch.h); without
 	 * sketches ([retrieval] sketch = no) the default path serves it */
 	if (flags & KVT_TOPK_F_FAST)
 		opts.fast = k > UINT32_MAX / KVT_TOPK_FAST_X ? UINT32_MAX : KVT_TOPK_FAST_X * k;
+	/* probing: the best groups holding @probe live keys, their 4k best estimates scored
+	 * (engine/sketch.h); a probe under 4k counts as 4k */
+	if (probe) {
+		opts.fast = k > UINT32_MAX / KVT_TOPK_PROBE_X ? UINT32_MAX : KVT_TOPK_PROBE_X * k;
+		opts.probe = probe > opts.fast ? probe : opts.fast;
+	}
 	if (flags & KVT_TOPK_F_UNION)
 		opts.flags = KVT_PARIS_F_UNION;
 	r = kvt_paris_seq_len(q->paris, layer);

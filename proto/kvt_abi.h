@@ -26,8 +26,8 @@
 
 #define KVT_ABI_MAJOR 1 /* bumped only on incompatible change */
 #define KVT_ABI_MINOR                                                                              \
-	3 /* bumped on compatible additions (1: kvt_region_hdr.err_off, 2: prefix blocks,          \
-	     3: KVT_TOPK_F_FAST) */
+	4 /* bumped on compatible additions (1: kvt_region_hdr.err_off, 2: prefix blocks,          \
+	     3: KVT_TOPK_F_FAST, 4: TOPK's probe) */
 
 /* The control socket kvtierd listens on and clients connect to unless told otherwise; the one
  * definition (kvtier.h, kvtierd's config and kvtierctl take it from here). */
@@ -186,14 +186,20 @@ struct kvt_sqe {
 		uint32_t stage_row; /* FETCH: first staging row written */
 		uint32_t out_len;   /* TOPK: output length in bytes */
 	};
-	uint32_t buf_id;   /* registered device buffer, per opcode (none uses it yet) */
-	uint32_t stamp;	   /* ring index + 1, stored last (release) by the producer */
-	uint32_t reserved; /* zero */
+	uint32_t buf_id; /* registered device buffer, per opcode (none uses it yet) */
+	uint32_t stamp;	 /* ring index + 1, stored last (release) by the producer */
+	union {
+		uint32_t arg3;	   /* generic name: zero unless the opcode reads it (ABI 1.4) */
+		uint32_t probe;	   /* TOPK with KVT_TOPK_F_FAST: live keys to scan, 0 = all */
+		uint32_t reserved; /* its name before ABI 1.4 */
+	};
 };
 KVT_STATIC_ASSERT(sizeof(struct kvt_sqe) == 64, "kvt_sqe ABI");
 KVT_STATIC_ASSERT(offsetof(struct kvt_sqe, arena_off) == 16, "kvt_sqe arena_off");
 KVT_STATIC_ASSERT(offsetof(struct kvt_sqe, count) == 28 && offsetof(struct kvt_sqe, k) == 28,
 		  "kvt_sqe count");
+KVT_STATIC_ASSERT(offsetof(struct kvt_sqe, arg3) == 60 && offsetof(struct kvt_sqe, probe) == 60,
+		  "kvt_sqe arg3");
 KVT_STATIC_ASSERT(offsetof(struct kvt_sqe, arg0) == 32 && offsetof(struct kvt_sqe, layer) == 32,
 		  "kvt_sqe arg0");
 KVT_STATIC_ASSERT(offsetof(struct kvt_sqe, arg1) == 40 && offsetof(struct kvt_sqe, out_off) == 40,
@@ -384,11 +390,20 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
  *     top-k). Measured at k = 100 (BENCHMARKS.md, retrieval): recall@100 0.995-0.997 (p5
  *     0.97-0.99) in 0.62-0.64x the exact path's time on 128K synthetic keys and 0.99 (p5
  *     0.94-0.95) in 0.62-0.67x at 1M; on real SmolLM2 keys (head_dim 64, 131K) 0.92-0.97
- *     (p5 0.71-0.85) in 0.51-0.66x. An HNSW graph is faster at recall 0.80-0.84 on some
- *     sets and at 1M keys (BENCHMARKS.md). With a sequence opened without sketches
+ *     (p5 0.71-0.85) in 0.51-0.66x. With a sequence opened without sketches
  *     ([retrieval] sketch = no) the default path answers. Not with KVT_TOPK_F_ESTIMATE.
+ *   probe (ABI 1.4; only with KVT_TOPK_F_FAST, 0 = off): sublinear. The keys come in 64-key
+ *     groups of consecutive positions, each summarised by its mean; only the groups whose
+ *     means score best are scanned, until they hold probe live keys (at least
+ *     KVT_TOPK_PROBE_X * k), and their KVT_TOPK_PROBE_X * k best 2-bit estimates are scored
+ *     exactly. Positions are those keys' exact top-k, scores exact. It pays where the keys
+ *     that matter come in runs (a passage on one topic); recall is the share of the true
+ *     top-k inside the probed groups, so measure it on your model (BENCHMARKS.md, "probing").
+ *     A groups' worth of dead keys is passed over; a group holding a non-finite key is
+ *     always scanned.
  * CQE res: stride. aux[0]: retrieval keys N. Errors: -EINVAL (k = 0, query length, a query
- * value NaN or infinite, flags, layer out of range, no retrieval), -ERANGE (k larger than the
+ * value NaN or infinite, flags, layer out of range, no retrieval, probe without
+ * KVT_TOPK_F_FAST), -ERANGE (k larger than the
  * retrieval zone, or nothing encoded yet: attend densely), -ENOSPC (output or staging too small).
  */
 #define KVT_TOPK_F_UNION    (1u << 0)
@@ -396,6 +411,7 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
 #define KVT_TOPK_F_ESTIMATE (1u << 2)
 #define KVT_TOPK_F_FAST	    (1u << 3) /* ABI 1.3 */
 #define KVT_TOPK_FAST_X	    16u	      /* KVT_TOPK_F_FAST scores this many keys per result */
+#define KVT_TOPK_PROBE_X    4u	      /* ... and this many with a probe (ABI 1.4) */
 
 /* TOPK output bytes: n[kv_heads], pos[kv_heads][stride], score[kv_heads][stride]. */
 #define KVT_TOPK_OUT_SIZE(kv_heads, stride)                                                        \

@@ -232,7 +232,7 @@ kvt_prep_rw(struct kvt_sqe *e, uint8_t opcode, uint32_t seq, unsigned op_flags, 
 	e->arg1 = arg1;
 	e->arg2 = arg2;
 	e->buf_id = 0;
-	e->reserved = 0;
+	e->arg3 = 0;
 }
 
 static inline void
@@ -309,7 +309,8 @@ kvt_prep_fetch(struct kvt_sqe *e, uint32_t seq, unsigned flags, uint32_t layer0,
 
 /*
  * Top-@k of layer @layer for the query of @q_len f32 at @query_off; output at @out_off (8-byte
- * aligned), @out_len bytes (KVT_TOPK_OUT_SIZE(kv_heads, stride)).
+ * aligned), @out_len bytes (KVT_TOPK_OUT_SIZE(kv_heads, stride)). For a probe (ABI 1.4) set
+ * e->probe after it.
  */
 static inline void
 kvt_prep_topk(struct kvt_sqe *e, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
@@ -476,6 +477,18 @@ int kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer
  */
 int kvt_topk(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
 	     const float *query, uint32_t q_len, void *out, uint64_t out_len);
+
+/*
+ * kvt_topk_probe() - kvt_topk() with KVT_TOPK_F_FAST's sublinear form (ABI 1.4): only the 64-key
+ * groups whose means best match the query are scanned, until they hold @probe live keys (at
+ * least KVT_TOPK_PROBE_X * k), and the 4k best of their 2-bit estimates are scored exactly
+ * (kvt_abi.h, TOPK's probe). @flags must hold KVT_TOPK_F_FAST when @probe is not 0; @probe 0
+ * is kvt_topk(). Recall is the share of the true top-k inside the probed groups: high where the
+ * keys that matter come in runs of positions, low where they are scattered one by one
+ * (BENCHMARKS.md, "probing"). A kvtierd older than 1.4 refuses @probe with -EINVAL.
+ */
+int kvt_topk_probe(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
+		   uint32_t probe, const float *query, uint32_t q_len, void *out, uint64_t out_len);
 
 /* ---- prefix blocks (docs/prefix.md) ------------------------------------------------------ */
 /*

@@ -311,6 +311,8 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 		return -EINVAL;
 	if (opts->fast && (opts->fast < k || !opts->keys || !opts->keys->get))
 		return -EINVAL;
+	if (opts->probe && (!opts->fast || opts->probe < opts->fast))
+		return -EINVAL;
 	row = &seq->ix[(size_t)layer * hkv];
 	if (k > row[0].n)
 		return -ERANGE;
@@ -329,6 +331,7 @@ kvt_paris_seq_topk(const struct kvt_paris_seq *seq, uint32_t layer, const float 
 				: NULL;
 		/* the fast path needs the sketch's 2-bit level; without one, refine as asked */
 		so.fast = so.sketch ? opts->fast : 0;
+		so.probe = so.sketch ? opts->probe : 0;
 		if (opts->flags & KVT_PARIS_F_UNION) {
 			uint32_t tot = 0; /* the lists, back to back */
 

@@ -312,7 +312,7 @@ START_TEST(t_bad_sqes)
 		e->arena_off = cases[i].arena_off;
 		e->arena_len = cases[i].arena_len;
 		e->count = cases[i].count;
-		e->reserved = cases[i].reserved;
+		e->arg3 = cases[i].reserved;
 		e->user_data = i;
 		kvt_submit(c);
 		ck_assert_int_eq(kvt_wait_cqe(c, &cqe), 0);

@@ -472,7 +472,7 @@ raw_run(struct raw *r, const struct kvt_sqe *in)
 	int n;
 
 	memcpy(e, in, offsetof(struct kvt_sqe, stamp));
-	e->reserved = in->reserved;
+	e->arg3 = in->arg3;
 	kvt_ring_store_stamp(&e->stamp, r->sq_tail);
 	kvt_ring_store_tail(r->sq, ++r->sq_tail);
 	ck_assert_int_eq(eventfd_write(r->sq_efd, 1), 0);

@@ -21,7 +21,7 @@ from ctypes import (
 
 ABI_MAJOR = 1
 """The KVT_ABI_MAJOR these mirrors follow; libkvtier must report the same major."""
-ABI_MINOR = 3
+ABI_MINOR = 4
 """The KVT_ABI_MINOR these mirrors follow (a newer minor only adds)."""
 OP_ERR_MSG_LEN = 224
 """Bytes of struct kvt_op_err's message, NUL included."""
@@ -68,6 +68,7 @@ TOPK_F_FETCH = 1 << 1
 TOPK_F_ESTIMATE = 1 << 2
 TOPK_F_FAST = 1 << 3
 TOPK_FAST_X = 16
+TOPK_PROBE_X = 4
 LOOKUP_F_PIN = 1 << 0
 
 # Prefix blocks (ABI 1.2).
@@ -121,16 +122,20 @@ class _SqeArg2(ctypes.Union):
     _fields_ = [("arg2", c_uint32), ("stage_row", c_uint32), ("out_len", c_uint32)]
 
 
+class _SqeArg3(ctypes.Union):
+    _fields_ = [("arg3", c_uint32), ("probe", c_uint32), ("reserved", c_uint32)]
+
+
 class Sqe(ctypes.Structure):
     """struct kvt_sqe: one submission entry (64 bytes), filled in place in the ring.
 
     The per-opcode fields have the header's names for each opcode (``ntok``, ``npos``, ``k``,
     ``nkeys``, ``prefix_blocks``; ``first_pos``, ``layer0``, ``layer``, ``ns``; ``nlayers``,
-    ``out_off``; ``stage_row``, ``out_len``) besides the generic ``count``, ``arg0``,
-    ``arg1``, ``arg2``. The ``prep_*`` methods are kvtier.h's kvt_prep_*(): each fills every
+    ``out_off``; ``stage_row``, ``out_len``; ``probe``) besides the generic ``count``,
+    ``arg0``, ``arg1``, ``arg2``, ``arg3``. The ``prep_*`` methods are kvtier.h's kvt_prep_*(): each fills every
     field but user_data and stamp."""
 
-    _anonymous_ = ("_count", "_arg0", "_arg1", "_arg2")
+    _anonymous_ = ("_count", "_arg0", "_arg1", "_arg2", "_arg3")
     _fields_ = [
         ("opcode", c_uint8),
         ("flags", c_uint8),
@@ -145,7 +150,7 @@ class Sqe(ctypes.Structure):
         ("_arg2", _SqeArg2),
         ("buf_id", c_uint32),
         ("stamp", c_uint32),
-        ("reserved", c_uint32),
+        ("_arg3", _SqeArg3),
     ]
 
     def prep_rw(self, opcode: int, seq: int, op_flags: int, arena_off: int, arena_len: int,
@@ -154,7 +159,7 @@ class Sqe(ctypes.Structure):
         self.opcode, self.flags, self.op_flags, self.seq = opcode, 0, op_flags, seq
         self.arena_off, self.arena_len = arena_off, arena_len & 0xFFFFFFFF
         self.count, self.arg0, self.arg1, self.arg2 = count, arg0, arg1, arg2
-        self.buf_id = self.reserved = 0
+        self.buf_id = self.arg3 = 0
 
     def prep_nop(self) -> None:
         """kvt_prep_nop(): a round trip with no work."""
@@ -448,6 +453,7 @@ CONSTANTS: dict[str, int] = {
     "KVT_TOPK_F_ESTIMATE": TOPK_F_ESTIMATE,
     "KVT_TOPK_F_FAST": TOPK_F_FAST,
     "KVT_TOPK_FAST_X": TOPK_FAST_X,
+    "KVT_TOPK_PROBE_X": TOPK_PROBE_X,
     "KVT_LOOKUP_F_PIN": LOOKUP_F_PIN,
     "KVT_NS_NAME_LEN": NS_NAME_LEN,
     "KVT_BLOCK_TOKENS_DEFAULT": BLOCK_TOKENS_DEFAULT,

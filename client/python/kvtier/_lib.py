@@ -106,6 +106,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvt_seq_open_prefix": (c_int, [P, POINTER(_abi.SeqParams), c_uint32, c_uint32,
                                         POINTER(c_uint32)]),
         "kvt_publish": (c_int, [P, c_uint32, P, c_uint32, POINTER(c_uint32)]),
+        # ABI 1.4: TOPK's probe
+        "kvt_topk_probe": (c_int, [P, c_uint32, c_uint32, c_uint32, c_uint, c_uint32, P,
+                                   c_uint32, P, c_uint64]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

@@ -647,19 +647,31 @@ class Sequence:
         _check_op(r, "kvt_fetch")
         return FetchResult(r, pos[:r].copy() if positions is None else pos)
 
-    def topk(self, layer: int, k: int, query: Any, flags: int = 0) -> TopkResult:
+    def topk(self, layer: int, k: int, query: Any, flags: int = 0,
+             probe: int = 0) -> TopkResult:
         """TOPK: the @k positions per kv head (per query head with TOPK_F_UNION) most likely
         to matter to @query (q_heads * head_dim floats, post-RoPE) at @layer. Needs a sequence
-        opened with ret_update > 0. KvtierError(ERANGE): k exceeds the retrieval zone, attend
-        densely."""
+        opened with ret_update > 0. @probe (with TOPK_F_FAST, ABI 1.4): scan only the 64-key
+        groups whose means best match the query, until they hold @probe live keys, and score
+        their TOPK_PROBE_X * k best estimates exactly (sublinear; recall depends on the keys
+        that matter coming in runs). KvtierError(ERANGE): k exceeds the retrieval zone, attend
+        densely; EINVAL: probe without TOPK_F_FAST."""
         c, s = self._ids("kvt_topk")
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
         k = _uint("k", k)
+        probe = _uint("probe", probe)
         H = self.kv_heads
         stride = k * self.q_heads // H if flags & _abi.TOPK_F_UNION else k
         out = np.empty(_abi.topk_out_size(H, stride), dtype=np.uint8)
-        r = _LIB.kvt_topk(c, s, _uint("layer", layer), k, _uint("flags", flags),
-                          q.ctypes.data, q.size, out.ctypes.data, out.nbytes)
+        if probe and not _lib.has(_LIB, "kvt_topk_probe"):
+            raise KvtierError(_errno.EOPNOTSUPP, "kvt_topk_probe",
+                              f"{LIBRARY_PATH} predates TOPK's probe (ABI 1.4)")
+        if probe:
+            r = _LIB.kvt_topk_probe(c, s, _uint("layer", layer), k, _uint("flags", flags),
+                                    probe, q.ctypes.data, q.size, out.ctypes.data, out.nbytes)
+        else:
+            r = _LIB.kvt_topk(c, s, _uint("layer", layer), k, _uint("flags", flags),
+                              q.ctypes.data, q.size, out.ctypes.data, out.nbytes)
         stride = _check_op(r, "kvt_topk")
         counts = np.frombuffer(out, np.uint32, H, 0).copy()
         pos = np.frombuffer(out, np.uint32, H * stride, H * 4).reshape(H, stride).copy()

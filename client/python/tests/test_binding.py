@@ -362,6 +362,43 @@ def test_evicted_position_fetch_is_enoent(kvtierd):
 
 # ---- topk ----
 
+def test_topk_probe_scans_the_best_groups(kvtierd):
+    # A run of 200 keys along u (a passage on one topic) and one key far along u on its own
+    # (position 3000): the exact top-8 and TOPK_F_FAST hold the lone key; a probe of one 64-key
+    # group scans only the run's best group, so its answer is that group's exact top 8.
+    n, U, k = 4096, 16, 8
+    rng = np.random.default_rng(11)
+    u = rng.standard_normal(D)
+    u /= np.linalg.norm(u)
+    keys = rng.standard_normal((n, L, 2, H, D))
+    keys[1000:1200, :, 0] += 4.0 * u
+    keys[3000, :, 0] += 8.0 * u
+    keys = keys.astype(np.float16)
+    q = np.tile(10.0 * u, (H, 1)).astype(np.float32)
+    with kvtier.connect(kvtierd.socket) as c:
+        with c.open_sequence(**geometry(policy="full", sinks=4, window=32,
+                                        ret_update=U)) as s:
+            s.append(keys)
+            e = s.topk(1, k, q)
+            f = s.topk(1, k, q, kvtier.TOPK_F_FAST)
+            p = s.topk(1, k, q, kvtier.TOPK_F_FAST, probe=64)
+            whole = s.topk(1, k, q, kvtier.TOPK_F_FAST, probe=1 << 20)  # past the zone
+            for h in range(H):
+                assert e.positions[h][0] == f.positions[h][0] == whole.positions[h][0] == 3000
+                pos, score = p.head(h)
+                assert len(pos) == k and 3000 not in pos
+                g = (pos[0] - 4) // 64  # zone index 0 is position sinks = 4
+                assert ((pos - 4) // 64 == g).all() and 1000 <= pos.min() and pos.max() < 1200
+                group = np.arange(4 + 64 * g, 4 + 64 * (g + 1))
+                exact = keys[group, 1, 0, h].astype(np.float32) @ q[h]
+                want = group[np.argsort(-exact, kind="stable")[:k]]
+                np.testing.assert_array_equal(pos, want)
+                np.testing.assert_allclose(score, np.sort(exact)[::-1][:k], rtol=1e-4,
+                                           atol=1e-3)
+            raises(errno.EINVAL, s.topk, 1, k, q, 0, 64)  # probe without TOPK_F_FAST
+            raises(errno.EINVAL, s.topk, 1, k, q, kvtier.TOPK_F_FAST, -1)
+
+
 def test_topk_scores_are_exact_dot_products(kvtierd):
     n, U = 300, 16
     rng = np.random.default_rng(5)
