@@ -72,7 +72,7 @@ struct row {
 	const char *data;
 	uint32_t n, k;
 	const char *method;
-	char param[80]; /* the knob setting, e.g. "rho_cand 0.30 rho_col 0.70 refine 400" */
+	char param[112]; /* the knob setting, e.g. "rho_cand 0.30 rho_col 0.70 refine 400" */
 	double recall, recall_p5, us, build_s;
 };
 
@@ -410,7 +410,7 @@ static const struct variant {
 
 /* --sweep: kvtier's knobs, k = 100. Estimate only (the spec's pipeline at other ratios), and
  * with refine 4k; (0.10, 0.20) is the spec's schedule at N >= 30K, (0.30, 0.70) kvtierd's. */
-static struct variant sweep_var[48] = {
+static struct variant sweep_var[64] = {
     {"kvtier-estimate", 0.05, 0.20, 0, 0, false, 0, 0},
     {"kvtier-estimate", 0.10, 0.20, 0, 0, false, 0, 0},
     {"kvtier-estimate", 0.15, 0.35, 0, 0, false, 0, 0},
@@ -430,21 +430,32 @@ static struct variant sweep_var[48] = {
     {"kvtier-fast", 0.0, 0.0, 0, 0, true, 8, 0},
     {"kvtier-fast", 0.0, 0.0, 0, 0, true, 12, 0},
     {"kvtier-fast", 0.0, 0.0, 0, 0, true, 16, 0},
-    /* probing: only the 64-key groups whose means best match the query */
+    /* probing: only the 64-key groups whose means best match the query, the best C of
+     * their keys (2-bit estimates; int8 at head_dim 64) scored exactly */
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 5},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 5},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 5},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 10},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 10},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 10},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 20},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 20},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 20},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 30},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 30},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 30},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 50},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 50},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 50},
-    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 8, 50},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 100},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 100},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 100},
-    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 8, 100},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 200},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 200},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 200},
-    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 8, 200},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 300},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 300},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 300},
     {"kvtier-refine", 0.10, 0.20, 4, KVT_PARIS_EXACT_NEVER, false, 0, 0},
     {"kvtier-refine", 0.20, 0.50, 4, KVT_PARIS_EXACT_NEVER, false, 0, 0},
     {"kvtier-refine", 0.30, 0.70, 4, KVT_PARIS_EXACT_NEVER, false, 0, 0},
@@ -452,8 +463,8 @@ static struct variant sweep_var[48] = {
     {"kvtier-refine", 0.50, 0.70, 4, KVT_PARIS_EXACT_NEVER, false, 0, 0},
     {"kvtier-refine", 0.70, 1.00, 4, KVT_PARIS_EXACT_NEVER, false, 0, 0},
 };
-static int NSWEEP = 38;
-#define NSWEEP_FIXED 32 /* the entries before the index-path ratios --knob replaces */
+static int NSWEEP = 48;
+#define NSWEEP_FIXED 42 /* the entries before the index-path ratios --knob replaces */
 #define SWEEP_K	     100
 
 /*
@@ -849,7 +860,7 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 				};
 				uint64_t probe = (uint64_t)vr->probe_pm * n / 1000;
 				double *read = NULL;
-				char param[80];
+				char param[112];
 
 				if (sweep && ks[ki] != SWEEP_K)
 					continue;
@@ -862,13 +873,15 @@ run_case(const char *name, const float *keys, uint32_t n, const float *qs, uint3
 				if (vr->probe_pm)
 					so.probe = probe > so.fast ? (uint32_t)probe : so.fast;
 				if (vr->probe_pm)
-					snprintf(param, sizeof(param),
-						 "groups of %u keys (%.1f %% of the zone), %uk "
-						 "rescored%s",
-						 so.probe, 100.0 * so.probe / n, vr->fast_x,
-						 !kvt_paris_fast_pays(n, so.fast)
-						     ? " (short zone: the exact path)"
-						     : "");
+					snprintf(
+					    param, sizeof(param),
+					    "best groups with %u keys (%.1f %% of the zone), %s, "
+					    "%uk rescored%s",
+					    so.probe, 100.0 * so.probe / n,
+					    D == 64 ? "int8-ranked" : "2-bit-ranked", vr->fast_x,
+					    !kvt_paris_fast_pays(n, so.fast)
+						? " (short zone: the exact path)"
+						: "");
 				else if (vr->fast_x)
 					snprintf(param, sizeof(param),
 						 "2-bit level, %uk rescored%s", vr->fast_x,
