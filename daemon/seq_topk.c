@@ -317,10 +317,13 @@ kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t layer, 
 	 * sketches ([retrieval] sketch = no) the default path serves it */
 	if (flags & KVT_TOPK_F_FAST)
 		opts.fast = k > UINT32_MAX / KVT_TOPK_FAST_X ? UINT32_MAX : KVT_TOPK_FAST_X * k;
-	/* probing: the best groups holding @probe live keys, their 4k best estimates scored
-	 * (engine/sketch.h); a probe under 4k counts as 4k */
+	/* probing: the best groups holding @probe live keys, their C best estimates scored
+	 * (engine/sketch.h): C = 4k by the 2-bit level at head_dim 128; k by the int8 level at 64,
+	 * where more rows found no more (BENCHMARKS.md, probing). A probe under C counts as C. */
 	if (probe) {
-		opts.fast = k > UINT32_MAX / KVT_TOPK_PROBE_X ? UINT32_MAX : KVT_TOPK_PROBE_X * k;
+		uint32_t x = p->head_dim == 64 ? 1 : KVT_TOPK_PROBE_X;
+
+		opts.fast = k > UINT32_MAX / x ? UINT32_MAX : x * k;
 		opts.probe = probe > opts.fast ? probe : opts.fast;
 	}
 	if (flags & KVT_TOPK_F_UNION)

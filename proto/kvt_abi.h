@@ -394,13 +394,13 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
  *     ([retrieval] sketch = no) the default path answers. Not with KVT_TOPK_F_ESTIMATE.
  *   probe (ABI 1.4; only with KVT_TOPK_F_FAST, 0 = off): sublinear. The keys come in 64-key
  *     groups of consecutive positions, each summarised by its mean; only the groups whose
- *     means score best are scanned, until they hold probe live keys (at least
- *     KVT_TOPK_PROBE_X * k), and their KVT_TOPK_PROBE_X * k best 2-bit estimates are scored
- *     exactly. Positions are those keys' exact top-k, scores exact. It pays where the keys
- *     that matter come in runs (a passage on one topic); recall is the share of the true
- *     top-k inside the probed groups, so measure it on your model (BENCHMARKS.md, "probing").
- *     A groups' worth of dead keys is passed over; a group holding a non-finite key is
- *     always scanned.
+ *     means score best are scanned, until they hold probe live keys, and their C best keys by
+ *     estimate are scored exactly: C = KVT_TOPK_PROBE_X * k by the 2-bit level at head_dim
+ *     128, C = k by the int8 level at 64 (a probe under C counts as C). Positions are those
+ *     keys' exact top-k, scores exact. It pays where the keys that matter come in runs (a
+ *     passage on one topic): recall is the share of the true top-k inside the probed groups,
+ *     so measure it on your model (BENCHMARKS.md, "Probing"). Groups with no live key are
+ *     passed over; a group holding a non-finite key is always scanned.
  * CQE res: stride. aux[0]: retrieval keys N. Errors: -EINVAL (k = 0, query length, a query
  * value NaN or infinite, flags, layer out of range, no retrieval, probe without
  * KVT_TOPK_F_FAST), -ERANGE (k larger than the
@@ -411,7 +411,7 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
 #define KVT_TOPK_F_ESTIMATE (1u << 2)
 #define KVT_TOPK_F_FAST	    (1u << 3) /* ABI 1.3 */
 #define KVT_TOPK_FAST_X	    16u	      /* KVT_TOPK_F_FAST scores this many keys per result */
-#define KVT_TOPK_PROBE_X    4u	      /* ... and this many with a probe (ABI 1.4) */
+#define KVT_TOPK_PROBE_X    4u	      /* ... this many with a probe at head_dim 128 (ABI 1.4) */
 
 /* TOPK output bytes: n[kv_heads], pos[kv_heads][stride], score[kv_heads][stride]. */
 #define KVT_TOPK_OUT_SIZE(kv_heads, stride)                                                        \

@@ -958,12 +958,13 @@ START_TEST(test_probe_groups)
 	static const unsigned int pages[2] = {64, 1024};
 	const uint32_t n = 200 * PG, k = 10;
 	const struct kvt_paris_drop drop150 = {drop_group_150, NULL};
-	static uint32_t a[256], b[256], bi[16];
+	static uint32_t a[256], b[256], c0[64], bi[16];
 	uint64_t seed = 77;
 
 	for (int di = 0; di < 4; di++) {
 		const unsigned int dim = dims[di % 2];
-		float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD], u[MAXD], bs[16];
+		float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD], qr[MAXD], u[MAXD],
+		      bs[16];
 		struct kvt_paris_scratch scr = {0};
 		struct kvt_paris_query q;
 		uint32_t gi[16];
@@ -982,12 +983,21 @@ START_TEST(test_probe_groups)
 										 : 0.0f) *
 								    u[j];
 		zone_make(&z, keys, n, dim, true, pages[di / 2]);
-		for (unsigned int j = 0; j < dim; j++)
+		for (unsigned int j = 0; j < dim; j++) {
 			qv[j] = u[j] + 0.3f * kvt_test_lcg_gauss(&seed);
+			qr[j] = kvt_test_lcg_gauss(&seed);
+		}
 		kvt_paris_query_prep(&z.srht, qv, &q);
 		for (int lv = KVT_SIMD_SCALAR; lv <= KVT_SIMD_AVX512; lv++) {
 			if (kvt_simd_cap((enum kvt_simd)lv) != (enum kvt_simd)lv)
 				continue;
+			/* a query no group stands out for: 50 of three groups' keys, ranked by the
+			 * 2-bit level (the int8 one at dim 64), the same set at every level */
+			ck_assert_int_eq(probe_cands(&z.sk, &z, qr, 50, 3 * PG, NULL, &scr,
+						     lv == KVT_SIMD_SCALAR ? c0 : a),
+					 50);
+			if (lv != KVT_SIMD_SCALAR)
+				ck_assert_mem_eq(a, c0, 50 * sizeof(*a));
 			ck_assert_int_eq(probe_cands(&z.sk, &z, qv, PG, PG, NULL, &scr, a), PG);
 			ck_assert(all_in_group(a, PG, 37));
 			ck_assert_int_eq(probe_cands(&z.sk, &z, qv, 2 * PG, 2 * PG, NULL, &scr, a),
