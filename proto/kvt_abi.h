@@ -392,15 +392,16 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
  *     0.94-0.95) in 0.62-0.67x at 1M; on real SmolLM2 keys (head_dim 64, 131K) 0.92-0.97
  *     (p5 0.71-0.85) in 0.51-0.66x. With a sequence opened without sketches
  *     ([retrieval] sketch = no) the default path answers. Not with KVT_TOPK_F_ESTIMATE.
- *   probe (ABI 1.4; only with KVT_TOPK_F_FAST, 0 = off): sublinear. The keys come in 64-key
- *     groups of consecutive positions, each summarised by its mean; only the groups whose
- *     means score best are scanned, until they hold probe live keys, and their C best keys by
- *     estimate are scored exactly: C = KVT_TOPK_PROBE_X * k by the 2-bit level at head_dim
- *     128, C = k by the int8 level at 64 (a probe under C counts as C). Positions are those
- *     keys' exact top-k, scores exact. It pays where the keys that matter come in runs (a
- *     passage on one topic): recall is the share of the true top-k inside the probed groups,
- *     so measure it on your model (BENCHMARKS.md, "Probing"). Groups with no live key are
- *     passed over; a group holding a non-finite key is always scanned.
+ *   probe (ABI 1.4; only with KVT_TOPK_F_FAST, 0 = off): sublinear. The keys come in
+ *     groups of consecutive positions (64 at head_dim 128, 16 at 64), each summarised by its
+ *     mean; only the groups whose means score best are scanned, until they hold probe live
+ *     keys, and their C best keys by estimate are scored exactly: C = KVT_TOPK_PROBE_X * k by
+ *     the 2-bit level at head_dim 128, C = k by the int8 level at 64 (a probe under C counts
+ *     as C). Positions are those keys' exact top-k, scores exact. It pays where the keys that
+ *     matter come in runs (a passage on one topic): recall is the share of the true top-k
+ *     inside the probed groups, so measure it on your model (BENCHMARKS.md, "Probing").
+ *     Groups with no live key are passed over; a group holding a non-finite key is always
+ *     scanned.
  * CQE res: stride. aux[0]: retrieval keys N. Errors: -EINVAL (k = 0, query length, a query
  * value NaN or infinite, flags, layer out of range, no retrieval, probe without
  * KVT_TOPK_F_FAST), -ERANGE (k larger than the

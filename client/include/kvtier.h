@@ -479,13 +479,14 @@ int kvt_topk(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, uns
 	     const float *query, uint32_t q_len, void *out, uint64_t out_len);
 
 /*
- * kvt_topk_probe() - kvt_topk() with KVT_TOPK_F_FAST's sublinear form (ABI 1.4): only the 64-key
- * groups whose means best match the query are scanned, until they hold @probe live keys, and
- * their best keys by estimate (4k at head_dim 128, k at 64) are scored exactly (kvt_abi.h,
- * TOPK's probe). @flags must hold KVT_TOPK_F_FAST when @probe is not 0; @probe 0
- * is kvt_topk(). Recall is the share of the true top-k inside the probed groups: high where the
- * keys that matter come in runs of positions, low where they are scattered one by one
- * (BENCHMARKS.md, "probing"). A kvtierd older than 1.4 refuses @probe with -EINVAL.
+ * kvt_topk_probe() - kvt_topk() with KVT_TOPK_F_FAST's sublinear form (ABI 1.4): only the
+ * groups of consecutive positions (64, or 16 at head_dim 64) whose means best match the query
+ * are scanned, until they hold @probe live keys, and their best keys by estimate (4k at
+ * head_dim 128, k at 64) are scored exactly (kvt_abi.h, TOPK's probe). @flags must hold
+ * KVT_TOPK_F_FAST when @probe is not 0; @probe 0 is kvt_topk(). Recall is the share of the true
+ * top-k inside the probed groups: high where the keys that matter come in runs of positions,
+ * low where they are scattered one by one (BENCHMARKS.md, "Probing"). A kvtierd older than 1.4
+ * refuses @probe with -EINVAL.
  */
 int kvt_topk_probe(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
 		   uint32_t probe, const float *query, uint32_t q_len, void *out, uint64_t out_len);

@@ -460,7 +460,7 @@ struct kvt_paris_search_opts {
 	 * score of the @fast (>= k) live keys the sketch's 2-bit level ranks highest
 	 * (kvt_sketch_topk_fast()): not exact, fast rows read instead of every key's codes */
 	uint32_t fast;
-	/* 0, or with @fast (>= fast): the candidates come only from the 64-key groups whose
+	/* 0, or with @fast (>= fast): the candidates come only from the groups (sketch.h) whose
 	 * means best match the query, enough to hold this many live keys (sketch.h, "probe") */
 	uint32_t probe;
 };

@@ -103,7 +103,7 @@ struct kvt_paris_topk_opts {
 	 * 2-bit estimates scored exactly per search; a sequence without sketches
 	 * (KVT_PARIS_SEQ_F_NO_SKETCH) takes the refine path instead (set refine too) */
 	uint32_t fast;
-	/* 0, or >= fast: probe (paris.h, opts.probe), only the best 64-key groups holding this
+	/* 0, or >= fast: probe (paris.h, opts.probe), only the best groups holding this
 	 * many live keys are scanned */
 	uint32_t probe;
 	uint32_t exact; /* KVT_PARIS_EXACT_* (paris.h): when refine scores a whole zone */

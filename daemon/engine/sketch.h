@@ -63,7 +63,7 @@
 #include "paris.h"
 #include "srht.h"
 
-/* sums of a 64-key group's int8 values (sketch.c): the group being filled */
+/* sums of a group's int8 values (sketch.c, the group level): the group being filled */
 struct kvt_sketch_gacc {
 	double sum[KVT_SRHT_MAX_DIM];
 	uint32_t count; /* finite keys summed */

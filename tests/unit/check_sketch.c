@@ -907,7 +907,7 @@ START_TEST(test_fast_sample_too_high)
 }
 END_TEST
 
-/* ---- probing (kvt_sketch_topk_fast() with probe): only the best 64-key groups are scanned --- */
+/* ---- probing (kvt_sketch_topk_fast() with probe): only the best groups are scanned -------- */
 
 #define PG 64 /* keys a group */
 
@@ -945,12 +945,12 @@ drop_group_150(void *ctx, uint32_t idx)
 }
 
 /*
- * Groups are ranked by their means: with two planted groups (37 far ahead of 150) one group's
- * worth of probe scans group 37 alone, two scan both, at every level, both dims, pages of 64
- * and of 1,024 keys; the answer is then the exact top-k of what was scanned. Evicted keys do not
- * count toward the probe (a dead group is passed over, a half-dead one needs a second), a drop
- * filter that empties the probed groups falls back to the whole zone, and a group with a key
- * that is not finite is always scanned.
+ * Groups are ranked by their means (64-key groups at dim 128, 16-key ones at 64): with two
+ * planted 64-key runs (37 far ahead of 150) a probe of 64 keys scans run 37 alone, of 128 both,
+ * at every level, both dims, pages of 64 and of 1,024 keys; the answer is then the exact top-k of
+ * what was scanned. Evicted keys do not count toward the probe (a dead group is passed over, a
+ * half-dead one needs a second), a drop filter that empties the probed groups falls back to the
+ * whole zone, and a group with a key that is not finite is always scanned.
  */
 START_TEST(test_probe_groups)
 {
@@ -1036,8 +1036,8 @@ START_TEST(test_probe_groups)
 		/* a key that is not finite makes its group's score +inf: scanned first */
 		z.f32[(size_t)5 * PG * dim + 3] = INFINITY;
 		ck_assert_int_eq(kvt_sketch_set(&z.sk, 5 * PG, z.f32 + (size_t)5 * PG * dim), 0);
-		ck_assert_int_eq(probe_cands(&z.sk, &z, qv, PG, PG, NULL, &scr, b), PG);
-		ck_assert(all_in_group(b, PG, 5));
+		ck_assert_int_eq(probe_cands(&z.sk, &z, qv, 16, 16, NULL, &scr, b), 16);
+		ck_assert(all_in_group(b, 16, 5));
 		zone_free(&z);
 		kvt_paris_scratch_fini(&scr);
 		free(keys);
@@ -1051,9 +1051,9 @@ END_TEST
  * the keys it holds now say. Fails if set() leaves the summary as appended: group 90, changed
  * to match the query, would not be scanned.
  */
-START_TEST(test_probe_summary_follows_keys)
+static void
+summary_follows_keys(unsigned int dim)
 {
-	const unsigned int dim = 128;
 	const uint32_t n = 100 * PG + 20;
 	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD], v[MAXD];
 	static uint32_t a[2 * PG], b[2 * PG];
@@ -1105,6 +1105,12 @@ START_TEST(test_probe_summary_follows_keys)
 	zone_free(&z);
 	kvt_paris_scratch_fini(&scr);
 	free(keys);
+}
+
+START_TEST(test_probe_summary_follows_keys)
+{
+	summary_follows_keys(128);
+	summary_follows_keys(64);
 }
 END_TEST
 

@@ -430,8 +430,8 @@ static struct variant sweep_var[64] = {
     {"kvtier-fast", 0.0, 0.0, 0, 0, true, 8, 0},
     {"kvtier-fast", 0.0, 0.0, 0, 0, true, 12, 0},
     {"kvtier-fast", 0.0, 0.0, 0, 0, true, 16, 0},
-    /* probing: only the 64-key groups whose means best match the query, the best C of
-     * their keys (2-bit estimates; int8 at head_dim 64) scored exactly */
+    /* probing: only the groups (64 keys, 16 at D = 64) whose means best match the query, the best C
+     * of their keys (2-bit estimates; int8 at head_dim 64) scored exactly */
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 5},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 5},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 5},

@@ -651,10 +651,11 @@ class Sequence:
              probe: int = 0) -> TopkResult:
         """TOPK: the @k positions per kv head (per query head with TOPK_F_UNION) most likely
         to matter to @query (q_heads * head_dim floats, post-RoPE) at @layer. Needs a sequence
-        opened with ret_update > 0. @probe (with TOPK_F_FAST, ABI 1.4): scan only the 64-key
-        groups whose means best match the query, until they hold @probe live keys, and score
-        their best keys by estimate exactly (TOPK_PROBE_X * k at head_dim 128, k at 64):
-        sublinear, its recall depends on the keys that matter coming in runs. KvtierError(ERANGE): k exceeds the retrieval zone, attend
+        opened with ret_update > 0. @probe (with TOPK_F_FAST, ABI 1.4): scan only the groups
+        of consecutive positions (64, or 16 at head_dim 64) whose means best match the query,
+        until they hold @probe live keys, and score their best keys by estimate exactly
+        (TOPK_PROBE_X * k at head_dim 128, k at 64): sublinear, its recall depends on the keys
+        that matter coming in runs. KvtierError(ERANGE): k exceeds the retrieval zone, attend
         densely; EINVAL: probe without TOPK_F_FAST."""
         c, s = self._ids("kvt_topk")
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)

@@ -364,8 +364,9 @@ def test_evicted_position_fetch_is_enoent(kvtierd):
 
 def test_topk_probe_scans_the_best_groups(kvtierd):
     # A run of 200 keys along u (a passage on one topic) and one key far along u on its own
-    # (position 3000): the exact top-8 and TOPK_F_FAST hold the lone key; a probe of one 64-key
-    # group scans only the run's best group, so its answer is that group's exact top 8.
+    # (position 3000): the exact top-8 and TOPK_F_FAST hold the lone key; a probe of one group
+    # (16 keys at head_dim 64) scans only the run's best group, so its answer is that group's
+    # exact top 8.
     n, U, k = 4096, 16, 8
     rng = np.random.default_rng(11)
     u = rng.standard_normal(D)
@@ -381,15 +382,15 @@ def test_topk_probe_scans_the_best_groups(kvtierd):
             s.append(keys)
             e = s.topk(1, k, q)
             f = s.topk(1, k, q, kvtier.TOPK_F_FAST)
-            p = s.topk(1, k, q, kvtier.TOPK_F_FAST, probe=64)
+            p = s.topk(1, k, q, kvtier.TOPK_F_FAST, probe=16)
             whole = s.topk(1, k, q, kvtier.TOPK_F_FAST, probe=1 << 20)  # past the zone
             for h in range(H):
                 assert e.positions[h][0] == f.positions[h][0] == whole.positions[h][0] == 3000
                 pos, score = p.head(h)
                 assert len(pos) == k and 3000 not in pos
-                g = (pos[0] - 4) // 64  # zone index 0 is position sinks = 4
-                assert ((pos - 4) // 64 == g).all() and 1000 <= pos.min() and pos.max() < 1200
-                group = np.arange(4 + 64 * g, 4 + 64 * (g + 1))
+                g = (pos[0] - 4) // 16  # zone index 0 is position sinks = 4
+                assert ((pos - 4) // 16 == g).all() and 1000 <= pos.min() and pos.max() < 1200
+                group = np.arange(4 + 16 * g, 4 + 16 * (g + 1))
                 exact = keys[group, 1, 0, h].astype(np.float32) @ q[h]
                 want = group[np.argsort(-exact, kind="stable")[:k]]
                 np.testing.assert_array_equal(pos, want)
