@@ -1559,6 +1559,31 @@ sample_bar(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
 }
 
 /*
+ * Announce the unit of @u keys at @key0 that a probing search reads next (its int8 codes and
+ * scales at D = 64, else its 2-bit columns and f): probed units are scattered, so the hardware
+ * prefetcher, which follows a stream, does not see them coming. At 16 keys a unit the int8
+ * pass over 10 % of 131K real keys took twice as long without it.
+ */
+static void
+unit_prefetch(const struct kvt_sketch *sk, uint32_t key0, uint32_t u)
+{
+	const uint32_t p = key0 >> sk->page_shift, off = key0 & (sk->page_keys - 1);
+
+	if (sk->dim == 64) {
+		const uint8_t *c = sk_codes(sk, p) + (size_t)off * sk->dim;
+
+		for (size_t b = 0; b < (size_t)u * sk->dim; b += 64)
+			__builtin_prefetch(c + b);
+		__builtin_prefetch(sk_scale(sk, p) + off);
+		__builtin_prefetch(sk_tol(sk, p) + off);
+		return;
+	}
+	for (unsigned int b = 0; b < SB_BLOCKS(sk->dim); b++)
+		__builtin_prefetch(sk_bits(sk, p) + (size_t)b * sk->page_keys + off);
+	__builtin_prefetch(sk_fac(sk, p) + off);
+}
+
+/*
  * The candidate stage: the @cand best live keys by estimate (ties to the lower index) as
  * cand_key()s in scr->sk_cand, in no order; returns how many (min(cand, live keys)).
  * With @gmap only the groups it marks are scanned (a probing search), else every group.
@@ -1590,6 +1615,11 @@ fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const 
 			for (; gw; gw &= gw - 1) {
 				/* units never straddle pages: a page is a multiple of 64 keys */
 				const uint32_t key0 = (w * 64 + (uint32_t)__builtin_ctzll(gw)) * u;
+				const uint64_t rest = gw & (gw - 1);
+
+				if (gmap && rest) /* the next unit of this word */
+					unit_prefetch(
+					    sk, (w * 64 + (uint32_t)__builtin_ctzll(rest)) * u, u);
 				const uint32_t p = key0 >> sk->page_shift,
 					       base = p << sk->page_shift;
 				const uint32_t off = key0 - base,

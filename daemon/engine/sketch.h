@@ -52,7 +52,11 @@
  * Storage: pages of page_keys keys from the caller's allocator (struct kvt_paris_alloc): codes
  * [P][D] (bytes c + 128), scales [P], tolerances [P] (the int8 level, the first
  * kvt_sketch_int8_bytes() bytes), then the 2-bit codes [D/4][P] (byte b of key i at b * P + i:
- * bit j the sign of dim 4b + j, bit 4 + j its magnitude), f [P] and the centre m_p [D] (f32).
+ * bit j the sign of dim 4b + j, bit 4 + j its magnitude), f [P] and the centre m_p [D] (f32),
+ * then the group level: per group of G consecutive keys (64 at D = 128, 16 at 64) the int8
+ * codes [P/G][D] of the mean of its keys' int8 values, their scales [P/G] and a flag [P/G]
+ * (+inf: the group holds a key that is not finite). A probing search (kvt_sketch_topk_fast()
+ * with probe) ranks the groups by their means and reads only the best (sketch.c, "probing").
  * One writer; searches only read.
  */
 #ifndef KVT_ENGINE_SKETCH_H
@@ -98,7 +102,8 @@ int kvt_sketch_init(struct kvt_sketch *sk, unsigned int dim, unsigned int page_k
 /* kvt_sketch_fini - give back every page. Accepts a zeroed sketch. */
 void kvt_sketch_fini(struct kvt_sketch *sk);
 
-/* kvt_sketch_page_bytes - bytes of one page: page_keys * (5 dim / 4 + 12) + 4 dim. */
+/* kvt_sketch_page_bytes - bytes of one page: page_keys * (5 dim / 4 + 12) + 4 dim, plus
+ * (dim + 8) for each group (page_keys / 64 at dim 128, page_keys / 16 at 64). */
 size_t kvt_sketch_page_bytes(unsigned int dim, unsigned int page_keys);
 
 /* kvt_sketch_int8_bytes - the int8 level's bytes at the start of each page:
@@ -157,9 +162,16 @@ int kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *i
  * index): C rows read instead of every key's D + 8 bytes, not the exact top-k. @cand >= k;
  * with @cand >= the live keys every key is scored, which is the exact top-k. Scores, order and
  * the rest as kvt_sketch_topk(); *@ret_read counts the rows read (min(cand, live)).
- * Uses @scr's ref_idx / ref_score (the candidates) and cand / score.
+ * @probe 0: every live key is estimated. Else (>= cand; below the live count, or it is 0): only
+ * the keys of the best groups are, every group with a live key ranked by its mean's int8
+ * estimate (a group holding a key that is not finite first) and the best taken until they
+ * hold @probe live keys; at D = 64 their keys are ranked by the int8 level's estimate (the
+ * 2-bit code is 16 bytes there), at 128 by the 2-bit level. Should they give fewer than @cand
+ * candidates (keys @drop names), the whole zone is estimated. Not the exact top-k of the zone:
+ * its recall is the share of that top-k inside the probed groups.
+ * Uses @scr's ref_idx / ref_score (the candidates), cand / score and sk_* arrays.
  * Returns the number of results (min(k, candidates)), -EINVAL (n or dim mismatch, k == 0,
- * cand < k), -ENOMEM or -EIO.
+ * cand < k, 0 < probe < cand), -ENOMEM or -EIO.
  */
 int kvt_sketch_topk_fast(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
 			 const struct kvt_paris_query *q, uint32_t k, uint32_t cand, uint32_t probe,
@@ -170,10 +182,11 @@ int kvt_sketch_topk_fast(const struct kvt_sketch *sk, const struct kvt_paris_ind
 /*
  * kvt_sketch_fast_cands - kvt_sketch_topk_fast()'s candidate stage alone: the min(@cand, live)
  * live keys with the highest 2-bit estimates for the query @x (dim floats, as prepared for
- * the index: kvt_paris_query.x), ties to the lower index, into @ret_idx in no order.
- * @sample false starts the bar at -inf instead of from a sample of the zone (the set is the
- * same either way; tests hold the two against each other). Uses @scr as the fast path does.
- * Returns the count, -EINVAL (n or dim mismatch, cand == 0) or -ENOMEM.
+ * the index: kvt_paris_query.x), ties to the lower index, into @ret_idx in no order; with
+ * @probe, of the probed groups' keys (as kvt_sketch_topk_fast()). @sample false starts the bar
+ * at -inf instead of from a sample of the zone (the set is the same either way; tests hold
+ * the two against each other; a probe never samples). Uses @scr as the fast path does.
+ * Returns the count, -EINVAL (n or dim mismatch, cand == 0, 0 < probe < cand) or -ENOMEM.
  */
 int kvt_sketch_fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
 			  const float *x, uint32_t cand, uint32_t probe,

@@ -8,7 +8,8 @@ One panel per (data set, N); one curve per method, its points the method's knob 
 (kvtier: candidate and collision ratios, with and without the exact refine; IVFPQ: nprobe,
 alone and with exact rescoring of 16k PQ candidates; HNSW, FAISS's and hnswlib's: efSearch); flat, the exact fp16
 scan, kvtier's default (what kvtierd's TOPK runs) and kvtier's whole-zone exact scan are single
-points; kvtier-fast is a curve over its candidate count C. A method missing from STYLE is not
+points; kvtier-fast is a curve over its candidate count C, kvtier-probe a scatter over its probe
+and C (24 points, not one curve). A method missing from STYLE is not
 drawn, so a new one needs an entry. The y axis is log-scaled (single-thread median microseconds per query).
 Rows from several files are merged, so a 1M run without FAISS can sit beside smaller ones.
 Needs matplotlib (pip install matplotlib).
@@ -29,6 +30,7 @@ STYLE = {
     "kvtier-sketch": ("h", ""),
     "kvtier-sketch-f32": ("H", ""),
     "kvtier-fast": ("<", "-"),
+    "kvtier-probe": (">", ""),
     "exact": ("*", ""),
     "faiss-flat": ("X", ""),
     "faiss-ivfpq": ("v", "--"),
