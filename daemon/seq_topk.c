@@ -321,9 +321,9 @@ kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t layer, 
 	 * (engine/sketch.h): C = 4k by the 2-bit level at head_dim 128; k by the int8 level at 64,
 	 * where more rows found no more (BENCHMARKS.md, probing). A probe under C counts as C. */
 	if (probe) {
-		uint32_t x = p->head_dim == 64 ? 1 : KVT_TOPK_PROBE_X;
+		uint32_t per = p->head_dim == 64 ? 1 : KVT_TOPK_PROBE_X; /* keys scored a result */
 
-		opts.fast = k > UINT32_MAX / x ? UINT32_MAX : x * k;
+		opts.fast = k > UINT32_MAX / per ? UINT32_MAX : per * k;
 		opts.probe = probe > opts.fast ? probe : opts.fast;
 	}
 	if (flags & KVT_TOPK_F_UNION)

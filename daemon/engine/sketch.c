@@ -1615,17 +1615,16 @@ fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const 
 			for (; gw; gw &= gw - 1) {
 				/* units never straddle pages: a page is a multiple of 64 keys */
 				const uint32_t key0 = (w * 64 + (uint32_t)__builtin_ctzll(gw)) * u;
-				const uint64_t rest = gw & (gw - 1);
-
-				if (gmap && rest) /* the next unit of this word */
-					unit_prefetch(
-					    sk, (w * 64 + (uint32_t)__builtin_ctzll(rest)) * u, u);
 				const uint32_t p = key0 >> sk->page_shift,
 					       base = p << sk->page_shift;
 				const uint32_t off = key0 - base,
 					       m = sk->n - key0 < u ? sk->n - key0 : u;
+				const uint64_t rest = gw & (gw - 1);
 				uint64_t pass;
 
+				if (gmap && rest) /* the next unit of this word */
+					unit_prefetch(
+					    sk, (w * 64 + (uint32_t)__builtin_ctzll(rest)) * u, u);
 				if (p != cp_page) {
 					cp = centre_dot(sk, p, x);
 					cp_page = p;
