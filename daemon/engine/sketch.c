@@ -49,12 +49,16 @@ sk_gkeys(unsigned int dim)
 
 #define SK_GROUPS(dim, page_keys) ((page_keys) / sk_gkeys(dim))
 
+/* rounded up to a cache line: pages come from aligned_alloc(64, ...) by default, which wants a
+ * multiple of the alignment (the group level alone is D + 8 bytes a group) */
 size_t
 kvt_sketch_page_bytes(unsigned int dim, unsigned int page_keys)
 {
-	return kvt_sketch_int8_bytes(dim, page_keys) +
-	       (size_t)page_keys * (SB_BLOCKS(dim) + sizeof(float)) + dim * sizeof(float) +
-	       SK_GROUPS(dim, page_keys) * SK_GROUP_BYTES(dim);
+	size_t b = kvt_sketch_int8_bytes(dim, page_keys) +
+		   (size_t)page_keys * (SB_BLOCKS(dim) + sizeof(float)) + dim * sizeof(float) +
+		   SK_GROUPS(dim, page_keys) * SK_GROUP_BYTES(dim);
+
+	return (b + 63) & ~(size_t)63;
 }
 
 static inline uint8_t *

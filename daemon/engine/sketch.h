@@ -103,7 +103,8 @@ int kvt_sketch_init(struct kvt_sketch *sk, unsigned int dim, unsigned int page_k
 void kvt_sketch_fini(struct kvt_sketch *sk);
 
 /* kvt_sketch_page_bytes - bytes of one page: page_keys * (5 dim / 4 + 12) + 4 dim, plus
- * (dim + 8) for each group (page_keys / 64 at dim 128, page_keys / 16 at 64). */
+ * (dim + 8) for each group (page_keys / 64 at dim 128, page_keys / 16 at 64), rounded up to a
+ * multiple of 64. */
 size_t kvt_sketch_page_bytes(unsigned int dim, unsigned int page_keys);
 
 /* kvt_sketch_int8_bytes - the int8 level's bytes at the start of each page:
