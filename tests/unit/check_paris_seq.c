@@ -523,6 +523,16 @@ START_TEST(t_no_sketch)
 	o.fast = k - 1;
 	ck_assert_int_eq(kvt_paris_seq_topk(&seq, 0, qv, HKV * D, &o, &scr, pos, score, cnt),
 			 -EINVAL);
+	/* and opts.probe below fast, or without it */
+	o.fast = 16 * k;
+	o.probe = 16 * k - 1;
+	ck_assert_int_eq(kvt_paris_seq_topk(&seq, 0, qv, HKV * D, &o, &scr, pos, score, cnt),
+			 -EINVAL);
+	o.fast = 0;
+	o.probe = 64 * k;
+	ck_assert_int_eq(kvt_paris_seq_topk(&seq, 0, qv, HKV * D, &o, &scr, pos, score, cnt),
+			 -EINVAL);
+	o.probe = 0;
 	o.fast = 16 * k;
 	for (int t = 0; t < 12; t++) {
 		query(&rng, qv);

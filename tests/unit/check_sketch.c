@@ -1252,6 +1252,15 @@ START_TEST(test_bad_args)
 	ck_assert_int_eq(kvt_sketch_fast_cands(&z.sk, &z.ix, q.x, 64, 0, NULL, false, &scr, gi), 4);
 	for (uint32_t i = 0; i < 4; i++)
 		ck_assert_uint_lt(gi[i], 4);
+	/* a probe below C is refused; one that covers the live keys scans them all */
+	ck_assert_int_eq(kvt_sketch_fast_cands(&z.sk, &z.ix, q.x, 8, 7, NULL, false, &scr, gi),
+			 -EINVAL);
+	ck_assert_int_eq(
+	    kvt_sketch_topk_fast(&z.sk, &z.ix, &q, 4, 8, 7, &z.keys, NULL, &scr, gi, gs, NULL),
+	    -EINVAL);
+	ck_assert_int_eq(kvt_sketch_fast_cands(&z.sk, &z.ix, q.x, 4, 4, NULL, false, &scr, gi), 4);
+	for (uint32_t i = 0; i < 4; i++)
+		ck_assert_uint_lt(gi[i], 4);
 	{ /* opts.fast: at least k, and a sketch and keys to score with */
 		struct kvt_paris_search_opts so = {
 		    .k = 4, .fast = 3, .keys = &z.keys, .sketch = &z.sk};
@@ -1268,6 +1277,12 @@ START_TEST(test_bad_args)
 		    -EINVAL);
 		so.keys = &z.keys; /* and then it answers */
 		ck_assert_int_eq(kvt_paris_search(&z.ix, &q, &so, &scr, gi, gs), 4);
+		/* opts.probe: only with fast, and at least fast */
+		so.probe = 7;
+		ck_assert_int_eq(kvt_paris_search(&z.ix, &q, &so, &scr, gi, gs), -EINVAL);
+		so.fast = 0;
+		so.probe = 64;
+		ck_assert_int_eq(kvt_paris_search(&z.ix, &q, &so, &scr, gi, gs), -EINVAL);
 	}
 	/* a zero query scores every key 0: the first k by index */
 	ck_assert_int_eq(kvt_sketch_topk(&z.sk, &z.ix, &q, 4, &z.keys, NULL, &scr, gi, gs, NULL),
