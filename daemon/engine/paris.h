@@ -415,9 +415,9 @@ struct kvt_paris_scratch {
 	size_t sk_bar_cap; /* entries of sk_bar */
 	uint64_t *sk_cand; /* the fast path's candidate keys (sketch.c) */
 	size_t sk_cand_cap;
-	void *sk_tab;	  /* the fast path's query tables (sketch.c), 64-byte aligned */
-	uint64_t *sk_grp; /* a probing search's groups by score (sketch.c) */
-	size_t sk_grp_cap;
+	void *sk_tab;	   /* the fast path's query tables (sketch.c), 64-byte aligned */
+	uint64_t *sk_grp;  /* a probing search's groups by score, then their scores as f32 */
+	size_t sk_grp_cap; /* groups (sketch.c) */
 	uint64_t *sk_gmap; /* the groups it scans, one bit each */
 	size_t sk_gmap_cap;
 };

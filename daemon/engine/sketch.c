@@ -1281,8 +1281,9 @@ sb_query_prep(const struct kvt_sketch *sk, const float *x, struct sb_query *ret)
 
 /*
  * One group of @cnt (<= 64) keys at @off of a page: estimates into @est and the mask of those
- * above @bar. The integer sums are exact and the rest is one multiply and one fused
- * multiply-add per key, so every level gives the same bits.
+ * above @bar (sb_group_int8(): at or above; it serves probing searches alone, which list every
+ * key while the bar is -inf and after that test est > bar of each). The integer sums are exact and
+ * the rest is one multiply and one fused multiply-add per key, so every level gives the same bits.
  */
 typedef uint64_t (*sb_group_fn)(const struct kvt_sketch *sk, uint32_t p, uint32_t off, uint32_t cnt,
 				const struct sb_query *bq, float cp, float bar, float *est);
@@ -1374,14 +1375,17 @@ sb_group_int8(const struct kvt_sketch *sk, uint32_t p, uint32_t off, uint32_t cn
 	(void)cp;
 	for (uint32_t c = 0; c < cnt; c += SK_CHUNK) {
 		const uint32_t m = cnt - c < SK_CHUNK ? cnt - c : SK_CHUNK;
+		uint64_t inf = 0;
 
-		bq->chunk(sk_codes(sk, p) + (size_t)(off + c) * sk->dim, sk->dim, &bq->xq,
-			  sk_scale(sk, p) + off + c, zero, m, bar, est + c);
-		for (uint32_t i = c; i < c + m; i++) {
-			if (tol[i] == INFINITY)
-				est[i] = INFINITY;
-			pass |= (uint64_t)(est[i] > bar) << i;
-		}
+		/* est >= bar: the caller asks est > bar of the keys it lists */
+		pass |=
+		    (uint64_t)bq->chunk(sk_codes(sk, p) + (size_t)(off + c) * sk->dim, sk->dim,
+					&bq->xq, sk_scale(sk, p) + off + c, zero, m, bar, est + c)
+		    << c;
+		for (uint32_t i = c; i < c + m; i++) /* a key that is not finite: no branch */
+			inf |= (uint64_t)(tol[i] == INFINITY) << i;
+		for (pass |= inf; inf; inf &= inf - 1)
+			est[__builtin_ctzll(inf)] = INFINITY;
 	}
 	return pass;
 }
@@ -1677,16 +1681,44 @@ group_live(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, uint32
 	const uint32_t gk = sk_gkeys(sk->dim), m = sk->n - key0 < gk ? sk->n - key0 : gk;
 	uint64_t live = m < 64 ? (1ull << m) - 1 : ~0ull;
 
-	if (ix->ndead)
-		live &= ~(ix->dead[key0 / 64] >> (key0 % 64));
+	if (!ix->ndead) /* the common case, and no popcount: the engine's baseline has none */
+		return m;
+	live &= ~(ix->dead[key0 / 64] >> (key0 % 64));
 	return (uint32_t)__builtin_popcountll(live);
+}
+
+#define PG_SAMPLE 256 /* group scores in the sample that sets probe_groups()' first bar */
+
+/*
+ * A first bar for probe_groups(): of PG_SAMPLE scores spread evenly over the @ngroups in @ub,
+ * the one at rank r + 3 sqrt(r) + 4, r the @want groups' share of the sample (three standard
+ * deviations of a sampled count above it), so the groups at or above it hold the @want best but
+ * for bad luck or a chosen order; -inf where that rank is half the sample or more (listing every
+ * group then costs little more).
+ */
+static float
+probe_bar(const float *ub, uint32_t ngroups, uint32_t want)
+{
+	const uint32_t stride = ngroups / PG_SAMPLE;
+	const float r = (float)want * PG_SAMPLE / (float)ngroups;
+	const uint32_t rank = (uint32_t)(r + 3.0f * sqrtf(r)) + 4;
+	uint64_t smp[PG_SAMPLE];
+
+	if (!stride || rank >= PG_SAMPLE / 2)
+		return -INFINITY;
+	for (uint32_t j = 0; j < PG_SAMPLE; j++)
+		smp[j] = cand_key(ub[(size_t)j * stride], j);
+	return est_of(smp[cand_keep(smp, PG_SAMPLE, rank)]);
 }
 
 /*
  * A probing search's groups: every group with a live key scored by its mean's int8 estimate
  * <mean, x> (+inf for a group with a key that is not finite), and the best taken until they hold
  * @probe live keys or none is left; their bits set in scr->sk_gmap. The groups' scores come
- * from the int8 kernels of the exact stage, 16 groups a call.
+ * from the int8 kernels of the exact stage, 16 groups a call, into a row of floats; only those
+ * at or above a sampled bar are listed and selected among (a tenth of 8K groups: listing and
+ * selecting all of them took as long as scoring them), and should those hold fewer than @probe
+ * live keys, all are.
  */
 static void
 probe_groups(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, uint32_t probe,
@@ -1695,20 +1727,34 @@ probe_groups(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, uint
 	const uint32_t gk = sk_gkeys(sk->dim), ngroups = (sk->n + gk - 1) / gk,
 		       gpp = SK_GROUPS(sk->dim, sk->page_keys);
 	uint64_t *a = scr->sk_grp;
-	float ub[SK_CHUNK];
+	float *ub = (float *)(scr->sk_grp + scr->sk_grp_cap), bar;
 	/* both powers of two: a step never straddles a page */
 	const uint32_t step = gpp < SK_CHUNK ? gpp : SK_CHUNK;
-	uint32_t m = 0, taken = 0, live = 0;
+	uint32_t m, taken = 0, live = 0;
 
 	for (uint32_t g0 = 0; g0 < ngroups; g0 += step) {
 		const uint32_t p = g0 / gpp, j = g0 % gpp;
 		const uint32_t cnt = ngroups - g0 < step ? ngroups - g0 : step;
 
 		bq->chunk(sk_gcodes(sk, p) + (size_t)j * sk->dim, sk->dim, &bq->xq,
-			  sk_gscale(sk, p) + j, sk_gflag(sk, p) + j, cnt, -INFINITY, ub);
-		for (uint32_t i = 0; i < cnt; i++)
-			if (group_live(sk, ix, (g0 + i) * gk))
-				a[m++] = cand_key(ub[i], g0 + i);
+			  sk_gscale(sk, p) + j, sk_gflag(sk, p) + j, cnt, -INFINITY, ub + g0);
+	}
+	bar = probe_bar(ub, ngroups, (probe + gk - 1) / gk);
+	for (;;) {
+		uint32_t held = 0;
+
+		m = 0;
+		for (uint32_t g = 0; g < ngroups; g++) {
+			uint32_t n = ub[g] >= bar ? group_live(sk, ix, g * gk) : 0;
+
+			if (n)
+				a[m++] = cand_key(ub[g], g);
+			held += n;
+		}
+		/* every group left out scores below every group listed */
+		if (held >= probe || bar == -INFINITY)
+			break;
+		bar = -INFINITY;
 	}
 	memset(scr->sk_gmap, 0, (ngroups + 63) / 64 * sizeof(uint64_t));
 	/* the best groups first; more while they hold fewer than @probe live keys */
@@ -1754,7 +1800,7 @@ fast_reserve(const struct kvt_sketch *sk, struct kvt_paris_scratch *scr, uint32_
 			return -ENOMEM;
 	}
 	if (probe && scr->sk_grp_cap < ngroups) {
-		uint64_t *g = realloc(scr->sk_grp, ngroups * sizeof(*g));
+		uint64_t *g = realloc(scr->sk_grp, ngroups * (sizeof(*g) + sizeof(float)));
 
 		if (!g)
 			return -ENOMEM;

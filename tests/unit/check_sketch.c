@@ -1046,6 +1046,52 @@ START_TEST(test_probe_groups)
 END_TEST
 
 /*
+ * The groups' first bar comes from a sample of every (n / 256)-th group's score; keys ordered so
+ * that the sampled groups are the best ones put few groups above it. A probe of 50 groups then
+ * lists too few live keys at the bar and lists them all again: the 50 best groups are probed,
+ * every one a sampled one. Fails without the second listing (32 groups probed).
+ */
+START_TEST(test_probe_bar_defeated)
+{
+	const unsigned int dim = 64, gk = 16;
+	const uint32_t ngroups = 800, n = ngroups * gk, stride = ngroups / 256, want = 50;
+	float *keys = malloc((size_t)n * dim * sizeof(float)), qv[MAXD];
+	static uint32_t a[50 * 16];
+	struct kvt_paris_scratch scr = {0};
+	uint32_t probed = 0;
+	uint64_t seed = 5;
+	struct zone z;
+
+	ck_assert(keys);
+	for (unsigned int j = 0; j < dim; j++)
+		qv[j] = kvt_test_lcg_gauss(&seed);
+	for (uint32_t i = 0; i < n; i++) {
+		const uint32_t g = i / gk;
+		const bool sampled = g % stride == 0 && g / stride < 256;
+
+		for (unsigned int j = 0; j < dim; j++)
+			keys[(size_t)i * dim + j] =
+			    kvt_test_lcg_gauss(&seed) + (sampled ? 1.5f * qv[j] : 0.0f);
+	}
+	zone_make(&z, keys, n, dim, true, 1024);
+	ck_assert_int_eq(probe_cands(&z.sk, &z, qv, want * gk, want * gk, NULL, &scr, a),
+			 (int)(want * gk));
+	for (uint32_t g = 0; g < ngroups; g++) {
+		const bool on = scr.sk_gmap[g / 64] >> (g % 64) & 1;
+
+		probed += on;
+		ck_assert(!on || (g % stride == 0 && g / stride < 256));
+	}
+	ck_assert_uint_eq(probed, want);
+	for (uint32_t i = 0; i < want * gk; i++)
+		ck_assert_uint_eq(a[i] / gk % stride, 0);
+	zone_free(&z);
+	kvt_paris_scratch_fini(&scr);
+	free(keys);
+}
+END_TEST
+
+/*
  * A group's summary depends on its keys alone: appended in one batch or one key at a time
  * (a part-full last group included), or re-encoded later (kvt_sketch_set()), a group ranks as
  * the keys it holds now say. Fails if set() leaves the summary as appended: group 90, changed
@@ -1299,5 +1345,5 @@ KVT_CHECK_MAIN("sketch", 300, NULL, NULL, test_exact_every_level, test_ties, tes
 	       test_encode_every_level, test_unreadable_key, test_fast_all_is_exact,
 	       test_fast_levels_agree, test_fast_finds_planted, test_fast_edges,
 	       test_fast_sample_same_set, test_fast_sample_too_high, test_probe_groups,
-	       test_probe_summary_follows_keys, test_fast_search_routes, test_fast_code_layout,
-	       test_page_bytes, test_bad_args)
+	       test_probe_bar_defeated, test_probe_summary_follows_keys, test_fast_search_routes,
+	       test_fast_code_layout, test_page_bytes, test_bad_args)
