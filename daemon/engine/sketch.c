@@ -856,9 +856,31 @@ chunk_avx2(const uint8_t *codes, unsigned int dim, const struct sk_query *xq, co
 }
 
 /*
- * 16 keys, AVX-512 VNNI: per 64 dims one load of the offset codes and two u8 x s8 dot products
- * (vpdpbusd), one per query digit; then a transpose-and-add tree for 16 sums.
+ * The integer sums of 16 keys, AVX-512 VNNI: per 64 dims one load of the offset codes and two
+ * u8 x s8 dot products (vpdpbusd), one per query digit. Inlined with @dim a constant (64, 128)
+ * the loops unroll and the 16 sums stay in registers; with a variable one the compiler kept
+ * them on the stack, and the kernel took twice as long at dim 64.
  */
+__attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) static inline void
+vnni_sums(const uint8_t *codes, unsigned int dim, const struct sk_query *xq, __m512i *acc)
+{
+#pragma GCC unroll 16
+	for (int r = 0; r < 16; r++) {
+		const uint8_t *c = codes + (size_t)r * dim;
+		__m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
+
+#pragma GCC unroll 2
+		for (unsigned int j = 0; j < dim; j += 64) {
+			__m512i cv = _mm512_loadu_si512(c + j);
+
+			ah = _mm512_dpbusd_epi32(ah, cv, _mm512_load_si512(xq->h + j));
+			al = _mm512_dpbusd_epi32(al, cv, _mm512_load_si512(xq->l + j));
+		}
+		acc[r] = _mm512_add_epi32(_mm512_slli_epi32(ah, 7), al);
+	}
+}
+
+/* 16 keys, AVX-512 VNNI: vnni_sums(), then a transpose-and-add tree for 16 sums. */
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static uint32_t
 chunk_vnni(const uint8_t *codes, unsigned int dim, const struct sk_query *xq, const float *scale,
 	   const float *tol, uint32_t cnt, float bar, float *ub)
@@ -868,18 +890,13 @@ chunk_vnni(const uint8_t *codes, unsigned int dim, const struct sk_query *xq, co
 
 	if (cnt < 16)
 		return chunk_scalar(codes, dim, xq, scale, tol, cnt, bar, ub);
-	for (int r = 0; r < 16; r++) {
-		const uint8_t *c = codes + (size_t)r * dim;
-		__m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
-
-		for (unsigned int j = 0; j < dim; j += 64) {
-			__m512i cv = _mm512_loadu_si512(c + j);
-
-			ah = _mm512_dpbusd_epi32(ah, cv, _mm512_load_si512(xq->h + j));
-			al = _mm512_dpbusd_epi32(al, cv, _mm512_load_si512(xq->l + j));
-		}
-		acc[r] = _mm512_add_epi32(_mm512_slli_epi32(ah, 7), al);
-	}
+	if (dim == 64)
+		vnni_sums(codes, 64, xq, acc);
+	else if (dim == 128)
+		vnni_sums(codes, 128, xq, acc);
+	else
+		vnni_sums(codes, dim, xq, acc);
+#pragma GCC unroll 4
 	for (int q = 0; q < 4; q++) { /* per 128-bit lane: the partial sums of keys 4q .. 4q+3 */
 		__m512i *a = acc + 4 * q;
 		__m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[0], a[1]),
@@ -1370,22 +1387,30 @@ sb_group_int8(const struct kvt_sketch *sk, uint32_t p, uint32_t off, uint32_t cn
 {
 	static const float zero[SK_CHUNK];
 	const float *tol = sk_tol(sk, p) + off;
+	const uint32_t gk = sk_gkeys(sk->dim);
 	uint64_t pass = 0;
 
 	(void)cp;
 	for (uint32_t c = 0; c < cnt; c += SK_CHUNK) {
 		const uint32_t m = cnt - c < SK_CHUNK ? cnt - c : SK_CHUNK;
-		uint64_t inf = 0;
 
 		/* est >= bar: the caller asks est > bar of the keys it lists */
 		pass |=
 		    (uint64_t)bq->chunk(sk_codes(sk, p) + (size_t)(off + c) * sk->dim, sk->dim,
 					&bq->xq, sk_scale(sk, p) + off + c, zero, m, bar, est + c)
 		    << c;
-		for (uint32_t i = c; i < c + m; i++) /* a key that is not finite: no branch */
+	}
+	/* keys that are not finite (their estimates +inf): only where a group's flag says so */
+	for (uint32_t g = off / gk; g <= (off + cnt - 1) / gk; g++) {
+		uint64_t inf = 0;
+
+		if (sk_gflag(sk, p)[g] != INFINITY)
+			continue;
+		for (uint32_t i = 0; i < cnt; i++)
 			inf |= (uint64_t)(tol[i] == INFINITY) << i;
 		for (pass |= inf; inf; inf &= inf - 1)
 			est[__builtin_ctzll(inf)] = INFINITY;
+		break; /* every key of the unit looked at */
 	}
 	return pass;
 }
@@ -1633,7 +1658,7 @@ fast_cands(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const 
 				if (gmap && rest) /* the next unit of this word */
 					unit_prefetch(
 					    sk, (w * 64 + (uint32_t)__builtin_ctzll(rest)) * u, u);
-				if (p != cp_page) {
+				if (p != cp_page && group != sb_group_int8) { /* int8: no centre */
 					cp = centre_dot(sk, p, x);
 					cp_page = p;
 				}

@@ -1038,6 +1038,9 @@ START_TEST(test_probe_groups)
 		ck_assert_int_eq(kvt_sketch_set(&z.sk, 5 * PG, z.f32 + (size_t)5 * PG * dim), 0);
 		ck_assert_int_eq(probe_cands(&z.sk, &z, qv, 16, 16, NULL, &scr, b), 16);
 		ck_assert(all_in_group(b, 16, 5));
+		/* and that key's estimate is +inf: the best of its group's */
+		ck_assert_int_eq(probe_cands(&z.sk, &z, qv, 1, 16, NULL, &scr, b), 1);
+		ck_assert_uint_eq(b[0], 5 * PG);
 		zone_free(&z);
 		kvt_paris_scratch_fini(&scr);
 		free(keys);
