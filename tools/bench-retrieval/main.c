@@ -447,9 +447,15 @@ static struct variant sweep_var[64] = {
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 50},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 50},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 50},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 70},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 70},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 70},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 100},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 100},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 100},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 150},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 150},
+    {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 150},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 1, 200},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 2, 200},
     {"kvtier-probe", 0.0, 0.0, 0, 0, true, 4, 200},
@@ -463,8 +469,8 @@ static struct variant sweep_var[64] = {
     {"kvtier-refine", 0.50, 0.70, 4, KVT_PARIS_EXACT_NEVER, false, 0, 0},
     {"kvtier-refine", 0.70, 1.00, 4, KVT_PARIS_EXACT_NEVER, false, 0, 0},
 };
-static int NSWEEP = 48;
-#define NSWEEP_FIXED 42 /* the entries before the index-path ratios --knob replaces */
+static int NSWEEP = 54;
+#define NSWEEP_FIXED 48 /* the entries before the index-path ratios --knob replaces */
 #define SWEEP_K	     100
 
 /*
