@@ -807,31 +807,44 @@ chunk_scalar(const uint8_t *codes, unsigned int dim, const struct sk_query *xq, 
 }
 
 #if defined(__x86_64__)
-/* 8 keys at a time: per key 16-lane products, then three hadds and a lane swap for 8 sums. */
+/* The integer sums of 8 keys, AVX2: 16-lane products. Inlined with @dim a constant, as
+ * vnni_sums() is, so the sums stay in registers. */
+__attribute__((target("avx2"), always_inline)) static inline void
+avx2_sums(const uint8_t *codes, unsigned int dim, const struct sk_query *xq, __m256i *acc)
+{
+	const __m256i off = _mm256_set1_epi16(128);
+
+#pragma GCC unroll 8
+	for (int r = 0; r < 8; r++) {
+		const uint8_t *c = codes + (size_t)r * dim;
+
+		acc[r] = _mm256_setzero_si256();
+		for (unsigned int j = 0; j < dim; j += 16) {
+			__m256i cw = _mm256_sub_epi16(
+			    _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(c + j))), off);
+			__m256i xw = _mm256_load_si256((const __m256i *)(xq->xq + j));
+
+			acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(cw, xw));
+		}
+	}
+}
+
+/* 8 keys at a time: avx2_sums(), then three hadds and a lane swap for 8 sums. */
 __attribute__((target("avx2"))) static uint32_t
 chunk_avx2(const uint8_t *codes, unsigned int dim, const struct sk_query *xq, const float *scale,
 	   const float *tol, uint32_t cnt, float bar, float *ub)
 {
-	const __m256i off = _mm256_set1_epi16(128);
 	uint32_t mask = 0, i = 0;
 
 	for (; i + 8 <= cnt; i += 8) {
+		const uint8_t *c = codes + (size_t)i * dim;
 		__m256i acc[8], h01, h23, h45, h67, lo, hi, sum;
 		__m256 e, u;
 
-		for (int r = 0; r < 8; r++) {
-			const uint8_t *c = codes + (size_t)(i + r) * dim;
-
-			acc[r] = _mm256_setzero_si256();
-			for (unsigned int j = 0; j < dim; j += 16) {
-				__m256i cw = _mm256_sub_epi16(
-				    _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(c + j))),
-				    off);
-				__m256i xw = _mm256_load_si256((const __m256i *)(xq->xq + j));
-
-				acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(cw, xw));
-			}
-		}
+		if (dim == 64) /* the sketch's dims: 64 or 128 */
+			avx2_sums(c, 64, xq, acc);
+		else
+			avx2_sums(c, 128, xq, acc);
 		h01 = _mm256_hadd_epi32(acc[0], acc[1]);
 		h23 = _mm256_hadd_epi32(acc[2], acc[3]);
 		h45 = _mm256_hadd_epi32(acc[4], acc[5]);
@@ -857,9 +870,9 @@ chunk_avx2(const uint8_t *codes, unsigned int dim, const struct sk_query *xq, co
 
 /*
  * The integer sums of 16 keys, AVX-512 VNNI: per 64 dims one load of the offset codes and two
- * u8 x s8 dot products (vpdpbusd), one per query digit. Inlined with @dim a constant (64, 128)
- * the loops unroll and the 16 sums stay in registers; with a variable one the compiler kept
- * them on the stack, and the kernel took twice as long at dim 64.
+ * u8 x s8 dot products (vpdpbusd), one per query digit. Inlined with @dim a constant (64 or
+ * 128, the sketch's dims) the loops unroll and the 16 sums stay in registers; with a variable
+ * one the compiler kept them on the stack, and the kernel took twice as long at dim 64.
  */
 __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) static inline void
 vnni_sums(const uint8_t *codes, unsigned int dim, const struct sk_query *xq, __m512i *acc)
@@ -890,12 +903,10 @@ chunk_vnni(const uint8_t *codes, unsigned int dim, const struct sk_query *xq, co
 
 	if (cnt < 16)
 		return chunk_scalar(codes, dim, xq, scale, tol, cnt, bar, ub);
-	if (dim == 64)
+	if (dim == 64) /* the sketch's dims: 64 or 128 */
 		vnni_sums(codes, 64, xq, acc);
-	else if (dim == 128)
-		vnni_sums(codes, 128, xq, acc);
 	else
-		vnni_sums(codes, dim, xq, acc);
+		vnni_sums(codes, 128, xq, acc);
 #pragma GCC unroll 4
 	for (int q = 0; q < 4; q++) { /* per 128-bit lane: the partial sums of keys 4q .. 4q+3 */
 		__m512i *a = acc + 4 * q;
