@@ -399,10 +399,10 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
  *     the 2-bit level at head_dim 128, C = k by the int8 level at 64 (a probe under C counts
  *     as C). Positions are those keys' exact top-k, scores exact. It pays where the keys that
  *     matter come in runs (a passage on one topic): recall is the share of the true top-k
- *     inside the probed groups, so measure it on your model (BENCHMARKS.md, "Probing": at
- *     1M synthetic keys recall 0.81-0.88 in 0.2-0.3 ms from probes of 0.5-1 %, against
- *     3.2-3.6 ms for FAST alone; on 33K real keys 0.83-0.84 from 5-20 % of the zone; where
- *     the top keys are scattered it stays low, use FAST alone there). Groups with no live
+ *     inside the probed groups, so measure it on your model (BENCHMARKS.md, "Probing,
+ *     leaner": at 1M synthetic keys recall 0.81-0.82 in 0.15-0.22 ms from probes of 0.5 %,
+ *     against 3.6-4.1 ms for FAST alone; on 33K real keys 0.81-0.84 from 5-15 % of the zone;
+ *     where the top keys are scattered it stays low, use FAST alone there). Groups with no live
  *     key are passed over; a group holding a non-finite key is always scanned.
  * CQE res: stride. aux[0]: retrieval keys N. Errors: -EINVAL (k = 0, query length, a query
  * value NaN or infinite, flags, layer out of range, no retrieval, probe without
