@@ -1322,14 +1322,23 @@ sb_group_scalar(const struct kvt_sketch *sk, uint32_t p, uint32_t off, uint32_t 
 {
 	const uint8_t *bits = sk_bits(sk, p) + off;
 	const float *fac = sk_fac(sk, p) + off;
+	int32_t acc[64] = {0};
 	uint64_t pass = 0;
 
-	for (uint32_t i = 0; i < cnt; i++) {
-		int acc = 0;
+	/* a block's codes for every key, then the next block's: each row read in order. Key by key
+	 * (a key's blocks lie page_keys bytes apart) a probe of 13K keys at D = 128 took 1.36 ms at
+	 * the AVX2 level, this way 0.42-0.49 ms; the fast path at C = 4k of 128K keys took 12 ms,
+	 * this way 3.6-6 ms. */
+	for (unsigned int b = 0; b < SB_BLOCKS(sk->dim); b++) {
+		const uint8_t *row = bits + (size_t)b * sk->page_keys;
+		const int8_t *t = bq->tab[b];
 
-		for (unsigned int b = 0; b < SB_BLOCKS(sk->dim); b++)
-			acc += bq->tab[b][bits[(size_t)b * sk->page_keys + i]];
-		est[i] = fac[i] == INFINITY ? INFINITY : fmaf((float)acc, fac[i] * bq->inv_s, cp);
+		for (uint32_t i = 0; i < cnt; i++)
+			acc[i] += t[row[i]];
+	}
+	for (uint32_t i = 0; i < cnt; i++) {
+		est[i] =
+		    fac[i] == INFINITY ? INFINITY : fmaf((float)acc[i], fac[i] * bq->inv_s, cp);
 		pass |= (uint64_t)(est[i] > bar) << i;
 	}
 	return pass;
