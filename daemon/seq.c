@@ -406,7 +406,7 @@ kvtd_seq_pool_bytes(const struct kvtd_pool *pool, const struct kvtd_seq *q)
 	/* shared rows are the prefix store's, charged there */
 	return (live - q->ts.n_int8 - q->n_shared) * kvtd_pool_slot_size(pool, q->cls) +
 	       (uint64_t)q->ts.n_int8 * kvtd_pool_slot_size(pool, q->cls_q) +
-	       (q->n_kblk ? q->n_kblk * kvtd_pool_slot_size(pool, q->cls_kb) : 0);
+	       (q->n_kblk ? q->n_kblk * kvtd_pool_slot_size(pool, q->cls_kb) : 0) + q->ret_bytes;
 }
 
 /* Reserve pool slots for @ntok new positions (q->slot[n..n+ntok)). */

@@ -107,10 +107,11 @@ struct kvtd_seq {
 	struct kvt_paris_scratch scr;
 	/* the owner's context, for the index page allocator (paris calls back without one) */
 	const struct kvtd_seq_ctx *owner;
-	int cls_pg;	/* pool class of index pages */
-	int cls_sk;	/* pool class of sketch pages (cls_pg's where sizes match), -1: none */
-	bool no_sketch; /* opened without the sketch ([retrieval] sketch = no), for life */
-	float *keybuf;	/* f32 keys being encoded, U tokens */
+	int cls_pg;	    /* pool class of index pages */
+	int cls_sk;	    /* pool class of sketch pages (cls_pg's where sizes match), -1: none */
+	uint64_t ret_bytes; /* pool bytes of its index and sketch pages */
+	bool no_sketch;	    /* opened without the sketch ([retrieval] sketch = no), for life */
+	float *keybuf;	    /* f32 keys being encoded, U tokens */
 	uint32_t *topk_pos;
 	float *topk_score;
 	uint32_t topk_cap;

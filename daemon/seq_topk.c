@@ -33,10 +33,12 @@ page_get(void *ctx, size_t len)
 {
 	struct kvtd_seq *q = ctx;
 	const struct kvtd_seq_ctx *x = q->owner;
+	const int cls = page_cls(q, len);
 	void *p;
 
-	if (kvtd_pool_alloc(x->pool, page_cls(q, len), 1, x->acct, x->uid_acct, &p) < 0)
+	if (kvtd_pool_alloc(x->pool, cls, 1, x->acct, x->uid_acct, &p) < 0)
 		return NULL;
+	q->ret_bytes += kvtd_pool_slot_size(x->pool, cls);
 	return p;
 }
 
@@ -45,8 +47,10 @@ page_put(void *ctx, void *page, size_t len)
 {
 	struct kvtd_seq *q = ctx;
 	const struct kvtd_seq_ctx *x = q->owner;
+	const int cls = page_cls(q, len);
 
-	kvtd_pool_free(x->pool, page_cls(q, len), 1, x->acct, x->uid_acct, &page);
+	kvtd_pool_free(x->pool, cls, 1, x->acct, x->uid_acct, &page);
+	q->ret_bytes -= kvtd_pool_slot_size(x->pool, cls);
 }
 
 int

@@ -494,10 +494,10 @@ struct kvt_seq_stat {
 	uint32_t seq;
 	uint64_t n_tokens;
 	uint64_t tier_count[4]; /* T0, T1, T2, T3 */
-	uint64_t pool_bytes;	/* pool bytes charged to this sequence */
-	uint64_t bytes_in;	/* bytes appended into the pool */
-	uint64_t bytes_out;	/* bytes copied from the pool to device buffers */
-	double score_total;	/* sum of all SCORE_ADD values */
+	uint64_t pool_bytes; /* pool bytes it holds: own rows, key-scale blocks, retrieval pages */
+	uint64_t bytes_in;   /* bytes appended into the pool */
+	uint64_t bytes_out;  /* bytes copied from the pool to device buffers */
+	double score_total;  /* sum of all SCORE_ADD values */
 	uint64_t reserved[4];
 };
 KVT_STATIC_ASSERT(sizeof(struct kvt_seq_stat) == 112, "kvt_seq_stat ABI");
