@@ -1408,7 +1408,8 @@ sb_group_int8(const struct kvt_sketch *sk, uint32_t p, uint32_t off, uint32_t cn
 	static const float zero[SK_CHUNK];
 	const float *tol = sk_tol(sk, p) + off;
 	const uint32_t gk = sk_gkeys(sk->dim);
-	uint64_t pass = 0;
+	uint64_t pass = 0, inf = 0;
+	bool flagged = false;
 
 	(void)cp;
 	for (uint32_t c = 0; c < cnt; c += SK_CHUNK) {
@@ -1420,18 +1421,15 @@ sb_group_int8(const struct kvt_sketch *sk, uint32_t p, uint32_t off, uint32_t cn
 					&bq->xq, sk_scale(sk, p) + off + c, zero, m, bar, est + c)
 		    << c;
 	}
-	/* keys that are not finite (their estimates +inf): only where a group's flag says so */
-	for (uint32_t g = off / gk; g <= (off + cnt - 1) / gk; g++) {
-		uint64_t inf = 0;
-
-		if (sk_gflag(sk, p)[g] != INFINITY)
-			continue;
+	/* keys that are not finite (their estimates +inf), looked for only where a group's flag
+	 * says one of them is */
+	for (uint32_t g = off / gk; g <= (off + cnt - 1) / gk; g++)
+		flagged |= sk_gflag(sk, p)[g] == INFINITY;
+	if (flagged)
 		for (uint32_t i = 0; i < cnt; i++)
 			inf |= (uint64_t)(tol[i] == INFINITY) << i;
-		for (pass |= inf; inf; inf &= inf - 1)
-			est[__builtin_ctzll(inf)] = INFINITY;
-		break; /* every key of the unit looked at */
-	}
+	for (pass |= inf; inf; inf &= inf - 1)
+		est[__builtin_ctzll(inf)] = INFINITY;
 	return pass;
 }
 
@@ -1865,8 +1863,8 @@ fast_reserve(const struct kvt_sketch *sk, struct kvt_paris_scratch *scr, uint32_
 
 /*
  * The candidate stage with its scratch: min(cand, live) candidates into scr->ref_idx. With
- * @probe (>= cand) below the live count, from the best groups holding @probe live keys; should
- * they give fewer than C (keys @drop names), from the whole zone.
+ * @probe (>= cand; at D = 128 below the live count), from the best groups holding @probe live
+ * keys; should they give fewer than C (keys @drop names), from the whole zone.
  */
 static int
 fast_stage(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const float *x,
@@ -1878,7 +1876,11 @@ fast_stage(const struct kvt_sketch *sk, const struct kvt_paris_index *ix, const 
 	int r;
 
 	cand = cand > live ? live : cand;
-	probe = probe >= live ? 0 : probe;
+	/* a probe of every live key is the whole zone, but at head_dim 64 still ranked by the int8
+	 * level (the 2-bit one ranks poorly there): only at 128 does the whole-zone path rank alike
+	 */
+	if (probe >= live) /* (and no larger: the group counts below stay far from overflow) */
+		probe = sk->dim == 64 ? live : 0;
 	r = fast_reserve(sk, scr, cand, probe);
 	if (r < 0)
 		return r;

@@ -163,8 +163,8 @@ int kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *i
  * index): C rows read instead of every key's D + 8 bytes, not the exact top-k. @cand >= k;
  * with @cand >= the live keys every key is scored, which is the exact top-k. Scores, order and
  * the rest as kvt_sketch_topk(); *@ret_read counts the rows read (min(cand, live)).
- * @probe 0: every live key is estimated. Else (>= cand; below the live count, or it is 0): only
- * the keys of the best groups are, every group with a live key ranked by its mean's int8
+ * @probe 0: every live key is estimated. Else (>= cand; at D = 128 one of every live key is 0):
+ * only the keys of the best groups are, every group with a live key ranked by its mean's int8
  * estimate (a group holding a key that is not finite first) and the best taken until they
  * hold @probe live keys; at D = 64 their keys are ranked by the int8 level's estimate (the
  * 2-bit code is 16 bytes there), at 128 by the 2-bit level. Should they give fewer than @cand

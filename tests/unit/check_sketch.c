@@ -1011,6 +1011,14 @@ START_TEST(test_probe_groups)
 			ck_assert_mem_eq(gi, bi, k * sizeof(*gi));
 		}
 		kvt_simd_cap(KVT_SIMD_AVX512);
+		/* a probe that covers every key ranks them as one of every group does (at dim 64
+		 * the int8 level, not the 2-bit level the whole-zone path uses) */
+		ck_assert_int_eq(probe_cands(&z.sk, &z, qr, 50, n, NULL, &scr, a), 50);
+		ck_assert_int_eq(probe_cands(&z.sk, &z, qr, 50, n - 1, NULL, &scr, b), 50);
+		ck_assert_mem_eq(a, b, 50 * sizeof(*a));
+		/* and so does the largest probe an SQE carries (no overflow in the group count) */
+		ck_assert_int_eq(probe_cands(&z.sk, &z, qr, 50, UINT32_MAX, NULL, &scr, b), 50);
+		ck_assert_mem_eq(a, b, 50 * sizeof(*a));
 		/* group 37 evicted: 150 is scanned, and the answer is the live keys' top-k */
 		for (uint32_t i = 37 * PG; i < 38 * PG; i++)
 			ck_assert_int_eq(kvt_paris_index_drop(&z.ix, i), 1);
