@@ -136,8 +136,8 @@ int
 kvtctl_request(struct kvtctl_conn *c, uint32_t type, char **ret_json)
 {
 	struct kvt_ctl_hdr req = {.type = type};
-	uint32_t got;
-	char *text;
+	uint32_t got = 0;
+	char *text = NULL;
 	int r = exchange(c, &req, sizeof(req), &got, &text);
 
 	if (r < 0)
@@ -154,8 +154,8 @@ int
 kvtctl_metrics(struct kvtctl_conn *c, uint32_t flags, char **ret_text)
 {
 	struct kvt_ctl_metrics req = {.hdr = {.type = KVT_CTL_METRICS}, .flags = flags};
-	uint32_t want = flags & KVT_CTL_METRICS_F_JSON ? KVT_CTL_JSON : KVT_CTL_TEXT, got;
-	char *text;
+	uint32_t want = flags & KVT_CTL_METRICS_F_JSON ? KVT_CTL_JSON : KVT_CTL_TEXT, got = 0;
+	char *text = NULL;
 	int r = exchange(c, &req, sizeof(req), &got, &text);
 
 	if (r < 0)
