@@ -173,6 +173,20 @@ set_chunk_size(struct kvtd_config *cfg, const char *val)
 }
 
 static int
+set_hugetlb(struct kvtd_config *cfg, const char *val)
+{
+	int b;
+
+	if (!strcmp(val, "auto"))
+		cfg->hugetlb = KVTD_HUGETLB_AUTO;
+	else if (parse_bool(val, &b) == 0)
+		cfg->hugetlb = b ? KVTD_HUGETLB_YES : KVTD_HUGETLB_NO;
+	else
+		return -EINVAL;
+	return 0;
+}
+
+static int
 set_numa_node(struct kvtd_config *cfg, const char *val)
 {
 	unsigned u;
@@ -330,7 +344,9 @@ static const struct cfg_key cfg_keys[] = {
 	 "pinned pool size, e.g. 64G"),
     FN("pool", "chunk_size", chunk_size, set_chunk_size, "2M", 0, NULL, 0, "SIZE",
        "pool chunk size: a power of two, 4K to 1G", ": a power of two from 4K to 1G"),
-    BOOL("pool", "hugetlb", hugetlb, "no", "hugetlb", 'H', "back the pool with hugetlb pages"),
+    FN("pool", "hugetlb", hugetlb, set_hugetlb, "auto", 0, "hugetlb", 'H', "yes|no|auto",
+       "back the pool with hugetlb pages (auto: when enough are reserved)",
+       ": yes, no or auto"),
     BOOL("pool", "lock", lock, "yes", "lock", 'L', "mlock the pool (failure is fatal)"),
     BOOL("pool", "overcommit", overcommit, "no", "pool-overcommit", 0,
 	 "start with a pool above MemAvailable"),

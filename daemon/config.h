@@ -19,6 +19,8 @@
 #define KVTD_DEFAULT_SOCKET KVT_DEFAULT_SOCKET
 #define KVTD_MAX_IDS	    32
 
+enum { KVTD_HUGETLB_NO, KVTD_HUGETLB_YES, KVTD_HUGETLB_AUTO };
+
 struct kvtd_config {
 	char config_path[256];
 	int config_explicit; /* --config given: a missing file is an error */
@@ -43,7 +45,7 @@ struct kvtd_config {
 	/* [pool] */
 	uint64_t pool_size;
 	uint64_t chunk_size;
-	int hugetlb;
+	int hugetlb;	/* KVTD_HUGETLB_*: no, yes (required), auto (when reserved) */
 	int numa_node;	/* -1: no binding; -2: auto (node of the GPU, else local) */
 	int lock;	/* mlock the pool; failure is fatal */
 	int overcommit; /* start even when the pool is larger than MemAvailable */

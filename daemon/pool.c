@@ -175,10 +175,11 @@ sysfs_get(const char *path)
 /*
  * Are there enough free huge pages of the default size (what MAP_HUGETLB draws from), on
  * @node when the pool is bound to one? Without them the mapping's first touch dies of SIGBUS,
- * so this is checked before mapping, and the message says how to reserve them.
+ * so this is checked before mapping, and the message says how to reserve them. @quiet
+ * (hugetlb = auto): no message, the caller falls back to other pages.
  */
 static int
-hugetlb_check(uint64_t size, int node)
+hugetlb_check(uint64_t size, int node, int quiet)
 {
 	long long page_kb = meminfo_get("Hugepagesize"), total = meminfo_get("HugePages_Total");
 	long long avail = meminfo_get("HugePages_Free") - meminfo_get("HugePages_Rsvd");
@@ -186,12 +187,14 @@ hugetlb_check(uint64_t size, int node)
 	char path[128];
 
 	if (page_kb <= 0 || total < 0) {
-		log_err("pool: hugetlb = yes, but this kernel reports no huge pages "
+		if (!quiet)
+			log_err("pool: hugetlb = yes, but this kernel reports no huge pages "
 			"(/proc/meminfo); set [pool] hugetlb = no");
 		return -EOPNOTSUPP;
 	}
 	if (size % ((uint64_t)page_kb << 10)) {
-		log_err("pool: size %llu KiB is not a multiple of the huge page size (%lld KiB)",
+		if (!quiet)
+			log_err("pool: size %llu KiB is not a multiple of the huge page size (%lld KiB)",
 			(unsigned long long)(size >> 10), page_kb);
 		return -EINVAL;
 	}
@@ -211,6 +214,8 @@ hugetlb_check(uint64_t size, int node)
 		avail = 0;
 	if ((unsigned long long)avail >= need)
 		return 0;
+	if (quiet)
+		return -ENOMEM;
 	if (node >= 0)
 		log_err("pool: hugetlb = yes needs %llu huge pages of %lld KiB on NUMA node %d, "
 			"%lld are free there: reserve them (echo N > %.*snr_hugepages, N at least "
@@ -267,11 +272,11 @@ has_cap_ipc_lock(void)
  * are not in MemAvailable: hugetlb_check() counts them.
  */
 static int
-pool_fit_check(const struct kvtd_config *cfg)
+pool_fit_check(const struct kvtd_config *cfg, int hugetlb)
 {
 	struct rlimit rl;
 
-	if (!cfg->hugetlb && !cfg->overcommit) {
+	if (!hugetlb && !cfg->overcommit) {
 		long long avail_kb = meminfo_get("MemAvailable");
 
 		if (avail_kb >= 0 && cfg->pool_size > (uint64_t)avail_kb << 10) {
@@ -319,6 +324,7 @@ pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *
 			goto err;
 		}
 		pool->backing = "hugetlb";
+		pool->page_kib = (unsigned)meminfo_get("Hugepagesize");
 	} else {
 		pool->base = mmap(NULL, pool->size, PROT_READ | PROT_WRITE,
 				  MAP_SHARED | MAP_NORESERVE, pool->fd, 0);
@@ -328,14 +334,21 @@ pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *
 				(unsigned long long)(pool->size >> 20), strerror(-r));
 			goto err;
 		}
-		pool->backing =
-		    madvise(pool->base, pool->size, MADV_HUGEPAGE) == 0 && shmem_thp_allowed()
-			? "thp"
-			: "shmem";
-		if (!adopt && !strcmp(pool->backing, "shmem"))
+		/* THP for shared memory needs MADV_HUGEPAGE and shmem_enabled advise, within_size,
+		 * always or force; the kernel then backs the pool with PMD-sized pages as it can. */
+		if (madvise(pool->base, pool->size, MADV_HUGEPAGE) == 0 && shmem_thp_allowed()) {
+			pool->backing = "thp";
+			pool->page_kib = 2048;
+		} else {
+			pool->backing = "shmem";
+			pool->page_kib = 4;
+		}
+		if (!adopt && pool->page_kib == 4)
 			log_notice("pool: 4 KiB pages (transparent huge pages are off for shared "
-				   "memory: /sys/kernel/mm/transparent_hugepage/shmem_enabled); "
-				   "set it to advise, or use [pool] hugetlb = yes, for huge pages");
+				   "memory: /sys/kernel/mm/transparent_hugepage/shmem_enabled), so a "
+				   "random row gather takes about one TLB miss per row; for huge pages "
+				   "set shmem_enabled to advise (kvtier-thp.conf, kvtierd.conf(5)) or "
+				   "reserve huge pages (vm.nr_hugepages: [pool] hugetlb = auto uses them)");
 	}
 
 	/* Bind before the first touch so pages come from the node that serves the GPU: "auto"
@@ -411,6 +424,7 @@ pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *
 				pool->locked = 0;
 				pool->dev_alloc = 1;
 				pool->backing = "cuda-host-alloc";
+				pool->page_kib = 4; /* the driver's pages: not known to be huge */
 				log_warn("pool: pinned by %s allocation instead of registration",
 					 kvt_dev_name(dev));
 			}
@@ -433,10 +447,11 @@ pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *
 		list_add(&pool->free_list, &pool->chunks[i]);
 	}
 	pool->free_chunks = pool->n_chunks;
-	log_notice("pool: %llu MiB, %u chunks of %llu KiB, backing %s, NUMA node %d, %s",
+	log_notice("pool: %llu MiB, %u chunks of %llu KiB, backing %s (%u KiB pages), NUMA node "
+		   "%d, %s",
 		   (unsigned long long)(pool->size >> 20), pool->n_chunks,
-		   (unsigned long long)(pool->chunk_size >> 10), pool->backing, pool->numa_node,
-		   pool->locked ? "locked" : "not locked");
+		   (unsigned long long)(pool->chunk_size >> 10), pool->backing, pool->page_kib,
+		   pool->numa_node, pool->locked ? "locked" : "not locked");
 	return 0;
 
 err_unregister:
@@ -479,19 +494,25 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 		return -EINVAL;
 	}
 	pool_prep(pool, cfg->pool_size, cfg->chunk_size);
-	r = pool_fit_check(cfg);
-	if (r < 0)
-		goto err_lock;
-	if (cfg->hugetlb) {
-		r = hugetlb_check(pool->size, cfg->numa_node);
+	/* hugetlb = auto takes reserved huge pages when they cover the pool (an operator who
+	 * reserved them meant them for a pool like this one), else falls back quietly. */
+	if (cfg->hugetlb == KVTD_HUGETLB_YES) {
+		r = hugetlb_check(pool->size, cfg->numa_node, 0);
 		if (r < 0)
 			goto err_lock;
+		pool->hugetlb = 1;
+	} else {
+		pool->hugetlb = cfg->hugetlb == KVTD_HUGETLB_AUTO &&
+				hugetlb_check(pool->size, cfg->numa_node, 1) == 0;
 	}
-	pool->hugetlb = cfg->hugetlb;
-	pool->fd = memfd_create("kvtier-pool", MFD_CLOEXEC | (cfg->hugetlb ? MFD_HUGETLB : 0));
+	r = pool_fit_check(cfg, pool->hugetlb);
+	if (r < 0)
+		goto err_lock;
+retry:
+	pool->fd = memfd_create("kvtier-pool", MFD_CLOEXEC | (pool->hugetlb ? MFD_HUGETLB : 0));
 	if (pool->fd < 0) {
 		r = -errno;
-		log_err("pool: memfd_create%s failed: %s", cfg->hugetlb ? " (hugetlb)" : "",
+		log_err("pool: memfd_create%s failed: %s", pool->hugetlb ? " (hugetlb)" : "",
 			strerror(-r));
 		goto err_lock;
 	}
@@ -502,6 +523,18 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 		goto err_close;
 	}
 	r = pool_map(pool, cfg, dev, 0);
+	if (r == -ENOMEM && pool->hugetlb && cfg->hugetlb == KVTD_HUGETLB_AUTO) {
+		/* Someone took the huge pages since the check: auto means "if there are any". */
+		log_notice("pool: the reserved huge pages went elsewhere while mapping; "
+			   "falling back to normal pages (hugetlb = auto)");
+		close(pool->fd);
+		pool->fd = -1;
+		pool->hugetlb = 0;
+		r = pool_fit_check(cfg, 0);
+		if (r < 0)
+			goto err_lock;
+		goto retry;
+	}
 	if (r < 0)
 		goto err_close;
 	return 0;

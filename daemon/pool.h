@@ -53,6 +53,7 @@ struct kvtd_pool {
 	uint64_t used_bytes; /* slot bytes handed out */
 	uint64_t refused_quota, refused_nomem;
 	const char *backing; /* "hugetlb", "thp", "shmem" (4 KiB pages) or "cuda-host-alloc" */
+	unsigned page_kib;   /* the page size rows sit on: huge for hugetlb and thp, else 4 */
 	int numa_node;	     /* -1: not bound */
 	int locked;
 	struct kvt_dev *dev; /* registered with, NULL in unit tests */
