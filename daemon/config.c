@@ -343,6 +343,8 @@ static const struct cfg_key cfg_keys[] = {
 	 "sessions in all"),
     UINT("limits", "max_connections", max_connections, 1, 1u << 20, "512", 0, NULL, 0, "N",
 	 "control connections at once, sessions included"),
+    UINT("limits", "connections_per_uid", connections_per_uid, 0, 1u << 20, "128", 0, NULL, 0, "N",
+	 "control connections one uid may hold, but root and kvtierd's own (0: no limit)"),
     UINT("limits", "seqs_per_session", seqs_per_session, 1, 65536, "64", 0, NULL, 0, "N",
 	 "open sequences per session"),
     UINT("limits", "buffers_per_session", buffers_per_session, 1, 4096, "16", 0, NULL, 0, "N",

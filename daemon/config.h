@@ -50,7 +50,8 @@ struct kvtd_config {
 	/* [limits] */
 	unsigned sessions_per_uid;
 	unsigned max_sessions;
-	unsigned max_connections; /* control connections at once, sessions included */
+	unsigned max_connections;     /* control connections at once, sessions included */
+	unsigned connections_per_uid; /* of one uid but root and ours; 0: no limit */
 	unsigned seqs_per_session;
 	unsigned buffers_per_session;
 	unsigned max_sq_entries;

@@ -1,0 +1,245 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * One unprivileged uid cannot take what every user shares: the test process (root) forks
+ * children that drop to uid 65534 (nobody) or 65533 and act as a greedy user, and checks that
+ * root and the other uid are still served, and that each refusal names its limit, the limit's
+ * value and the uid's use.
+ *
+ * - Control connections: connections_per_uid (default 128) keeps one uid from filling
+ *   max_connections; root and another uid connect while it holds all it may.
+ *
+ * Needs root (to take other uids); as any other user the test fails and says so.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <errno.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "kvt_abi.h"
+#include "kvt_ctl.h"
+#include "kvt_test.h"
+#include "kvtier.h"
+
+#define NOBODY 65534
+#define OTHER  65533
+
+static struct kvtd_proc D;
+static uint8_t buf[KVT_CTL_MAX_MSG];
+
+static void
+start_with_config(const char *conf)
+{
+	char path[200];
+	const char *extra[] = {"--config", path, NULL};
+	FILE *f;
+
+	ck_assert_msg(geteuid() == 0, "check_uid_limits needs root: it acts as uid %d", NOBODY);
+	daemon_prepare(&D);
+	/* the other uids must reach the socket: traverse the directory, socket_mode 0666 */
+	ck_assert_int_eq(chmod(D.dir, 0711), 0);
+	snprintf(path, sizeof(path), "%s/kvtierd.conf", D.dir);
+	f = fopen(path, "we");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "[daemon]\nsocket_mode = 0666\n%s", conf);
+	fclose(f);
+	daemon_spawn(&D, extra);
+	daemon_wait_ready(&D);
+}
+
+static void
+stop(void)
+{
+	char path[200];
+
+	snprintf(path, sizeof(path), "%s/kvtierd.conf", D.dir);
+	unlink(path);
+	ck_assert_int_eq(daemon_stop(&D), 0);
+}
+
+/* A child's process: becomes @uid (and its gid), with no supplementary groups. */
+static void
+become(uid_t uid)
+{
+	if (setgroups(0, NULL) < 0 || setgid(uid) < 0 || setuid(uid) < 0)
+		_exit(3);
+}
+
+/* What a child reports back through a pipe. */
+struct result {
+	int answered, eusers, other; /* replies to STATUS (or HELLO) */
+	int welcome;
+	int64_t r;	    /* an op's result */
+	int64_t bytes;	    /* pool bytes it came to hold */
+	char last_msg[256]; /* the last refusal's message */
+};
+
+static void
+report(int fd, const struct result *r)
+{
+	_exit(write(fd, r, sizeof(*r)) == sizeof(*r) ? 0 : 4);
+}
+
+static void
+reap(pid_t pid)
+{
+	int st;
+
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %d", st);
+}
+
+/* The child's report from @fd, then its exit. */
+static struct result
+collect(pid_t pid, int fd)
+{
+	struct result r;
+
+	memset(&r, 0, sizeof(r));
+	ck_assert_int_eq(read(fd, &r, sizeof(r)), (ssize_t)sizeof(r));
+	close(fd);
+	reap(pid);
+	return r;
+}
+
+/* One raw request of @type on a new connection; counts the reply. Returns the open connection
+ * when it was answered, else -1. */
+static int
+one_request(struct result *r, uint32_t type, uint64_t id)
+{
+	const struct kvt_ctl_error *e = (const void *)buf;
+	struct kvt_ctl_hello h;
+	int fd = ctl_raw_connect(D.sock);
+	ssize_t n;
+
+	if (fd < 0) {
+		r->other++;
+		return -1;
+	}
+	memset(&h, 0, sizeof(h));
+	h.hdr.type = type;
+	h.hdr.len = type == KVT_CTL_HELLO ? sizeof(h) : sizeof(h.hdr);
+	h.hdr.id = id;
+	h.abi_major = KVT_ABI_MAJOR;
+	h.abi_minor = KVT_ABI_MINOR;
+	snprintf(h.name, sizeof(h.name), "uid-limits");
+	if (send(fd, &h, h.hdr.len, MSG_NOSIGNAL) != (ssize_t)h.hdr.len) {
+		r->other++;
+		close(fd);
+		return -1;
+	}
+	n = ctl_raw_recv(fd, buf, sizeof(buf), 10000);
+	if (n >= (ssize_t)sizeof(e->hdr) && e->hdr.id == id &&
+	    (e->hdr.type == KVT_CTL_JSON || e->hdr.type == KVT_CTL_WELCOME)) {
+		r->answered++;
+		r->welcome += e->hdr.type == KVT_CTL_WELCOME;
+		return fd;
+	}
+	if (n == (ssize_t)sizeof(*e) && e->hdr.type == KVT_CTL_ERROR && e->err == -EUSERS) {
+		r->eusers++;
+		snprintf(r->last_msg, sizeof(r->last_msg), "%.*s", (int)sizeof(e->msg), e->msg);
+	} else {
+		r->other++;
+		snprintf(r->last_msg, sizeof(r->last_msg), "reply %zd bytes", n);
+	}
+	close(fd);
+	return -1;
+}
+
+/* Runs "kvtierctl --timeout 2 status"; returns its exit status. */
+static int
+ctl_status(void)
+{
+	char cmd[512];
+
+	snprintf(cmd, sizeof(cmd), "timeout 30 %s --socket %s --timeout 2 status >/dev/null 2>&1",
+		 getenv("KVTIERCTL"), D.sock);
+	return WEXITSTATUS(system(cmd));
+}
+
+/*
+ * nobody opens max_connections connections, each answered a STATUS (what an idle admin client
+ * keeps open); past connections_per_uid (default 128) it is refused -EUSERS with a message, and
+ * root's kvtierctl status and uid 65533's HELLO are still served.
+ */
+START_TEST(t_connections_per_uid)
+{
+	enum { FLOOD = 160, LIMIT = 128 };
+	int done[2], rep[2], fds[FLOOD];
+	struct result r, o;
+	pid_t pid;
+	char c;
+
+	start_with_config("[limits]\nmax_connections = 160\n");
+	ck_assert_int_eq(pipe(done), 0);
+	ck_assert_int_eq(pipe(rep), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		close(done[1]);
+		close(rep[0]);
+		become(NOBODY);
+		memset(&r, 0, sizeof(r));
+		for (int i = 0; i < FLOOD; i++)
+			fds[i] = one_request(&r, KVT_CTL_STATUS, 100 + i);
+		if (write(rep[1], &r, sizeof(r)) != sizeof(r))
+			_exit(4);
+		/* hold them until the parent has looked */
+		if (read(done[0], &c, 1) != 1)
+			_exit(5);
+		for (int i = 0; i < FLOOD; i++)
+			if (fds[i] >= 0)
+				close(fds[i]);
+		_exit(0);
+	}
+	close(done[0]);
+	close(rep[1]);
+	ck_assert_int_eq(read(rep[0], &r, sizeof(r)), (ssize_t)sizeof(r));
+	/* root, and another uid, are served while nobody holds all it may */
+	ck_assert_msg(ctl_status() == 0,
+		      "root's kvtierctl status failed while nobody holds its connections");
+	{
+		int p[2];
+		pid_t op;
+
+		ck_assert_int_eq(pipe(p), 0);
+		op = fork();
+		ck_assert_int_ge(op, 0);
+		if (op == 0) {
+			int fd;
+
+			close(p[0]);
+			become(OTHER);
+			memset(&o, 0, sizeof(o));
+			fd = one_request(&o, KVT_CTL_HELLO, 7);
+			if (fd >= 0)
+				close(fd);
+			report(p[1], &o);
+		}
+		close(p[1]);
+		o = collect(op, p[0]);
+		ck_assert_msg(o.welcome == 1, "uid %d: %d welcomed, %d other (%s)", OTHER,
+			      o.welcome, o.other, o.last_msg);
+	}
+	ck_assert_msg(r.answered == LIMIT && r.eusers == FLOOD - LIMIT,
+		      "nobody: %d answered, %d -EUSERS, %d other (%s)", r.answered, r.eusers,
+		      r.other, r.last_msg);
+	ck_assert_msg(strstr(r.last_msg, "connections_per_uid is 128") &&
+			  strstr(r.last_msg, "holds 128"),
+		      "refusal says: %s", r.last_msg);
+	ck_assert_int_eq(write(done[1], "x", 1), 1);
+	close(done[1]);
+	close(rep[0]);
+	reap(pid);
+	stop();
+}
+END_TEST
+
+KVT_CHECK_MAIN("uid_limits", 120, NULL, NULL, t_connections_per_uid)
