@@ -222,6 +222,24 @@ kvtd_config_prefix_bytes(const struct kvtd_config *cfg)
 	return b < cfg->pool_size ? b : cfg->pool_size;
 }
 
+/* "N%" of the pool, 0% to 100% ("0" too: no share). */
+static int
+set_pool_share(struct kvtd_config *cfg, const char *val)
+{
+	size_t len = strlen(val);
+	char num[8];
+
+	if (!strcmp(val, "0")) {
+		cfg->pool_share_per_uid = 0;
+		return 0;
+	}
+	if (len < 2 || len >= sizeof(num) || val[len - 1] != '%')
+		return -EINVAL;
+	memcpy(num, val, len - 1);
+	num[len - 1] = '\0';
+	return parse_uint(num, 0, 100, &cfg->pool_share_per_uid);
+}
+
 static int
 set_max_sq_entries(struct kvtd_config *cfg, const char *val)
 {
@@ -359,6 +377,9 @@ static const struct cfg_key cfg_keys[] = {
 	 "pool bytes one session may hold (0: no limit beyond the pool)"),
     SIZE("limits", "pool_bytes_per_uid", pool_bytes_per_uid, 0, 0, "0", NULL, 0, "SIZE",
 	 "pool bytes one uid may hold (0: no limit beyond the pool)"),
+    FN("limits", "pool_share_per_uid", pool_share_per_uid, set_pool_share, "50%", 0, NULL, 0, "N%",
+       "share of the pool one uid but root and kvtierd's own may hold (0%: no share)",
+       ": a percentage of the pool such as 50%"),
     /* [prefix] (docs/prefix.md) */
     FN("prefix", "cache_bytes", prefix_cache_bytes, set_prefix_cache, "25%", 0, NULL, 0, "SIZE",
        "pool bytes shared prefix blocks may hold: a size, or N% of the pool (0: no sharing)",

@@ -33,6 +33,7 @@ struct kvtd_uid {
 	uid_t uid;
 	unsigned sessions; /* 0: entry free */
 	struct kvtd_acct acct;
+	const char *limit_key; /* the setting acct.limit comes from (refusals name it) */
 };
 
 struct kvtd_counters {

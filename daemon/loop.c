@@ -113,9 +113,19 @@ uid_get(struct kvtd *d, uid_t uid)
 			free_ent = u;
 	}
 	if (free_ent) {
+		/* pool_share_per_uid: so that one unprivileged uid cannot take the whole pool
+		 * from root and the others by default; the smaller limit of the two applies. */
+		uint64_t share = d->pool.size * d->cfg.pool_share_per_uid / 100; /* < 2^57 * 100 */
+
 		free_ent->uid = uid;
 		free_ent->acct.bytes = 0;
 		free_ent->acct.limit = d->cfg.pool_bytes_per_uid;
+		free_ent->limit_key = "pool_bytes_per_uid";
+		if (share && uid != 0 && uid != geteuid() &&
+		    (!free_ent->acct.limit || share < free_ent->acct.limit)) {
+			free_ent->acct.limit = share;
+			free_ent->limit_key = "pool_share_per_uid";
+		}
 	}
 	return free_ent;
 }

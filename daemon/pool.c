@@ -891,6 +891,17 @@ kvtd_pool_free(struct kvtd_pool *pool, int cls, unsigned n, struct kvtd_acct *ac
 	pthread_mutex_unlock(&pool->lock);
 }
 
+struct kvtd_acct
+kvtd_pool_acct_read(struct kvtd_pool *pool, const struct kvtd_acct *acct)
+{
+	struct kvtd_acct a;
+
+	pthread_mutex_lock(&pool->lock);
+	a = *acct;
+	pthread_mutex_unlock(&pool->lock);
+	return a;
+}
+
 int
 kvtd_pool_recharge(struct kvtd_pool *pool, int cls, unsigned n, struct kvtd_acct *from,
 		   struct kvtd_acct *from2, struct kvtd_acct *to, struct kvtd_acct *to2)

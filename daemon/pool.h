@@ -151,6 +151,9 @@ unsigned kvtd_pool_reclaim_fenced(struct kvtd_pool *pool);
 /* Slot bytes a class hands out per slot (after rounding). */
 uint64_t kvtd_pool_slot_size(const struct kvtd_pool *pool, int cls);
 
+/* @acct as it stands, read under the pool lock (other threads charge a uid's account). */
+struct kvtd_acct kvtd_pool_acct_read(struct kvtd_pool *pool, const struct kvtd_acct *acct);
+
 struct kvtd_pool_usage {
 	uint64_t size, used, free_bytes, chunks_free, chunks, classes;
 	uint64_t refused_quota, refused_nomem;

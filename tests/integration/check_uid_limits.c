@@ -7,6 +7,9 @@
  *
  * - Control connections: connections_per_uid (default 128) keeps one uid from filling
  *   max_connections; root and another uid connect while it holds all it may.
+ * - Pool bytes: pool_share_per_uid (default 50%) keeps one uid from taking the whole pool with
+ *   no quota configured; root's APPEND succeeds while it holds all it may. Every -EDQUOT and
+ *   -ENOMEM an op gets names the limit, its value and the use.
  *
  * Needs root (to take other uids); as any other user the test fails and says so.
  */
@@ -242,4 +245,137 @@ START_TEST(t_connections_per_uid)
 }
 END_TEST
 
-KVT_CHECK_MAIN("uid_limits", 120, NULL, NULL, t_connections_per_uid)
+static void
+params_default(struct kvt_seq_params *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->size = sizeof(*p);
+	p->layers = 4;
+	p->kv_heads = 2;
+	p->head_dim = 64;
+	p->dtype = KVT_DTYPE_F16;
+	p->policy = KVT_POLICY_TIERED;
+	p->delta = 64;
+	p->sinks = 4;
+	p->window = 32;
+	p->hbm_frac = 0.5f;
+}
+
+/* Appends 64-token batches (2 KiB a token) until one fails; returns that failure, the reason
+ * in @why. */
+static int64_t
+append_until_refused(struct kvt_client *c, uint32_t seq, char *why, size_t len)
+{
+	static uint8_t rows[64 * 2048];
+	int64_t r;
+
+	for (size_t i = 0; i < sizeof(rows); i++)
+		rows[i] = (uint8_t)(i * 31);
+	while ((r = kvt_append(c, seq, rows, sizeof(rows), 64, NULL)) > 0)
+		;
+	snprintf(why, len, "%s", kvt_last_error());
+	return r;
+}
+
+static struct kvt_client *
+connect_as(const char *name)
+{
+	struct kvt_opts o = {.size = sizeof(o), .name = name};
+	struct kvt_client *c = NULL;
+
+	return kvt_connect(D.sock, &o, &c) == 0 ? c : NULL;
+}
+
+/*
+ * No quota configured (the default): uid 65534 appends until refused and holds what it got;
+ * root's APPEND is still served, and each refusal names its limit, value and use.
+ */
+START_TEST(t_pool_share_per_uid)
+{
+	char why[KVT_OP_ERR_MSG_LEN + 64];
+	int done[2], rep[2];
+	struct kvt_seq_params p;
+	struct kvt_client *c;
+	struct result r;
+	uint32_t seq;
+	pid_t pid;
+	char x;
+
+	start_with_config(""); /* 64 MiB pool: 32 MiB is half */
+	params_default(&p);
+	ck_assert_int_eq(pipe(done), 0);
+	ck_assert_int_eq(pipe(rep), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		close(done[1]);
+		close(rep[0]);
+		become(NOBODY);
+		memset(&r, 0, sizeof(r));
+		c = connect_as("greedy");
+		if (!c || kvt_seq_open(c, &p, &seq) < 0)
+			_exit(6);
+		r.r = append_until_refused(c, seq, r.last_msg, sizeof(r.last_msg));
+		if (write(rep[1], &r, sizeof(r)) != sizeof(r))
+			_exit(4);
+		if (read(done[0], &x, 1) != 1) /* hold it until the parent has looked */
+			_exit(5);
+		kvt_disconnect(c);
+		_exit(0);
+	}
+	close(done[0]);
+	close(rep[1]);
+	ck_assert_int_eq(read(rep[0], &r, sizeof(r)), (ssize_t)sizeof(r));
+	/* root appends while nobody holds all it may */
+	c = connect_as("root");
+	ck_assert_ptr_nonnull(c);
+	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+	{
+		static uint8_t rows[64 * 2048];
+
+		ck_assert_msg(kvt_append(c, seq, rows, sizeof(rows), 64, NULL) == 64,
+			      "root's APPEND refused while uid %d holds its share: %s", NOBODY,
+			      kvt_last_error());
+	}
+	ck_assert_msg(r.r == -EDQUOT, "uid %d's APPENDs ended with %lld: %s", NOBODY,
+		      (long long)r.r, r.last_msg);
+	ck_assert_msg(strstr(r.last_msg, "pool_share_per_uid") &&
+			  strstr(r.last_msg, "may hold 33554432 pool bytes and holds 33"),
+		      "refusal says: %s", r.last_msg);
+	/* root is not held to the share: it fills the pool, and the refusal says so */
+	ck_assert_int_eq(append_until_refused(c, seq, why, sizeof(why)), -ENOMEM);
+	ck_assert_msg(strstr(why, "pool full: 67108864 bytes, 67108864 in use"), "refusal says: %s",
+		      why);
+	kvt_disconnect(c);
+	ck_assert_int_eq(write(done[1], "x", 1), 1);
+	close(done[1]);
+	close(rep[0]);
+	reap(pid);
+	stop();
+}
+END_TEST
+
+/* A configured per-session quota: the refusal names it, its value and the session's use. */
+START_TEST(t_quota_reasons)
+{
+	char why[KVT_OP_ERR_MSG_LEN + 64];
+	struct kvt_seq_params p;
+	struct kvt_client *c;
+	uint32_t seq;
+
+	start_with_config("[limits]\npool_bytes_per_session = 4M\n");
+	params_default(&p);
+	c = connect_as("quota");
+	ck_assert_ptr_nonnull(c);
+	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+	ck_assert_int_eq(append_until_refused(c, seq, why, sizeof(why)), -EDQUOT);
+	ck_assert_msg(strstr(why, "pool_bytes_per_session: a session may hold 4194304 pool bytes "
+				  "and this one holds 4194304"),
+		      "refusal says: %s", why);
+	kvt_disconnect(c);
+	stop();
+}
+END_TEST
+
+KVT_CHECK_MAIN("uid_limits", 120, NULL, NULL, t_connections_per_uid, t_pool_share_per_uid,
+	       t_quota_reasons)
