@@ -380,6 +380,9 @@ static const struct cfg_key cfg_keys[] = {
     FN("limits", "pool_share_per_uid", pool_share_per_uid, set_pool_share, "50%", 0, NULL, 0, "N%",
        "share of the pool one uid but root and kvtierd's own may hold (0%: no share)",
        ": a percentage of the pool such as 50%"),
+    UINT("limits", "classes_per_uid", classes_per_uid, 0, 64, "16", 0, NULL, 0, "N",
+	 "pool classes (slot sizes) one uid's sequences and namespaces may use, of 64 in all, "
+	 "but root's and kvtierd's own (0: no limit)"),
     /* [prefix] (docs/prefix.md) */
     FN("prefix", "cache_bytes", prefix_cache_bytes, set_prefix_cache, "25%", 0, NULL, 0, "SIZE",
        "pool bytes shared prefix blocks may hold: a size, or N% of the pool (0: no sharing)",

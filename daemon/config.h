@@ -61,6 +61,7 @@ struct kvtd_config {
 	uint64_t pool_bytes_per_session; /* 0: no limit beyond the pool */
 	uint64_t pool_bytes_per_uid;
 	unsigned pool_share_per_uid; /* % of pool_size a uid but root and ours may hold; 0: none */
+	unsigned classes_per_uid;    /* pool classes (slot sizes) of a uid but root and ours */
 	/* [prefix] */
 	uint64_t prefix_cache_bytes; /* a size, when prefix_cache_pct is -1 */
 	int prefix_cache_pct;	     /* "N%" of pool_size; see kvtd_config_prefix_bytes() */

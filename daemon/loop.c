@@ -121,6 +121,9 @@ uid_get(struct kvtd *d, uid_t uid)
 		free_ent->acct.bytes = 0;
 		free_ent->acct.limit = d->cfg.pool_bytes_per_uid;
 		free_ent->limit_key = "pool_bytes_per_uid";
+		memset(&free_ent->cls, 0, sizeof(free_ent->cls));
+		if (uid != 0 && uid != geteuid())
+			free_ent->cls.limit = d->cfg.classes_per_uid;
 		if (share && uid != 0 && uid != geteuid() &&
 		    (!free_ent->acct.limit || share < free_ent->acct.limit)) {
 			free_ent->acct.limit = share;

@@ -10,12 +10,16 @@
  * - Pool bytes: pool_share_per_uid (default 50%) keeps one uid from taking the whole pool with
  *   no quota configured; root's APPEND succeeds while it holds all it may. Every -EDQUOT and
  *   -ENOMEM an op gets names the limit, its value and the use.
+ * - Pool classes (row sizes, 64 in all): classes_per_uid (default 16) bounds one uid's; prefix
+ *   blocks no one references give their classes up under class pressure; the refusal names its
+ *   cause.
  *
  * Needs root (to take other uids); as any other user the test fails and says so.
  */
 #define _GNU_SOURCE
 #include <check.h>
 #include <errno.h>
+#include <signal.h>
 #include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -377,5 +381,145 @@ START_TEST(t_quota_reasons)
 }
 END_TEST
 
+/* Sequence parameters whose T1 rows are 64 * @k bytes (k = 1..256): F32, one kv head of 8
+ * dimensions, @k layers. */
+static struct kvt_seq_params
+geom(unsigned k)
+{
+	struct kvt_seq_params p;
+
+	memset(&p, 0, sizeof(p));
+	p.size = sizeof(p);
+	p.layers = k;
+	p.kv_heads = 1;
+	p.head_dim = 8;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_TIERED;
+	p.delta = 4;
+	return p;
+}
+
+/*
+ * uid 65534 opens sequences of new row sizes until refused: -EDQUOT at classes_per_uid (16),
+ * saying so; root then opens one of yet another size. Root, held to no such bound, goes on
+ * until no class is left at all: -ENOSPC, saying how many are in use.
+ */
+START_TEST(t_classes_per_uid)
+{
+	struct kvt_seq_params p;
+	struct kvt_client *c;
+	struct result r;
+	int rep[2];
+	unsigned k;
+	uint32_t seq;
+	pid_t pid;
+
+	start_with_config("[pool]\nchunk_size = 64K\n");
+	ck_assert_int_eq(pipe(rep), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		close(rep[0]);
+		become(NOBODY);
+		memset(&r, 0, sizeof(r));
+		c = connect_as("classes");
+		if (!c)
+			_exit(6);
+		for (k = 1; k <= 64; k++) {
+			p = geom(k);
+			r.r = kvt_seq_open(c, &p, &seq);
+			if (r.r < 0)
+				break;
+			r.answered++;
+		}
+		snprintf(r.last_msg, sizeof(r.last_msg), "%s", kvt_last_error());
+		/* what the uid holds while the parent looks: the sequences stay open */
+		if (write(rep[1], &r, sizeof(r)) != sizeof(r))
+			_exit(4);
+		if (read(rep[1], &k, 1) < 0) /* never readable: waits for the parent's close */
+			_exit(5);
+		_exit(0);
+	}
+	close(rep[1]);
+	ck_assert_int_eq(read(rep[0], &r, sizeof(r)), (ssize_t)sizeof(r));
+	c = connect_as("root");
+	ck_assert_ptr_nonnull(c);
+	p = geom(256);
+	ck_assert_msg(kvt_seq_open(c, &p, &seq) == 0,
+		      "root's SEQ_OPEN of a new row size after uid %d's %d: %s", NOBODY, r.answered,
+		      kvt_last_error());
+	ck_assert_msg(r.r == -EDQUOT && strstr(r.last_msg, "classes_per_uid") &&
+			  strstr(r.last_msg, "at most 16"),
+		      "uid %d opened %d sequences, then %lld: %s", NOBODY, r.answered,
+		      (long long)r.r, r.last_msg);
+	/* root has no bound: every class goes, and then the refusal says so */
+	for (k = 255; k >= 65; k--) {
+		p = geom(k);
+		if (kvt_seq_open(c, &p, &seq) < 0)
+			break;
+	}
+	ck_assert_msg(k >= 65, "190 row sizes fit in 64 classes?");
+	ck_assert_msg(strstr(kvt_last_error(), "no pool class left") &&
+			  strstr(kvt_last_error(), "64 of 64 in use"),
+		      "refusal says: %s", kvt_last_error());
+	kvt_disconnect(c);
+	kill(pid, SIGKILL);
+	close(rep[0]);
+	waitpid(pid, NULL, 0);
+	stop();
+}
+END_TEST
+
+/*
+ * 64 namespaces of different row sizes, one cached block each, no one holding them: their
+ * classes give way to new sequences and namespaces (the blocks no one references evicted as
+ * needed), rather than every later SEQ_OPEN of a new row size failing -ENOSPC for good.
+ */
+START_TEST(t_cached_blocks_give_way)
+{
+	struct kvt_ns_params np;
+	struct kvt_seq_params p;
+	struct kvt_block_key key;
+	struct json_object *o;
+	struct kvt_client *c;
+	static float rows[64 * 64 / sizeof(float)];
+	uint32_t tok = 7, ns, seq, n_new;
+
+	start_with_config("[pool]\nchunk_size = 64K\n");
+	c = connect_as("prefix");
+	ck_assert_ptr_nonnull(c);
+	for (unsigned k = 1; k <= 64; k++) {
+		p = geom(k);
+		memset(&np, 0, sizeof(np));
+		np.size = sizeof(np);
+		np.layers = p.layers;
+		np.kv_heads = p.kv_heads;
+		np.head_dim = p.head_dim;
+		np.dtype = p.dtype;
+		np.block_tokens = 1;
+		snprintf(np.name, sizeof(np.name), "model-%u", k);
+		ck_assert_msg(kvt_ns_open(c, &np, &ns) == 0, "NS_OPEN %u: %s", k, kvt_last_error());
+		ck_assert_int_eq(kvt_block_keys(&np, NULL, &tok, 1, &key, 1), 1);
+		ck_assert_msg(kvt_seq_open_prefix(c, &p, ns, 0, &seq) == 0, "SEQ_OPEN %u: %s", k,
+			      kvt_last_error());
+		ck_assert_int_eq(kvt_append(c, seq, rows, (uint64_t)64 * k, 1, NULL), 1);
+		ck_assert_int_eq(kvt_publish(c, seq, &key, 1, &n_new), 1);
+		ck_assert_int_eq(kvt_seq_close(c, seq), 0);
+		ck_assert_int_eq(kvt_ns_close(c, ns), 0);
+	}
+	/* a row size none of them has */
+	p = geom(200);
+	ck_assert_msg(kvt_seq_open(c, &p, &seq) == 0, "SEQ_OPEN of a new row size: %s",
+		      kvt_last_error());
+	/* only what was needed went: most blocks are still cached */
+	o = admin_request(D.sock, KVT_CTL_BLOCKS);
+	ck_assert_ptr_nonnull(o);
+	ck_assert_int_ge(json_get_i64(o, "blocks"), 32);
+	json_object_put(o);
+	kvt_disconnect(c);
+	stop();
+}
+END_TEST
+
 KVT_CHECK_MAIN("uid_limits", 120, NULL, NULL, t_connections_per_uid, t_pool_share_per_uid,
-	       t_quota_reasons)
+	       t_quota_reasons, t_classes_per_uid, t_cached_blocks_give_way)
