@@ -484,9 +484,11 @@ why_pool(struct kvtd_session *s, int r)
 		    (unsigned long long)ua.bytes);
 	} else if (r == -ENOMEM) {
 		kvtd_pool_usage(pool, &u);
+		/* with a chunk free the pool could have served it: malloc failed */
 		kvtd_op_fail(s, r,
-			     "pool full: %llu bytes, %llu in use, %llu of %llu chunks free; this "
-			     "session holds %llu, uid %u %llu (%s %llu, 0: none)",
+			     "%s: %llu bytes, %llu in use, %llu of %llu chunks free; this session "
+			     "holds %llu, uid %u %llu (%s %llu, 0: none)",
+			     u.chunks_free ? "out of memory, the pool" : "pool full",
 			     (unsigned long long)u.size, (unsigned long long)u.used,
 			     (unsigned long long)u.chunks_free, (unsigned long long)u.chunks,
 			     (unsigned long long)sa.bytes, uid, (unsigned long long)ua.bytes, key,
