@@ -19,7 +19,6 @@
 #define _GNU_SOURCE
 #include <check.h>
 #include <errno.h>
-#include <signal.h>
 #include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -409,17 +408,20 @@ START_TEST(t_classes_per_uid)
 	struct kvt_seq_params p;
 	struct kvt_client *c;
 	struct result r;
-	int rep[2];
+	int rep[2], done[2];
 	unsigned k;
+	char x;
 	uint32_t seq;
 	pid_t pid;
 
 	start_with_config("[pool]\nchunk_size = 64K\n");
 	ck_assert_int_eq(pipe(rep), 0);
+	ck_assert_int_eq(pipe(done), 0);
 	pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
 		close(rep[0]);
+		close(done[1]);
 		become(NOBODY);
 		memset(&r, 0, sizeof(r));
 		c = connect_as("classes");
@@ -436,11 +438,13 @@ START_TEST(t_classes_per_uid)
 		/* what the uid holds while the parent looks: the sequences stay open */
 		if (write(rep[1], &r, sizeof(r)) != sizeof(r))
 			_exit(4);
-		if (read(rep[1], &k, 1) < 0) /* never readable: waits for the parent's close */
+		if (read(done[0], &x, 1) != 1)
 			_exit(5);
+		kvt_disconnect(c);
 		_exit(0);
 	}
 	close(rep[1]);
+	close(done[0]);
 	ck_assert_int_eq(read(rep[0], &r, sizeof(r)), (ssize_t)sizeof(r));
 	c = connect_as("root");
 	ck_assert_ptr_nonnull(c);
@@ -463,9 +467,10 @@ START_TEST(t_classes_per_uid)
 			  strstr(kvt_last_error(), "64 of 64 in use"),
 		      "refusal says: %s", kvt_last_error());
 	kvt_disconnect(c);
-	kill(pid, SIGKILL);
+	ck_assert_int_eq(write(done[1], "x", 1), 1);
+	close(done[1]);
 	close(rep[0]);
-	waitpid(pid, NULL, 0);
+	reap(pid);
 	stop();
 }
 END_TEST
@@ -473,7 +478,8 @@ END_TEST
 /*
  * 64 namespaces of different row sizes, one cached block each, no one holding them: their
  * classes give way to new sequences and namespaces (the blocks no one references evicted as
- * needed), rather than every later SEQ_OPEN of a new row size failing -ENOSPC for good.
+ * needed), across a restart in place too, rather than every later SEQ_OPEN of a new row size
+ * failing -ENOSPC for good.
  */
 START_TEST(t_cached_blocks_give_way)
 {
@@ -507,6 +513,18 @@ START_TEST(t_cached_blocks_give_way)
 		ck_assert_int_eq(kvt_seq_close(c, seq), 0);
 		ck_assert_int_eq(kvt_ns_close(c, ns), 0);
 	}
+	/* a restart in place keeps them, and their classes (64 blocks in 64 namespaces) */
+	kvt_disconnect(c);
+	o = admin_request(D.sock, KVT_CTL_RESTART);
+	ck_assert_ptr_nonnull(o);
+	ck_assert_int_eq(json_get_i64(o, "restarted"), 1);
+	json_object_put(o);
+	o = admin_request(D.sock, KVT_CTL_BLOCKS);
+	ck_assert_ptr_nonnull(o);
+	ck_assert_int_eq(json_get_i64(o, "blocks"), 64);
+	json_object_put(o);
+	c = connect_as("prefix");
+	ck_assert_ptr_nonnull(c);
 	/* a row size none of them has */
 	p = geom(200);
 	ck_assert_msg(kvt_seq_open(c, &p, &seq) == 0, "SEQ_OPEN of a new row size: %s",
