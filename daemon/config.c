@@ -236,6 +236,24 @@ kvtd_config_prefix_bytes(const struct kvtd_config *cfg)
 	return b < cfg->pool_size ? b : cfg->pool_size;
 }
 
+/* "N%" of the pool, 0% to 100% ("0" too: no share). */
+static int
+set_pool_share(struct kvtd_config *cfg, const char *val)
+{
+	size_t len = strlen(val);
+	char num[8];
+
+	if (!strcmp(val, "0")) {
+		cfg->pool_share_per_uid = 0;
+		return 0;
+	}
+	if (len < 2 || len >= sizeof(num) || val[len - 1] != '%')
+		return -EINVAL;
+	memcpy(num, val, len - 1);
+	num[len - 1] = '\0';
+	return parse_uint(num, 0, 100, &cfg->pool_share_per_uid);
+}
+
 static int
 set_max_sq_entries(struct kvtd_config *cfg, const char *val)
 {
@@ -359,6 +377,8 @@ static const struct cfg_key cfg_keys[] = {
 	 "sessions in all"),
     UINT("limits", "max_connections", max_connections, 1, 1u << 20, "512", 0, NULL, 0, "N",
 	 "control connections at once, sessions included"),
+    UINT("limits", "connections_per_uid", connections_per_uid, 0, 1u << 20, "128", 0, NULL, 0, "N",
+	 "control connections one uid may hold, but root and kvtierd's own (0: no limit)"),
     UINT("limits", "seqs_per_session", seqs_per_session, 1, 65536, "64", 0, NULL, 0, "N",
 	 "open sequences per session"),
     UINT("limits", "buffers_per_session", buffers_per_session, 1, 4096, "16", 0, NULL, 0, "N",
@@ -373,6 +393,12 @@ static const struct cfg_key cfg_keys[] = {
 	 "pool bytes one session may hold (0: no limit beyond the pool)"),
     SIZE("limits", "pool_bytes_per_uid", pool_bytes_per_uid, 0, 0, "0", NULL, 0, "SIZE",
 	 "pool bytes one uid may hold (0: no limit beyond the pool)"),
+    FN("limits", "pool_share_per_uid", pool_share_per_uid, set_pool_share, "50%", 0, NULL, 0, "N%",
+       "share of the pool one uid but root and kvtierd's own may hold (0%: no share)",
+       ": a percentage of the pool such as 50%"),
+    UINT("limits", "classes_per_uid", classes_per_uid, 0, 64, "16", 0, NULL, 0, "N",
+	 "pool classes (slot sizes) one uid's sequences and namespaces may use, of 64 in all, "
+	 "but root's and kvtierd's own (0: no limit)"),
     /* [prefix] (docs/prefix.md) */
     FN("prefix", "cache_bytes", prefix_cache_bytes, set_prefix_cache, "25%", 0, NULL, 0, "SIZE",
        "pool bytes shared prefix blocks may hold: a size, or N% of the pool (0: no sharing)",

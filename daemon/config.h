@@ -52,7 +52,8 @@ struct kvtd_config {
 	/* [limits] */
 	unsigned sessions_per_uid;
 	unsigned max_sessions;
-	unsigned max_connections; /* control connections at once, sessions included */
+	unsigned max_connections;     /* control connections at once, sessions included */
+	unsigned connections_per_uid; /* of one uid but root and ours; 0: no limit */
 	unsigned seqs_per_session;
 	unsigned buffers_per_session;
 	unsigned max_sq_entries;
@@ -61,6 +62,8 @@ struct kvtd_config {
 	unsigned default_sq_entries;
 	uint64_t pool_bytes_per_session; /* 0: no limit beyond the pool */
 	uint64_t pool_bytes_per_uid;
+	unsigned pool_share_per_uid; /* % of pool_size a uid but root and ours may hold; 0: none */
+	unsigned classes_per_uid;    /* pool classes (slot sizes) of a uid but root and ours */
 	/* [prefix] */
 	uint64_t prefix_cache_bytes; /* a size, when prefix_cache_pct is -1 */
 	int prefix_cache_pct;	     /* "N%" of pool_size; see kvtd_config_prefix_bytes() */

@@ -33,6 +33,8 @@ struct kvtd_uid {
 	uid_t uid;
 	unsigned sessions; /* 0: entry free */
 	struct kvtd_acct acct;
+	const char *limit_key;	 /* the setting acct.limit comes from (refusals name it) */
+	struct kvtd_cls_use cls; /* the pool classes its sessions use (classes_per_uid) */
 };
 
 struct kvtd_counters {

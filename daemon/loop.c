@@ -37,8 +37,9 @@ enum { SRC_LISTEN = 1, SRC_SIGNAL = 2, SRC_TIMER = 3, SRC_METRICS = 4 };
 
 /*
  * CONN_NEW: accepted, nothing said yet (closed past hello_timeout_ms).
- * CONN_REFUSED: a peer allowed_uids/allowed_gids turn away; its first message is read and
- * answered -EACCES before the close, so the refusal is what it reads (a close with its HELLO
+ * CONN_REFUSED: a peer allowed_uids/allowed_gids turn away (-EACCES), or one whose uid holds
+ * connections_per_uid connections already (-EUSERS); its first message is read and answered
+ * with the refusal before the close, so the refusal is what it reads (a close with its HELLO
  * unread would reach it as ECONNRESET instead).
  * CONN_ADMIN: said an admin request (closed when idle past admin_idle_timeout_ms).
  */
@@ -58,6 +59,8 @@ struct kvtd_conn {
 	int privileged;	      /* root, our uid or in admin_gids: sees every session */
 	struct kvtd_session *s;
 	struct kvtd_uid *uid_ent;
+	int refused;	    /* CONN_REFUSED: -EACCES or -EUSERS */
+	unsigned uid_conns; /* -EUSERS: the uid's connections when this one came */
 };
 
 static int
@@ -110,9 +113,22 @@ uid_get(struct kvtd *d, uid_t uid)
 			free_ent = u;
 	}
 	if (free_ent) {
+		/* pool_share_per_uid: so that one unprivileged uid cannot take the whole pool
+		 * from root and the others by default; the smaller limit of the two applies. */
+		uint64_t share = d->pool.size * d->cfg.pool_share_per_uid / 100; /* < 2^57 * 100 */
+
 		free_ent->uid = uid;
 		free_ent->acct.bytes = 0;
 		free_ent->acct.limit = d->cfg.pool_bytes_per_uid;
+		free_ent->limit_key = "pool_bytes_per_uid";
+		memset(&free_ent->cls, 0, sizeof(free_ent->cls));
+		if (uid != 0 && uid != geteuid())
+			free_ent->cls.limit = d->cfg.classes_per_uid;
+		if (share && uid != 0 && uid != geteuid() &&
+		    (!free_ent->acct.limit || share < free_ent->acct.limit)) {
+			free_ent->acct.limit = share;
+			free_ent->limit_key = "pool_share_per_uid";
+		}
 	}
 	return free_ent;
 }
@@ -572,6 +588,13 @@ handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, 
 {
 	const struct kvt_ctl_hdr *h = (const struct kvt_ctl_hdr *)buf;
 
+	if (c->state == CONN_REFUSED && c->refused == -EUSERS) {
+		send_error(c->fd, len >= sizeof(*h) ? h->id : 0, -EUSERS,
+			   "uid %u holds %u control connections, connections_per_uid is %u: close "
+			   "one first",
+			   (unsigned)c->uid, c->uid_conns, d->cfg.connections_per_uid);
+		return -EUSERS;
+	}
 	if (c->state == CONN_REFUSED) {
 		send_error(c->fd, len >= sizeof(*h) ? h->id : 0, -EACCES,
 			   "uid %u is not allowed to use kvtierd (allowed_uids / allowed_gids in "
@@ -760,6 +783,37 @@ peer_privileged(const struct kvtd_config *cfg, int fd, const struct ucred *cred)
 	       peer_in_groups(fd, cred->gid, cfg->admin_gids, cfg->n_admin_gids);
 }
 
+/* Connections @uid holds now, refused ones still to be answered included. */
+static unsigned
+uid_conns(const struct kvtd *d, uid_t uid)
+{
+	unsigned n = 0;
+
+	for (const struct kvtd_conn *c = d->conns; c; c = c->next)
+		n += c->uid == uid;
+	return n;
+}
+
+/*
+ * Is a connection of @uid over connections_per_uid? 0: admitted; -EUSERS: refused with an
+ * answer; -EMFILE: closed at once, unanswered (the uid holds twice its limit, refusals still to
+ * be answered included, so refusals too are bounded per uid). Root and the daemon's own uid are
+ * always admitted: one uid cannot fill max_connections and lock them out.
+ */
+static int
+uid_conn_admit(const struct kvtd *d, uid_t uid, unsigned *ret_n)
+{
+	unsigned lim = d->cfg.connections_per_uid, n;
+
+	if (!lim || uid == 0 || uid == geteuid())
+		return 0;
+	n = uid_conns(d, uid);
+	*ret_n = n;
+	if (n < lim)
+		return 0;
+	return n - lim < lim ? -EUSERS : -EMFILE;
+}
+
 /*
  * Accepts while there is room. The listener is left unpolled (connections wait in its backlog,
  * and a client's own timeout applies) when max_connections are open, until one closes, and when
@@ -801,9 +855,21 @@ do_accept(struct kvtd *d)
 		}
 		allowed = peer_allowed(&d->cfg, fd, &cred);
 		if (!allowed) {
+			c->refused = -EACCES;
 			atomic_fetch_add(&d->cnt.refused_auth, 1);
 			log_warn("refused pid %d uid %u gid %u: not in allowed_uids/allowed_gids",
 				 (int)cred.pid, (unsigned)cred.uid, (unsigned)cred.gid);
+		} else if ((c->refused = uid_conn_admit(d, cred.uid, &c->uid_conns)) < 0) {
+			atomic_fetch_add(&d->cnt.refused_limit, 1);
+			log_debug("refused pid %d uid %u: %u connections (connections_per_uid %u)",
+				  (int)cred.pid, (unsigned)cred.uid, c->uid_conns,
+				  d->cfg.connections_per_uid);
+			if (c->refused == -EMFILE) {
+				free(c);
+				close(fd);
+				continue;
+			}
+			allowed = 0;
 		}
 		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
 		c->fd = fd;
@@ -856,6 +922,10 @@ on_timer(struct kvtd *d)
 			    c->fd, 0, -ETIMEDOUT,
 			    "admin connection idle for %u ms (admin_idle_timeout_ms): closed",
 			    d->cfg.admin_idle_timeout_ms);
+		} else if (c->state == CONN_REFUSED && c->refused == -EUSERS) {
+			send_error(c->fd, 0, -EUSERS,
+				   "uid %u holds %u control connections, connections_per_uid is %u",
+				   (unsigned)c->uid, c->uid_conns, d->cfg.connections_per_uid);
 		} else if (c->state == CONN_REFUSED) {
 			send_error(c->fd, 0, -EACCES, "uid %u is not allowed to use kvtierd",
 				   (unsigned)c->uid);

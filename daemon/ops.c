@@ -481,6 +481,54 @@ unused_nonzero(const struct kvt_sqe *e, unsigned fields, uint64_t *ret_val)
 	return NULL;
 }
 
+/* The room left under an account's limit (0 past it). */
+static uint64_t
+acct_room(const struct kvtd_acct *a)
+{
+	return a->bytes < a->limit ? a->limit - a->bytes : 0;
+}
+
+/*
+ * The reason of an -EDQUOT or -ENOMEM no handler explained (the pool's refusals): the limit in
+ * play, its value and what the session and its uid hold, read under the pool lock.
+ */
+static void
+why_pool(struct kvtd_session *s, int r)
+{
+	struct kvtd_pool *pool = s->ctx.pool;
+	struct kvtd_acct sa = kvtd_pool_acct_read(pool, &s->acct), ua = {0, 0};
+	unsigned uid = s->uid_ent ? (unsigned)s->uid_ent->uid : 0;
+	const char *key = s->uid_ent ? s->uid_ent->limit_key : "pool_bytes_per_uid";
+	struct kvtd_pool_usage u;
+
+	if (s->uid_ent)
+		ua = kvtd_pool_acct_read(pool, &s->uid_ent->acct);
+	if (r == -EDQUOT && ua.limit && (!sa.limit || acct_room(&ua) <= acct_room(&sa))) {
+		kvtd_op_fail(
+		    s, r, "%s: uid %u may hold %llu pool bytes and holds %llu (this session %llu)",
+		    key, uid, (unsigned long long)ua.limit, (unsigned long long)ua.bytes,
+		    (unsigned long long)sa.bytes);
+	} else if (r == -EDQUOT && sa.limit) {
+		kvtd_op_fail(
+		    s, r,
+		    "pool_bytes_per_session: a session may hold %llu pool bytes and this one "
+		    "holds %llu (uid %u %llu)",
+		    (unsigned long long)sa.limit, (unsigned long long)sa.bytes, uid,
+		    (unsigned long long)ua.bytes);
+	} else if (r == -ENOMEM) {
+		kvtd_pool_usage(pool, &u);
+		/* with a chunk free the pool could have served it: malloc failed */
+		kvtd_op_fail(s, r,
+			     "%s: %llu bytes, %llu in use, %llu of %llu chunks free; this session "
+			     "holds %llu, uid %u %llu (%s %llu, 0: none)",
+			     u.chunks_free ? "out of memory, the pool" : "pool full",
+			     (unsigned long long)u.size, (unsigned long long)u.used,
+			     (unsigned long long)u.chunks_free, (unsigned long long)u.chunks,
+			     (unsigned long long)sa.bytes, uid, (unsigned long long)ua.bytes, key,
+			     (unsigned long long)ua.limit);
+	}
+}
+
 /*
  * A refused op: the reason (the handler's, else strerror) goes to the debug log and to the
  * session's shared error record, before the caller posts the CQE, whose release store then
@@ -499,6 +547,8 @@ op_refused(struct kvtd_session *s, const struct kvt_sqe *e, int r)
 	else
 		i = (unsigned)snprintf(op, sizeof(op), "OPCODE %u", e->opcode);
 	op[i] = '\0';
+	if (!s->why.set && (r == -EDQUOT || r == -ENOMEM) && s->ctx.pool)
+		why_pool(s, r);
 	if (!s->why.set)
 		snprintf(s->why.msg, sizeof(s->why.msg), "%s", strerror(-r));
 	/* The journal gets SESSION=, PID=, SEQ= and OP= with it (log.h). */

@@ -650,23 +650,17 @@ kvtd_pool_fini(struct kvtd_pool *pool)
 	pool->base = NULL;
 }
 
-int
-kvtd_pool_class_get(struct kvtd_pool *pool, uint64_t slot_size)
+/* Finds or creates the class (locked); -ENOSPC when none is free. */
+static int
+class_find(struct kvtd_pool *pool, uint64_t slot_size)
 {
-	int r = -ENOSPC, free_cls = -1;
+	int free_cls = -1;
 
-	slot_size = (slot_size + 63) & ~63ull;
-	if (!slot_size || slot_size > pool->chunk_size)
-		return -E2BIG;
-	pthread_mutex_lock(&pool->lock);
 	for (int i = 0; i < KVTD_POOL_MAX_CLASSES; i++) {
 		struct kvtd_pool_class *c = &pool->classes[i];
 
-		if (c->slot_size == slot_size) {
-			c->refs++;
-			r = i;
-			goto out;
-		}
+		if (c->slot_size == slot_size)
+			return i;
 		if (!c->refs && !c->chunks && free_cls < 0)
 			free_cls = i;
 	}
@@ -675,20 +669,80 @@ kvtd_pool_class_get(struct kvtd_pool *pool, uint64_t slot_size)
 
 		c->slot_size = (uint32_t)slot_size;
 		c->slots_per_chunk = (uint32_t)(pool->chunk_size / slot_size);
-		c->refs = 1;
-		r = free_cls;
+		c->refs = 0;
 	}
-out:
+	return free_cls >= 0 ? free_cls : -ENOSPC;
+}
+
+int
+kvtd_pool_class_get_for(struct kvtd_pool *pool, uint64_t slot_size, struct kvtd_cls_use *use)
+{
+	int r;
+
+	slot_size = (slot_size + 63) & ~63ull;
+	if (!slot_size || slot_size > pool->chunk_size)
+		return -E2BIG;
+	pthread_mutex_lock(&pool->lock);
+	for (;;) {
+		r = class_find(pool, slot_size);
+		if (r != -ENOSPC || !pool->reclaim_class)
+			break;
+		/* Classes held only by cached blocks give way. Outside the lock: the hook frees
+		 * through this pool. */
+		pthread_mutex_unlock(&pool->lock);
+		if (!pool->reclaim_class(pool->reclaim_ctx)) {
+			pthread_mutex_lock(&pool->lock);
+			break;
+		}
+		pthread_mutex_lock(&pool->lock);
+	}
+	if (r >= 0 && use && !use->refs[r] && use->limit && use->held >= use->limit) {
+		if (!pool->classes[r].refs && !pool->classes[r].chunks)
+			pool->classes[r].slot_size = 0; /* created for this call alone */
+		r = -EDQUOT;
+	} else if (r >= 0) {
+		pool->classes[r].refs++;
+		if (use && !use->refs[r]++)
+			use->held++;
+	}
 	pthread_mutex_unlock(&pool->lock);
 	return r;
+}
+
+int
+kvtd_pool_class_get(struct kvtd_pool *pool, uint64_t slot_size)
+{
+	return kvtd_pool_class_get_for(pool, slot_size, NULL);
+}
+
+void
+kvtd_pool_class_put_for(struct kvtd_pool *pool, int cls, struct kvtd_cls_use *use)
+{
+	pthread_mutex_lock(&pool->lock);
+	if (use && use->refs[cls] && !--use->refs[cls])
+		use->held--;
+	if (!--pool->classes[cls].refs && !pool->classes[cls].chunks)
+		pool->classes[cls].slot_size = 0;
+	pthread_mutex_unlock(&pool->lock);
 }
 
 void
 kvtd_pool_class_put(struct kvtd_pool *pool, int cls)
 {
+	kvtd_pool_class_put_for(pool, cls, NULL);
+}
+
+void
+kvtd_pool_class_count(struct kvtd_pool *pool, const struct kvtd_cls_use *use, unsigned *ret_used,
+		      unsigned *ret_held)
+{
+	unsigned n = 0;
+
 	pthread_mutex_lock(&pool->lock);
-	if (!--pool->classes[cls].refs && !pool->classes[cls].chunks)
-		pool->classes[cls].slot_size = 0;
+	for (int i = 0; i < KVTD_POOL_MAX_CLASSES; i++)
+		n += pool->classes[i].slot_size != 0;
+	*ret_used = n;
+	*ret_held = use ? use->held : 0;
 	pthread_mutex_unlock(&pool->lock);
 }
 
@@ -922,6 +976,17 @@ kvtd_pool_free(struct kvtd_pool *pool, int cls, unsigned n, struct kvtd_acct *ac
 	if (!c->refs && !c->chunks)
 		c->slot_size = 0;
 	pthread_mutex_unlock(&pool->lock);
+}
+
+struct kvtd_acct
+kvtd_pool_acct_read(struct kvtd_pool *pool, const struct kvtd_acct *acct)
+{
+	struct kvtd_acct a;
+
+	pthread_mutex_lock(&pool->lock);
+	a = *acct;
+	pthread_mutex_unlock(&pool->lock);
+	return a;
 }
 
 int

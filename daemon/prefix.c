@@ -312,6 +312,38 @@ pool_reclaim(void *ctx, uint64_t bytes)
 	kvtd_prefix_reclaim(ctx, bytes);
 }
 
+/*
+ * pool.h's reclaim_class hook: under class pressure, the namespace no session has open and none
+ * of whose blocks is referenced that holds the least recently used block loses its blocks; it
+ * then goes, and its pool class with it unless something else uses that size. Returns 1 when
+ * one went, 0 when no namespace was held only as a cache. The store's lock is recursive: NS_OPEN
+ * takes a class while holding it.
+ */
+static int
+pool_reclaim_class(void *ctx)
+{
+	struct kvtd_prefix *px = ctx;
+	struct kvtd_pns *ns = NULL;
+
+	pthread_mutex_lock(&px->lock);
+	for (struct kvtd_pblock *b = px->lru_head; b && !ns; b = b->lru_next)
+		if (!b->ns->handles && !b->ns->referenced)
+			ns = b->ns;
+	if (ns) {
+		uint64_t left = ns->blocks; /* all on the LRU: none is referenced */
+
+		for (struct kvtd_pblock *b = px->lru_head, *next; b && left; b = next) {
+			next = b->lru_next;
+			if (b->ns == ns) {
+				left--;
+				evict(px, b); /* the last one frees ns */
+			}
+		}
+	}
+	pthread_mutex_unlock(&px->lock);
+	return ns != NULL;
+}
+
 uint32_t
 kvtd_prefix_match(struct kvtd_prefix *px, struct kvtd_pns *ns, const struct kvt_block_key *keys,
 		  uint32_t n)
@@ -428,8 +460,10 @@ store_free(struct kvtd_prefix *px, bool give_back)
 {
 	if (!px->tab)
 		return;
-	if (px->pool->reclaim_ctx == px)
+	if (px->pool->reclaim_ctx == px) {
 		px->pool->reclaim = NULL;
+		px->pool->reclaim_class = NULL;
+	}
 	for (uint64_t i = 0; i <= px->tab_mask; i++)
 		while (px->tab[i]) {
 			struct kvtd_pblock *b = px->tab[i];
@@ -550,9 +584,17 @@ kvtd_prefix_init(struct kvtd_prefix *px, struct kvtd_pool *pool, uint64_t budget
 	px->acct.limit = budget ? budget : 1;
 	if (getrandom(&px->seed, sizeof(px->seed), 0) != sizeof(px->seed))
 		px->seed = (uint64_t)(uintptr_t)px ^ 0x9e3779b97f4a7c15ull;
-	pthread_mutex_init(&px->lock, NULL);
+	{
+		pthread_mutexattr_t a;
+
+		pthread_mutexattr_init(&a);
+		pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE); /* pool_reclaim_class() */
+		pthread_mutex_init(&px->lock, &a);
+		pthread_mutexattr_destroy(&a);
+	}
 	pool->reclaim_ctx = px;
 	pool->reclaim = pool_reclaim;
+	pool->reclaim_class = pool_reclaim_class;
 	return 0;
 }
 

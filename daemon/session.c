@@ -239,6 +239,7 @@ kvtd_session_ctx(struct kvtd_session *s)
 	x->dev = s->d->dev;
 	x->acct = &s->acct;
 	x->uid_acct = s->uid_ent ? &s->uid_ent->acct : NULL;
+	x->uid_cls = s->uid_ent ? &s->uid_ent->cls : NULL;
 	x->event = s->dev_event;
 	x->scr = s->poller ? &s->poller->scr : &s->scr;
 	x->bufs = s->bufs;
@@ -269,9 +270,34 @@ kvtd_session_ns_open(struct kvtd_session *s, const struct kvt_ns_params *np)
 		return kvtd_seq_fail(
 		    x, -EMFILE, "%u namespaces open, the session's limit: close one", KVT_MAX_NS);
 	r = kvtd_prefix_ns_open(&s->d->prefix, np, s->prefix_scope, &s->ns[i].ns);
+	if (r == -ENOSPC) {
+		unsigned used, held;
+
+		kvtd_pool_class_count(&s->d->pool, x->uid_cls, &used, &held);
+		return kvtd_seq_fail(x, r,
+				     "no pool class left for its row size: %u of %u in use (%u by "
+				     "this uid), none held only by cached prefix blocks",
+				     used, KVTD_POOL_MAX_CLASSES, held);
+	}
 	if (r < 0)
-		return r == -ENOSPC ? kvtd_seq_fail(x, r, "no pool class left for its slot size")
-				    : r;
+		return r;
+	/* The namespace's class counts among the uid's (classes_per_uid) while it is open. */
+	r = kvtd_pool_class_get_for(&s->d->pool, s->ns[i].ns->token_bytes, x->uid_cls);
+	if (r < 0) {
+		unsigned used, held;
+
+		kvtd_prefix_ns_close(&s->d->prefix, s->ns[i].ns);
+		s->ns[i].ns = NULL;
+		if (r != -EDQUOT)
+			return r;
+		kvtd_pool_class_count(&s->d->pool, x->uid_cls, &used, &held);
+		return kvtd_seq_fail(x, r,
+				     "classes_per_uid: this uid's sequences and namespaces use %u "
+				     "pool classes (row sizes), at most %u; this namespace's would "
+				     "be another: close one of another geometry",
+				     held, x->uid_cls->limit);
+	}
+	s->ns[i].uid_cls = r + 1;
 	return (int)i + 1;
 }
 
@@ -299,6 +325,9 @@ kvtd_session_ns_close(struct kvtd_session *s, uint64_t id)
 		return -ENOENT;
 	pins_drop(s, h);
 	free(h->pins);
+	if (h->uid_cls)
+		kvtd_pool_class_put_for(&s->d->pool, h->uid_cls - 1,
+					s->uid_ent ? &s->uid_ent->cls : NULL);
 	kvtd_prefix_ns_close(&s->d->prefix, h->ns);
 	memset(h, 0, sizeof(*h));
 	return 0;

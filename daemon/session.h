@@ -30,6 +30,7 @@ struct kvtd_ns_handle {
 	struct kvtd_pns *ns; /* NULL: slot free */
 	struct kvtd_pblock **pins;
 	uint32_t n_pins, cap_pins;
+	int uid_cls; /* the namespace's pool class + 1 as counted in the uid's classes; 0: none */
 };
 struct kvt_dev_buf;
 struct kvt_dev_event;
