@@ -370,19 +370,19 @@ _Static_assert(sizeof(union kvtd_sqe_words) == sizeof(struct kvt_sqe), "kvtd_sqe
 
 /* The SQE bits an opcode requires to be zero: undefined SQE flags and op_flags, seq where it
  * names no sequence, every field outside @f. The stamp and user_data are never checked. */
-#define ZERO_MASK(fl_, opf_, seq_)                                                                   \
-	{                                                                                        \
-		.sqe = {.flags = (uint8_t)~KVT_SQE_F_ALL,                                        \
-			.op_flags = (uint16_t)~(opf_),                                            \
-			.seq = (seq_) ? 0 : UINT32_MAX,                                           \
-			.arena_off = (fl_) & F_ARENA ? 0 : UINT64_MAX,                             \
-			.arena_len = (fl_) & F_ARENA ? 0 : UINT32_MAX,                             \
-			.count = (fl_) & F_COUNT ? 0 : UINT32_MAX,                                 \
-			.arg0 = (fl_) & F_ARG0 ? 0 : UINT64_MAX,                                   \
-			.arg1 = (fl_) & F_ARG1 ? 0 : UINT64_MAX,                                   \
-			.arg2 = (fl_) & F_ARG2 ? 0 : UINT32_MAX,                                   \
-			.buf_id = (fl_) & F_BUF ? 0 : UINT32_MAX,                                  \
-			.arg3 = (fl_) & F_ARG3 ? 0 : UINT32_MAX }                                  \
+#define ZERO_MASK(fl_, opf_, seq_)                                                                 \
+	{                                                                                          \
+		.sqe = {.flags = (uint8_t)~KVT_SQE_F_ALL,                                          \
+			.op_flags = (uint16_t) ~(opf_),                                            \
+			.seq = (seq_) ? 0 : UINT32_MAX,                                            \
+			.arena_off = (fl_)&F_ARENA ? 0 : UINT64_MAX,                               \
+			.arena_len = (fl_)&F_ARENA ? 0 : UINT32_MAX,                               \
+			.count = (fl_)&F_COUNT ? 0 : UINT32_MAX,                                   \
+			.arg0 = (fl_)&F_ARG0 ? 0 : UINT64_MAX,                                     \
+			.arg1 = (fl_)&F_ARG1 ? 0 : UINT64_MAX,                                     \
+			.arg2 = (fl_)&F_ARG2 ? 0 : UINT32_MAX,                                     \
+			.buf_id = (fl_)&F_BUF ? 0 : UINT32_MAX,                                    \
+			.arg3 = (fl_)&F_ARG3 ? 0 : UINT32_MAX }                                    \
 	}
 
 /*
@@ -406,9 +406,11 @@ struct kvtd_op_def {
 	union kvtd_sqe_words zero;
 };
 
-#define OP(name_, fl_, opf_, seq_, run_)                                                         \
-	{.name = (name_), .fields = (fl_), .op_flags = (opf_), .needs_seq = (seq_), .run = (run_), \
-	 .zero = ZERO_MASK(fl_, opf_, seq_)}
+#define OP(name_, fl_, opf_, seq_, run_)                                                           \
+	{                                                                                          \
+		.name = (name_), .fields = (fl_), .op_flags = (opf_), .needs_seq = (seq_),         \
+		.run = (run_), .zero = ZERO_MASK(fl_, opf_, seq_)                                  \
+	}
 
 static const struct kvtd_op_def kvtd_op_defs[] = {
     [KVT_OP_NOP] = OP("nop", 0, 0, false, op_nop),
@@ -653,9 +655,8 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c, 
 	if (def->needs_seq)
 		q = kvtd_session_seq(s, e->seq);
 	/* Every check the opcodes share, as plain compares; op_check_fail() says which failed. */
-	if (__builtin_expect(e->opcode >= KVT_OP__COUNT || !sqe_zero_ok(e, def) ||
-				 (def->needs_seq && !q),
-			     0)) {
+	if (__builtin_expect(
+		e->opcode >= KVT_OP__COUNT || !sqe_zero_ok(e, def) || (def->needs_seq && !q), 0)) {
 		r = op_check_fail(s, e);
 	} else if (q && e->opcode != KVT_OP_SEQ_CLOSE) { /* SEQ_CLOSE frees q */
 		r = op_run_seq(s, def, e, q, c);

@@ -24,7 +24,7 @@
 
 #include "kvt_abi.h"
 
-#define KVTD_LAT_BUCKETS 24
+#define KVTD_LAT_BUCKETS    24
 #define KVTD_OP_TIME_SAMPLE 64 /* a power of two: alone on a poller, 1 op in 64 is timed */
 
 /* Where row bytes move (kvtier_tier_bytes_total{from, to}): the client's rows (arena or T0

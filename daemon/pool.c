@@ -189,13 +189,14 @@ hugetlb_check(uint64_t size, int node, int quiet)
 	if (page_kb <= 0 || total < 0) {
 		if (!quiet)
 			log_err("pool: hugetlb = yes, but this kernel reports no huge pages "
-			"(/proc/meminfo); set [pool] hugetlb = no");
+				"(/proc/meminfo); set [pool] hugetlb = no");
 		return -EOPNOTSUPP;
 	}
 	if (size % ((uint64_t)page_kb << 10)) {
 		if (!quiet)
-			log_err("pool: size %llu KiB is not a multiple of the huge page size (%lld KiB)",
-			(unsigned long long)(size >> 10), page_kb);
+			log_err("pool: size %llu KiB is not a multiple of the huge page size (%lld "
+				"KiB)",
+				(unsigned long long)(size >> 10), page_kb);
 		return -EINVAL;
 	}
 	need = size / ((uint64_t)page_kb << 10);
@@ -335,7 +336,8 @@ pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *
 			goto err;
 		}
 		/* THP for shared memory needs MADV_HUGEPAGE and shmem_enabled advise, within_size,
-		 * always or force; the kernel then backs the pool with PMD-sized pages as it can. */
+		 * always or force; the kernel then backs the pool with PMD-sized pages as it can.
+		 */
 		if (madvise(pool->base, pool->size, MADV_HUGEPAGE) == 0 && shmem_thp_allowed()) {
 			pool->backing = "thp";
 			pool->page_kib = 2048;
@@ -344,11 +346,13 @@ pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *
 			pool->page_kib = 4;
 		}
 		if (!adopt && pool->page_kib == 4)
-			log_notice("pool: 4 KiB pages (transparent huge pages are off for shared "
-				   "memory: /sys/kernel/mm/transparent_hugepage/shmem_enabled), so a "
-				   "random row gather takes about one TLB miss per row; for huge pages "
-				   "set shmem_enabled to advise (kvtier-thp.conf, kvtierd.conf(5)) or "
-				   "reserve huge pages (vm.nr_hugepages: [pool] hugetlb = auto uses them)");
+			log_notice(
+			    "pool: 4 KiB pages (transparent huge pages are off for shared "
+			    "memory: /sys/kernel/mm/transparent_hugepage/shmem_enabled), so a "
+			    "random row gather takes about one TLB miss per row; for huge pages "
+			    "set shmem_enabled to advise (kvtier-thp.conf, kvtierd.conf(5)) or "
+			    "reserve huge pages (vm.nr_hugepages: [pool] hugetlb = auto uses "
+			    "them)");
 	}
 
 	/* Bind before the first touch so pages come from the node that serves the GPU: "auto"

@@ -303,7 +303,7 @@ START_TEST(test_metrics_snapshot)
 	struct kvtd_prom_input in = {.snap = &sn};
 	static const char *const want[] = {
 	    "# TYPE kvtier_op_total counter\n",
-	    "kvtier_op_total{op=\"nop\"} 0\n", /* every opcode, traffic or not */
+	    "kvtier_op_total{op=\"nop\"} 0\n",	  /* every opcode, traffic or not */
 	    "kvtier_op_total{op=\"append\"} 3\n", /* every op counted, */
 	    "kvtier_op_total{op=\"seq_stat\"} 0\n",
 	    "kvtier_op_total{op=\"unknown\"} 1\n",

@@ -473,9 +473,9 @@ bench_gather(int reps, struct gather_result *res)
 enum { B_ANON_THP, B_MEMFD, B_HUGETLB, B__COUNT };
 
 struct backing_result {
-	double gbps[B__COUNT];	 /* 0: that backing could not be had here */
+	double gbps[B__COUNT];	  /* 0: that backing could not be had here */
 	double vs_anon[B__COUNT]; /* median of per-repetition ratios to anonymous THP */
-	int shmem_thp;		 /* shmem_enabled lets the memfd have THP */
+	int shmem_thp;		  /* shmem_enabled lets the memfd have THP */
 };
 
 static int
@@ -502,7 +502,8 @@ backing_map(int b, size_t *ret_len)
 	if (b == B_ANON_THP) {
 		p = bench_thp_map(G_SRC_BYTES, ret_len);
 	} else {
-		fd = memfd_create("kvtier-bench-pool", MFD_CLOEXEC | (b == B_HUGETLB ? MFD_HUGETLB : 0));
+		fd = memfd_create("kvtier-bench-pool",
+				  MFD_CLOEXEC | (b == B_HUGETLB ? MFD_HUGETLB : 0));
 		if (fd < 0)
 			return NULL;
 		*ret_len = G_SRC_BYTES;
@@ -648,13 +649,14 @@ main(int argc, char **argv)
 		printf(",\"gather_vs_read\":%.2f,\"gather_random_vs_read\":%.2f", g.gather_ratio,
 		       g.random_ratio);
 		printf(",\"copy_64m_gbps\":%.2f,\"copy_vs_read\":%.2f", g.copy_gbps, g.copy_ratio);
-		printf(",\"shmem_thp\":%s,\"gather2k_anon_thp_gbps\":%.2f", bk.shmem_thp ? "true" : "false",
-		       bk.gbps[B_ANON_THP]);
+		printf(",\"shmem_thp\":%s,\"gather2k_anon_thp_gbps\":%.2f",
+		       bk.shmem_thp ? "true" : "false", bk.gbps[B_ANON_THP]);
 		printf(",\"gather2k_memfd_gbps\":%.2f,\"gather2k_memfd_vs_anon_thp\":%.2f",
 		       bk.gbps[B_MEMFD], bk.vs_anon[B_MEMFD]);
 		if (bk.gbps[B_HUGETLB] > 0)
-			printf(",\"gather2k_hugetlb_gbps\":%.2f,\"gather2k_hugetlb_vs_anon_thp\":%.2f",
-			       bk.gbps[B_HUGETLB], bk.vs_anon[B_HUGETLB]);
+			printf(
+			    ",\"gather2k_hugetlb_gbps\":%.2f,\"gather2k_hugetlb_vs_anon_thp\":%.2f",
+			    bk.gbps[B_HUGETLB], bk.vs_anon[B_HUGETLB]);
 		if (do_step && !step_err)
 			printf(",\"step_us_32k\":%.1f,\"step_nofetch_us_32k\":%.1f,"
 			       "\"fetch_us_32k\":%.1f,\"retier_daemon_us_32k\":%.1f,"
