@@ -103,8 +103,8 @@ set_last_error(const char *msg)
 	snprintf(last_error, sizeof(last_error), "%s", msg);
 }
 
-#define FORK_MSG                                                                                 \
-	"this kvtier client was connected before fork(): a child process cannot use its "        \
+#define FORK_MSG                                                                                   \
+	"this kvtier client was connected before fork(): a child process cannot use its "          \
 	"parent's session (kvt_disconnect() it and kvt_connect() a new one)"
 
 /* Nonzero (and the client dead with -ECHILD) when called in a child of the connecting process. */
@@ -1058,8 +1058,9 @@ kvt_retier(struct kvt_client *c, uint32_t seq, void *out, uint64_t out_len)
 	kvt_prep_retier(e, seq, 0, (uint32_t)out_len);
 	r = run_one(c, e, NULL);
 	if (r > 0 && (uint64_t)r > out_len) { /* the daemon's count is not trusted with @out */
-		kvtc_set_error("kvtierd answered RETIER with %d bytes, more than the %llu asked for",
-			       r, (unsigned long long)out_len);
+		kvtc_set_error(
+		    "kvtierd answered RETIER with %d bytes, more than the %llu asked for", r,
+		    (unsigned long long)out_len);
 		return -EMSGSIZE;
 	}
 	if (r > 0)
@@ -1090,8 +1091,9 @@ kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer0, u
 	kvt_prep_fetch(e, seq, flags, layer0, nlayers, stage_row, 0, (uint32_t)(len / 4));
 	r = run_one(c, e, NULL);
 	if (r > 0 && !(flags & KVT_FETCH_F_LIST) && (uint64_t)r > len / 4) {
-		kvtc_set_error("kvtierd answered FETCH with %d positions, more than the %llu asked for",
-			       r, (unsigned long long)(len / 4));
+		kvtc_set_error(
+		    "kvtierd answered FETCH with %d positions, more than the %llu asked for", r,
+		    (unsigned long long)(len / 4));
 		return -EMSGSIZE;
 	}
 	if (r > 0 && !(flags & KVT_FETCH_F_LIST))
