@@ -90,8 +90,8 @@ class _Mapping:
         self.mem = (ctypes.c_uint8 * size).from_address(p + (addr - base))
         self.mem.owner = self  # a live view keeps this mapping
 
-    def __del__(self) -> None:
-        _LIBC.munmap(self._base, self._len)
+    def __del__(self, _munmap: Any = _LIBC.munmap) -> None:
+        _munmap(self._base, self._len)  # bound early: module globals may be gone at exit
 
 
 _FORKS = [0]
