@@ -829,13 +829,26 @@ image_write(struct kvtd *d, struct wbuf *w, struct fdlist *fds)
  * 4 KiB pages cost 340 ms of the pause. Raw syscalls only, no sanitizer hooks: the child runs on
  * the parent's thread pointer.
  */
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+#define TEARDOWN_FD_MAX 65536 /* without close_range(2): the descriptor numbers closed */
+
 __attribute__((no_sanitize_address, no_sanitize_thread, no_sanitize_undefined)) static int
 teardown_child(void *arg)
 {
 	const int *p = arg;
 	char c;
 
-	syscall(SYS_close, p[1]);
+	/* It holds nothing but the pipe's read end: a copy of the metrics listener (or of any
+	 * socket) kept until the old address space is gone would make the new process's bind
+	 * fail. close_range(2) where the kernel has it, else one close per descriptor number. */
+	if (p[0] > 0 && syscall(SYS_close_range, 0U, (unsigned)p[0] - 1, 0U) < 0)
+		for (long fd = 0; fd < p[0]; fd++)
+			syscall(SYS_close, fd);
+	if (syscall(SYS_close_range, (unsigned)p[0] + 1, ~0U, 0U) < 0)
+		for (long fd = p[0] + 1; fd < TEARDOWN_FD_MAX; fd++)
+			syscall(SYS_close, fd);
 	while (syscall(SYS_read, p[0], &c, 1) < 0)
 		;
 	syscall(SYS_exit, 0);
@@ -1056,6 +1069,7 @@ int
 kvtd_restart_listener(struct kvtd *d, const struct kvtd_image *img)
 {
 	d->listen_fd = d->signal_fd = d->timer_fd = d->metrics_fd = d->lock_fd = -1;
+	d->restoring = 1;
 	if (!fd_valid(img->listen_fd) || !fd_valid(img->lock_fd)) {
 		log_err("restart: the listening socket or its lock did not cross the exec");
 		return -EBADF;

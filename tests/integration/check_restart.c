@@ -16,10 +16,12 @@
  *    skipped part).
  */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -652,6 +654,114 @@ START_TEST(t_restart_not_admin)
 }
 END_TEST
 
+/* A free loopback port: bound, read back, released. */
+static unsigned
+free_port(void)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
+/* With metrics_listen on a fixed port, restarts keep the session and /metrics: the teardown
+ * child of the old process holds no copy of the metrics listener while the new one binds it. */
+START_TEST(t_restart_metrics_listen)
+{
+	char cfgpath[] = "/tmp/kvt-restart-cfg-XXXXXX";
+	const char *extra[] = {"--config", cfgpath, NULL};
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_client *c;
+	struct kvtd_proc d;
+	unsigned port = free_port();
+	int fd = mkstemp(cfgpath);
+
+	ck_assert_int_ge(fd, 0);
+	dprintf(fd, "[daemon]\nmetrics_listen = 127.0.0.1:%u\n", port);
+	close(fd);
+	daemon_start(&d, extra);
+	ck_assert_int_eq(kvt_connect(d.sock, &o, &c), 0);
+	for (int i = 0; i < 5; i++) {
+		struct sockaddr_in sa = {.sin_family = AF_INET,
+					 .sin_port = htons((uint16_t)port),
+					 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+		struct json_object *st;
+		int tries = 0, s;
+
+		restart(&d, 1);
+		/* After a failed bind the new process tries again: wait for it, boundedly. */
+		for (;; tries++) {
+			s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+			ck_assert_int_ge(s, 0);
+			if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+				break;
+			close(s);
+			ck_assert_msg(tries < 400, "restart %d: /metrics never came back", i + 1);
+			usleep(25000);
+		}
+		close(s);
+		st = admin_request(d.sock, KVT_CTL_STATUS);
+		ck_assert_ptr_nonnull(st);
+		ck_assert_int_eq(json_get_i64(st, "sessions"), 1);
+		json_object_put(st);
+	}
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	unlink(cfgpath);
+}
+END_TEST
+
+/* A RESTART whose asker hung up before the restart was carried out, and the restart fails (the
+ * binary on disk lost its execute bits): the daemon answers no one and keeps serving, rather
+ * than writing its reply through the freed connection (ASan reported a use after free). */
+START_TEST(t_restart_fails_asker_gone)
+{
+	char dir[] = "/tmp/kvt-restart-bin-XXXXXX", bin[64], cmd[256];
+	/* under the unit's system call filter KVTIERD is a wrapper that runs KVT_EXEC */
+	const char *var = getenv("KVT_EXEC") ? "KVT_EXEC" : "KVTIERD", *orig = getenv(var);
+	struct kvt_ctl_hdr h = {.type = KVT_CTL_RESTART, .len = sizeof(h), .id = 7};
+	struct json_object *st;
+	struct kvtd_proc d;
+	int fd;
+
+	ck_assert_ptr_nonnull(orig);
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(bin, sizeof(bin), "%s/kvtierd", dir);
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", orig, bin);
+	ck_assert_int_eq(system(cmd), 0);
+	ck_assert_int_eq(chmod(bin, 0755), 0);
+	orig = strdup(orig);
+	setenv(var, bin, 1);
+	daemon_start(&d, NULL);
+	setenv(var, orig, 1);
+	free((void *)orig);
+	ck_assert_int_eq(chmod(bin, 0644), 0); /* the restart's exec now fails */
+	for (int i = 0; i < 3; i++) {
+		fd = ctl_raw_connect(d.sock);
+		ck_assert_int_ge(fd, 0);
+		/* Stopped, the daemon finds the request and the hangup in one turn of its loop. */
+		ck_assert_int_eq(kill(d.pid, SIGSTOP), 0);
+		ck_assert_int_eq(send(fd, &h, sizeof(h), 0), sizeof(h));
+		close(fd);
+		ck_assert_int_eq(kill(d.pid, SIGCONT), 0);
+		st = admin_request(d.sock, KVT_CTL_STATUS);
+		ck_assert_msg(st, "no STATUS after a failed restart (log %s)", d.log);
+		ck_assert_int_eq(json_get_i64(st, "restarts"), 0);
+		json_object_put(st);
+	}
+	ck_assert(daemon_alive(&d));
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	unlink(bin);
+	rmdir(dir);
+}
+END_TEST
+
 KVT_CHECK_MAIN("restart", 300, NULL, NULL, t_restart_lossless, t_restart_refused_image,
 	       t_restart_keeps_quota, t_restart_lowered_limits, t_restart_twice_pipelined,
-	       t_restart_op_err_gen, t_restart_not_admin)
+	       t_restart_op_err_gen, t_restart_not_admin, t_restart_metrics_listen,
+	       t_restart_fails_asker_gone)
