@@ -74,7 +74,8 @@ struct kvtd {
 	unsigned rearm;	   /* 1 << SRC_*: fixed sources whose poll awaits room in the SQ (loop.c) */
 	unsigned n_sessions;
 	uint32_t next_session_id;
-	struct kvtd_uid *uids; /* cfg.max_sessions entries; accounts updated under the pool lock */
+	struct kvtd_uid *uids; /* n_uids entries; accounts updated under the pool lock */
+	unsigned n_uids;       /* cfg.max_sessions, or more: a restart keeps every session's uid */
 
 	/* restart (restart.c) */
 	char exe[4096]; /* the binary started, re-executed by a restart */

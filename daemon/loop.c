@@ -101,7 +101,7 @@ uid_get(struct kvtd *d, uid_t uid)
 {
 	struct kvtd_uid *free_ent = NULL;
 
-	for (unsigned i = 0; i < d->cfg.max_sessions; i++) {
+	for (unsigned i = 0; i < d->n_uids; i++) {
 		struct kvtd_uid *u = &d->uids[i];
 
 		if (u->sessions && u->uid == uid)
@@ -1174,6 +1174,7 @@ loop_release(struct kvtd *d)
 	kvtd_metrics_fini(d);
 	free(d->uids);
 	d->uids = NULL;
+	d->n_uids = 0;
 	d->rearm = 0;
 }
 
@@ -1264,7 +1265,8 @@ kvtd_loop_init(struct kvtd *d)
 	}
 	if (r < 0)
 		goto err;
-	d->uids = calloc(d->cfg.max_sessions, sizeof(*d->uids));
+	d->n_uids = d->cfg.max_sessions;
+	d->uids = calloc(d->n_uids, sizeof(*d->uids));
 	if (!d->uids) {
 		r = -ENOMEM;
 		goto err;

@@ -1330,6 +1330,18 @@ kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
 	int r = 0;
 
 	reaper_start();
+	/* One uid entry per session at most: a lowered max_sessions must not leave a restored
+	 * session's uid without one (new sessions obey it: handle_hello() in loop.c). */
+	if (kvtd_image_sessions(img) > d->n_uids) {
+		unsigned n = kvtd_image_sessions(img);
+		struct kvtd_uid *u = realloc(d->uids, (size_t)n * sizeof(*u));
+
+		if (u) {
+			memset(u + d->n_uids, 0, (size_t)(n - d->n_uids) * sizeof(*u));
+			d->uids = u;
+			d->n_uids = n;
+		}
+	}
 	d->next_session_id = img->next_session_id;
 	d->restarts = img->restarts;
 	d->start_ns = img->start_ns;
@@ -1369,7 +1381,15 @@ kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
 	for (i = 0; i < img->n_conns && r == 0; i++) {
 		struct kvtd_session *s = img->conns[i].s;
 
-		for (unsigned k = 0; s && k < s->max_seqs && r == 0; k++)
+		uint64_t limit;
+
+		if (!s)
+			continue;
+		/* Charged, but never held to a limit lowered by this restart: an account over
+		 * its new limit is only refused new work. No poller runs s yet. */
+		limit = s->acct.limit;
+		s->acct.limit = 0;
+		for (unsigned k = 0; k < s->max_seqs && r == 0; k++)
 			if (s->seqs[k]) {
 				r = kvtd_seq_restore_retrieval(kvtd_session_ctx(s), s->seqs[k]);
 				if (r < 0)
@@ -1378,6 +1398,7 @@ kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
 					    "index: %s",
 					    s->id, k + 1, strerror(-r));
 			}
+		s->acct.limit = limit;
 	}
 	if (r < 0)
 		goto err_abandon;

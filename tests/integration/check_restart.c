@@ -761,7 +761,103 @@ START_TEST(t_restart_fails_asker_gone)
 }
 END_TEST
 
+/* A retrieval sequence (ret_update 16) of @ntok tokens in a new session; returns the session. */
+static struct kvt_client *
+retrieval_session(const char *sock, int ntok, uint32_t *ret_seq)
+{
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	static float rows[16 * TOK];
+	struct kvt_client *c;
+
+	if (kvt_connect(sock, &o, &c) < 0)
+		return NULL;
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_TIERED;
+	p.delta = 16;
+	p.sinks = 4;
+	p.window = 16;
+	p.ret_update = 16;
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+		rows[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+	if (kvt_seq_open(c, &p, ret_seq) < 0)
+		return NULL;
+	for (int t = 0; t < ntok; t += 16)
+		if (kvt_append(c, *ret_seq, rows, sizeof(rows), 16, NULL) < 0)
+			return NULL;
+	return c;
+}
+
+/*
+ * pool_bytes_per_session lowered below what a session holds and max_sessions lowered to 1, then
+ * a restart: both sessions (of two uids when run as root) are kept, retrieval indexes rebuilt,
+ * and only new work is refused. It dropped every session ("rebuilding its retrieval index:
+ * Cannot allocate memory"), and the second uid found no uid entry ("Too many users").
+ */
+START_TEST(t_restart_lowered_quota)
+{
+	char cfgpath[] = "/tmp/kvt-restart-cfg-XXXXXX";
+	const char *extra[] = {"--config", cfgpath, NULL};
+	struct kvt_seq_stat before = {.size = sizeof(before)}, after = {.size = sizeof(after)};
+	static float rows[16 * TOK];
+	int go[2], ready[2], fd = mkstemp(cfgpath), st;
+	struct kvt_client *c;
+	struct kvtd_proc d;
+	uint32_t seq;
+	pid_t pid;
+
+	ck_assert_int_ge(fd, 0);
+	dprintf(fd, "[limits]\nmax_sessions = 4\n");
+	close(fd);
+	daemon_start(&d, extra);
+	chmod(d.dir, 0755);
+	chmod(d.sock, 0666);
+	ck_assert_int_eq(pipe(go), 0);
+	ck_assert_int_eq(pipe(ready), 0);
+	pid = fork();
+	if (pid == 0) {
+		uint32_t s2;
+		struct kvt_client *c2;
+		struct kvt_seq_stat ss = {.size = sizeof(ss)};
+
+		if (geteuid() == 0 && (setgid(65534) || setuid(65534)))
+			_exit(2);
+		c2 = retrieval_session(d.sock, 256, &s2);
+		if (!c2)
+			_exit(3);
+		wbyte(ready[1], 'r');
+		rbyte(go[0]);
+		if (kvt_seq_stat(c2, s2, &ss) < 0 || ss.n_tokens != 256)
+			_exit(4);
+		_exit(0);
+	}
+	c = retrieval_session(d.sock, 256, &seq);
+	ck_assert_ptr_nonnull(c);
+	ck_assert_int_eq(rbyte(ready[0]), 'r');
+	ck_assert_int_eq(kvt_seq_stat(c, seq, &before), 0);
+	ck_assert_uint_gt(before.pool_bytes, 64 << 10);
+	fd = open(cfgpath, O_WRONLY | O_TRUNC);
+	dprintf(fd, "[limits]\nmax_sessions = 1\npool_bytes_per_session = 64K\n");
+	close(fd);
+	restart(&d, 2);
+	ck_assert_int_eq(kvt_seq_stat(c, seq, &after), 0);
+	ck_assert_uint_eq(after.n_tokens, before.n_tokens);
+	ck_assert_uint_eq(after.pool_bytes, before.pool_bytes); /* the index rebuilt, charged */
+	/* over its new limit: new work is refused, what it holds stays */
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 16, NULL), -EDQUOT);
+	wbyte(go[1], 'g');
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "second session: status %d", st);
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	unlink(cfgpath);
+}
+END_TEST
+
 KVT_CHECK_MAIN("restart", 300, NULL, NULL, t_restart_lossless, t_restart_refused_image,
 	       t_restart_keeps_quota, t_restart_lowered_limits, t_restart_twice_pipelined,
 	       t_restart_op_err_gen, t_restart_not_admin, t_restart_metrics_listen,
-	       t_restart_fails_asker_gone)
+	       t_restart_fails_asker_gone, t_restart_lowered_quota)
