@@ -857,7 +857,119 @@ START_TEST(t_restart_lowered_quota)
 }
 END_TEST
 
+/* Opens a sequence of workload() kind @kind in @c and runs @steps steps of APPEND, SCORE_ADD,
+ * RETIER and FETCH on it (staging into @stage); returns its id, 0 on failure. */
+static uint32_t
+stat_seq(struct kvt_client *c, struct kvt_buf *stage, int kind, int steps)
+{
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	static float rows[STEP_TOK * TOK], sc[STAGE];
+	static uint32_t pos[STAGE];
+	static uint8_t rout[KVT_RETIER_OUT_SIZE(0) + 4096];
+	uint64_t rng = 0x57a7 + (uint64_t)kind;
+	uint32_t seq, n = 0;
+
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_TIERED;
+	p.delta = STEP_TOK;
+	p.sinks = 4;
+	p.window = 16;
+	p.evict_frac = 0.1f;
+	p.t2_frac = kind == 0 ? 0.4f : 0.0f;
+	p.t2_flags = kind == 0 ? KVT_T2_F_KEY_CHANNEL : 0;
+	p.ret_update = kind == 1 ? 16 : 0;
+	p.stage_buf_id = kvt_buf_id(stage);
+	p.stage_slots = STAGE;
+	p.stage_slot_stride = ROW * 4;
+	p.stage_kv_stride = (uint64_t)STAGE * ROW * 4;
+	p.stage_layer_stride = 2ull * STAGE * ROW * 4;
+	if (kvt_seq_open(c, &p, &seq) < 0)
+		return 0;
+	for (int step = 0; step < steps; step++) {
+		for (size_t i = 0; i < (size_t)STEP_TOK * TOK; i++)
+			rows[i] = rndf(&rng);
+		if (kvt_append(c, seq, rows, sizeof(rows), STEP_TOK, NULL) != (int64_t)(n + STEP_TOK))
+			return 0;
+		n += STEP_TOK;
+		for (uint32_t i = 0; i < n; i++)
+			sc[i] = (float)(rnd(&rng) & 0xff) / 256.0f;
+		if (kvt_score_add(c, seq, 0, sc, n) < 0 ||
+		    kvt_retier(c, seq, rout, sizeof(rout)) < 0 ||
+		    kvt_fetch(c, seq, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, L, 0, pos, STAGE) < 0)
+			return 0;
+	}
+	return seq;
+}
+
+/*
+ * Every SEQ_STAT field of every sequence, and every field kvtierctl seqs shows (SEQS), are the
+ * same after a restart in place as before it: an image that drops any one counter of a sequence
+ * (tokens, tier counts, bytes in and out, score total, pool bytes) fails here.
+ */
+START_TEST(t_restart_seq_stats_kept)
+{
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_seq_stat before[2], after[2];
+	struct json_object *js;
+	struct kvt_client *c;
+	struct kvt_buf *stage;
+	struct kvtd_proc d;
+	uint32_t seq[2];
+	char *seqs_before;
+
+	daemon_start(&d, NULL);
+	ck_assert_int_eq(kvt_connect(d.sock, &o, &c), 0);
+	ck_assert_int_eq(kvt_buf_alloc(c, (size_t)L * 2 * STAGE * ROW * 4, &stage), 0);
+	for (int k = 0; k < 2; k++) {
+		seq[k] = stat_seq(c, stage, k, 24);
+		ck_assert_uint_ne(seq[k], 0);
+		memset(&before[k], 0, sizeof(before[k]));
+		before[k].size = sizeof(before[k]);
+		ck_assert_int_eq(kvt_seq_stat(c, seq[k], &before[k]), 0);
+		/* each counter has moved, so that losing it shows */
+		ck_assert_uint_gt(before[k].n_tokens, 0);
+		ck_assert_uint_gt(before[k].tier_count[1], 0);
+		ck_assert_uint_gt(before[k].tier_count[3], 0);
+		ck_assert_uint_gt(before[k].pool_bytes, 0);
+		ck_assert_uint_gt(before[k].bytes_in, 0);
+		ck_assert_uint_gt(before[k].bytes_out, 0);
+		ck_assert(before[k].score_total > 0);
+	}
+	ck_assert_uint_gt(before[0].tier_count[2], 0);
+	js = admin_request(d.sock, KVT_CTL_SEQS);
+	ck_assert_ptr_nonnull(js);
+	seqs_before = strdup(json_object_to_json_string(js));
+	json_object_put(js);
+	restart(&d, 1);
+	for (int k = 0; k < 2; k++) {
+		memset(&after[k], 0, sizeof(after[k]));
+		after[k].size = sizeof(after[k]);
+		ck_assert_int_eq(kvt_seq_stat(c, seq[k], &after[k]), 0);
+		ck_assert_uint_eq(after[k].seq, before[k].seq);
+		ck_assert_uint_eq(after[k].n_tokens, before[k].n_tokens);
+		for (int t = 0; t < 4; t++)
+			ck_assert_uint_eq(after[k].tier_count[t], before[k].tier_count[t]);
+		ck_assert_uint_eq(after[k].pool_bytes, before[k].pool_bytes);
+		ck_assert_uint_eq(after[k].bytes_in, before[k].bytes_in);
+		ck_assert_uint_eq(after[k].bytes_out, before[k].bytes_out);
+		ck_assert(after[k].score_total == before[k].score_total);
+		/* and whatever field SEQ_STAT gains later */
+		ck_assert_int_eq(memcmp(&after[k], &before[k], sizeof(after[k])), 0);
+	}
+	js = admin_request(d.sock, KVT_CTL_SEQS);
+	ck_assert_ptr_nonnull(js);
+	ck_assert_str_eq(json_object_to_json_string(js), seqs_before);
+	json_object_put(js);
+	free(seqs_before);
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
 KVT_CHECK_MAIN("restart", 300, NULL, NULL, t_restart_lossless, t_restart_refused_image,
 	       t_restart_keeps_quota, t_restart_lowered_limits, t_restart_twice_pipelined,
 	       t_restart_op_err_gen, t_restart_not_admin, t_restart_metrics_listen,
-	       t_restart_fails_asker_gone, t_restart_lowered_quota)
+	       t_restart_fails_asker_gone, t_restart_lowered_quota, t_restart_seq_stats_kept)
