@@ -1368,12 +1368,18 @@ kvtd_loop_run(struct kvtd *d)
 				kill(getpid(), SIGHUP);
 			}
 			if (asker) {
-				char msg[200];
+				char msg[512];
 
-				snprintf(msg, sizeof(msg),
-					 "restart failed: %s (kvtierd keeps running; "
-					 "see its log)",
-					 strerror(-r));
+				if (d->restart_why[0])
+					snprintf(msg, sizeof(msg),
+						 "restart refused: %s (kvtierd keeps running, "
+						 "every session kept)",
+						 d->restart_why);
+				else
+					snprintf(msg, sizeof(msg),
+						 "restart failed: %s (kvtierd keeps running; "
+						 "see its log)",
+						 strerror(-r));
 				kvtd_loop_reply(d, asker, d->restart_req_id, r, msg);
 			}
 		}

@@ -11,7 +11,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -932,6 +934,120 @@ kvtd_restart_take_fd(int *argc, char **argv)
 	return (int)v;
 }
 
+int
+kvtd_restart_take_check(int *argc, char **argv)
+{
+	if (*argc < 2 || strcmp(argv[*argc - 1], "--check-restart"))
+		return 0;
+	*argc -= 1;
+	argv[*argc] = NULL;
+	return 1;
+}
+
+#define PREFLIGHT_MS 10000 /* the longest a new binary may take to read its configuration */
+
+/* The first line of @s, for a message. */
+static const char *
+first_line(char *s)
+{
+	size_t n = strcspn(s, "\n");
+
+	s[n] = '\0';
+	return s[0] ? s : "(no output)";
+}
+
+/*
+ * The pre-flight: "<exe> <arguments> --check-restart", which reads the configuration as the
+ * restarted process will and prints KVTD_RESTART_READY with the image version it reads. Run
+ * while every session is still served; anything else (a configuration it refuses, a binary
+ * that crashes, is not kvtierd, reads only older images or hangs) refuses the restart, the
+ * reason logged and in d->restart_why. The exit status is taken when the reaper thread of a
+ * restarted process did not take it first: the readiness line decides.
+ */
+static int
+preflight(struct kvtd *d)
+{
+	posix_spawn_file_actions_t fa;
+	char out[512], **argv;
+	size_t got = 0;
+	uint64_t end = kvtd_now_ns() + (uint64_t)PREFLIGHT_MS * 1000000;
+	int p[2], r, st = -1, hung = 0, ver = -1;
+	const char *ready;
+	pid_t pid;
+
+	argv = calloc((size_t)d->argc + 2, sizeof(*argv));
+	if (!argv)
+		return -ENOMEM;
+	memcpy(argv, d->argv, (size_t)d->argc * sizeof(*argv));
+	argv[d->argc] = "--check-restart";
+	if (pipe2(p, O_CLOEXEC) < 0) {
+		r = -errno;
+		free(argv);
+		return r;
+	}
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+	posix_spawn_file_actions_adddup2(&fa, p[1], 2);
+	r = posix_spawn(&pid, d->exe, &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	close(p[1]);
+	free(argv);
+	if (r) {
+		close(p[0]);
+		snprintf(d->restart_why, sizeof(d->restart_why), "cannot run %.120s: %s", d->exe,
+			 strerror(r));
+		return -r;
+	}
+	while (got < sizeof(out) - 1) {
+		uint64_t now = kvtd_now_ns();
+		struct pollfd pf = {.fd = p[0], .events = POLLIN};
+		ssize_t n;
+
+		if (now >= end || poll(&pf, 1, (int)((end - now) / 1000000) + 1) == 0) {
+			hung = 1;
+			break;
+		}
+		n = read(p[0], out + got, sizeof(out) - 1 - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	out[got] = '\0';
+	close(p[0]);
+	if (hung || waitpid(pid, &st, WNOHANG) == 0)
+		kill(pid, SIGKILL); /* still running with its answer given or not: it is done */
+	while (st == -1 && waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	ready = strstr(out, KVTD_RESTART_READY);
+	if (ready)
+		sscanf(ready + sizeof(KVTD_RESTART_READY) - 1, "%d", &ver);
+	if (ready && ver >= KVTD_IMAGE_VERSION && (st == -1 || (WIFEXITED(st) && !WEXITSTATUS(st))))
+		return 0;
+	if (hung)
+		snprintf(d->restart_why, sizeof(d->restart_why),
+			 "%.120s --check-restart gave no answer in %d s", d->exe, PREFLIGHT_MS / 1000);
+	else if (ready)
+		snprintf(d->restart_why, sizeof(d->restart_why),
+			 "%.120s reads restart images up to version %d; this kvtierd writes version %d",
+			 d->exe, ver, KVTD_IMAGE_VERSION);
+	else if (st != -1 && WIFSIGNALED(st))
+		snprintf(d->restart_why, sizeof(d->restart_why),
+			 "%.120s --check-restart was killed by signal %d (%s): a damaged binary?",
+			 d->exe, WTERMSIG(st), strsignal(WTERMSIG(st)));
+	else if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st))
+		snprintf(d->restart_why, sizeof(d->restart_why),
+			 "%.120s --check-restart exited %d: %.160s", d->exe, WEXITSTATUS(st),
+			 first_line(out));
+	else
+		snprintf(d->restart_why, sizeof(d->restart_why),
+			 "%.120s gave no restart readiness line (not a kvtierd that restarts in "
+			 "place?): %.160s",
+			 d->exe, first_line(out));
+	return -ECANCELED;
+}
+
 void
 kvtd_restart_record(struct kvtd *d, int argc, char **argv)
 {
@@ -951,6 +1067,7 @@ kvtd_restart(struct kvtd *d)
 	int r, img_fd = -1, twfd = -1;
 	pid_t tpid;
 
+	d->restart_why[0] = '\0';
 	if (kvt_dev_kind(d->dev) != KVT_DEV_HOST || d->pool.fd < 0) {
 		log_err(
 		    "restart: the %s backend cannot restart in place yet (device registrations "
@@ -964,6 +1081,16 @@ kvtd_restart(struct kvtd *d)
 		log_err("restart: cannot execute %s: %s", d->exe[0] ? d->exe : "(unknown binary)",
 			strerror(-r));
 		return r ? r : -ENOENT;
+	}
+	/* Before anything is stopped: a restart the new binary or configuration would fail is
+	 * refused here, every session kept. */
+	r = preflight(d);
+	if (r < 0) {
+		if (!d->restart_why[0])
+			snprintf(d->restart_why, sizeof(d->restart_why), "pre-flight of %.120s: %s",
+				 d->exe, strerror(-r));
+		log_err("restart refused: %s (still serving every session)", d->restart_why);
+		return r;
 	}
 	d->restart_started_ns = kvtd_now_ns();
 	/* Quiesce: with every poller's lock held no op runs; SQEs not yet drained stay in their

@@ -18,6 +18,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <check.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -969,7 +970,162 @@ START_TEST(t_restart_seq_stats_kept)
 }
 END_TEST
 
+/* Sends RESTART and returns its error reply's message (static), or NULL when it was a JSON
+ * answer; the error must be -ECANCELED: the restart was refused. */
+static const char *
+restart_refused(struct kvtd_proc *d)
+{
+	static char buf[KVT_CTL_MAX_MSG];
+	struct kvt_ctl_hdr h = {.type = KVT_CTL_RESTART, .len = sizeof(h), .id = 9};
+	const struct kvt_ctl_error *e = (const void *)buf;
+	int fd = ctl_raw_connect(d->sock);
+	ssize_t n;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(send(fd, &h, sizeof(h), 0), sizeof(h));
+	n = ctl_raw_recv(fd, buf, sizeof(buf) - 1, 20000);
+	close(fd);
+	ck_assert_msg(n >= (ssize_t)sizeof(e->hdr), "no reply to RESTART (log %s)", d->log);
+	buf[n] = '\0';
+	if (e->hdr.type != KVT_CTL_ERROR)
+		return NULL;
+	ck_assert_int_ge(n, sizeof(*e));
+	ck_assert_int_eq(e->err, -ECANCELED);
+	return e->msg;
+}
+
+/* Where the last loaded segment of the ELF image @elf ends in the file. */
+static size_t
+loaded_end(const void *elf)
+{
+	const Elf64_Ehdr *eh = elf;
+	size_t end = 0;
+
+	ck_assert_int_eq(memcmp(eh->e_ident, ELFMAG, SELFMAG), 0);
+	for (unsigned i = 0; i < eh->e_phnum; i++) {
+		const Elf64_Phdr *ph =
+		    (const void *)((const char *)elf + eh->e_phoff + (size_t)i * eh->e_phentsize);
+
+		if (ph->p_type == PT_LOAD && ph->p_offset + ph->p_filesz > end)
+			end = ph->p_offset + ph->p_filesz;
+	}
+	ck_assert_uint_gt(end, 0);
+	return end;
+}
+
+/* @bin replaced (renamed over, as a package upgrade does) by @len bytes of @data, mode 0755. */
+static void
+replace_bin(const char *bin, const void *data, size_t len)
+{
+	char tmp[80];
+	int fd;
+
+	snprintf(tmp, sizeof(tmp), "%s.new", bin);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0755);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, data, len), (ssize_t)len);
+	close(fd);
+	ck_assert_int_eq(rename(tmp, bin), 0);
+}
+
+/*
+ * The pre-flight: a configuration the new process refuses (an unknown key), a truncated binary
+ * and a foreign executable each refuse the restart with a reason, and the session lives on with
+ * its rows; then the good binary and configuration back, and the restart goes ahead. Each of
+ * them used to exec a process that died, and every session with it.
+ */
+START_TEST(t_restart_preflight)
+{
+	char dir[] = "/tmp/kvt-restart-bin-XXXXXX", bin[64], cmd[256], cfgpath[80];
+	const char *extra[] = {"--config", cfgpath, NULL};
+	const char *var = getenv("KVT_EXEC") ? "KVT_EXEC" : "KVTIERD", *orig = getenv(var);
+	static const char foreign[] = "#!/bin/sh\necho 'some other program'\nexit 3\n";
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	static float rows[2 * TOK];
+	struct json_object *st;
+	struct kvt_client *c;
+	struct kvtd_proc d;
+	const char *why;
+	struct stat sb;
+	char *good;
+	uint32_t seq;
+	int fd;
+
+	ck_assert_ptr_nonnull(orig);
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(bin, sizeof(bin), "%s/kvtierd", dir);
+	snprintf(cfgpath, sizeof(cfgpath), "%s/kvtierd.conf", dir);
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", orig, bin);
+	ck_assert_int_eq(system(cmd), 0);
+	ck_assert_int_eq(stat(bin, &sb), 0);
+	good = malloc((size_t)sb.st_size);
+	fd = open(bin, O_RDONLY);
+	ck_assert_int_eq(read(fd, good, (size_t)sb.st_size), sb.st_size);
+	close(fd);
+	fd = open(cfgpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	dprintf(fd, "[limits]\nseqs_per_session = 8\n");
+	close(fd);
+	orig = strdup(orig);
+	setenv(var, bin, 1);
+	daemon_start(&d, extra);
+	setenv(var, orig, 1);
+	free((void *)orig);
+	ck_assert_int_eq(kvt_connect(d.sock, &o, &c), 0);
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_FULL;
+	p.delta = 16;
+	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 2, NULL), 2);
+
+	/* 1: a configuration SIGHUP refuses too */
+	fd = open(cfgpath, O_WRONLY | O_TRUNC);
+	dprintf(fd, "[limits]\nseqs_per_session = 8\nno_such_key = 1\n");
+	close(fd);
+	why = restart_refused(&d);
+	ck_assert_ptr_nonnull(why);
+	ck_assert_msg(strstr(why, "no_such_key"), "reason: %s", why);
+	fd = open(cfgpath, O_WRONLY | O_TRUNC);
+	dprintf(fd, "[limits]\nseqs_per_session = 8\n");
+	close(fd);
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 2, NULL), 4);
+
+	/* 2: a truncated binary: cut in the middle of what the loader maps (its end past it) */
+	replace_bin(bin, good, loaded_end(good) / 2);
+	why = restart_refused(&d);
+	ck_assert_ptr_nonnull(why);
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 2, NULL), 6);
+
+	/* 3: another program */
+	replace_bin(bin, foreign, sizeof(foreign) - 1);
+	why = restart_refused(&d);
+	ck_assert_ptr_nonnull(why);
+	ck_assert_msg(strstr(why, "exited 3"), "reason: %s", why);
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 2, NULL), 8);
+
+	st = admin_request(d.sock, KVT_CTL_STATUS);
+	ck_assert_ptr_nonnull(st);
+	ck_assert_int_eq(json_get_i64(st, "restarts"), 0);
+	json_object_put(st);
+
+	/* the good binary back: the restart goes ahead */
+	replace_bin(bin, good, (size_t)sb.st_size);
+	restart(&d, 1);
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 2, NULL), 10);
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	free(good);
+	unlink(bin);
+	unlink(cfgpath);
+	rmdir(dir);
+}
+END_TEST
+
 KVT_CHECK_MAIN("restart", 300, NULL, NULL, t_restart_lossless, t_restart_refused_image,
 	       t_restart_keeps_quota, t_restart_lowered_limits, t_restart_twice_pipelined,
 	       t_restart_op_err_gen, t_restart_not_admin, t_restart_metrics_listen,
-	       t_restart_fails_asker_gone, t_restart_lowered_quota, t_restart_seq_stats_kept)
+	       t_restart_fails_asker_gone, t_restart_lowered_quota, t_restart_seq_stats_kept,
+	       t_restart_preflight)
