@@ -862,23 +862,36 @@ teardown_child(void *arg)
 static pid_t
 teardown_start(int *ret_wfd)
 {
-	static int p[2]; /* read by the child before the parent can change them */
+	/* read by the child before the parent can change them; p[2], p[3]: a second pipe whose
+	 * write end the child closes with the rest, so that the exec waits until the child holds
+	 * nothing the new process needs (the metrics port) */
+	static int p[4];
 	const size_t stack = 64 << 10;
+	char c;
 	void *st;
 	pid_t pid;
 
 	if (pipe2(p, O_CLOEXEC) < 0)
 		return -1;
+	if (pipe2(p + 2, O_CLOEXEC) < 0) {
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
 	st = mmap(NULL, stack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1,
 		  0);
 	if (st == MAP_FAILED) {
-		close(p[0]);
-		close(p[1]);
+		for (int i = 0; i < 4; i++)
+			close(p[i]);
 		return -1;
 	}
 	/* The stack stays mapped: it lives in the old address space, which the child ends. */
 	pid = clone(teardown_child, (uint8_t *)st + stack, CLONE_VM | SIGCHLD, p);
 	close(p[0]);
+	close(p[3]);
+	while (pid > 0 && read(p[2], &c, 1) < 0 && errno == EINTR)
+		; /* EOF: the child closed its copies */
+	close(p[2]);
 	if (pid < 0) {
 		close(p[1]);
 		munmap(st, stack);
