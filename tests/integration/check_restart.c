@@ -1124,8 +1124,137 @@ START_TEST(t_restart_preflight)
 }
 END_TEST
 
+/*
+ * The restart soak: 4 clients run workload() over and over (APPEND, SCORE_ADD, RETIER, FETCH
+ * with every T1 row compared bit for bit, TOPK), with metrics_listen set, while the daemon
+ * restarts in place $KVT_RESTART_SOAK times (6 in CI; restart_soak.sh runs 500); every
+ * $KVT_RESTART_SOAK_BAD-th time (3 in CI, 50 in the long run) a configuration with an unknown key
+ * and then a truncated binary are tried first and must be refused. No client may lose its
+ * session or see a wrong row, and afterwards the daemon holds the descriptors, mappings and pool
+ * bytes it held before.
+ */
+START_TEST(t_restart_soak)
+{
+	char dir[] = "/tmp/kvt-restart-bin-XXXXXX", bin[64], cmd[256], cfgpath[80];
+	const char *extra[] = {"--config", cfgpath, NULL};
+	const char *var = getenv("KVT_EXEC") ? "KVT_EXEC" : "KVTIERD", *orig = getenv(var);
+	const char *env_n = getenv("KVT_RESTART_SOAK"), *env_bad = getenv("KVT_RESTART_SOAK_BAD");
+	unsigned n = env_n ? (unsigned)atoi(env_n) : 6, bad = env_bad ? (unsigned)atoi(env_bad) : 3;
+	unsigned port = free_port(), refused = 0;
+	struct kvtd_usage u0, u1;
+	struct kvtd_proc d;
+	pid_t kids[4];
+	int stop[2], fd;
+	struct stat sb;
+	char *good;
+
+	ck_assert_ptr_nonnull(orig);
+	ck_assert_uint_gt(bad, 0);
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(bin, sizeof(bin), "%s/kvtierd", dir);
+	snprintf(cfgpath, sizeof(cfgpath), "%s/kvtierd.conf", dir);
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", orig, bin);
+	ck_assert_int_eq(system(cmd), 0);
+	ck_assert_int_eq(stat(bin, &sb), 0);
+	good = malloc((size_t)sb.st_size);
+	fd = open(bin, O_RDONLY);
+	ck_assert_int_eq(read(fd, good, (size_t)sb.st_size), sb.st_size);
+	close(fd);
+	fd = open(cfgpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	dprintf(fd, "[daemon]\nmetrics_listen = 127.0.0.1:%u\n", port);
+	close(fd);
+	orig = strdup(orig);
+	setenv(var, bin, 1);
+	daemon_start(&d, extra);
+	setenv(var, orig, 1);
+	free((void *)orig);
+	/* the baseline is a restarted process's that has served a workload (its poller's malloc
+	 * arena made) */
+	restart(&d, 0);
+	ck_assert_int_eq(workload(d.sock, 1, -1, -1).err, 0);
+	usleep(500000); /* a steadier baseline: the restart's short-lived threads gone */
+	u0 = daemon_usage(&d);
+	ck_assert_int_eq(pipe(stop), 0);
+	for (int k = 0; k < 4; k++) {
+		kids[k] = fork();
+		ck_assert_int_ge(kids[k], 0);
+		if (kids[k] == 0) {
+			close(stop[1]);
+			fcntl(stop[0], F_SETFL, O_NONBLOCK);
+			for (unsigned round = 0;; round++) {
+				struct digest dg = workload(d.sock, k % 2, -1, -1);
+				char c;
+
+				if (dg.err)
+					_exit(dg.err % 200 + 1);
+				if (read(stop[0], &c, 1) == 0) /* EOF: the parent is done */
+					_exit(0);
+			}
+		}
+	}
+	close(stop[0]);
+	for (unsigned i = 1; i <= n; i++) {
+		if (i % bad == 0) {
+			const char *why;
+
+			fd = open(cfgpath, O_WRONLY | O_TRUNC);
+			dprintf(fd, "[daemon]\nmetrics_listen = 127.0.0.1:%u\nno_such_key = 1\n",
+				port);
+			close(fd);
+			why = restart_refused(&d);
+			ck_assert_msg(why, "restart %u: a bad configuration was not refused", i);
+			fd = open(cfgpath, O_WRONLY | O_TRUNC);
+			dprintf(fd, "[daemon]\nmetrics_listen = 127.0.0.1:%u\n", port);
+			close(fd);
+			replace_bin(bin, good, loaded_end(good) / 2);
+			why = restart_refused(&d);
+			ck_assert_msg(why, "restart %u: a truncated binary was not refused", i);
+			replace_bin(bin, good, (size_t)sb.st_size);
+			refused += 2;
+		}
+		restart(&d, -1);
+		if (env_n && i % 50 == 0)
+			fprintf(stderr, "restart soak: %u restarts, %u refused\n", i, refused);
+	}
+	close(stop[1]);
+	for (int k = 0; k < 4; k++) {
+		int st;
+
+		ck_assert_int_eq(waitpid(kids[k], &st, 0), kids[k]);
+		ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+			      "client %d: status %d (workload failure code %d)", k, st,
+			      WIFEXITED(st) ? WEXITSTATUS(st) - 1 : -1);
+	}
+	/* measured as the baseline was: a restarted process after one workload (descriptors and
+	 * pool bytes are carried by every restart; a mapping of the old process is not) */
+	restart(&d, 0);
+	ck_assert_int_eq(workload(d.sock, 1, -1, -1).err, 0);
+	/* a restart's short-lived threads (the pool's populate, the reaper) come and go: their
+	 * stacks are mapped meanwhile; waited for, boundedly */
+	for (int i = 0; i < 250; i++) {
+		u1 = daemon_usage(&d);
+		if (u1.fds == u0.fds && (u1.sanitized || u1.maps == u0.maps))
+			break;
+		usleep(20000);
+	}
+	printf("restart soak: %u restarts in place, %u bad ones refused, 4 clients; daemon fds "
+	       "%ld -> %ld, maps %ld -> %ld, RSS %ld -> %ld kB, pool bytes %lld\n",
+	       n, refused, u0.fds, u1.fds, u0.maps, u1.maps, u0.rss_kb, u1.rss_kb,
+	       (long long)pool_used(d.sock));
+	ck_assert_int_eq(u1.fds, u0.fds);
+	if (!u1.sanitized)
+		ck_assert_int_eq(u1.maps, u0.maps);
+	ck_assert_int_eq(pool_used(d.sock), 0);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	free(good);
+	unlink(bin);
+	unlink(cfgpath);
+	rmdir(dir);
+}
+END_TEST
+
 KVT_CHECK_MAIN("restart", 300, NULL, NULL, t_restart_lossless, t_restart_refused_image,
 	       t_restart_keeps_quota, t_restart_lowered_limits, t_restart_twice_pipelined,
 	       t_restart_op_err_gen, t_restart_not_admin, t_restart_metrics_listen,
 	       t_restart_fails_asker_gone, t_restart_lowered_quota, t_restart_seq_stats_kept,
-	       t_restart_preflight)
+	       t_restart_preflight, t_restart_soak)
