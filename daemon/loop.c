@@ -104,7 +104,7 @@ uid_get(struct kvtd *d, uid_t uid)
 {
 	struct kvtd_uid *free_ent = NULL;
 
-	for (unsigned i = 0; i < d->cfg.max_sessions; i++) {
+	for (unsigned i = 0; i < d->n_uids; i++) {
 		struct kvtd_uid *u = &d->uids[i];
 
 		if (u->sessions && u->uid == uid)
@@ -166,6 +166,8 @@ conn_close(struct kvtd *d, struct kvtd_conn *c)
 	}
 	if (c->uid_ent)
 		c->uid_ent->sessions--;
+	if (d->restart_conn == c) /* a restart that fails answers no one rather than freed memory */
+		d->restart_conn = NULL;
 	if (c->prev)
 		c->prev->next = c->next;
 	else
@@ -902,6 +904,24 @@ do_accept(struct kvtd *d)
 		d->listen_paused = LISTEN_NOFD;
 }
 
+static void arm_src(struct kvtd *d, unsigned src);
+
+/* A metrics bind that failed after a restart: tried again, each wait twice the last (to a
+ * minute), each failure logged by kvtd_metrics_init(). */
+static void
+metrics_retry(struct kvtd *d, uint64_t now)
+{
+	if (kvtd_metrics_init(d) == 0) {
+		d->metrics_retry_ns = 0;
+		if (d->metrics_fd >= 0)
+			arm_src(d, SRC_METRICS);
+		return;
+	}
+	if (d->metrics_backoff_ns < 60000000000ULL)
+		d->metrics_backoff_ns *= 2;
+	d->metrics_retry_ns = now + d->metrics_backoff_ns;
+}
+
 static void
 on_timer(struct kvtd *d)
 {
@@ -941,6 +961,8 @@ on_timer(struct kvtd *d)
 	}
 	if (d->listen_paused == LISTEN_NOFD) /* descriptors may have freed outside our conns */
 		listen_resume(d);
+	if (d->metrics_retry_ns && now >= d->metrics_retry_ns)
+		metrics_retry(d, now);
 	kvtd_metrics_tick(d, now);
 }
 
@@ -1222,6 +1244,7 @@ loop_release(struct kvtd *d)
 	kvtd_metrics_fini(d);
 	free(d->uids);
 	d->uids = NULL;
+	d->n_uids = 0;
 	d->rearm = 0;
 }
 
@@ -1302,9 +1325,18 @@ kvtd_loop_init(struct kvtd *d)
 		goto err;
 	}
 	r = kvtd_metrics_init(d); /* logged */
+	if (r < 0 && d->restoring) {
+		/* Never fatal to the sessions a restart carries: /metrics comes back later. */
+		log_warn("metrics_listen %s: serving without /metrics for now, trying again",
+			 d->cfg.metrics_listen);
+		d->metrics_backoff_ns = 1000000000ULL;
+		d->metrics_retry_ns = kvtd_now_ns() + d->metrics_backoff_ns;
+		r = 0;
+	}
 	if (r < 0)
 		goto err;
-	d->uids = calloc(d->cfg.max_sessions, sizeof(*d->uids));
+	d->n_uids = d->cfg.max_sessions;
+	d->uids = calloc(d->n_uids, sizeof(*d->uids));
 	if (!d->uids) {
 		r = -ENOMEM;
 		goto err;
@@ -1393,6 +1425,7 @@ kvtd_loop_run(struct kvtd *d)
 		}
 		}
 		if (d->restart_pending) {
+			/* the asker, unless it hung up in this turn (conn_close() forgets it) */
 			void *asker = d->restart_conn;
 
 			d->restart_pending = 0;
@@ -1405,12 +1438,18 @@ kvtd_loop_run(struct kvtd *d)
 				kill(getpid(), SIGHUP);
 			}
 			if (asker) {
-				char msg[200];
+				char msg[512];
 
-				snprintf(msg, sizeof(msg),
-					 "restart failed: %s (kvtierd keeps running; "
-					 "see its log)",
-					 strerror(-r));
+				if (d->restart_why[0])
+					snprintf(msg, sizeof(msg),
+						 "restart refused: %s (kvtierd keeps running, "
+						 "every session kept)",
+						 d->restart_why);
+				else
+					snprintf(msg, sizeof(msg),
+						 "restart failed: %s (kvtierd keeps running; "
+						 "see its log)",
+						 strerror(-r));
 				kvtd_loop_reply(d, asker, d->restart_req_id, r, msg);
 			}
 		}
