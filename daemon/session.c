@@ -267,9 +267,17 @@ kvtd_session_ns_open(struct kvtd_session *s, const struct kvt_ns_params *np)
 		return kvtd_seq_fail(
 		    x, -EMFILE, "%u namespaces open, the session's limit: close one", KVT_MAX_NS);
 	r = kvtd_prefix_ns_open(&s->d->prefix, np, s->prefix_scope, &s->ns[i].ns);
+	if (r == -ENOSPC)
+		return kvtd_seq_fail(x, r, "no pool class left for its slot size");
+	if (r == -EDQUOT)
+		return kvtd_seq_fail(
+		    x, r,
+		    "a new namespace past the %u this uid (or the shared scope) may "
+		    "hold ([prefix] namespaces_per_uid), or past %u in all: close "
+		    "namespaces or let their blocks go",
+		    s->d->cfg.prefix_namespaces_per_uid, KVTD_PREFIX_MAX_NS);
 	if (r < 0)
-		return r == -ENOSPC ? kvtd_seq_fail(x, r, "no pool class left for its slot size")
-				    : r;
+		return r;
 	return (int)i + 1;
 }
 
