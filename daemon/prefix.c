@@ -528,6 +528,17 @@ pool_reclaim(void *ctx, uint64_t bytes)
 	kvtd_prefix_reclaim(ctx, bytes);
 }
 
+/* The keys a lookup examines: a chain of keys names each block once, so a match longer than
+ * the namespace's blocks repeats one (a client's trick to pin one block without end); and the
+ * poller's turn is bounded whatever the key count. Lock held. */
+static uint32_t
+lookup_bound(const struct kvtd_pns *ns, uint32_t n)
+{
+	if (n > KVTD_PREFIX_LOOKUP_MAX)
+		n = KVTD_PREFIX_LOOKUP_MAX;
+	return n > ns->blocks ? (uint32_t)ns->blocks : n;
+}
+
 uint32_t
 kvtd_prefix_match(struct kvtd_prefix *px, struct kvtd_pns *ns, const struct kvt_block_key *keys,
 		  uint32_t n)
@@ -535,6 +546,7 @@ kvtd_prefix_match(struct kvtd_prefix *px, struct kvtd_pns *ns, const struct kvt_
 	uint32_t i;
 
 	pthread_mutex_lock(&px->lock);
+	n = lookup_bound(ns, n);
 	for (i = 0; i < n; i++) {
 		struct kvt_block_key k;
 
@@ -550,10 +562,11 @@ uint32_t
 kvtd_prefix_lookup(struct kvtd_prefix *px, struct kvtd_pns *ns, const struct kvt_block_key *keys,
 		   uint32_t n, struct kvtd_pblock **pins, uint32_t cap)
 {
-	uint32_t i;
+	uint32_t i, lim;
 
 	pthread_mutex_lock(&px->lock);
-	for (i = 0; i < n; i++) {
+	lim = lookup_bound(ns, n);
+	for (i = 0; i < lim; i++) {
 		struct kvt_block_key k;
 		struct kvtd_pblock *b;
 

@@ -30,6 +30,7 @@ struct kvtd_ns_handle {
 	struct kvtd_pns *ns; /* NULL: slot free */
 	struct kvtd_pblock **pins;
 	uint32_t n_pins, cap_pins;
+	uint64_t pins_bytes; /* of pins[], charged to the session and its uid */
 };
 struct kvt_dev_buf;
 struct kvt_dev_event;

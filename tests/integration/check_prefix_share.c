@@ -678,6 +678,69 @@ START_TEST(t_concurrent)
 }
 END_TEST
 
+static int64_t blocks_get(const char *field);
+
+/* CLIENTS' pool_bytes of the session named @name. */
+static int64_t
+session_pool_bytes(const char *name)
+{
+	struct json_object *o = admin_request(Dm.sock, KVT_CTL_CLIENTS), *a, *c, *v;
+	int64_t bytes = -1;
+
+	ck_assert_ptr_nonnull(o);
+	ck_assert(json_object_object_get_ex(o, "clients", &a));
+	for (size_t i = 0; i < json_object_array_length(a); i++) {
+		c = json_object_array_get_idx(a, i);
+		if (json_object_object_get_ex(c, "name", &v) &&
+		    !strcmp(json_object_get_string(v), name))
+			bytes = json_get_i64(c, "pool_bytes");
+	}
+	json_object_put(o);
+	ck_assert_msg(bytes >= 0, "no session named %s", name);
+	return bytes;
+}
+
+/* A LOOKUP that repeats one key pins no more than the namespace holds, its pin array is charged
+ * to the session (and freed with its pins), and one SQE examines a bounded number of keys. */
+START_TEST(t_pins_bounded)
+{
+	enum { REPEAT = 500000 };
+	struct kvt_opts o = {
+	    .size = sizeof(o), .spin_us = 10, .name = "pinner", .arena_size = 16u << 20};
+	struct kvt_ns_params np = nsp("model-p");
+	struct kvt_block_key keys[NBLK], *many;
+	struct client a;
+	struct kvt_client *c;
+	uint32_t tok[NTOK], ns;
+
+	start();
+	client_open(&a, "model-p");
+	tokens_of(tok, NTOK, 0);
+	ck_assert_int_eq(kvt_block_keys(&np, NULL, tok, NTOK, keys, NBLK), NBLK);
+	publish_prompt(&a, keys, NTOK);
+	ck_assert_int_eq(kvt_connect(Dm.sock, &o, &c), 0);
+	ck_assert_int_eq(kvt_ns_open(c, &np, &ns), 0);
+	many = malloc(REPEAT * sizeof(*many));
+	ck_assert_ptr_nonnull(many);
+	for (uint32_t i = 0; i < REPEAT; i++)
+		many[i] = keys[0];
+	/* the namespace holds NBLK blocks: no match is longer, pinning or not */
+	ck_assert_int_eq(kvt_lookup(c, ns, many, REPEAT, 0), NBLK);
+	ck_assert_int_eq(session_pool_bytes("pinner"), 0);
+	ck_assert_int_eq(kvt_lookup(c, ns, many, REPEAT, KVT_LOOKUP_F_PIN), NBLK);
+	ck_assert_int_eq(session_pool_bytes("pinner"), NBLK * (int64_t)sizeof(void *));
+	ck_assert_int_eq(blocks_get("referenced"), NBLK);
+	/* a real prefix still pins in full */
+	ck_assert_int_eq(kvt_lookup(c, ns, keys, NBLK, KVT_LOOKUP_F_PIN), NBLK);
+	ck_assert_int_eq(kvt_ns_close(c, ns), 0);
+	ck_assert_int_eq(session_pool_bytes("pinner"), 0);
+	free(many);
+	kvt_disconnect(c);
+	kvt_disconnect(a.c);
+	stop();
+}
+END_TEST
+
 /* A field of the BLOCKS document. */
 static int64_t
 blocks_get(const char *field)
@@ -760,4 +823,5 @@ START_TEST(t_restart)
 END_TEST
 
 KVT_CHECK_MAIN("prefix_share", 120, NULL, NULL, t_share, t_publisher_killed, t_namespaces,
-	       t_uid_scope, t_copy_on_write, t_dedupe, t_bad_input, t_fuzz, t_concurrent, t_restart)
+	       t_uid_scope, t_copy_on_write, t_dedupe, t_bad_input, t_fuzz, t_concurrent, t_restart,
+	       t_pins_bounded)
