@@ -13,7 +13,9 @@
  * is one reference. A block with none stays cached, on an LRU, until the pool needs room
  * (pool.h's reclaim hook) or a PUBLISH needs budget. Block slots are charged to the store's
  * own account, whose limit is prefix_cache_bytes: a shared block costs no client's quota, and a
- * publisher that dies leaves nothing its readers need.
+ * publisher that dies leaves nothing its readers need. Each scope (a uid, or the shared scope)
+ * has a share of that budget (kvtd_prefix_limits(): pool_bytes_per_uid), so that publishing is
+ * no way around a uid's quota.
  *
  * Locking: one mutex, taken inside a poller's lock and outside the pool's (it frees into the
  * pool); never held while calling kvtd_pool_alloc() (whose reclaim hook takes it).

@@ -741,6 +741,56 @@ START_TEST(t_pins_bounded)
 }
 END_TEST
 
+/* With [limits] pool_bytes_per_uid, a uid's blocks hold at most that share of cache_bytes:
+ * publishing past it is -ENOSPC while they are referenced, and the uid's own unreferenced
+ * blocks give way first. (Publishing moves a block's charge off the uid's account: without the
+ * share one uid held cache_bytes of referenced blocks whatever its quota.) */
+START_TEST(t_uid_share)
+{
+	enum { PROMPTS = 4, SHARE = PROMPTS * NBLK * BT * TOK_BYTES };
+	struct kvt_ns_params np = nsp("model-q");
+	struct kvt_block_key keys[PROMPTS + 2][NBLK];
+	uint32_t tok[NTOK], seq[PROMPTS + 2], n_new;
+	struct kvt_seq_params p;
+	struct client a;
+	char conf[128];
+
+	snprintf(conf, sizeof(conf),
+		 "[limits]\npool_bytes_per_uid = %u\n[prefix]\ncache_bytes = 8M\n", SHARE);
+	start_conf(conf);
+	client_open(&a, "model-q");
+	p = seqp(&a);
+	/* one sequence at a time: the uid's quota holds one unpublished */
+	for (int i = 0; i < PROMPTS + 1; i++) {
+		tokens_of(tok, NTOK, 1000 * (i + 1));
+		ck_assert_int_eq(kvt_block_keys(&np, NULL, tok, NTOK, keys[i], NBLK), NBLK);
+		ck_assert_int_eq(kvt_seq_open_prefix(a.c, &p, a.ns, 0, &seq[i]), 0);
+		append_range(&a, seq[i], 0, NTOK);
+		/* the share holds PROMPTS prompts in use */
+		if (i < PROMPTS)
+			ck_assert_int_eq(kvt_publish(a.c, seq[i], keys[i], NBLK, &n_new), NBLK);
+	}
+	/* the next is refused and changes nothing */
+	ck_assert_int_eq(kvt_publish(a.c, seq[PROMPTS], keys[PROMPTS], NBLK, &n_new), -ENOSPC);
+	ck_assert_int_eq(blocks_get("blocks"), PROMPTS * NBLK);
+	ck_assert_int_eq(blocks_get("bytes"), SHARE);
+	/* a prompt no longer in use gives way to the uid's next */
+	ck_assert_int_eq(kvt_seq_close(a.c, seq[0]), 0);
+	ck_assert_int_eq(kvt_publish(a.c, seq[PROMPTS], keys[PROMPTS], NBLK, &n_new), NBLK);
+	ck_assert_uint_eq(n_new, NBLK);
+	ck_assert_int_eq(kvt_lookup(a.c, a.ns, keys[0], NBLK, 0), 0);
+	tokens_of(tok, NTOK, 1000 * (PROMPTS + 2));
+	ck_assert_int_eq(kvt_block_keys(&np, NULL, tok, NTOK, keys[PROMPTS + 1], NBLK), NBLK);
+	ck_assert_int_eq(kvt_seq_open_prefix(a.c, &p, a.ns, 0, &seq[PROMPTS + 1]), 0);
+	append_range(&a, seq[PROMPTS + 1], 0, NTOK);
+	ck_assert_int_eq(kvt_publish(a.c, seq[PROMPTS + 1], keys[PROMPTS + 1], NBLK, &n_new),
+			 -ENOSPC);
+	ck_assert_int_eq(blocks_get("bytes"), SHARE);
+	kvt_disconnect(a.c);
+	stop();
+}
+END_TEST
+
 /* A field of the BLOCKS document. */
 static int64_t
 blocks_get(const char *field)
@@ -824,4 +874,4 @@ END_TEST
 
 KVT_CHECK_MAIN("prefix_share", 120, NULL, NULL, t_share, t_publisher_killed, t_namespaces,
 	       t_uid_scope, t_copy_on_write, t_dedupe, t_bad_input, t_fuzz, t_concurrent, t_restart,
-	       t_pins_bounded)
+	       t_pins_bounded, t_uid_share)
