@@ -190,7 +190,8 @@ int kvtd_prefix_restore_block(struct kvtd_prefix *px, struct kvtd_pns *ns,
 			      const struct kvt_block_key *key, const uint64_t *off,
 			      struct kvtd_pblock **ret_blk);
 void kvtd_prefix_abandon(struct kvtd_prefix *px);
-/* The namespace of id @id, or NULL; O(1). */
+/* The namespace of id @id, or NULL; O(1). Takes no lock: the store's lock held, or a restore
+ * (nothing else runs). */
 struct kvtd_pns *kvtd_prefix_ns_by_id(struct kvtd_prefix *px, uint32_t id);
 
 #endif
