@@ -406,6 +406,8 @@ static const struct cfg_key cfg_keys[] = {
 	"uids whose namespaces are one shared scope (others share only with their own uid)"),
     IDS("prefix", "share_gids", prefix_share_gids, n_prefix_share_gids,
 	"groups (primary or supplementary) whose members share that scope too"),
+    UINT("prefix", "namespaces_per_uid", prefix_namespaces_per_uid, 1, 1u << 20, "1024", 0, NULL, 0,
+	 "N", "namespaces one uid (or the shared scope) may hold, open or with cached blocks"),
     /* [retrieval] (docs/retrieval.md). Read at each SEQ_OPEN; a sequence keeps what it was
      * opened with, across restarts in place too. Not reloadable: a restart applies it. */
     BOOL("retrieval", "sketch", retrieval_sketch, "yes", NULL, 0,

@@ -71,6 +71,7 @@ struct kvtd_config {
 	unsigned n_prefix_share_uids;
 	gid_t prefix_share_gids[KVTD_MAX_IDS];
 	unsigned n_prefix_share_gids;
+	unsigned prefix_namespaces_per_uid; /* per scope: a uid, or the shared scope */
 	/* [retrieval] */
 	int retrieval_sketch; /* sequences opened from now on keep an int8 sketch per index */
 };

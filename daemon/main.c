@@ -84,6 +84,7 @@ main(int argc, char **argv)
 	r = kvtd_prefix_init(&d.prefix, &d.pool, kvtd_config_prefix_bytes(&d.cfg));
 	if (r < 0)
 		goto err_loop;
+	kvtd_prefix_limits(&d.prefix, d.cfg.prefix_namespaces_per_uid, d.cfg.pool_bytes_per_uid);
 	r = kvtd_loop_init(&d);
 	if (r < 0)
 		goto err_loop;

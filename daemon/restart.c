@@ -221,6 +221,7 @@ struct kvtd_image {
 	struct img_blk *blk;
 	struct kvtd_pblock **blocks; /* restored, index = image index */
 	uint64_t px_cnt[7];
+	struct kvtd_prefix *px; /* once prefix_restore() made its namespaces */
 	uint32_t n_conns;
 	struct img_conn *conns;
 };
@@ -729,8 +730,9 @@ write_prefix(struct wbuf *w, struct kvtd *d)
 	struct kvtd_prefix *px = &d->prefix;
 	uint32_t n_ns = 0, idx = 0;
 
+	/* Linear in namespaces and blocks: the pause must not grow faster than the store. */
 	for (struct kvtd_pns *ns = px->ns_list; ns; ns = ns->next)
-		n_ns++;
+		ns->img_idx = n_ns++;
 	PUT(w, n_ns);
 	PUT(w, (uint32_t)px->n_blocks);
 	PUT(w, px->lookups);
@@ -754,12 +756,8 @@ write_prefix(struct wbuf *w, struct kvtd *d)
 	}
 	for (uint64_t i = 0; px->tab && i <= px->tab_mask; i++)
 		for (struct kvtd_pblock *b = px->tab[i]; b; b = b->hnext) {
-			uint32_t k = 0;
-
-			for (struct kvtd_pns *ns = px->ns_list; ns != b->ns; ns = ns->next)
-				k++;
 			b->img_idx = idx++;
-			PUT(w, k);
+			PUT(w, b->ns->img_idx);
 			PUT(w, (uint32_t)0);
 			put(w, &b->key, sizeof(b->key));
 			for (uint32_t t = 0; t < b->ns->p.block_tokens; t++)
@@ -1040,11 +1038,13 @@ preflight(struct kvtd *d)
 		return 0;
 	if (hung)
 		snprintf(d->restart_why, sizeof(d->restart_why),
-			 "%.120s --check-restart gave no answer in %d s", d->exe, PREFLIGHT_MS / 1000);
+			 "%.120s --check-restart gave no answer in %d s", d->exe,
+			 PREFLIGHT_MS / 1000);
 	else if (ready)
-		snprintf(d->restart_why, sizeof(d->restart_why),
-			 "%.120s reads restart images up to version %d; this kvtierd writes version %d",
-			 d->exe, ver, KVTD_IMAGE_VERSION);
+		snprintf(
+		    d->restart_why, sizeof(d->restart_why),
+		    "%.120s reads restart images up to version %d; this kvtierd writes version %d",
+		    d->exe, ver, KVTD_IMAGE_VERSION);
 	else if (st != -1 && WIFSIGNALED(st))
 		snprintf(d->restart_why, sizeof(d->restart_why),
 			 "%.120s --check-restart was killed by signal %d (%s): a damaged binary?",
@@ -1296,13 +1296,12 @@ grow_tables(struct kvtd_session *s, const struct img_conn *c)
 	return 0;
 }
 
+/* The namespace restored with @id (prefix_restore() gave each image namespace its id), in
+ * O(1): a session's handles are found without a walk of every namespace. */
 static struct kvtd_pns *
 ns_by_id(const struct kvtd_image *img, uint32_t id)
 {
-	for (uint32_t i = 0; i < img->n_ns; i++)
-		if (img->ns[i].id == id)
-			return img->ns[i].ns;
-	return NULL;
+	return img->px ? kvtd_prefix_ns_by_id(img->px, id) : NULL;
 }
 
 /* The prefix store's namespaces and blocks, slots claimed for the store (no reference yet). */
@@ -1312,6 +1311,7 @@ prefix_restore(struct kvtd *d, struct kvtd_image *img)
 	struct kvtd_prefix *px = &d->prefix;
 	int r;
 
+	img->px = px;
 	for (uint32_t i = 0; i < img->n_ns; i++) {
 		r = kvtd_prefix_restore_ns(px, &img->ns[i].p, img->ns[i].scope, img->ns[i].id,
 					   img->ns[i].cnt, &img->ns[i].ns);
@@ -1600,6 +1600,9 @@ err_abandon:
 		if (e == 0)
 			e = kvtd_prefix_init(&d->prefix, &d->pool,
 					     kvtd_config_prefix_bytes(&d->cfg));
+		if (e == 0)
+			kvtd_prefix_limits(&d->prefix, d->cfg.prefix_namespaces_per_uid,
+					   d->cfg.pool_bytes_per_uid);
 		if (e < 0)
 			return e;
 	}

@@ -279,6 +279,13 @@ kvtd_session_ns_open(struct kvtd_session *s, const struct kvt_ns_params *np)
 				     "this uid), none held only by cached prefix blocks",
 				     used, KVTD_POOL_MAX_CLASSES, held);
 	}
+	if (r == -EDQUOT)
+		return kvtd_seq_fail(
+		    x, r,
+		    "a new namespace past the %u this uid (or the shared scope) may "
+		    "hold ([prefix] namespaces_per_uid), or past %u in all: close "
+		    "namespaces or let their blocks go",
+		    s->d->cfg.prefix_namespaces_per_uid, KVTD_PREFIX_MAX_NS);
 	if (r < 0)
 		return r;
 	/* The namespace's class counts among the uid's (classes_per_uid) while it is open. */
@@ -316,6 +323,29 @@ pins_drop(struct kvtd_session *s, struct kvtd_ns_handle *h)
 	h->n_pins = 0;
 }
 
+/* Charges (@delta > 0) or uncharges the session's pin arrays to its account and its uid's, as
+ * pool bytes are (the pool's lock guards both): -EDQUOT past either limit. */
+static int
+pins_charge(struct kvtd_session *s, struct kvtd_ns_handle *h, int64_t delta)
+{
+	struct kvtd_acct *a = &s->acct, *u = s->uid_ent ? &s->uid_ent->acct : NULL;
+	struct kvtd_pool *pool = &s->d->pool;
+	int r = 0;
+
+	pthread_mutex_lock(&pool->lock);
+	if (delta > 0 && ((a->limit && a->bytes + (uint64_t)delta > a->limit) ||
+			  (u && u->limit && u->bytes + (uint64_t)delta > u->limit))) {
+		r = -EDQUOT;
+	} else {
+		a->bytes += (uint64_t)delta;
+		if (u)
+			u->bytes += (uint64_t)delta;
+		h->pins_bytes += (uint64_t)delta;
+	}
+	pthread_mutex_unlock(&pool->lock);
+	return r;
+}
+
 int
 kvtd_session_ns_close(struct kvtd_session *s, uint64_t id)
 {
@@ -324,6 +354,7 @@ kvtd_session_ns_close(struct kvtd_session *s, uint64_t id)
 	if (!h)
 		return -ENOENT;
 	pins_drop(s, h);
+	pins_charge(s, h, -(int64_t)h->pins_bytes);
 	free(h->pins);
 	if (h->uid_cls)
 		kvtd_pool_class_put_for(&s->d->pool, h->uid_cls - 1,
@@ -337,18 +368,34 @@ int
 kvtd_session_lookup(struct kvtd_session *s, struct kvtd_ns_handle *h,
 		    const struct kvt_block_key *keys, uint32_t n, int pin)
 {
+	uint64_t want, had;
 	uint32_t m;
+	int r;
 
 	if (!pin)
 		return (int)kvtd_prefix_lookup(&s->d->prefix, h->ns, keys, n, NULL, 0);
-	/* Room for what matches, not for what was asked: the key count is the client's. The
-	 * pinning pass stops there (sooner if some went meanwhile). */
+	/* Room for what matches, not for what was asked: the key count is the client's, and a
+	 * match is at most what the namespace holds (prefix.h). The pinning pass stops there
+	 * (sooner if some went meanwhile). The array is the session's memory: charged to it
+	 * (one a restart restored, at the first LOOKUP after). */
 	m = kvtd_prefix_match(&s->d->prefix, h->ns, keys, n);
+	want = (uint64_t)(m > h->cap_pins ? m : h->cap_pins) * sizeof(*h->pins);
+	had = h->pins_bytes;
+	if (want > h->pins_bytes) {
+		r = pins_charge(s, h, (int64_t)(want - h->pins_bytes));
+		if (r < 0)
+			return kvtd_seq_fail(kvtd_session_ctx(s), r,
+					     "pinning %u blocks needs %llu bytes more than the "
+					     "session's or uid's pool quota has left",
+					     m, (unsigned long long)(want - h->pins_bytes));
+	}
 	if (m > h->cap_pins) {
 		struct kvtd_pblock **p = realloc(h->pins, m * sizeof(*p));
 
-		if (!p)
+		if (!p) {
+			pins_charge(s, h, -(int64_t)(h->pins_bytes - had));
 			return -ENOMEM;
+		}
 		h->pins = p;
 		h->cap_pins = m;
 	}

@@ -31,6 +31,7 @@ struct kvtd_ns_handle {
 	struct kvtd_pblock **pins;
 	uint32_t n_pins, cap_pins;
 	int uid_cls; /* the namespace's pool class + 1 as counted in the uid's classes; 0: none */
+	uint64_t pins_bytes; /* of pins[], charged to the session and its uid */
 };
 struct kvt_dev_buf;
 struct kvt_dev_event;

@@ -892,7 +892,8 @@ stat_seq(struct kvt_client *c, struct kvt_buf *stage, int kind, int steps)
 	for (int step = 0; step < steps; step++) {
 		for (size_t i = 0; i < (size_t)STEP_TOK * TOK; i++)
 			rows[i] = rndf(&rng);
-		if (kvt_append(c, seq, rows, sizeof(rows), STEP_TOK, NULL) != (int64_t)(n + STEP_TOK))
+		if (kvt_append(c, seq, rows, sizeof(rows), STEP_TOK, NULL) !=
+		    (int64_t)(n + STEP_TOK))
 			return 0;
 		n += STEP_TOK;
 		for (uint32_t i = 0; i < n; i++)
