@@ -8,6 +8,7 @@
 #include <check.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -52,6 +53,44 @@ forge(struct kvt_region_hdr *h, uint32_t head, uint64_t ud, int32_t res)
 	kvt_ring_store_stamp(&e->stamp, head);
 }
 
+/* SIGSTOP is delivered asynchronously: wait until every thread of @pid is stopped, or a poller
+ * still running could answer the op itself. */
+static void
+stop_daemon(pid_t pid)
+{
+	ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+	for (int tries = 0; tries < 5000; tries++) {
+		char path[64], line[512];
+		struct dirent *de;
+		int running = 0;
+		DIR *d;
+
+		snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+		d = opendir(path);
+		ck_assert_ptr_nonnull(d);
+		while ((de = readdir(d))) {
+			char *st;
+			FILE *f;
+
+			if (de->d_name[0] == '.')
+				continue;
+			snprintf(line, sizeof(line), "%s/%s/stat", path, de->d_name);
+			f = fopen(line, "r");
+			if (!f)
+				continue;
+			if (fgets(line, sizeof(line), f) && (st = strrchr(line, ')')) &&
+			    st[2] != 'T' && st[2] != 't')
+				running = 1;
+			fclose(f);
+		}
+		closedir(d);
+		if (!running)
+			return;
+		usleep(1000);
+	}
+	ck_abort_msg("kvtierd (pid %d) did not stop within 5 s of SIGSTOP", (int)pid);
+}
+
 START_TEST(t_reply_larger_than_buffer)
 {
 	struct kvt_opts o = {.size = sizeof(o)};
@@ -75,7 +114,7 @@ START_TEST(t_reply_larger_than_buffer)
 	memset(canary, 0xAA, sizeof(canary));
 	memset(pos, 0xAA, sizeof(pos));
 
-	ck_assert_int_eq(kill(Dm.pid, SIGSTOP), 0); /* the forged CQE is the only one */
+	stop_daemon(Dm.pid); /* the forged CQE is the only one */
 	forge(h, 1, (1ull << 63) + 1, 4000);
 	ck_assert_int_eq(kvt_retier(c, seq, out, 128), -EMSGSIZE);
 	ck_assert_ptr_nonnull(strstr(kvt_last_error(), "more than the 128"));
