@@ -315,16 +315,15 @@ kvt_prep_fetch(struct kvt_sqe *e, uint32_t seq, unsigned flags, uint32_t layer0,
 }
 
 /*
- * Top-@k of layer @layer for the query of @q_len f32 at @query_off; output at @out_off (8-byte
- * aligned), @out_len bytes (KVT_TOPK_OUT_SIZE(kv_heads, stride)). For a probe (ABI 1.4) set
- * e->probe after it.
+ * TOPK (ABI 1.5): the struct kvt_topk_req at @req_off in the arena (8-byte aligned) says
+ * everything, the mode and every knob included; it names the query's and the output's places
+ * in the arena (kvt_abi.h, TOPK). Set its size to sizeof(struct kvt_topk_req).
  */
 static inline void
-kvt_prep_topk(struct kvt_sqe *e, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
-	      uint64_t query_off, uint32_t q_len, uint64_t out_off, uint32_t out_len)
+kvt_prep_topk(struct kvt_sqe *e, uint32_t seq, uint64_t req_off)
 {
-	kvt_prep_rw(e, KVT_OP_TOPK, seq, flags, query_off, q_len * (uint32_t)sizeof(float), k,
-		    layer, out_off, out_len);
+	kvt_prep_rw(e, KVT_OP_TOPK, seq, KVT_TOPK_F_REQ, req_off, sizeof(struct kvt_topk_req), 0, 0,
+		    0, 0);
 }
 
 /*
@@ -464,40 +463,35 @@ int kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer
  */
 
 /*
- * kvt_topk() - ParisKV top-k over the keys that left the dense window (the sequence was opened
- * with ret_update > 0). @query: @q_len floats, q_heads * head_dim. @k per kv head (per query
- * head with KVT_TOPK_F_UNION). @out receives u32 n[kv_heads], u32 pos[kv_heads][stride],
- * f32 score[kv_heads][stride] (kvt_abi.h, KVT_OP_TOPK); with KVT_TOPK_F_FETCH the rows are also
- * staged. n[h] is min(k, live keys): evicted positions are never candidates nor returned.
- * Positions do not depend on the query's scale. By default the positions are the exact top-k
- * at any zone length (int8 keys as they dequantize): a zone whose key rows take at most 16 MiB
- * (64K keys at head_dim 128 in f16, 128K at 64) is scored whole from the pool; beyond, an int8
- * sketch of the keys bounds every score and only keys that can reach the k-th are read.
- * KVT_TOPK_F_ESTIMATE
- * trades recall for time (ParisKV's pipeline without the exact refine, estimated scores, about
- * half the time) and is much weaker on the same sets: 0.78-0.85 for one head (p5 0.19-0.41),
- * 0.34-0.57 for 8 averaged heads (p5 0.11-0.41), head_dim 64 lowest (an 8-block vote has half
- * the collision tests); use it only where such misses are acceptable. KVT_TOPK_F_FAST (ABI 1.3)
- * is the better trade: the sketch's 2-bit level ranks every key and the 16k best are scored
- * exactly, so scores stay exact; recall@100 was 0.995-0.997 (p5 0.97-0.99) in 0.62-0.64x the
- * default's time at 128K synthetic keys and 0.92-0.97 (p5 0.71-0.85) on real head_dim-64 keys
- * (BENCHMARKS.md); a zone of at most 512k keys gets the exact top-k. A kvtierd older than 1.3
- * refuses the flag with -EINVAL. Returns the stride, -ERANGE (k larger than the retrieval zone:
- * attend densely), -ENOSPC (@out or staging too small), -EINVAL, or the errors above.
+ * kvt_topk_run() - TOPK as @req says (kvt_abi.h, struct kvt_topk_req): mode
+ * (KVT_TOPK_EXACT, _ESTIMATE, _FAST, _PROBE with @req->probe), flags (KVT_TOPK_F_UNION,
+ * KVT_TOPK_F_FETCH), layer, k. @query: @req->query_len bytes, q_heads * head_dim f32; @out
+ * receives @req->out_len bytes: u32 n[kv_heads], u32 pos[kv_heads][stride], f32
+ * score[kv_heads][stride]. @req->query_off and out_off are not read: libkvtier places both in
+ * the arena. The sequence was opened with ret_update > 0. n[h] is min(k, live keys): evicted
+ * positions are never candidates nor returned. KVT_TOPK_EXACT returns the exact top-k at any
+ * zone length (int8 keys as they dequantize) with exact scores; FAST and PROBE return the exact
+ * top-k of the keys they score, with exact scores; ESTIMATE returns estimated scores. What each
+ * mode scores: kvt_abi.h; its recall and time: docs/retrieval.md. A kvtierd older than ABI 1.5
+ * gets the same request in TOPK's SQE form (modes it does not know refuse it with -EINVAL).
+ * Returns the stride, -ERANGE (k larger than the retrieval zone: attend densely), -ENOSPC
+ * (@out or staging too small), -EINVAL (the daemon's checks, or @req->size not
+ * sizeof(struct kvt_topk_req)), -E2BIG (the query and output do not fit the arena),
+ * -EOPNOTSUPP (a field an old kvtierd cannot be told), or the errors above.
+ */
+int kvt_topk_run(struct kvt_client *c, uint32_t seq, const struct kvt_topk_req *req,
+		 const float *query, void *out);
+
+/*
+ * kvt_topk() - kvt_topk_run() with the knobs as arguments, as before ABI 1.5: @flags
+ * KVT_TOPK_F_UNION, KVT_TOPK_F_FETCH, and KVT_TOPK_F_ESTIMATE or KVT_TOPK_F_FAST for those
+ * modes (not both: -EINVAL); @q_len floats of @query; @out_len bytes of @out.
  */
 int kvt_topk(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
 	     const float *query, uint32_t q_len, void *out, uint64_t out_len);
 
-/*
- * kvt_topk_probe() - kvt_topk() with KVT_TOPK_F_FAST's sublinear form (ABI 1.4): only the
- * groups of consecutive positions (64, or 16 at head_dim 64) whose means best match the query
- * are scanned, until they hold @probe live keys, and their best keys by estimate (4k at
- * head_dim 128, k at 64) are scored exactly (kvt_abi.h, TOPK's probe). @flags must hold
- * KVT_TOPK_F_FAST when @probe is not 0; @probe 0 is kvt_topk(). Recall is the share of the true
- * top-k inside the probed groups: high where the keys that matter come in runs of positions,
- * low where they are scattered one by one (BENCHMARKS.md, "Probing"). A kvtierd older than 1.4
- * refuses @probe with -EINVAL.
- */
+/* kvt_topk_probe() - kvt_topk() in mode KVT_TOPK_PROBE when @probe > 0 (then @flags must hold
+ * KVT_TOPK_F_FAST, else -EINVAL); @probe 0 is kvt_topk(). Kept for ABI 1.4 callers. */
 int kvt_topk_probe(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
 		   uint32_t probe, const float *query, uint32_t q_len, void *out, uint64_t out_len);
 

@@ -78,6 +78,7 @@ from .core import (
     Sequence,
     SeqStat,
     TopkResult,
+    TOPK_MODES,
     abi_version,
     block_keys,
     connect,
@@ -108,6 +109,7 @@ __all__ = [
     "block_keys", "make_ns_params",
     "CHANGE_DTYPE", "DTYPES", "LIBRARY_PATH", "PARAM_FIELDS", "POLICIES", "SCORE_MODES",
     "AppendResult", "Buffer", "Client", "FetchResult", "KvtierError", "RetierResult",
-    "Sequence", "SeqStat", "TopkResult", "abi_version", "connect", "make_params", "strerror",
+    "Sequence", "SeqStat", "TopkResult", "TOPK_MODES", "abi_version", "connect", "make_params",
+    "strerror",
     "version",
 ]

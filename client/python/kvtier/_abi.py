@@ -21,7 +21,7 @@ from ctypes import (
 
 ABI_MAJOR = 1
 """The KVT_ABI_MAJOR these mirrors follow; libkvtier must report the same major."""
-ABI_MINOR = 4
+ABI_MINOR = 5
 """The KVT_ABI_MINOR these mirrors follow (a newer minor only adds)."""
 OP_ERR_MSG_LEN = 224
 """Bytes of struct kvt_op_err's message, NUL included."""
@@ -67,6 +67,12 @@ TOPK_F_UNION = 1 << 0
 TOPK_F_FETCH = 1 << 1
 TOPK_F_ESTIMATE = 1 << 2
 TOPK_F_FAST = 1 << 3
+TOPK_F_REQ = 1 << 4
+TOPK_EXACT = 0
+TOPK_ESTIMATE = 1
+TOPK_FAST = 2
+TOPK_PROBE = 3
+TOPK_REQ_SIZE0 = 64
 TOPK_FAST_X = 16
 TOPK_PROBE_X = 4
 LOOKUP_F_PIN = 1 << 0
@@ -231,11 +237,27 @@ class Sqe(ctypes.Structure):
         self.prep_rw(OP_FETCH, seq, flags, pos_off, npos * 4,
                      npos if flags & FETCH_F_LIST else 0, layer0, nlayers, stage_row)
 
-    def prep_topk(self, seq: int, layer: int, k: int, flags: int, query_off: int, q_len: int,
-                  out_off: int, out_len: int) -> None:
-        """kvt_prep_topk(): top-@k of @layer for the @q_len f32 query at @query_off; the
-        answer at @out_off (8-byte aligned), @out_len bytes (topk_out_size())."""
-        self.prep_rw(OP_TOPK, seq, flags, query_off, q_len * 4, k, layer, out_off, out_len)
+    def prep_topk(self, seq: int, req_off: int) -> None:
+        """kvt_prep_topk(): the struct kvt_topk_req at arena offset @req_off (ABI 1.5)."""
+        self.prep_rw(OP_TOPK, seq, TOPK_F_REQ, req_off, ctypes.sizeof(TopkReq), 0, 0, 0, 0)
+
+
+class TopkReq(ctypes.Structure):
+    """struct kvt_topk_req: one TOPK request (ABI 1.5), 64 bytes."""
+
+    _fields_ = [
+        ("size", c_uint32),
+        ("mode", c_uint32),
+        ("flags", c_uint32),
+        ("layer", c_uint32),
+        ("k", c_uint32),
+        ("probe", c_uint32),
+        ("query_off", c_uint64),
+        ("query_len", c_uint32),
+        ("out_len", c_uint32),
+        ("out_off", c_uint64),
+        ("reserved", c_uint64 * 2),
+    ]
 
 
 def retier_out_size(t0_slots: int) -> int:
@@ -406,6 +428,7 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "kvt_op_err": OpErr,
     "kvt_ns_params": NsParams,
     "kvt_block_key": BlockKey,
+    "kvt_topk_req": TopkReq,
 }
 """C struct name -> its mirror, for the layout probe."""
 
@@ -452,6 +475,13 @@ CONSTANTS: dict[str, int] = {
     "KVT_TOPK_F_FETCH": TOPK_F_FETCH,
     "KVT_TOPK_F_ESTIMATE": TOPK_F_ESTIMATE,
     "KVT_TOPK_F_FAST": TOPK_F_FAST,
+    "KVT_TOPK_F_REQ": TOPK_F_REQ,
+    "KVT_TOPK_EXACT": TOPK_EXACT,
+    "KVT_TOPK_ESTIMATE": TOPK_ESTIMATE,
+    "KVT_TOPK_FAST": TOPK_FAST,
+    "KVT_TOPK_PROBE": TOPK_PROBE,
+    "KVT_TOPK__MODES": TOPK_PROBE + 1,
+    "KVT_TOPK_REQ_SIZE0": TOPK_REQ_SIZE0,
     "KVT_TOPK_FAST_X": TOPK_FAST_X,
     "KVT_TOPK_PROBE_X": TOPK_PROBE_X,
     "KVT_LOOKUP_F_PIN": LOOKUP_F_PIN,

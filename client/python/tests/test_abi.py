@@ -117,7 +117,7 @@ PREP_CALLS = [
     ("retier", (3, 1024, 8264)), ("fetch", (3, _abi.FETCH_F_T1 | _abi.FETCH_F_T2, 1, 2, 4,
                                              64, 30)),
     ("fetch", (3, _abi.FETCH_F_LIST, 0, 3, 0, 64, 7)),
-    ("topk", (3, 5, 10, _abi.TOPK_F_UNION, 0, 256, 1024, 968)),
+    ("topk", (3, 256)),
     ("seq_open_prefix", (4096, 2, 7)), ("ns_open", (512,)), ("ns_close", (3,)),
     ("lookup", (2, _abi.LOOKUP_F_PIN, 64, 9)), ("publish", (5, 128, 4)),
 ]

@@ -401,6 +401,22 @@ def test_topk_probe_scans_the_best_groups(kvtierd):
                                            atol=1e-3)
             raises(errno.EINVAL, s.topk, 1, k, q, 0, 64)  # probe without TOPK_F_FAST
             raises(errno.EINVAL, s.topk, 1, k, q, kvtier.TOPK_F_FAST, -1)
+            # the same requests by mode (ABI 1.5's struct kvt_topk_req): the same answers
+            for r, kw in ((e, dict(mode="exact")), (f, dict(mode="fast")),
+                          (p, dict(mode="probe", probe=16)), (p, dict(mode=3, probe=16))):
+                m = s.topk(1, k, q, **kw)
+                np.testing.assert_array_equal(m.positions, r.positions)
+                np.testing.assert_array_equal(m.scores, r.scores)
+            # kvtierd's own refusals, with its reason
+            err = raises(errno.EINVAL, s.topk, 1, k, q, mode="exact", probe=64)
+            assert "probe 64 with mode EXACT" in err.daemon_message
+            err = raises(errno.EINVAL, s.topk, 1, k, q, mode="probe")
+            assert "KVT_TOPK_PROBE needs" in err.daemon_message
+            err = raises(errno.EINVAL, s.topk, 1, k, q, mode=7)
+            assert "mode 7 unknown" in err.daemon_message
+            raises(errno.EINVAL, s.topk, 1, k, q, kvtier.TOPK_F_FAST, mode="fast")
+            with pytest.raises(ValueError):
+                s.topk(1, k, q, mode="sloppy")
 
 
 def test_topk_scores_are_exact_dot_products(kvtierd):
