@@ -3,7 +3,9 @@
  * ops.c - the data path: one handler per opcode and one table row (kvtd_op_defs) naming the
  * SQE fields, flags and sequence it needs; kvtd_op_run() checks those for every opcode alike.
  * To add an opcode: its number and payload in proto/kvt_abi.h, a kvt_prep_*() in kvtier.h,
- * one row and one handler here.
+ * one row and one handler here, its semantics in the subsystem it acts on (seq*.c, session.c),
+ * a line in libkvtier.3. libkvtier exports the prep helper by itself (client/ffi.c); the Python
+ * mirror follows by rerunning tools/gen-pyabi.py (the pyabi_current test says when).
  *
  * The SQE is a private copy, but the arena is still shared: a payload that steers control flow
  * (sequence parameters, slot lists) is copied before it is checked; bulk data (rows, scores) is

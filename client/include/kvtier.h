@@ -223,8 +223,16 @@ int kvt_op_error(struct kvt_client *c, uint64_t user_data, char *buf, size_t len
  * caller's) and stamp (kvt_submit()'s), as liburing's io_uring_prep_*() do; payloads live in
  * the arena (kvt_arena()) at offsets the caller manages. Field meanings and errors: kvt_abi.h.
  * The blocking wrappers below are these plus kvt_submit() and a wait for the one CQE.
+ *
+ * For C they are static inline. libkvtier also exports an out-of-line copy of each under the
+ * same name (client/ffi.c compiles this header with KVT_INLINE defined to nothing, as
+ * liburing-ffi does) for callers that cannot inline C: the Python package calls those, so the
+ * helpers exist once, here.
  */
-static inline void
+#ifndef KVT_INLINE
+#define KVT_INLINE static inline
+#endif
+KVT_INLINE void
 kvt_prep_rw(struct kvt_sqe *e, uint8_t opcode, uint32_t seq, unsigned op_flags, uint64_t arena_off,
 	    uint32_t arena_len, uint32_t count, uint64_t arg0, uint64_t arg1, uint32_t arg2)
 {
@@ -242,28 +250,28 @@ kvt_prep_rw(struct kvt_sqe *e, uint8_t opcode, uint32_t seq, unsigned op_flags, 
 	e->arg3 = 0;
 }
 
-static inline void
+KVT_INLINE void
 kvt_prep_nop(struct kvt_sqe *e)
 {
 	kvt_prep_rw(e, KVT_OP_NOP, 0, 0, 0, 0, 0, 0, 0, 0);
 }
 
 /* @params_off: a struct kvt_seq_params in the arena. CQE res: the sequence id. */
-static inline void
+KVT_INLINE void
 kvt_prep_seq_open(struct kvt_sqe *e, uint64_t params_off)
 {
 	kvt_prep_rw(e, KVT_OP_SEQ_OPEN, 0, 0, params_off, sizeof(struct kvt_seq_params), 0, 0, 0,
 		    0);
 }
 
-static inline void
+KVT_INLINE void
 kvt_prep_seq_close(struct kvt_sqe *e, uint32_t seq)
 {
 	kvt_prep_rw(e, KVT_OP_SEQ_CLOSE, seq, 0, 0, 0, 0, 0, 0, 0);
 }
 
 /* @ntok tokens' rows, @rows_len bytes at @rows_off. CQE res: new n; aux[0]: first position. */
-static inline void
+KVT_INLINE void
 kvt_prep_append(struct kvt_sqe *e, uint32_t seq, uint64_t rows_off, uint32_t rows_len,
 		uint32_t ntok)
 {
@@ -271,7 +279,7 @@ kvt_prep_append(struct kvt_sqe *e, uint32_t seq, uint64_t rows_off, uint32_t row
 }
 
 /* @ntok tokens the client wrote into T0 slots, whose u32 ids are at @slots_off. */
-static inline void
+KVT_INLINE void
 kvt_prep_append_t0(struct kvt_sqe *e, uint32_t seq, uint64_t slots_off, uint32_t ntok)
 {
 	kvt_prep_rw(e, KVT_OP_APPEND, seq, KVT_APPEND_F_T0, slots_off,
@@ -279,7 +287,7 @@ kvt_prep_append_t0(struct kvt_sqe *e, uint32_t seq, uint64_t slots_off, uint32_t
 }
 
 /* score[first_pos + i] += values[i], @n f32 values at @values_off. */
-static inline void
+KVT_INLINE void
 kvt_prep_score_add(struct kvt_sqe *e, uint32_t seq, uint64_t first_pos, uint64_t values_off,
 		   uint32_t n)
 {
@@ -288,14 +296,14 @@ kvt_prep_score_add(struct kvt_sqe *e, uint32_t seq, uint64_t first_pos, uint64_t
 }
 
 /* struct kvt_seq_stat written at @out_off. */
-static inline void
+KVT_INLINE void
 kvt_prep_seq_stat(struct kvt_sqe *e, uint32_t seq, uint64_t out_off)
 {
 	kvt_prep_rw(e, KVT_OP_SEQ_STAT, seq, 0, out_off, sizeof(struct kvt_seq_stat), 0, 0, 0, 0);
 }
 
 /* Output at @out_off, @out_len bytes (KVT_RETIER_OUT_SIZE(t0_slots) always suffices). */
-static inline void
+KVT_INLINE void
 kvt_prep_retier(struct kvt_sqe *e, uint32_t seq, uint64_t out_off, uint32_t out_len)
 {
 	kvt_prep_rw(e, KVT_OP_RETIER, seq, 0, out_off, out_len, 0, 0, 0, 0);
@@ -306,7 +314,7 @@ kvt_prep_retier(struct kvt_sqe *e, uint32_t seq, uint64_t out_off, uint32_t out_
  * positions in the arena, @npos of them: the list to stage with KVT_FETCH_F_LIST, else room
  * for the staged positions the daemon writes there.
  */
-static inline void
+KVT_INLINE void
 kvt_prep_fetch(struct kvt_sqe *e, uint32_t seq, unsigned flags, uint32_t layer0, uint32_t nlayers,
 	       uint32_t stage_row, uint64_t pos_off, uint32_t npos)
 {
@@ -319,7 +327,7 @@ kvt_prep_fetch(struct kvt_sqe *e, uint32_t seq, unsigned flags, uint32_t layer0,
  * everything, the mode and every knob included; it names the query's and the output's places
  * in the arena (kvt_abi.h, TOPK). Set its size to sizeof(struct kvt_topk_req).
  */
-static inline void
+KVT_INLINE void
 kvt_prep_topk(struct kvt_sqe *e, uint32_t seq, uint64_t req_off)
 {
 	kvt_prep_rw(e, KVT_OP_TOPK, seq, KVT_TOPK_F_REQ, req_off, sizeof(struct kvt_topk_req), 0, 0,
@@ -330,7 +338,7 @@ kvt_prep_topk(struct kvt_sqe *e, uint32_t seq, uint64_t req_off)
  * SEQ_OPEN in namespace @ns (kvt_prep_ns_open()'s id; 0: none) starting with @prefix_blocks
  * blocks pinned there by the last kvt_prep_lookup() with KVT_LOOKUP_F_PIN.
  */
-static inline void
+KVT_INLINE void
 kvt_prep_seq_open_prefix(struct kvt_sqe *e, uint64_t params_off, uint32_t ns,
 			 uint32_t prefix_blocks)
 {
@@ -339,20 +347,20 @@ kvt_prep_seq_open_prefix(struct kvt_sqe *e, uint64_t params_off, uint32_t ns,
 }
 
 /* Namespace from the struct kvt_ns_params at @params_off. */
-static inline void
+KVT_INLINE void
 kvt_prep_ns_open(struct kvt_sqe *e, uint64_t params_off)
 {
 	kvt_prep_rw(e, KVT_OP_NS_OPEN, 0, 0, params_off, sizeof(struct kvt_ns_params), 0, 0, 0, 0);
 }
 
-static inline void
+KVT_INLINE void
 kvt_prep_ns_close(struct kvt_sqe *e, uint32_t ns)
 {
 	kvt_prep_rw(e, KVT_OP_NS_CLOSE, 0, 0, 0, 0, 0, ns, 0, 0);
 }
 
 /* How many of the @nkeys block keys at @keys_off (8-byte aligned) lead in @ns. */
-static inline void
+KVT_INLINE void
 kvt_prep_lookup(struct kvt_sqe *e, uint32_t ns, unsigned flags, uint64_t keys_off, uint32_t nkeys)
 {
 	kvt_prep_rw(e, KVT_OP_LOOKUP, 0, flags, keys_off,
@@ -360,7 +368,7 @@ kvt_prep_lookup(struct kvt_sqe *e, uint32_t ns, unsigned flags, uint64_t keys_of
 }
 
 /* Offer the first @nkeys blocks of @seq, keyed by the keys at @keys_off, to its namespace. */
-static inline void
+KVT_INLINE void
 kvt_prep_publish(struct kvt_sqe *e, uint32_t seq, uint64_t keys_off, uint32_t nkeys)
 {
 	kvt_prep_rw(e, KVT_OP_PUBLISH, seq, 0, keys_off,

@@ -23,7 +23,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _abi, _lib
+from . import _lib
+from . import abi as _abi
 
 _LIB, LIBRARY_PATH = _lib.load()
 """The loaded libkvtier and the path it came from."""

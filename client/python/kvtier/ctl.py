@@ -16,7 +16,7 @@ import os
 import socket as _socket
 from typing import Any, TextIO
 
-from . import _abi
+from . import abi as _abi
 
 __all__ = ["CtlError", "FORMATTERS", "default_socket", "fmt_blocks", "fmt_bytes", "fmt_clients",
            "fmt_duration", "fmt_seqs", "fmt_status", "main", "request"]

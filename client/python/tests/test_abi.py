@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import kvtier
-from kvtier import _abi
+from kvtier import abi as _abi
 from conftest import PYTHON, REPO, build_dir
 
 CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
@@ -232,3 +232,45 @@ def test_lookup_falls_back_to_the_checkout_build(python_env):
             if v is not None:
                 os.environ[k] = v
     assert cands == [str(REPO / "build" / "client" / "libkvtier.so.0"), "libkvtier.so.0"]
+
+
+def test_abi_py_is_generated_from_the_headers():
+    """kvtier/abi.py is what tools/gen-pyabi.py derives from the headers now: an opcode, flag,
+    constant, struct field or prep helper added to the C side reaches Python by rerunning it,
+    and a stale mirror fails here."""
+    r = subprocess.run([PYTHON, str(REPO / "tools" / "gen-pyabi.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_constants_are_enums_and_flags():
+    from enum import IntEnum, IntFlag
+
+    assert isinstance(_abi.OP_TOPK, IntEnum) and _abi.OP_TOPK is _abi.Op.TOPK
+    assert _abi.Op(7) is _abi.Op.TOPK and _abi.Op.TOPK.name == "TOPK"
+    assert isinstance(_abi.TOPK_F_UNION, IntFlag)
+    both = _abi.TopkFlag.UNION | _abi.TopkFlag.FETCH
+    assert both == 3 and _abi.TopkFlag.FETCH in both
+    assert _abi.TopkMode.PROBE == 3 and _abi.Dtype.F32 == 2 and _abi.Policy.FULL == 3
+    # the raw names stay reachable where they were, outside the public surface
+    assert kvtier.TOPK_F_FAST is _abi.TopkFlag.FAST and "TOPK_F_FAST" not in kvtier.__all__
+    from kvtier import _abi as old
+
+    assert old.Sqe is _abi.Sqe and old.OP_TOPK is _abi.Op.TOPK
+
+
+def test_gen_pyabi_refuses_what_it_cannot_mirror(tmp_path):
+    """A header construct the generator does not understand stops it with a reason, never a
+    silently wrong mirror."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_pyabi", REPO / "tools" / "gen-pyabi.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    h = tmp_path / "x.h"
+    h.write_text("struct kvt_x {\n\tvoid *p;\n};\n")
+    with pytest.raises(gen.ParseError, match="kvt_x.p"):
+        gen.Abi().parse(h)
+    h.write_text("struct kvt_y {\n\talignas(64) uint32_t a;\n};\n")
+    with pytest.raises(gen.ParseError, match="kvt_y"):
+        gen.Abi().parse(h)
