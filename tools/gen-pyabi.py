@@ -82,6 +82,7 @@ class Abi:
         self.structs: list[tuple[str, str, list]] = []  # C name, class, fields
         self.struct_class: dict[str, str] = {}
         self.preps: list[tuple[str, list[tuple[str, str]]]] = []  # name, [(param, ctype)]
+        self.ctl_tables: dict[str, list[tuple]] = {}  # "clients" -> X() rows; "status" too
 
     # ---- pieces of a header, in order ----
     def parse(self, path: Path) -> None:
@@ -90,7 +91,9 @@ class Abi:
         pat = re.compile(r"^#define[ \t]+(KVT_\w+)(?!\()[ \t]+([^\n]+)$|"
                          r"^enum\s*(\w*)\s*\{(.*?)\}\s*;|"
                          r"^struct\s+(kvt_\w+)\s*\{(.*?)\n\}\s*;|"
-                         r"^KVT_INLINE\s+void\s+(kvt_prep_\w+)\(([^)]*)\)", re.M | re.S)
+                         r"^KVT_INLINE\s+void\s+(kvt_prep_\w+)\(([^)]*)\)|"
+                         r"^#define[ \t]+KVT_CTL_(\w+?)_(?:COLS|LINES)\(X\)[ \t]+([^\n]+)$",
+                         re.M | re.S)
         for m in pat.finditer(text, pos):
             if m.group(1):
                 self.define(m.group(1), m.group(2).strip())
@@ -100,6 +103,8 @@ class Abi:
                 self.struct(m.group(5), m.group(6), path)
             elif m.group(7):
                 self.prep(m.group(7), m.group(8))
+            elif m.group(9):
+                self.ctl_table(m.group(9).lower(), m.group(10))
 
     def define(self, name: str, value: str) -> None:
         s = re.fullmatch(r'"([^"]*)"', value)
@@ -115,6 +120,25 @@ class Abi:
             cls = camel(f.group(1)) + "Flag"
             self.flags.setdefault(cls, []).append((f.group(2), v))
             self.flag_of[name] = cls
+
+    def ctl_table(self, name: str, body: str) -> None:
+        rows = []
+        for x in re.findall(r"X\(([^)]*)\)", body):
+            parts = [p.strip() for p in x.split(",")]
+            row = []
+            for p in parts:
+                if re.fullmatch(r'"[^"]*"', p):
+                    row.append(p[1:-1])
+                elif re.fullmatch(r"\d+", p):
+                    row.append(int(p))
+                elif re.fullmatch(r"[A-Z]+", p):
+                    row.append(p.lower())
+                else:
+                    raise ParseError(f"KVT_CTL_{name.upper()}: {x!r}")
+            rows.append(tuple(row))
+        if not rows:
+            raise ParseError(f"KVT_CTL_{name.upper()}: no X() rows")
+        self.ctl_tables[name] = rows
 
     def enum(self, tag: str, body: str, path: Path) -> None:
         members: list[tuple[str, int]] = []
@@ -369,6 +393,22 @@ def render(abi: Abi) -> str:
         w(f"    {name!r}: {name.removeprefix('KVT_')},")
     w("}")
     w('"""C macro or enum name -> its value here, for the layout probe."""')
+    w("")
+    w("CTL_STATUS_LINES: list[tuple[str, str, str]] = [")
+    for row in abi.ctl_tables.pop("status"):
+        w(f"    {row!r},")
+    w("]")
+    w('"""kvtierctl status: (label, key path, kind) per line (KVT_CTL_STATUS_LINES)."""')
+    w("")
+    w("CTL_COLUMNS: dict[str, list[tuple[str, str, str, int]]] = {")
+    for name, rows in abi.ctl_tables.items():
+        w(f"    {name!r}: [")
+        for row in rows:
+            w(f"        {row!r},")
+        w("    ],")
+    w("}")
+    w('"""kvtierctl clients|seqs|blocks: (heading, key, kind, index) per column')
+    w('(KVT_CTL_*_COLS)."""')
     return "\n".join(L) + "\n"
 
 

@@ -853,3 +853,76 @@ CONSTANTS: dict[str, int] = {
     'KVT_CTL_METRICS_F_ALL': CTL_METRICS_F_ALL,
 }
 """C macro or enum name -> its value here, for the layout probe."""
+
+CTL_STATUS_LINES: list[tuple[str, str, str]] = [
+    ('version', 'version', 'str'),
+    ('abi', 'abi', 'abi'),
+    ('backend', 'backend', 'str'),
+    ('metrics', 'metrics_url', 'optstr'),
+    ('pid', 'pid', 'num'),
+    ('uptime', 'uptime_s', 'secs'),
+    ('pollers', 'pollers', 'num'),
+    ('pool size', 'pool.size', 'bytes'),
+    ('pool used', 'pool.used', 'used'),
+    ('pool free', 'pool.free', 'bytes'),
+    ('pool chunks', 'pool', 'chunks'),
+    ('pool classes', 'pool.classes', 'num'),
+    ('pool backing', 'pool.backing', 'str'),
+    ('pool pages', 'pool.page_kib', 'pages'),
+    ('pool numa', 'pool.numa_node', 'numa'),
+    ('pool locked', 'pool.locked', 'yesno'),
+    ('sessions', 'sessions', 'num'),
+    ('seqs', 'seqs', 'num'),
+    ('ops', 'ops', 'num'),
+    ('errors', 'errors', 'num'),
+    ('refused', 'refused', 'counters'),
+    ('tiers', 'tiers', 'tiers'),
+]
+"""kvtierctl status: (label, key path, kind) per line (KVT_CTL_STATUS_LINES)."""
+
+CTL_COLUMNS: dict[str, list[tuple[str, str, str, int]]] = {
+    'clients': [
+        ('SESSION', 'session', 'int', 0),
+        ('PID', 'pid', 'int', 0),
+        ('UID', 'uid', 'int', 0),
+        ('GID', 'gid', 'int', 0),
+        ('SEQS', 'seqs', 'int', 0),
+        ('POOL', 'pool_bytes', 'bytes', 0),
+        ('OPS', 'ops', 'int', 0),
+        ('ERRORS', 'errors', 'int', 0),
+        ('SQ', 'sq_entries', 'int', 0),
+        ('ARENA', 'arena_size', 'bytes', 0),
+        ('UPTIME', 'uptime_s', 'secs', 0),
+        ('NAME', 'name', 'str', 0),
+    ],
+    'seqs': [
+        ('SESSION', 'session', 'int', 0),
+        ('SEQ', 'seq', 'int', 0),
+        ('TOKENS', 'tokens', 'int', 0),
+        ('LAYERS', 'layers', 'int', 0),
+        ('HEADS', 'kv_heads', 'int', 0),
+        ('DIM', 'head_dim', 'int', 0),
+        ('DTYPE', 'dtype', 'str', 0),
+        ('POLICY', 'policy', 'str', 0),
+        ('T2KEYS', 't2_keys', 'str', 0),
+        ('T0', 'tiers', 'tier', 0),
+        ('T1', 'tiers', 'tier', 1),
+        ('T2', 'tiers', 'tier', 2),
+        ('T3', 'tiers', 'tier', 3),
+        ('EVICTED', 'evicted_ratio', 'pct', 0),
+        ('POOL', 'pool_bytes', 'bytes', 0),
+    ],
+    'blocks': [
+        ('ID', 'id', 'int', 0),
+        ('NAME', 'name', 'str', 0),
+        ('SCOPE', 'scope', 'scope', 0),
+        ('BLOCKS', 'blocks', 'int', 0),
+        ('REF', 'referenced', 'int', 0),
+        ('MiB', 'bytes', 'mib', 0),
+        ('HITRATE', 'hit_blocks', 'hits', 0),
+        ('PUBLISHED', 'published', 'int', 0),
+        ('EVICTED', 'evicted', 'int', 0),
+    ],
+}
+"""kvtierctl clients|seqs|blocks: (heading, key, kind, index) per column
+(KVT_CTL_*_COLS)."""
