@@ -123,23 +123,35 @@ PREP_CALLS = [
 ]
 
 
+def every_prep_call() -> list[tuple[str, tuple[int, ...]]]:
+    """PREP_CALLS, plus each prep helper kvtier.h has (PREP_ARGTYPES, generated) with distinct
+    small arguments: a helper added later is compared without an entry here."""
+    auto = []
+    for cname, argtypes in _abi.PREP_ARGTYPES.items():
+        args = tuple(3 + 5 * i for i in range(len(argtypes) - 1))
+        auto.append((cname.removeprefix("kvt_prep_"), args))
+    return PREP_CALLS + auto
+
+
 def test_prep_helpers_fill_what_kvtier_h_fills(tmp_path):
-    """Each Sqe.prep_*() leaves the 64 bytes kvt_prep_*() leaves (user_data and stamp aside),
-    starting from an entry full of garbage."""
+    """Each Sqe.prep_*() (libkvtier's exported copy) leaves the 64 bytes the inline
+    kvt_prep_*() leaves (user_data and stamp aside), starting from an entry full of garbage."""
+    calls = every_prep_call()
+    assert {n for n, _ in calls} >= {c.removeprefix("kvt_prep_") for c in _abi.PREP_ARGTYPES}
     lines = ['#include <stdio.h>', '#include <string.h>', '#include "kvtier.h"',
              "static void dump(const struct kvt_sqe *e) {",
              "const unsigned char *b = (const void *)e;",
              'for (size_t i = 0; i < sizeof(*e); i++) printf("%02x", b[i]);',
              'printf("\\n"); }', "int main(void) { struct kvt_sqe e;"]
-    for name, args in PREP_CALLS:
+    for name, args in calls:
         a = "".join(f", {x}" for x in args)
         lines.append(f"memset(&e, 0xa5, sizeof(e)); e.user_data = 0; e.stamp = 0; "
                      f"kvt_prep_{name}(&e{a}); dump(&e);")
     lines += ["return 0; }"]
     exe = compile_c(tmp_path, "prep_probe", "\n".join(lines) + "\n")
     want = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
-    assert len(want) == len(PREP_CALLS)
-    for (name, args), hexdump in zip(PREP_CALLS, want):
+    assert len(want) == len(calls)
+    for (name, args), hexdump in zip(calls, want):
         e = _abi.Sqe.from_buffer_copy(b"\xa5" * 64)
         e.user_data = e.stamp = 0
         getattr(e, f"prep_{name}")(*args)
