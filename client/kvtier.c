@@ -1133,7 +1133,9 @@ kvt_topk_run(struct kvt_client *c, uint32_t seq, const struct kvt_topk_req *req,
 		kvtc_set_error("kvt_topk_run: set req->size = sizeof(struct kvt_topk_req)");
 		return -EINVAL;
 	}
-	memcpy(&r, req, sizeof(r));
+	/* a caller built with an older, shorter struct: the fields it lacks read as zero */
+	memset(&r, 0, sizeof(r));
+	memcpy(&r, req, req->size);
 	/* a kvtierd older than ABI 1.5 takes the SQE form, which says the same in op_flags */
 	f = topk_sqe_flags(r.mode);
 	if (c->abi_minor < 5 && (f < 0 || r.flags & ~(KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH) ||

@@ -19,6 +19,9 @@ OSError carrying errno and kvtierd's message.
 Prefix blocks (ABI 1.2) let processes that serve the same prompt prefix compute and hold its
 rows once: ``Client.ns_open()`` (the model's identity and geometry), ``Namespace.block_keys()``
 and ``lookup()``, ``open_sequence(ns=..., prefix_blocks=...)``, ``Sequence.publish()``.
+
+The raw layer (every wire constant as an IntEnum/IntFlag, the ctypes structs, ``Sqe.prep_*()``)
+is ``kvtier.abi``, generated from the C headers (docs/python.md, "The raw layer").
 """
 from __future__ import annotations
 
