@@ -26,6 +26,20 @@
  *
  * Not carried: the CUDA backend's registrations, IPC mappings and events (restart is refused
  * there, -EOPNOTSUPP, and the daemon keeps running), the /metrics listener (opened again).
+ *
+ * The fallback: a new process that fails before it takes the sessions over (a binary that exits
+ * or crashes at start, a configuration or image it refuses, a restore that fails, or no verdict
+ * within KVTD_TAKEOVER_S) never costs a session. Before the exec the old process clones a
+ * watcher (the teardown child) that keeps a copy of every carried descriptor, the image and the
+ * old binary (opened at start, so a binary since replaced on disk is still the one run). The new
+ * process is handed a pipe (KVTD_WATCH_ENV) on which it writes 'R' once it has restored
+ * everything and before any session is served (the point of no return: until then it has
+ * changed nothing a client or the image depends on), or 'F' and a reason before it exits. On
+ * 'R' the watcher lets go; on 'F', or the pipe's end without a verdict (the process died), it
+ * executes the old binary from its descriptor with the same image and KVTD_FALLBACK_ENV set to
+ * the reason: that process restores every session (at the watcher's pid), answers the RESTART
+ * with -ECANCELED naming the cause, and logs it. A new binary whose pre-flight did not say it
+ * writes the verdict (an older kvtierd) is watched only for dying: no verdict in time lets go.
  */
 #ifndef KVTD_RESTART_H
 #define KVTD_RESTART_H
@@ -58,6 +72,19 @@ int kvtd_restart_take_fd(int *argc, char **argv);
  * version it reads, exiting 0 (kvtd_restart()'s pre-flight). */
 int kvtd_restart_take_check(int *argc, char **argv);
 #define KVTD_RESTART_READY "kvtierd-restart-ready image"
+/* After the image version on the readiness line: this binary writes the takeover verdict. */
+#define KVTD_RESTART_VERDICT "verdict"
+#define KVTD_WATCH_ENV	     "KVTIERD_RESTART_WATCH"	/* the verdict pipe's descriptor */
+#define KVTD_FALLBACK_ENV    "KVTIERD_RESTART_FALLBACK" /* why the new binary failed */
+#define KVTD_TAKEOVER_S	     120 /* the longest a new process may take to take over */
+/* At start: the verdict pipe named in KVTD_WATCH_ENV (close-on-exec from here on), or -1, and
+ * the fallback reason in KVTD_FALLBACK_ENV (a copy, or NULL); both variables are removed. */
+int kvtd_restart_take_watch(void);
+char *kvtd_restart_take_fallback(void);
+/* A process started by a restart with a watcher that cannot take over: writes 'F' and @why to
+ * the watcher and exits, so the old binary takes over with every session. Returns (having
+ * done nothing) when there is no watcher. */
+void kvtd_restart_give_up(struct kvtd *d, const char *why);
 /* At start: remember the binary (/proc/self/exe) and the arguments to execute again. */
 void kvtd_restart_record(struct kvtd *d, int argc, char **argv);
 

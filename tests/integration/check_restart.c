@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1125,6 +1126,132 @@ START_TEST(t_restart_preflight)
 }
 END_TEST
 
+/* Replaces @bin with a program that passes the pre-flight (it runs @good for
+ * --check-restart) and, run for real, says so and exits 3 at once: the exec goes ahead and the
+ * new process dies before it takes anything over. */
+static void
+replace_bin_exits_at_start(const char *bin, const char *good)
+{
+	char script[512];
+	int n = snprintf(script, sizeof(script),
+			 "#!/bin/sh\n"
+			 "case \"$*\" in *--check-restart) exec '%s' \"$@\";; esac\n"
+			 "echo 'a kvtierd that exits at start' >&2\n"
+			 "exit 3\n",
+			 good);
+
+	ck_assert_int_lt(n, (int)sizeof(script));
+	replace_bin(bin, script, (size_t)n);
+}
+
+/* The daemon's pid from STATUS. */
+static pid_t
+status_pid(const struct kvtd_proc *d)
+{
+	struct json_object *st = admin_request(d->sock, KVT_CTL_STATUS);
+	pid_t pid;
+
+	ck_assert_ptr_nonnull(st);
+	pid = (pid_t)json_get_i64(st, "pid");
+	json_object_put(st);
+	return pid;
+}
+
+/*
+ * The fallback: the binary passes the pre-flight but exits at start when executed for real.
+ * The old binary (kept open since its start) takes every session back: two clients paused
+ * mid-workload go on and end with an uninterrupted run's rows, positions, tiers and TOPK
+ * answers; RESTART gets -ECANCELED naming the cause; the log says why; STATUS counts no restart.
+ * Then the good binary is back and restarts go ahead from the process that took over.
+ */
+START_TEST(t_restart_fallback)
+{
+	char dir[] = "/tmp/kvt-restart-bin-XXXXXX", bin[64], cmd[256], *log = NULL;
+	const char *var = getenv("KVT_EXEC") ? "KVT_EXEC" : "KVTIERD";
+	char *orig = strdup(getenv(var));
+	struct kvtd_proc d1, d2;
+	struct child c[2];
+	struct digest got[2], want[2];
+	struct json_object *st;
+	const char *why;
+	size_t loglen = 0;
+	pid_t old_pid;
+	FILE *f;
+	int ws;
+
+	/* the process that takes over is the watcher, whose parent dies: it becomes ours */
+	ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(bin, sizeof(bin), "%s/kvtierd", dir);
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", orig, bin);
+	ck_assert_int_eq(system(cmd), 0);
+	setenv(var, bin, 1);
+	daemon_start(&d1, NULL);
+	setenv(var, orig, 1);
+	child_start(&c[0], d1.sock, 0, 1);
+	child_start(&c[1], d1.sock, 1, 1);
+	child_until(&c[0], PAUSE_AT, 's');
+	child_until(&c[1], PAUSE_AT, 's');
+
+	replace_bin_exits_at_start(bin, orig);
+	old_pid = d1.pid;
+	why = restart_refused(&d1);
+	ck_assert_msg(why, "the restart into a binary that exits at start was not refused");
+	ck_assert_msg(strstr(why, "ended before it took the sessions over") && strstr(why, bin),
+		      "reason: %s", why);
+	ck_assert_msg(strstr(why, "took back 2 session(s)"), "reason: %s", why);
+	/* the process that exec'd the bad binary is gone (exit 3); the watcher serves on */
+	ck_assert_int_eq(waitpid(old_pid, &ws, 0), old_pid);
+	ck_assert_msg(WIFEXITED(ws) && WEXITSTATUS(ws) == 3, "exec'd binary: status %d", ws);
+	d1.pid = status_pid(&d1);
+	ck_assert_int_ne(d1.pid, old_pid);
+	ck_assert(daemon_alive(&d1));
+	st = admin_request(d1.sock, KVT_CTL_STATUS);
+	ck_assert_int_eq(json_get_i64(st, "restarts"), 0);
+	ck_assert_int_eq(json_get_i64(st, "sessions"), 2);
+	json_object_put(st);
+	f = fopen(d1.log, "r");
+	ck_assert_ptr_nonnull(f);
+	ck_assert(getdelim(&log, &loglen, '\0', f) > 0);
+	fclose(f);
+	ck_assert_msg(strstr(log, "a kvtierd that exits at start") &&
+			  strstr(log, "restart failed after the exec: ") &&
+			  strstr(log, "ended before it took the sessions over"),
+		      "log: %s", log);
+	free(log);
+
+	/* the clients go on; then the good binary back, and a restart from the new pid */
+	wbyte(c[0].go, 'g');
+	wbyte(c[1].go, 'g');
+	child_until(&c[0], 10, 's');
+	replace_bin(bin, "", 0);
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", orig, bin);
+	ck_assert_int_eq(system(cmd), 0);
+	restart(&d1, 2);
+	child_until(&c[0], STEPS - PAUSE_AT - 10, 's');
+	child_until(&c[0], 1, 'e');
+	child_until(&c[1], STEPS - PAUSE_AT, 's');
+	child_until(&c[1], 1, 'e');
+	wbyte(c[0].go, 'g');
+	wbyte(c[1].go, 'g');
+	got[0] = child_finish(&c[0]);
+	got[1] = child_finish(&c[1]);
+	ck_assert_int_eq(daemon_stop(&d1), 0);
+
+	daemon_start(&d2, NULL);
+	child_start(&c[0], d2.sock, 0, 0);
+	child_start(&c[1], d2.sock, 1, 0);
+	want[0] = child_finish(&c[0]);
+	want[1] = child_finish(&c[1]);
+	ck_assert_int_eq(daemon_stop(&d2), 0);
+	digest_eq(&got[0], &want[0], 0);
+	digest_eq(&got[1], &want[1], 1);
+	unlink(bin);
+	rmdir(dir);
+	free(orig);
+}
+END_TEST
+
 /*
  * The restart soak: 4 clients run workload() over and over (APPEND, SCORE_ADD, RETIER, FETCH
  * with every T1 row compared bit for bit, TOPK), with metrics_listen set, while the daemon
@@ -1260,4 +1387,4 @@ KVT_CHECK_MAIN("restart", 300, NULL, NULL, t_restart_lossless, t_restart_refused
 	       t_restart_keeps_quota, t_restart_lowered_limits, t_restart_twice_pipelined,
 	       t_restart_op_err_gen, t_restart_not_admin, t_restart_metrics_listen,
 	       t_restart_fails_asker_gone, t_restart_lowered_quota, t_restart_seq_stats_kept,
-	       t_restart_preflight, t_restart_soak)
+	       t_restart_preflight, t_restart_fallback, t_restart_soak)
