@@ -1634,10 +1634,21 @@ session_restore(struct kvtd *d, struct kvtd_image *img, struct img_conn *c)
 		if (!h->ns)
 			return -EBADMSG;
 		kvtd_prefix_ns_hold(&d->prefix, h->ns);
+		/* its row size's class, counted among the uid's when the session joins it */
+		r = kvtd_pool_class_get_for(&d->pool, h->ns->token_bytes, NULL);
+		if (r < 0)
+			return r;
+		h->uid_cls = r + 1;
 		h->pins = calloc(ih->n_pins ? ih->n_pins : 1, sizeof(*h->pins));
 		if (!h->pins)
 			return -ENOMEM;
 		h->cap_pins = ih->n_pins;
+		/* the pin array is the session's memory, charged as a LOOKUP charges it (the uid's
+		 * share follows with the session's bytes in kvtd_loop_adopt()); never refused */
+		h->pins_bytes = (uint64_t)h->cap_pins * sizeof(*h->pins);
+		pthread_mutex_lock(&d->pool.lock);
+		s->acct.bytes += h->pins_bytes;
+		pthread_mutex_unlock(&d->pool.lock);
 		for (uint32_t k = 0; k < ih->n_pins; k++) {
 			if (ih->pins[k] >= img->n_blk || img->blocks[ih->pins[k]]->ns != h->ns)
 				return -EBADMSG;
