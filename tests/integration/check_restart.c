@@ -1252,14 +1252,112 @@ START_TEST(t_restart_fallback)
 }
 END_TEST
 
+enum { PX_BT = 16, PX_NBLK = 4, PX_NTOK = PX_NBLK * PX_BT + 5, PX_STAGE = 128, PX_PROMPTS = 3 };
+
+/* The rows of position @i of prompt @prompt: the same for every client (the "model"). */
+static void
+px_rows(uint32_t prompt, uint32_t i, float *out)
+{
+	uint64_t rng = 0xb10c + prompt * 100003ull + i;
+
+	for (int k = 0; k < TOK; k++)
+		out[k] = rndf(&rng);
+}
+
 /*
- * The restart soak: 4 clients run workload() over and over (APPEND, SCORE_ADD, RETIER, FETCH
- * with every T1 row compared bit for bit, TOPK), with metrics_listen set, while the daemon
+ * One prefix round of a soak client (no ck_assert: it runs in a child): NS_OPEN of the shared
+ * namespace, a pinning LOOKUP of prompt @prompt's blocks, a sequence opened from what matched,
+ * the rest appended, its full blocks published, and every T1 row fetched and compared bit for
+ * bit with px_rows(). 0, or the step that failed (20-29).
+ */
+static int
+prefix_round(const char *sock, uint32_t prompt)
+{
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_ns_params np = {.size = sizeof(np),
+				   .layers = L,
+				   .kv_heads = H,
+				   .head_dim = D,
+				   .dtype = KVT_DTYPE_F32,
+				   .block_tokens = PX_BT};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	struct kvt_block_key keys[PX_NBLK];
+	static float rows[PX_NTOK * TOK], ref[TOK];
+	uint32_t tok[PX_NTOK], pos[PX_STAGE], ns, seq, n_new;
+	struct kvt_client *c = NULL;
+	struct kvt_buf *stage = NULL;
+	int err = 0, m, f;
+
+	snprintf(np.name, sizeof(np.name), "soak-model");
+	for (uint32_t i = 0; i < PX_NTOK; i++)
+		tok[i] = 1000 * prompt + i;
+	if (kvt_connect(sock, &o, &c) < 0)
+		return 20;
+	if (kvt_buf_alloc(c, (size_t)L * 2 * PX_STAGE * ROW * 4, &stage) < 0 ||
+	    kvt_ns_open(c, &np, &ns) < 0 ||
+	    kvt_block_keys(&np, NULL, tok, PX_NTOK, keys, PX_NBLK) != PX_NBLK) {
+		err = 21;
+		goto out;
+	}
+	m = kvt_lookup(c, ns, keys, PX_NBLK, KVT_LOOKUP_F_PIN);
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_TIERED;
+	p.delta = 4;
+	p.stage_buf_id = kvt_buf_id(stage);
+	p.stage_slots = PX_STAGE;
+	p.stage_slot_stride = ROW * 4;
+	p.stage_kv_stride = (uint64_t)PX_STAGE * ROW * 4;
+	p.stage_layer_stride = 2ull * PX_STAGE * ROW * 4;
+	if (m < 0 || kvt_seq_open_prefix(c, &p, ns, (uint32_t)m, &seq) < 0) {
+		err = 22;
+		goto out;
+	}
+	for (uint32_t i = (uint32_t)m * PX_BT; i < PX_NTOK; i++)
+		px_rows(prompt, i, rows + (size_t)(i - (uint32_t)m * PX_BT) * TOK);
+	if (kvt_append(c, seq, rows, (uint64_t)(PX_NTOK - (uint32_t)m * PX_BT) * TOK * 4,
+		       PX_NTOK - (uint32_t)m * PX_BT, NULL) != PX_NTOK) {
+		err = 23;
+		goto out;
+	}
+	if (kvt_publish(c, seq, keys, PX_NBLK, &n_new) != PX_NBLK) {
+		err = 24;
+		goto out;
+	}
+	f = kvt_fetch(c, seq, KVT_FETCH_F_T1, 0, L, 0, pos, PX_STAGE);
+	if (f != PX_NTOK) {
+		err = 25;
+		goto out;
+	}
+	for (int i = 0; i < f && !err; i++) {
+		px_rows(prompt, pos[i], ref);
+		for (uint32_t l = 0; l < L; l++)
+			for (uint32_t kv = 0; kv < 2; kv++)
+				if (memcmp((const float *)kvt_buf_ptr(stage) +
+					       ((size_t)(l * 2 + kv) * PX_STAGE + i) * ROW,
+					   ref + (l * 2 + kv) * ROW, ROW * 4))
+					err = 26;
+	}
+	if (!err && (kvt_seq_close(c, seq) < 0 || kvt_ns_close(c, ns) < 0))
+		err = 27;
+out:
+	kvt_disconnect(c);
+	return err;
+}
+
+/*
+ * The restart soak: 4 clients run workload() and prefix_round() over and over (APPEND,
+ * SCORE_ADD, RETIER, FETCH with every T1 row compared bit for bit, TOPK; NS_OPEN, a pinning
+ * LOOKUP, SEQ_OPEN from the shared blocks, PUBLISH), with metrics_listen set, while the daemon
  * restarts in place $KVT_RESTART_SOAK times (6 in CI; restart_soak.sh runs 500); every
- * $KVT_RESTART_SOAK_BAD-th time (3 in CI, 50 in the long run) a configuration with an unknown key
- * and then a truncated binary are tried first and must be refused. No client may lose its
- * session or see a wrong row, and afterwards the daemon holds the descriptors, mappings and pool
- * bytes it held before.
+ * $KVT_RESTART_SOAK_BAD-th time (3 in CI, 50 in the long run) a configuration with an unknown
+ * key, a truncated binary and a foreign executable are tried first and must be refused, and
+ * then a binary that passes the pre-flight but exits at start must fall back to the old binary
+ * (every session kept; the daemon's pid is then the watcher's). No client may lose its session
+ * or see a wrong row, and afterwards the daemon holds the descriptors, mappings and pool bytes
+ * (the prefix store's cached blocks) it held before.
  */
 START_TEST(t_restart_soak)
 {
@@ -1268,9 +1366,11 @@ START_TEST(t_restart_soak)
 	const char *var = getenv("KVT_EXEC") ? "KVT_EXEC" : "KVTIERD", *orig = getenv(var);
 	const char *env_n = getenv("KVT_RESTART_SOAK"), *env_bad = getenv("KVT_RESTART_SOAK_BAD");
 	unsigned n = env_n ? (unsigned)atoi(env_n) : 6, bad = env_bad ? (unsigned)atoi(env_bad) : 3;
-	unsigned port = free_port(), refused = 0;
+	static const char foreign[] = "#!/bin/sh\necho 'some other program'\nexit 3\n";
+	unsigned port = free_port(), refused = 0, fell_back = 0;
 	struct kvtd_usage u0, u1;
 	struct kvtd_proc d;
+	int64_t cached, published;
 	pid_t kids[4];
 	int stop[2], fd;
 	struct stat sb;
@@ -1278,6 +1378,8 @@ START_TEST(t_restart_soak)
 
 	ck_assert_ptr_nonnull(orig);
 	ck_assert_uint_gt(bad, 0);
+	/* a fallback's daemon is the watcher, whose parent dies: it becomes ours */
+	ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	snprintf(bin, sizeof(bin), "%s/kvtierd", dir);
 	snprintf(cfgpath, sizeof(cfgpath), "%s/kvtierd.conf", dir);
@@ -1295,11 +1397,12 @@ START_TEST(t_restart_soak)
 	setenv(var, bin, 1);
 	daemon_start(&d, extra);
 	setenv(var, orig, 1);
-	free((void *)orig);
 	/* the baseline is a restarted process's that has served a workload (its poller's malloc
-	 * arena made) */
+	 * arena made) and holds the prefix store's blocks of every prompt */
 	restart(&d, 0);
 	ck_assert_int_eq(workload(d.sock, 1, -1, -1).err, 0);
+	for (uint32_t pr = 0; pr < PX_PROMPTS; pr++)
+		ck_assert_int_eq(prefix_round(d.sock, pr), 0);
 	usleep(500000); /* a steadier baseline: the restart's short-lived threads gone */
 	u0 = daemon_usage(&d);
 	ck_assert_int_eq(pipe(stop), 0);
@@ -1313,8 +1416,13 @@ START_TEST(t_restart_soak)
 				struct digest dg = workload(d.sock, k % 2, -1, -1);
 				char c;
 
+				int e;
+
 				if (dg.err)
 					_exit(dg.err % 200 + 1);
+				e = prefix_round(d.sock, (round + (unsigned)k) % PX_PROMPTS);
+				if (e)
+					_exit(200 + e);
 				if (read(stop[0], &c, 1) == 0) /* EOF: the parent is done */
 					_exit(0);
 			}
@@ -1337,12 +1445,27 @@ START_TEST(t_restart_soak)
 			replace_bin(bin, good, loaded_end(good) / 2);
 			why = restart_refused(&d);
 			ck_assert_msg(why, "restart %u: a truncated binary was not refused", i);
+			replace_bin(bin, foreign, sizeof(foreign) - 1);
+			why = restart_refused(&d);
+			ck_assert_msg(why && strstr(why, "exited 3"),
+				      "restart %u: a foreign executable was not refused: %s", i,
+				      why);
+			refused += 3;
+			/* past the pre-flight, exiting at start: the old binary takes over */
+			replace_bin_exits_at_start(bin, orig);
+			why = restart_refused(&d);
+			ck_assert_msg(why && strstr(why, "ended before it took the sessions over"),
+				      "restart %u: no fallback: %s", i, why);
+			ck_assert_int_eq(waitpid(d.pid, NULL, 0), d.pid);
+			d.pid = status_pid(&d);
+			ck_assert(daemon_alive(&d));
+			fell_back++;
 			replace_bin(bin, good, (size_t)sb.st_size);
-			refused += 2;
 		}
 		restart(&d, -1);
 		if (env_n && i % 50 == 0)
-			fprintf(stderr, "restart soak: %u restarts, %u refused\n", i, refused);
+			fprintf(stderr, "restart soak: %u restarts, %u refused, %u fell back\n", i,
+				refused, fell_back);
 	}
 	close(stop[1]);
 	for (int k = 0; k < 4; k++) {
@@ -1357,6 +1480,8 @@ START_TEST(t_restart_soak)
 	 * pool bytes are carried by every restart; a mapping of the old process is not) */
 	restart(&d, 0);
 	ck_assert_int_eq(workload(d.sock, 1, -1, -1).err, 0);
+	for (uint32_t pr = 0; pr < PX_PROMPTS; pr++)
+		ck_assert_int_eq(prefix_round(d.sock, pr), 0);
 	/* a restart's short-lived threads (the pool's populate, the reaper) come and go: waited
 	 * for, boundedly. Mappings are compared by what they map (files, the pool's memfd): two
 	 * processes' anonymous mappings merge differently as randomisation places them */
@@ -1366,17 +1491,31 @@ START_TEST(t_restart_soak)
 			break;
 		usleep(20000);
 	}
-	printf("restart soak: %u restarts in place, %u bad ones refused, 4 clients; daemon fds "
-	       "%ld -> %ld, named maps %ld -> %ld (all maps %ld -> %ld), RSS %ld -> %ld kB, "
-	       "pool bytes %lld\n",
-	       n, refused, u0.fds, u1.fds, u0.named_maps, u1.named_maps, u0.maps, u1.maps,
-	       u0.rss_kb, u1.rss_kb, (long long)pool_used(d.sock));
+	{
+		struct json_object *bl = admin_request(d.sock, KVT_CTL_BLOCKS);
+
+		ck_assert_ptr_nonnull(bl);
+		cached = json_get_i64(bl, "bytes");
+		published = json_get_i64(bl, "published");
+		ck_assert_int_eq(json_get_i64(bl, "referenced"), 0);
+		json_object_put(bl);
+	}
+	printf("restart soak: %u restarts in place, %u bad ones refused, %u fell back to the old "
+	       "binary, 4 clients (%lld blocks published); daemon fds %ld -> %ld, named maps "
+	       "%ld -> %ld (all maps %ld -> %ld), RSS %ld -> %ld kB, pool bytes %lld (cached "
+	       "blocks %lld)\n",
+	       n, refused, fell_back, (long long)published, u0.fds, u1.fds, u0.named_maps,
+	       u1.named_maps, u0.maps, u1.maps, u0.rss_kb, u1.rss_kb, (long long)pool_used(d.sock),
+	       (long long)cached);
 	ck_assert_int_eq(u1.fds, u0.fds);
 	if (!u1.sanitized)
 		ck_assert_int_eq(u1.named_maps, u0.named_maps);
-	ck_assert_int_eq(pool_used(d.sock), 0);
+	/* every sequence gone: only the prefix store's cached blocks, all of every prompt */
+	ck_assert_int_eq(cached, (int64_t)PX_PROMPTS * PX_NBLK * PX_BT * TOK * 4);
+	ck_assert_int_eq(pool_used(d.sock), cached);
 	ck_assert_int_eq(daemon_stop(&d), 0);
 	free(good);
+	free((void *)orig);
 	unlink(bin);
 	unlink(cfgpath);
 	rmdir(dir);
