@@ -8,6 +8,7 @@
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -856,7 +857,11 @@ struct watch {
 	char why_env[512]; /* KVTD_FALLBACK_ENV "=" the reason */
 };
 
-static void
+/* The teardown child's helpers run on its parent's thread pointer, like it: no sanitizer hooks.
+ */
+#define RAW_CHILD __attribute__((no_sanitize_address, no_sanitize_thread, no_sanitize_undefined))
+
+RAW_CHILD static void
 raw_close_from_to(int lo, int hi) /* [lo, hi), hi < 0: to the end */
 {
 	long end = hi < 0 ? TEARDOWN_FD_MAX : hi;
@@ -868,7 +873,7 @@ raw_close_from_to(int lo, int hi) /* [lo, hi), hi < 0: to the end */
 			syscall(SYS_close, fd);
 }
 
-__attribute__((no_sanitize_address, no_sanitize_thread, no_sanitize_undefined)) static void
+RAW_CHILD static void
 raw_append(char *dst, size_t cap, const char *src)
 {
 	size_t n = 0;
@@ -880,7 +885,7 @@ raw_append(char *dst, size_t cap, const char *src)
 	dst[n] = '\0';
 }
 
-__attribute__((no_sanitize_address, no_sanitize_thread, no_sanitize_undefined)) static int
+RAW_CHILD static int
 teardown_child(void *arg)
 {
 	struct watch *w = arg;
@@ -937,6 +942,31 @@ teardown_child(void *arg)
 	return 0;
 }
 
+#if defined(__SANITIZE_THREAD__)
+#define KVTD_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define KVTD_TSAN 1
+#endif
+#endif
+
+typedef int (*clone_fn)(int (*)(void *), void *, int, void *, ...);
+
+/* libc's clone(). ThreadSanitizer's interceptor runs its own bookkeeping in a CLONE_VM child on
+ * the parent's thread state, where it crashes: the watcher would be gone. */
+static clone_fn
+libc_clone(void)
+{
+#ifdef KVTD_TSAN
+	void *h = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+	void *f = h ? dlsym(h, "clone") : NULL;
+
+	if (f)
+		return (clone_fn)f;
+#endif
+	return clone;
+}
+
 static int
 cmp_int(const void *a, const void *b)
 {
@@ -987,7 +1017,7 @@ teardown_start(struct watch *w, const struct fdlist *fds, int *ret_wfd)
 	}
 	/* The stack and *w stay as they are: they live in the old address space, which the child
 	 * ends; the parent only reads w->p afterwards. */
-	pid = clone(teardown_child, (uint8_t *)st + stack, CLONE_VM | SIGCHLD, w);
+	pid = libc_clone()(teardown_child, (uint8_t *)st + stack, CLONE_VM | SIGCHLD, w);
 	close(p[0]);
 	close(p[3]);
 	while (pid > 0 && read(p[2], &c, 1) < 0 && errno == EINTR)
