@@ -83,7 +83,8 @@ struct kvtd {
 	char exe[4096]; /* the binary started, re-executed by a restart */
 	int exe_fd;	/* that binary, opened at start: a failed restart's fallback (restart.c) */
 	int watch_fd;	/* started by a restart: the pipe to the old process's watcher, -1 */
-	char **argv;	/* its arguments, without --restore-fd */
+	int watch_ack_fd; /* under systemd: its end means the watcher handed the main pid back */
+	char **argv;	  /* its arguments, without --restore-fd */
 	int argc;
 	int restart_pending;	     /* SIGUSR2 or RESTART seen: restart at the next turn */
 	void *restart_conn;	     /* the connection that asked (loop.c), NULL for SIGUSR2 */

@@ -29,7 +29,7 @@ main(int argc, char **argv)
 	memset(&d, 0, sizeof(d));
 	d.exe_fd = -1;
 	/* started by a restart: the old process's watcher, or the reason it fell back */
-	d.watch_fd = kvtd_restart_take_watch();
+	d.watch_fd = kvtd_restart_take_watch(&d.watch_ack_fd);
 	d.fell_back = kvtd_restart_take_fallback();
 	/* A restart in place (restart.h) appends --restore-fd: the rest is the original command. */
 	restore_fd = kvtd_restart_take_fd(&argc, argv);

@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <spawn.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 #include <sched.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
@@ -855,6 +857,12 @@ struct watch {
 	char **argv;	   /* the old binary's arguments with --restore-fd */
 	char **envp;	   /* its environment; envp[n_env] points at why_env */
 	char why_env[512]; /* KVTD_FALLBACK_ENV "=" the reason */
+	/* under systemd: the watcher is the unit's main pid from before the exec until it lets
+	 * go, when it hands that back to the restarting pid (MAINPID=) and closes ack_w */
+	struct sockaddr_un notify_addr;
+	socklen_t notify_len; /* 0: not under systemd */
+	char mainpid_msg[32]; /* "MAINPID=<parent>" */
+	int ack_w;	      /* -1: none */
 };
 
 /* The teardown child's helpers run on its parent's thread pointer, like it: no sanitizer hooks.
@@ -885,6 +893,69 @@ raw_append(char *dst, size_t cap, const char *src)
 	dst[n] = '\0';
 }
 
+/*
+ * sd_notify() of @msg to the service manager, then a barrier (BARRIER=1 with a pipe's write
+ * end, which the manager closes once it has processed what came before), waited for 5 s at
+ * most: MAINPID= is in force when this returns.
+ */
+RAW_CHILD static void
+raw_notify(const struct watch *w, const char *msg, size_t len)
+{
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
+	struct msghdr mh = {.msg_name = (void *)&w->notify_addr,
+			    .msg_namelen = w->notify_len,
+			    .msg_iov = &iov,
+			    .msg_iovlen = 1};
+	struct timespec ts = {.tv_sec = 5};
+	struct pollfd pf;
+	int bp[2];
+	long fd = syscall(SYS_socket, AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+	if (fd < 0)
+		return;
+	syscall(SYS_sendmsg, fd, &mh, MSG_NOSIGNAL);
+	if (syscall(SYS_pipe2, bp, O_CLOEXEC) == 0) {
+		iov.iov_base = (void *)"BARRIER=1";
+		iov.iov_len = 9;
+		u.h.cmsg_level = SOL_SOCKET;
+		u.h.cmsg_type = SCM_RIGHTS;
+		u.h.cmsg_len = CMSG_LEN(sizeof(int));
+		*(int *)(void *)CMSG_DATA(&u.h) = bp[1];
+		mh.msg_control = u.buf;
+		mh.msg_controllen = sizeof(u.buf);
+		syscall(SYS_sendmsg, fd, &mh, MSG_NOSIGNAL);
+		syscall(SYS_close, bp[1]);
+		pf.fd = bp[0];
+		pf.events = POLLIN;
+		pf.revents = 0;
+		syscall(SYS_ppoll, &pf, 1UL, &ts, NULL, 8UL);
+		syscall(SYS_close, bp[0]);
+	}
+	syscall(SYS_close, fd);
+}
+
+/* The restarting pid serves (or the exec failed and the old process goes on): under systemd
+ * it is the main pid again, and then it may go on. */
+RAW_CHILD __attribute__((noreturn)) static void
+raw_let_go(const struct watch *w)
+{
+	size_t n = 0;
+
+	if (w->notify_len) {
+		while (w->mainpid_msg[n])
+			n++;
+		raw_notify(w, w->mainpid_msg, n);
+	}
+	if (w->ack_w >= 0)
+		syscall(SYS_close, w->ack_w);
+	syscall(SYS_exit, 0);
+	__builtin_unreachable();
+}
+
 RAW_CHILD static int
 teardown_child(void *arg)
 {
@@ -902,8 +973,10 @@ teardown_child(void *arg)
 	raw_close_from_to(prev, -1);
 	while ((n = syscall(SYS_read, w->p[0], &c, 1)) < 0)
 		;
-	if (n == 1 || w->rd < 0) /* the exec failed (the old process goes on), or no watch */
+	if (w->rd < 0) /* no watch */
 		syscall(SYS_exit, 0);
+	if (n == 1) /* the exec failed: the old process goes on */
+		raw_let_go(w);
 	/* The verdict: 'R' (taken over), 'F' and a reason, or nothing before the end. */
 	for (;;) {
 		struct pollfd pf = {.fd = w->rd, .events = POLLIN};
@@ -912,7 +985,7 @@ teardown_child(void *arg)
 		n = syscall(SYS_ppoll, &pf, 1UL, timed_out ? NULL : &ts, NULL, 8UL);
 		if (n == 0) {
 			if (!w->kill)
-				syscall(SYS_exit, 0); /* an older kvtierd: alive, so it took over */
+				raw_let_go(w); /* an older kvtierd: alive, so it took over */
 			syscall(SYS_kill, w->parent, SIGKILL);
 			timed_out = 1;
 			continue;
@@ -923,7 +996,7 @@ teardown_child(void *arg)
 		if (n < 0)
 			continue;
 		if (got == 0 && n > 0 && buf[0] == 'R')
-			syscall(SYS_exit, 0); /* the new process serves: let go */
+			raw_let_go(w); /* the new process serves */
 		if (n == 0 || got + n == (long)sizeof(buf) - 1)
 			break;
 		got += n;
@@ -988,7 +1061,7 @@ teardown_start(struct watch *w, const struct fdlist *fds, int *ret_wfd)
 	pid_t pid;
 
 	w->n_keep = 0;
-	w->keep = calloc((size_t)fds->n + 6, sizeof(*w->keep));
+	w->keep = calloc((size_t)fds->n + 7, sizeof(*w->keep));
 	if (!w->keep)
 		return -1;
 	if (pipe2(p, O_CLOEXEC) < 0)
@@ -1004,6 +1077,8 @@ teardown_start(struct watch *w, const struct fdlist *fds, int *ret_wfd)
 			w->keep[w->n_keep++] = fd;
 		w->keep[w->n_keep++] = w->rd;
 		w->keep[w->n_keep++] = w->exe_fd;
+		if (w->ack_w >= 0)
+			w->keep[w->n_keep++] = w->ack_w;
 		for (unsigned i = 0; i < fds->n; i++)
 			w->keep[w->n_keep++] = fds->fd[i];
 	}
@@ -1223,18 +1298,23 @@ kvtd_restart_record(struct kvtd *d, int argc, char **argv)
 }
 
 int
-kvtd_restart_take_watch(void)
+kvtd_restart_take_watch(int *ret_ack)
 {
 	const char *v = getenv(KVTD_WATCH_ENV);
+	long fd, ack = -1;
 	char *end;
-	long fd;
 
+	*ret_ack = -1;
 	if (!v)
 		return -1;
 	fd = strtol(v, &end, 10);
+	if (*end == ',')
+		ack = strtol(end + 1, &end, 10);
 	unsetenv(KVTD_WATCH_ENV);
 	if (*end || fd < 3 || fd > INT_MAX || fcntl((int)fd, F_SETFD, FD_CLOEXEC) < 0)
 		return -1;
+	if (ack >= 3 && ack <= INT_MAX && fcntl((int)ack, F_SETFD, FD_CLOEXEC) == 0)
+		*ret_ack = (int)ack;
 	return (int)fd;
 }
 
@@ -1276,6 +1356,35 @@ took_over(struct kvtd *d)
 		log_warn("restart: telling the watcher it may go: %s", strerror(errno));
 	close(d->watch_fd);
 	d->watch_fd = -1;
+	if (d->watch_ack_fd >= 0) {
+		/* under systemd: the watcher hands the main pid back (and waits until the service
+		 * manager has it), then closes its end; READY=1 from here is the main pid's */
+		struct pollfd pf = {.fd = d->watch_ack_fd, .events = POLLIN};
+		char c;
+
+		if (poll(&pf, 1, 10000) <= 0 || read(d->watch_ack_fd, &c, 1) != 0)
+			log_warn("restart: the watcher did not hand the main pid back in 10 s");
+		close(d->watch_ack_fd);
+		d->watch_ack_fd = -1;
+	}
+}
+
+/* $NOTIFY_SOCKET as an address ("@name": abstract), or -ENOENT when not under systemd. */
+static int
+notify_addr(struct sockaddr_un *sa, socklen_t *ret_len)
+{
+	const char *e = getenv("NOTIFY_SOCKET");
+	size_t n = e ? strlen(e) : 0;
+
+	if (!n || n >= sizeof(sa->sun_path) || (e[0] != '/' && e[0] != '@'))
+		return -ENOENT;
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	memcpy(sa->sun_path, e, n);
+	if (e[0] == '@')
+		sa->sun_path[0] = '\0';
+	*ret_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + (e[0] == '/'));
+	return 0;
 }
 
 int
@@ -1286,7 +1395,7 @@ kvtd_restart(struct kvtd *d)
 	struct wbuf w = {0};
 	struct fdlist fds = {0};
 	char fdarg[16], watch_env[48], **argv = NULL, **envp = NULL, **fb_envp = NULL;
-	int r, img_fd = -1, twfd = -1, vp[2] = {-1, -1}, verdict = 0;
+	int r, img_fd = -1, twfd = -1, vp[2] = {-1, -1}, ap[2] = {-1, -1}, verdict = 0;
 	size_t n_env = 0;
 	pid_t tpid;
 
@@ -1371,8 +1480,23 @@ kvtd_restart(struct kvtd *d)
 	memcpy(envp, environ, n_env * sizeof(*envp));
 	memcpy(fb_envp, environ, n_env * sizeof(*fb_envp));
 	wt.rd = -1;
+	wt.ack_w = -1;
+	wt.notify_len = 0;
 	if (d->exe_fd >= 0 && pipe2(vp, O_CLOEXEC) == 0) {
 		snprintf(watch_env, sizeof(watch_env), "%s=%d", KVTD_WATCH_ENV, vp[1]);
+		/* Under systemd the watcher is the main pid while the new process may still fail
+		 * (its death then stops nothing), and hands it back before letting go: the new
+		 * process waits for that (the end of the ack pipe) before its READY=1. */
+		if (notify_addr(&wt.notify_addr, &wt.notify_len) == 0 &&
+		    pipe2(ap, O_CLOEXEC) == 0) {
+			snprintf(watch_env, sizeof(watch_env), "%s=%d,%d", KVTD_WATCH_ENV, vp[1],
+				 ap[0]);
+			snprintf(wt.mainpid_msg, sizeof(wt.mainpid_msg), "MAINPID=%d",
+				 (int)getpid());
+			wt.ack_w = ap[1];
+		} else {
+			wt.notify_len = 0;
+		}
 		envp[n_env] = watch_env;
 		snprintf(wt.why_env, sizeof(wt.why_env), "%s=%.200s ", KVTD_FALLBACK_ENV, d->exe);
 		fb_envp[n_env] = wt.why_env;
@@ -1402,11 +1526,23 @@ kvtd_restart(struct kvtd *d)
 		envp[n_env] = NULL; /* nobody to give up to: the new process must not try */
 	} else if (wt.rd >= 0) {
 		fcntl(vp[1], F_SETFD, 0); /* the watcher has no copy: its end means the exec's */
+		if (ap[0] >= 0)
+			fcntl(ap[0], F_SETFD, 0);
+		if (wt.notify_len) {
+			/* the watcher is the main pid until the new process has taken over */
+			sd_notifyf(0, "MAINPID=%d", (int)tpid);
+			r = sd_notify_barrier(0, 5000000);
+			if (r < 0)
+				log_warn("restart: handing the main pid to the watcher: %s",
+					 strerror(-r));
+		}
 	}
 	execve(d->exe, argv, envp);
 	r = -errno;
 	if (vp[1] >= 0)
 		fcntl(vp[1], F_SETFD, FD_CLOEXEC);
+	if (ap[0] >= 0)
+		fcntl(ap[0], F_SETFD, FD_CLOEXEC);
 	if (tpid > 0) {
 		/* not the exec's EOF: the watcher exits rather than take over */
 		if (write(twfd, "x", 1) != 1)
@@ -1423,9 +1559,12 @@ err:
 	d->restarts--;
 	if (img_fd >= 0)
 		close(img_fd);
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < 2; i++) {
 		if (vp[i] >= 0)
 			close(vp[i]);
+		if (ap[i] >= 0)
+			close(ap[i]);
+	}
 	free(argv);
 	free(envp);
 	free(fb_envp);

@@ -40,6 +40,11 @@
  * the reason: that process restores every session (at the watcher's pid), answers the RESTART
  * with -ECANCELED naming the cause, and logs it. A new binary whose pre-flight did not say it
  * writes the verdict (an older kvtierd) is watched only for dying: no verdict in time lets go.
+ * Under systemd (NotifyAccess=main) the watcher is the main pid from before the exec until it
+ * lets go: the old process hands it over (MAINPID=, then a barrier), and the watcher hands it
+ * back to the restarted pid before it lets go, which the new process waits for (the end of a
+ * second pipe) before its READY=1. The death of a failed new process is then not the main
+ * process's, and a fallback is the main pid already.
  */
 #ifndef KVTD_RESTART_H
 #define KVTD_RESTART_H
@@ -77,9 +82,10 @@ int kvtd_restart_take_check(int *argc, char **argv);
 #define KVTD_WATCH_ENV	     "KVTIERD_RESTART_WATCH"	/* the verdict pipe's descriptor */
 #define KVTD_FALLBACK_ENV    "KVTIERD_RESTART_FALLBACK" /* why the new binary failed */
 #define KVTD_TAKEOVER_S	     120 /* the longest a new process may take to take over */
-/* At start: the verdict pipe named in KVTD_WATCH_ENV (close-on-exec from here on), or -1, and
+/* At start: the verdict pipe named in KVTD_WATCH_ENV (close-on-exec from here on), or -1, with
+ * the pipe whose end says the watcher handed systemd's main pid back (*ret_ack, -1: none), and
  * the fallback reason in KVTD_FALLBACK_ENV (a copy, or NULL); both variables are removed. */
-int kvtd_restart_take_watch(void);
+int kvtd_restart_take_watch(int *ret_ack);
 char *kvtd_restart_take_fallback(void);
 /* A process started by a restart with a watcher that cannot take over: writes 'F' and @why to
  * the watcher and exits, so the old binary takes over with every session. Returns (having

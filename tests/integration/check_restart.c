@@ -24,6 +24,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1144,6 +1146,130 @@ replace_bin_exits_at_start(const char *bin, const char *good)
 	replace_bin(bin, script, (size_t)n);
 }
 
+/*
+ * A service manager's notification socket for NotifyAccess=main (as kvtierd.service sets it):
+ * a thread takes each datagram with its sender's pid, refuses (counts) one from any pid but the
+ * main pid, follows MAINPID=, and closes a BARRIER=1's descriptor (from anyone) once what came
+ * before is taken, as systemd does.
+ */
+struct fake_sd {
+	int fd, stop;
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pid_t main_pid;	  /* 0: the first sender */
+	unsigned refused; /* notifications from a pid that was not the main pid */
+	unsigned handoffs;
+	char log[16384];
+};
+
+static void *
+fake_sd_main(void *arg)
+{
+	struct fake_sd *f = arg;
+
+	while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
+		union {
+			struct cmsghdr h;
+			char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(4 * sizeof(int))];
+		} u;
+		char text[512];
+		struct iovec iov = {text, sizeof(text) - 1};
+		struct msghdr mh = {.msg_iov = &iov,
+				    .msg_iovlen = 1,
+				    .msg_control = u.buf,
+				    .msg_controllen = sizeof(u.buf)};
+		struct pollfd pf = {.fd = f->fd, .events = POLLIN};
+		pid_t pid = 0;
+		ssize_t n;
+		size_t len;
+		const char *mp;
+
+		if (poll(&pf, 1, 50) <= 0)
+			continue;
+		n = recvmsg(f->fd, &mh, MSG_DONTWAIT);
+		if (n < 0)
+			continue;
+		text[n] = '\0';
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+			if (c->cmsg_type == SCM_CREDENTIALS) {
+				struct ucred cr;
+
+				memcpy(&cr, CMSG_DATA(c), sizeof(cr));
+				pid = cr.pid;
+			} else if (c->cmsg_type == SCM_RIGHTS) {
+				int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+
+				for (int i = 0; i < k; i++) {
+					int fd;
+
+					memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(fd));
+					close(fd); /* the barrier: processed */
+				}
+			}
+		}
+		pthread_mutex_lock(&f->lock);
+		if (!f->main_pid)
+			f->main_pid = pid;
+		len = strlen(f->log);
+		if (!strcmp(text, "BARRIER=1")) {
+			/* taken from anyone, before any unit's rules (systemd's manager.c) */
+		} else if (pid != f->main_pid) {
+			f->refused++;
+			snprintf(f->log + len, sizeof(f->log) - len, "REFUSED from %d: %s|",
+				 (int)pid, text);
+		} else {
+			snprintf(f->log + len, sizeof(f->log) - len, "%d: %s|", (int)pid, text);
+			mp = strstr(text, "MAINPID=");
+			if (mp) {
+				f->main_pid = atoi(mp + 8);
+				f->handoffs++;
+			}
+		}
+		pthread_mutex_unlock(&f->lock);
+	}
+	return NULL;
+}
+
+/* Listens at @path (NOTIFY_SOCKET is set to it for the daemons started after). */
+static void
+fake_sd_start(struct fake_sd *f, const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int one = 1;
+
+	memset(f, 0, sizeof(*f));
+	pthread_mutex_init(&f->lock, NULL);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	f->fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_ge(f->fd, 0);
+	ck_assert_int_eq(setsockopt(f->fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)), 0);
+	ck_assert_int_eq(bind(f->fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(pthread_create(&f->thread, NULL, fake_sd_main, f), 0);
+	setenv("NOTIFY_SOCKET", path, 1);
+}
+
+static void
+fake_sd_stop(struct fake_sd *f)
+{
+	unsetenv("NOTIFY_SOCKET");
+	__atomic_store_n(&f->stop, 1, __ATOMIC_RELEASE);
+	pthread_join(f->thread, NULL);
+	close(f->fd);
+}
+
+/* The main pid the manager knows, once everything sent so far is taken (a moment's wait). */
+static pid_t
+fake_sd_main_pid(struct fake_sd *f)
+{
+	pid_t pid;
+
+	usleep(200000);
+	pthread_mutex_lock(&f->lock);
+	pid = f->main_pid;
+	pthread_mutex_unlock(&f->lock);
+	return pid;
+}
+
 /* The daemon's pid from STATUS. */
 static pid_t
 status_pid(const struct kvtd_proc *d)
@@ -1166,7 +1292,8 @@ status_pid(const struct kvtd_proc *d)
  */
 START_TEST(t_restart_fallback)
 {
-	char dir[] = "/tmp/kvt-restart-bin-XXXXXX", bin[64], cmd[256], *log = NULL;
+	char dir[] = "/tmp/kvt-restart-bin-XXXXXX", bin[64], cmd[256], sdpath[80], *log = NULL;
+	struct fake_sd sd;
 	const char *var = getenv("KVT_EXEC") ? "KVT_EXEC" : "KVTIERD";
 	char *orig = strdup(getenv(var));
 	struct kvtd_proc d1, d2;
@@ -1182,6 +1309,9 @@ START_TEST(t_restart_fallback)
 	/* the process that takes over is the watcher, whose parent dies: it becomes ours */
 	ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
 	ck_assert_ptr_nonnull(mkdtemp(dir));
+	/* as under systemd, NotifyAccess=main: the pid that dies is never the main pid */
+	snprintf(sdpath, sizeof(sdpath), "%s/notify", dir);
+	fake_sd_start(&sd, sdpath);
 	snprintf(bin, sizeof(bin), "%s/kvtierd", dir);
 	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", orig, bin);
 	ck_assert_int_eq(system(cmd), 0);
@@ -1206,6 +1336,8 @@ START_TEST(t_restart_fallback)
 	d1.pid = status_pid(&d1);
 	ck_assert_int_ne(d1.pid, old_pid);
 	ck_assert(daemon_alive(&d1));
+	ck_assert_msg(fake_sd_main_pid(&sd) == d1.pid, "main pid %d, daemon %d: %s",
+		      (int)fake_sd_main_pid(&sd), (int)d1.pid, sd.log);
 	st = admin_request(d1.sock, KVT_CTL_STATUS);
 	ck_assert_int_eq(json_get_i64(st, "restarts"), 0);
 	ck_assert_int_eq(json_get_i64(st, "sessions"), 2);
@@ -1228,6 +1360,8 @@ START_TEST(t_restart_fallback)
 	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", orig, bin);
 	ck_assert_int_eq(system(cmd), 0);
 	restart(&d1, 2);
+	ck_assert_msg(fake_sd_main_pid(&sd) == d1.pid, "main pid %d, daemon %d: %s",
+		      (int)fake_sd_main_pid(&sd), (int)d1.pid, sd.log);
 	child_until(&c[0], STEPS - PAUSE_AT - 10, 's');
 	child_until(&c[0], 1, 'e');
 	child_until(&c[1], STEPS - PAUSE_AT, 's');
@@ -1237,6 +1371,12 @@ START_TEST(t_restart_fallback)
 	got[0] = child_finish(&c[0]);
 	got[1] = child_finish(&c[1]);
 	ck_assert_int_eq(daemon_stop(&d1), 0);
+	fake_sd_stop(&sd);
+	/* the manager took every notification: each came from the main pid of the moment; the
+	 * main pid went to the watcher for good at the fallback, and to the watcher and back at
+	 * the good restart */
+	ck_assert_msg(sd.refused == 0 && sd.handoffs == 3, "%u refused, %u handoffs: %s",
+		      sd.refused, sd.handoffs, sd.log);
 
 	daemon_start(&d2, NULL);
 	child_start(&c[0], d2.sock, 0, 0);
