@@ -285,6 +285,17 @@ restart(struct kvtd_proc *d, int sessions)
 {
 	struct json_object *o = admin_request(d->sock, KVT_CTL_RESTART), *v;
 
+	if (!o && getenv("KVT_RESTART_SOAK")) {
+		/* the long run: what the daemon (and its children) are doing, for the report */
+		char cmd[256];
+
+		snprintf(cmd, sizeof(cmd),
+			 "for p in %d $(cat /proc/%d/task/*/children 2>/dev/null); do "
+			 "gdb -p $p -batch -ex 'thread apply all bt' >&2 2>&1; done",
+			 (int)d->pid, (int)d->pid);
+		if (system(cmd) < 0)
+			perror("gdb");
+	}
 	ck_assert_msg(o, "no reply to RESTART (log %s)", d->log);
 	ck_assert_msg(json_object_object_get_ex(o, "restarted", &v) && json_object_get_boolean(v),
 		      "RESTART: %s", json_object_to_json_string(o));
