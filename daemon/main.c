@@ -125,6 +125,7 @@ main(int argc, char **argv)
 		if (r < 0 && !d.pool.base)
 			goto err_pollers;
 		kvtd_pool_populate(&d.pool);
+		kvtd_restart_await_main(&d); /* under systemd: READY=1 is the main pid's */
 	}
 	sd_notifyf(0, "READY=1\nSTATUS=serving on %s, pool %llu MiB", d.cfg.socket_path,
 		   (unsigned long long)(d.pool.size >> 20));

@@ -1356,17 +1356,22 @@ took_over(struct kvtd *d)
 		log_warn("restart: telling the watcher it may go: %s", strerror(errno));
 	close(d->watch_fd);
 	d->watch_fd = -1;
-	if (d->watch_ack_fd >= 0) {
-		/* under systemd: the watcher hands the main pid back (and waits until the service
-		 * manager has it), then closes its end; READY=1 from here is the main pid's */
-		struct pollfd pf = {.fd = d->watch_ack_fd, .events = POLLIN};
-		char c;
+}
 
-		if (poll(&pf, 1, 10000) <= 0 || read(d->watch_ack_fd, &c, 1) != 0)
-			log_warn("restart: the watcher did not hand the main pid back in 10 s");
-		close(d->watch_ack_fd);
-		d->watch_ack_fd = -1;
-	}
+void
+kvtd_restart_await_main(struct kvtd *d)
+{
+	struct pollfd pf = {.fd = d->watch_ack_fd, .events = POLLIN};
+	char c;
+
+	if (d->watch_ack_fd < 0)
+		return;
+	/* The watcher hands the main pid back (and waits until the service manager has it), then
+	 * closes its end: READY=1 from here on is the main pid's. The pollers serve meanwhile. */
+	if (poll(&pf, 1, 10000) <= 0 || read(d->watch_ack_fd, &c, 1) != 0)
+		log_warn("restart: the watcher did not hand the main pid back in 10 s");
+	close(d->watch_ack_fd);
+	d->watch_ack_fd = -1;
 }
 
 /* $NOTIFY_SOCKET as an address ("@name": abstract), or -ENOENT when not under systemd. */

@@ -42,9 +42,9 @@
  * writes the verdict (an older kvtierd) is watched only for dying: no verdict in time lets go.
  * Under systemd (NotifyAccess=main) the watcher is the main pid from before the exec until it
  * lets go: the old process hands it over (MAINPID=, then a barrier), and the watcher hands it
- * back to the restarted pid before it lets go, which the new process waits for (the end of a
- * second pipe) before its READY=1. The death of a failed new process is then not the main
- * process's, and a fallback is the main pid already.
+ * back to the restarted pid before it lets go, which the new process, serving already, waits
+ * for (the end of a second pipe) before its READY=1. The death of a failed new process is then not
+ * the main process's, and a fallback is the main pid already.
  */
 #ifndef KVTD_RESTART_H
 #define KVTD_RESTART_H
@@ -91,6 +91,9 @@ char *kvtd_restart_take_fallback(void);
  * the watcher and exits, so the old binary takes over with every session. Returns (having
  * done nothing) when there is no watcher. */
 void kvtd_restart_give_up(struct kvtd *d, const char *why);
+/* A process started by a restart, under systemd, before its READY=1: waits (10 s at most) until
+ * the watcher has handed the main pid back. Returns at once otherwise. */
+void kvtd_restart_await_main(struct kvtd *d);
 /* At start: remember the binary (/proc/self/exe) and the arguments to execute again. */
 void kvtd_restart_record(struct kvtd *d, int argc, char **argv);
 

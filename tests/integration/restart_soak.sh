@@ -19,6 +19,6 @@ bin=$build/tests/integration/itest_check_restart
 
 [ -x "$bin" ] || { echo "restart_soak.sh: $bin not built (cmake --build $build)" >&2; exit 2; }
 start=$(date +%s)
-KVTIERD=$build/daemon/kvtierd KVT_RESTART_SOAK=$restarts KVT_RESTART_SOAK_BAD=$bad \
+KVTIERD=$build/daemon/kvtierd KVT_RESTART_SOAK=$restarts KVT_RESTART_SOAK_BAD=$bad KVT_TEST_ONLY=t_restart_soak \
 	CK_RUN_CASE=restart CK_TIMEOUT_MULTIPLIER=$((restarts / 20 + 1)) "$bin"
 echo "restart_soak.sh: $restarts restarts in $(($(date +%s) - start)) s"
