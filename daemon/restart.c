@@ -1297,6 +1297,14 @@ kvtd_restart_record(struct kvtd *d, int argc, char **argv)
 	d->argv = argv;
 }
 
+static int
+is_pipe(int fd)
+{
+	struct stat st;
+
+	return fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
+}
+
 int
 kvtd_restart_take_watch(int *ret_ack)
 {
@@ -1311,9 +1319,13 @@ kvtd_restart_take_watch(int *ret_ack)
 	if (*end == ',')
 		ack = strtol(end + 1, &end, 10);
 	unsetenv(KVTD_WATCH_ENV);
-	if (*end || fd < 3 || fd > INT_MAX || fcntl((int)fd, F_SETFD, FD_CLOEXEC) < 0)
+	/* Pipes only: a variable left over (an older kvtierd between two restarts kept it in its
+	 * environment) may name a descriptor that is now a client's socket. */
+	if (*end || fd < 3 || fd > INT_MAX || !is_pipe((int)fd) ||
+	    fcntl((int)fd, F_SETFD, FD_CLOEXEC) < 0)
 		return -1;
-	if (ack >= 3 && ack <= INT_MAX && fcntl((int)ack, F_SETFD, FD_CLOEXEC) == 0)
+	if (ack >= 3 && ack <= INT_MAX && is_pipe((int)ack) &&
+	    fcntl((int)ack, F_SETFD, FD_CLOEXEC) == 0)
 		*ret_ack = (int)ack;
 	return (int)fd;
 }
