@@ -1503,6 +1503,73 @@ out:
 }
 
 /*
+ * The fallback on the new process's word: a kvtierd that passes the pre-flight but is run for
+ * real with an option it refuses gives up to the watcher with its reason ('F'), and the old
+ * binary takes the session back; RESTART's error carries that reason.
+ */
+START_TEST(t_restart_fallback_gave_up)
+{
+	char dir[] = "/tmp/kvt-restart-bin-XXXXXX", bin[64], cmd[256], script[768];
+	const char *var = getenv("KVT_EXEC") ? "KVT_EXEC" : "KVTIERD";
+	char *orig = strdup(getenv(var));
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	static float rows[2 * TOK];
+	struct kvt_client *c;
+	struct kvtd_proc d;
+	const char *why;
+	pid_t old_pid;
+	uint32_t seq;
+	int n;
+
+	ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(bin, sizeof(bin), "%s/kvtierd", dir);
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", orig, bin);
+	ck_assert_int_eq(system(cmd), 0);
+	setenv(var, bin, 1);
+	daemon_start(&d, NULL);
+	setenv(var, orig, 1);
+	ck_assert_int_eq(kvt_connect(d.sock, &o, &c), 0);
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_FULL;
+	p.delta = 16;
+	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 2, NULL), 2);
+	/* the real kvtierd, with "--backend bogus" slipped in before "--restore-fd N" */
+	n = snprintf(
+	    script, sizeof(script),
+	    "#!/bin/sh\n"
+	    "case \"$*\" in *--check-restart) exec '%s' \"$@\";; esac\n"
+	    "n=$#; eval \"fd=\\${$n}\"; i=0\n"
+	    "for a in \"$@\"; do i=$((i + 1)); [ $i -le $((n - 2)) ] && set -- \"$@\" \"$a\"; "
+	    "done\n"
+	    "shift $n\n"
+	    "exec '%s' \"$@\" --backend bogus --restore-fd \"$fd\"\n",
+	    orig, orig);
+	ck_assert_int_lt(n, (int)sizeof(script));
+	replace_bin(bin, script, (size_t)n);
+	old_pid = d.pid;
+	why = restart_refused(&d);
+	ck_assert_msg(why && strstr(why, "refused its configuration") && strstr(why, "bogus") &&
+			  strstr(why, "took back 1 session(s)"),
+		      "reason: %s", why);
+	ck_assert_int_eq(waitpid(old_pid, NULL, 0), old_pid);
+	d.pid = status_pid(&d);
+	ck_assert_int_ne(d.pid, old_pid);
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 2, NULL), 4);
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	unlink(bin);
+	rmdir(dir);
+	free(orig);
+}
+END_TEST
+
+/*
  * The restart soak: 4 clients run workload() and prefix_round() over and over (APPEND,
  * SCORE_ADD, RETIER, FETCH with every T1 row compared bit for bit, TOPK; NS_OPEN, a pinning
  * LOOKUP, SEQ_OPEN from the shared blocks, PUBLISH), with metrics_listen set, while the daemon
@@ -1681,4 +1748,4 @@ KVT_CHECK_MAIN("restart", 300, NULL, NULL, t_restart_lossless, t_restart_refused
 	       t_restart_keeps_quota, t_restart_lowered_limits, t_restart_twice_pipelined,
 	       t_restart_op_err_gen, t_restart_not_admin, t_restart_metrics_listen,
 	       t_restart_fails_asker_gone, t_restart_lowered_quota, t_restart_seq_stats_kept,
-	       t_restart_preflight, t_restart_fallback, t_restart_soak)
+	       t_restart_preflight, t_restart_fallback, t_restart_fallback_gave_up, t_restart_soak)
