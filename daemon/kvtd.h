@@ -92,7 +92,7 @@ struct kvtd {
 	uint32_t restarts;	     /* restarts since the first start */
 	uint64_t restart_started_ns; /* when the last restart began (CLOCK_MONOTONIC) */
 	char restart_why[384];	     /* why the last restart was refused, for its asker */
-	const char *fell_back;	     /* started as a fallback: why the new binary failed */
+	char *fell_back;	     /* started as a fallback: why the new binary failed (owned) */
 	int restoring;		     /* started by a restart: its sessions come from an image */
 	uint64_t metrics_retry_ns;   /* after a restart, the next try of a failed metrics bind */
 	uint64_t metrics_backoff_ns; /* and the wait after it (doubles up to a minute) */

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <systemd/sd-daemon.h>
 
@@ -28,9 +29,8 @@ main(int argc, char **argv)
 
 	memset(&d, 0, sizeof(d));
 	d.exe_fd = -1;
-	/* started by a restart: the old process's watcher, or the reason it fell back */
+	/* started by a restart: the old process's watcher */
 	d.watch_fd = kvtd_restart_take_watch(&d.watch_ack_fd);
-	d.fell_back = kvtd_restart_take_fallback();
 	/* A restart in place (restart.h) appends --restore-fd: the rest is the original command. */
 	restore_fd = kvtd_restart_take_fd(&argc, argv);
 	check = kvtd_restart_take_check(&argc, argv);
@@ -51,6 +51,7 @@ main(int argc, char **argv)
 		}
 		return 2;
 	}
+	d.fell_back = kvtd_restart_take_fallback(); /* a fallback: why the new binary failed */
 	kvtd_restart_record(&d, argc, argv);
 	if (restore_fd >= 0 && (r = kvtd_image_load(restore_fd, &img)) < 0) {
 		char why[160];
@@ -139,6 +140,7 @@ err_pollers:
 	kvtd_pool_fini(&d.pool);
 	kvt_dev_close(d.dev);
 	log_notice("kvtierd stopped");
+	free(d.fell_back);
 	return r < 0 ? 1 : 0;
 err_loop:
 	if (img)
@@ -151,5 +153,6 @@ err_listen:
 	kvtd_image_free(img);
 	kvtd_loop_fini(&d);
 	log_notice("kvtierd stopped");
+	free(d.fell_back);
 	return 1;
 }
