@@ -86,8 +86,25 @@ cleanup() {
 	rm -rf "$scratch"
 	git -C "$top" worktree prune >/dev/null 2>&1
 }
+# Each step runs in a session of its own, waited for in the background, so that a signal to
+# this script is handled at once: the step's whole process group (cmake, make, the compilers,
+# ctest and its tests) is stopped, then the scratch worktree removed.
+child=
+run() {
+	setsid "$@" >>"$log" 2>&1 &
+	child=$!
+	wait "$child"
+	local r=$?
+	child=
+	return $r
+}
+on_signal() {
+	[ -z "$child" ] || kill -TERM -- "-$child" 2>/dev/null
+	wait
+	exit 130
+}
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap on_signal INT TERM
 
 if ! git -C "$top" worktree add --quiet --detach "$src" "${commits[0]}" >"$scratch/add.log" 2>&1; then
 	echo "check-range: git worktree add failed:" >&2
@@ -103,13 +120,14 @@ for c in "${commits[@]}"; do
 	log=$scratch/$short.log
 	b=FAIL
 	t=-
-	if git -C "$src" checkout --quiet --detach "$c" >"$log" 2>&1 &&
-		cmake -S "$src" -B "$build" -DKVT_WERROR=ON >>"$log" 2>&1 &&
-		cmake --build "$build" -j"$jobs" >>"$log" 2>&1; then
+	: >"$log"
+	if run git -C "$src" checkout --quiet --detach "$c" &&
+		run cmake -S "$src" -B "$build" -DKVT_WERROR=ON &&
+		run cmake --build "$build" -j"$jobs"; then
 		b=ok
 		t=FAIL
-		if ctest --test-dir "$build" "${tests[@]}" -j"$jobs" --no-tests=error \
-			--output-on-failure >>"$log" 2>&1; then
+		if run ctest --test-dir "$build" "${tests[@]}" -j"$jobs" --no-tests=error \
+			--output-on-failure; then
 			t=ok
 		fi
 	fi
