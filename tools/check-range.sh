@@ -27,6 +27,10 @@
 # commit built and passed, 1 when any failed, 2 on bad usage.
 set -uo pipefail
 
+# The whole script is one compound command, read before any of it runs: a checkout that
+# rewrites this file while it runs cannot change what runs.
+{
+
 usage() {
 	sed -n '4,26p' "$0" | sed 's/^# \{0,1\}//'
 	exit 2
@@ -144,3 +148,5 @@ if [ $failed -ne 0 ]; then
 	exit 1
 fi
 echo "check-range: every commit of $range built and passed"
+exit 0
+}
