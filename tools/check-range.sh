@@ -32,8 +32,8 @@ set -uo pipefail
 {
 
 usage() {
-	sed -n '4,26p' "$0" | sed 's/^# \{0,1\}//'
-	exit 2
+	awk 'NR >= 4 && !/^#/ { exit } NR >= 4 { sub(/^# ?/, ""); print }' "$0"
+	exit "$1"
 }
 
 tests=(-L '^(unit|format)$')
@@ -55,7 +55,7 @@ while [ $# -gt 0 ]; do
 	--logs)
 		[ $# -ge 2 ] || { echo "check-range: --logs needs a directory" >&2; exit 2; }
 		logdir=$2; shift 2 ;;
-	-h|--help) usage ;;
+	-h|--help) usage 0 ;;
 	-*) echo "check-range: unknown option '$1' (try --help)" >&2; exit 2 ;;
 	*)
 		[ -z "$range" ] || { echo "check-range: one range only, got '$range' and '$1'" >&2; exit 2; }
