@@ -20,6 +20,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "conn.h"
 #include "kvt_ctl.h"
 #include "kvt_dev.h"
 #include "kvtd.h"

@@ -43,6 +43,7 @@
 
 #include "kvtd.h"
 #include "log.h"
+#include "config.h"
 #include "kvt_ctl.h"
 #include "metrics.h"
 #include "prom.h"
@@ -100,32 +101,6 @@ struct kvtd_metrics {
 #define RESOLVER_UD (KVTD_METRICS_UD + SCRAPERS_MAX)
 
 int
-kvtd_metrics_parse(const char *s, uint32_t *ret_addr, uint16_t *ret_port)
-{
-	char host[32];
-	const char *colon = strrchr(s, ':');
-	struct in_addr a;
-	char *end;
-	unsigned long port;
-
-	if (!colon || (size_t)(colon - s) >= sizeof(host))
-		return -EINVAL;
-	memcpy(host, s, (size_t)(colon - s));
-	host[colon - s] = '\0';
-	if (!strcmp(host, "localhost"))
-		snprintf(host, sizeof(host), "127.0.0.1");
-	if (inet_pton(AF_INET, host, &a) != 1 || (ntohl(a.s_addr) >> 24) != 127)
-		return -EINVAL; /* loopback only: the endpoint has no authentication */
-	errno = 0;
-	port = strtoul(colon + 1, &end, 10);
-	if (errno || end == colon + 1 || *end || port > 65535)
-		return -EINVAL;
-	*ret_addr = a.s_addr;
-	*ret_port = (uint16_t)port;
-	return 0;
-}
-
-int
 kvtd_metrics_init(struct kvtd *d)
 {
 	struct sockaddr_in sa = {.sin_family = AF_INET};
@@ -136,7 +111,8 @@ kvtd_metrics_init(struct kvtd *d)
 	d->metrics = NULL;
 	if (!d->cfg.metrics_listen[0])
 		return 0;
-	if (kvtd_metrics_parse(d->cfg.metrics_listen, &sa.sin_addr.s_addr, &sa.sin_port) < 0) {
+	if (kvtd_config_parse_loopback(d->cfg.metrics_listen, &sa.sin_addr.s_addr, &sa.sin_port) <
+	    0) {
 		log_err("metrics_listen '%s': want 127.x.x.x:PORT or localhost:PORT",
 			d->cfg.metrics_listen);
 		return -EINVAL;
