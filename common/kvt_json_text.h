@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * kvt_json_text.h - JSON values as text, shared by the daemon's Prometheus formatter
- * (daemon/prom.c) and kvtierctl's tables (tools/kvtierctl/ctl_fmt.c), so both print a number
- * the same way. Header only; needs json-c.
+ * (daemon/metrics_format.c) and kvtierctl's tables (tools/kvtierctl/ctl_fmt.c), so both print a
+ * number the same way. Header only; needs json-c.
  */
 #ifndef KVT_JSON_TEXT_H
 #define KVT_JSON_TEXT_H

@@ -26,9 +26,9 @@
 #include "kvtd.h"
 #include "log.h"
 #include "loop.h"
-#include "metrics.h"
+#include "metrics_format.h"
+#include "metrics_http.h"
 #include "poller.h"
-#include "prom.h"
 #include "restart.h"
 #include "session.h"
 #include "stats.h"
@@ -354,7 +354,7 @@ reply_json(struct kvtd_conn *c, uint64_t id, struct json_object *o)
 	json_object_put(o);
 }
 
-/* METRICS: the text exposition (KVT_CTL_TEXT) or its JSON document (prom.h). */
+/* METRICS: the text exposition (KVT_CTL_TEXT) or its JSON document (metrics_format.h). */
 static void
 handle_metrics(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_metrics *m, size_t len)
 {

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * metrics.c - GET and HEAD /metrics over HTTP on a loopback address ([daemon] metrics_listen),
- * for a Prometheus scrape: the text kvtd_prom_render() formats (prom.c), the same that
+ * metrics_http.c - GET and HEAD /metrics over HTTP on a loopback address ([daemon] metrics_listen),
+ * for a Prometheus scrape: the text kvtd_prom_render() formats (metrics_format.c), the same that
  * `kvtierctl metrics` gets with KVT_CTL_METRICS. /metrics?sessions=1 adds the per-session
  * and per-sequence families.
  *
@@ -41,12 +41,12 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "kvtd.h"
-#include "log.h"
 #include "config.h"
 #include "kvt_ctl.h"
-#include "metrics.h"
-#include "prom.h"
+#include "kvtd.h"
+#include "log.h"
+#include "metrics_format.h"
+#include "metrics_http.h"
 
 #define REQ_MAX		  4096
 #define SCRAPERS_MAX	  8

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * prom.c - metrics as Prometheus text and as JSON (see prom.h).
+ * metrics_format.c - metrics as Prometheus text and as JSON (see metrics_format.h).
  *
  * Part of the documents comes from clients (a session's name is whatever the client put in
  * HELLO), so label values are escaped, and a name is only ever a label value, never part of a
@@ -21,9 +21,9 @@
 #include "kvt_json_text.h"
 #include "kvt_ring.h"
 #include "kvtd.h"
+#include "metrics_format.h"
 #include "ops.h"
 #include "poller.h"
-#include "prom.h"
 #include "session.h"
 #include "stats.h"
 
