@@ -99,5 +99,9 @@ struct kvtd {
 };
 
 uint64_t kvtd_now_ns(void);
+/* Main thread: queues a poll for @events on @fd, completing with @user_data, on d->ring. A full SQ
+ * is submitted once to make room. Returns 0, or -EBUSY when the SQ stays full (the kernel holds
+ * back completions): the caller tries again at a later turn of the loop. */
+int kvtd_ring_poll(struct kvtd *d, int fd, unsigned events, uint64_t user_data);
 
 #endif

@@ -67,17 +67,7 @@ struct kvtd_conn {
 static int
 arm_poll(struct kvtd *d, int fd, uint64_t user_data)
 {
-	struct io_uring_sqe *sqe = io_uring_get_sqe(d->ring);
-
-	if (!sqe) {
-		io_uring_submit(d->ring);
-		sqe = io_uring_get_sqe(d->ring);
-		if (!sqe)
-			return -EBUSY;
-	}
-	io_uring_prep_poll_add(sqe, fd, POLLIN | POLLRDHUP);
-	io_uring_sqe_set_data64(sqe, user_data);
-	return 0;
+	return kvtd_ring_poll(d, fd, POLLIN | POLLRDHUP, user_data);
 }
 
 static void send_error(int fd, uint64_t id, int err, const char *fmt, ...)

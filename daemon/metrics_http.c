@@ -184,22 +184,6 @@ kvtd_metrics_fini(struct kvtd *d)
 	d->metrics_fd = -1;
 }
 
-static int
-arm(struct kvtd *d, int fd, unsigned events, uint64_t ud)
-{
-	struct io_uring_sqe *sqe = io_uring_get_sqe(d->ring);
-
-	if (!sqe) {
-		io_uring_submit(d->ring);
-		sqe = io_uring_get_sqe(d->ring);
-		if (!sqe)
-			return -EBUSY;
-	}
-	io_uring_prep_poll_add(sqe, fd, events);
-	io_uring_sqe_set_data64(sqe, ud);
-	return 0;
-}
-
 static void
 scraper_close(struct kvtd *d, struct kvtd_scraper *s)
 {
@@ -299,19 +283,13 @@ static int
 resolver_arm(struct kvtd *d)
 {
 	struct resolver *rs = &d->metrics->res;
-	struct io_uring_sqe *sqe;
+	int r;
 
 	if (rs->armed)
 		return 0;
-	sqe = io_uring_get_sqe(d->ring);
-	if (!sqe) {
-		io_uring_submit(d->ring);
-		sqe = io_uring_get_sqe(d->ring);
-		if (!sqe)
-			return -EBUSY;
-	}
-	io_uring_prep_poll_add(sqe, rs->efd, POLLIN);
-	io_uring_sqe_set_data64(sqe, RESOLVER_UD);
+	r = kvtd_ring_poll(d, rs->efd, POLLIN, RESOLVER_UD);
+	if (r < 0)
+		return r;
 	rs->armed = 1;
 	return 0;
 }
@@ -508,7 +486,7 @@ step(struct kvtd *d, struct kvtd_scraper *s, uint64_t ud, int res)
 		if (r == 0) {
 			if (res & (POLLHUP | POLLERR))
 				goto close;
-			if (arm(d, s->fd, POLLIN | POLLRDHUP, ud) < 0)
+			if (kvtd_ring_poll(d, s->fd, POLLIN | POLLRDHUP, ud) < 0)
 				goto close;
 			return;
 		}
@@ -519,7 +497,7 @@ step(struct kvtd *d, struct kvtd_scraper *s, uint64_t ud, int res)
 			return; /* waiting for its uid's groups: resume() goes on */
 	}
 	r = write_reply(s);
-	if (r == 0 && arm(d, s->fd, POLLOUT, ud) == 0)
+	if (r == 0 && kvtd_ring_poll(d, s->fd, POLLOUT, ud) == 0)
 		return;
 close:
 	scraper_close(d, s);
