@@ -33,7 +33,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <liburing.h>
 #include <grp.h>
 #include <poll.h>
 #include <pthread.h>
