@@ -86,24 +86,40 @@ key_w(const struct kvt_paris_index *ix, uint32_t p, uint32_t off)
 /* ---- the index: init, growth, encoding and appending keys, dropping evicted ones ------------- */
 
 int
-kvt_paris_index_init(struct kvt_paris_index *ix, unsigned int dim, unsigned int page_keys,
-		     const struct kvt_paris_alloc *alloc)
+kvt_paris_pages_setup(unsigned int page_keys, const struct kvt_paris_alloc *alloc,
+		      uint32_t *ret_page_keys, uint32_t *ret_page_shift,
+		      struct kvt_paris_alloc *ret_alloc)
 {
-	if (dim != 64 && dim != 128)
-		return -EINVAL;
 	if (!page_keys)
 		page_keys = KVT_PARIS_PAGE_KEYS;
 	if (page_keys < 64 || page_keys > (1u << 20) || (page_keys & (page_keys - 1)))
 		return -EINVAL;
 	if (alloc && (!alloc->page_get || !alloc->page_put))
 		return -EINVAL;
+	*ret_page_keys = page_keys;
+	*ret_page_shift = (uint32_t)__builtin_ctz(page_keys);
+	*ret_alloc = alloc ? *alloc : kvt_paris_alloc_heap;
+	return 0;
+}
+
+int
+kvt_paris_index_init(struct kvt_paris_index *ix, unsigned int dim, unsigned int page_keys,
+		     const struct kvt_paris_alloc *alloc)
+{
+	struct kvt_paris_alloc a;
+	uint32_t pk, shift;
+
+	if (dim != 64 && dim != 128)
+		return -EINVAL;
+	if (kvt_paris_pages_setup(page_keys, alloc, &pk, &shift, &a) < 0)
+		return -EINVAL;
 	memset(ix, 0, sizeof(*ix));
 	ix->dim = dim;
 	ix->nblk = dim / KVT_PARIS_M;
-	ix->page_keys = page_keys;
-	ix->page_shift = (uint32_t)__builtin_ctz(page_keys);
-	ix->page_bytes = kvt_paris_page_bytes(dim, page_keys);
-	ix->alloc = alloc ? *alloc : kvt_paris_alloc_heap;
+	ix->page_keys = pk;
+	ix->page_shift = shift;
+	ix->page_bytes = kvt_paris_page_bytes(dim, pk);
+	ix->alloc = a;
 	return 0;
 }
 
