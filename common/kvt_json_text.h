@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kvt_json_text.h - JSON values as text, shared by the daemon's Prometheus formatter
- * (daemon/prom.c) and kvtierctl's tables (tools/kvtierctl/ctl_fmt.c), so both print a number
- * the same way. Header only; needs json-c.
+ * kvt_json_text.h - JSON values as text (and the lookup that finds them), shared by the daemon's
+ * Prometheus formatter (daemon/metrics_format.c) and kvtierctl's tables
+ * (tools/kvtierctl/ctl_fmt.c), so both print a number the same way. Header only; needs json-c.
  */
 #ifndef KVT_JSON_TEXT_H
 #define KVT_JSON_TEXT_H
@@ -13,6 +13,20 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+
+/* The member @key of @o, or NULL when @o is not an object (NULL included) or has no such key.
+ * Documents from the daemon are read with it alone, so any member may be missing. */
+static inline struct json_object *
+kvt_json_get(struct json_object *o, const char *key)
+{
+	struct json_object *v;
+
+	if (!o || !json_object_is_type(o, json_type_object))
+		return NULL;
+	if (!json_object_object_get_ex(o, key, &v))
+		return NULL;
+	return v;
+}
 
 /* The string in @v, or NULL when @v is not a string. */
 static inline const char *

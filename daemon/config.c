@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
 #include <grp.h>
@@ -17,7 +18,6 @@
 #include "kvt_dev.h"
 #include "kvt_version.h"
 #include "log.h"
-#include "metrics.h"
 
 int
 kvtd_parse_size(const char *s, uint64_t *ret)
@@ -122,6 +122,32 @@ set_socket_mode(struct kvtd_config *cfg, const char *val)
 	return 0;
 }
 
+int
+kvtd_config_parse_loopback(const char *s, uint32_t *ret_addr, uint16_t *ret_port)
+{
+	char host[32];
+	const char *colon = strrchr(s, ':');
+	struct in_addr a;
+	char *end;
+	unsigned long port;
+
+	if (!colon || (size_t)(colon - s) >= sizeof(host))
+		return -EINVAL;
+	memcpy(host, s, (size_t)(colon - s));
+	host[colon - s] = '\0';
+	if (!strcmp(host, "localhost"))
+		snprintf(host, sizeof(host), "127.0.0.1");
+	if (inet_pton(AF_INET, host, &a) != 1 || (ntohl(a.s_addr) >> 24) != 127)
+		return -EINVAL; /* loopback only: the endpoint has no authentication */
+	errno = 0;
+	port = strtoul(colon + 1, &end, 10);
+	if (errno || end == colon + 1 || *end || port > 65535)
+		return -EINVAL;
+	*ret_addr = a.s_addr;
+	*ret_port = (uint16_t)port;
+	return 0;
+}
+
 static int
 set_metrics_listen(struct kvtd_config *cfg, const char *val)
 {
@@ -130,7 +156,7 @@ set_metrics_listen(struct kvtd_config *cfg, const char *val)
 
 	/* empty: off; else a loopback address (the endpoint has no authentication) */
 	if (strlen(val) >= sizeof(cfg->metrics_listen) ||
-	    (*val && kvtd_metrics_parse(val, &a, &port) < 0))
+	    (*val && kvtd_config_parse_loopback(val, &a, &port) < 0))
 		return -EINVAL;
 	snprintf(cfg->metrics_listen, sizeof(cfg->metrics_listen), "%s", val);
 	return 0;

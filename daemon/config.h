@@ -99,5 +99,11 @@ uint64_t kvtd_config_prefix_bytes(const struct kvtd_config *cfg);
 
 /* "64M", "2G", "4096" -> bytes. Returns 0 or -EINVAL (also on overflow). */
 int kvtd_parse_size(const char *s, uint64_t *ret);
+/*
+ * kvtd_config_parse_loopback() - "127.x.x.x:PORT" or "localhost:PORT" (PORT 0: any free port)
+ * into a network-order IPv4 address and a host-order port ([daemon] metrics_listen). Returns 0 or
+ * -EINVAL (not that form, not a loopback address, port out of range).
+ */
+int kvtd_config_parse_loopback(const char *s, uint32_t *ret_addr, uint16_t *ret_port);
 
 #endif

@@ -65,9 +65,9 @@ struct kvtd {
 	int lock_fd;	/* flock on "<socket>.lock": one daemon per socket path */
 	dev_t sock_dev; /* the socket file bound, so exit unlinks that one only */
 	ino_t sock_ino;
-	int metrics_fd;		      /* HTTP /metrics (metrics.c), -1 when off */
+	int metrics_fd;		      /* HTTP /metrics (metrics_http.c), -1 when off */
 	unsigned metrics_port;	      /* the port it listens on */
-	struct kvtd_metrics *metrics; /* its scrapers (metrics.c) */
+	struct kvtd_metrics *metrics; /* its scrapers (metrics_http.c) */
 	int stopping;
 	struct kvtd_conn *conns;
 	unsigned n_conns;  /* bounded by cfg.max_connections */
@@ -99,5 +99,9 @@ struct kvtd {
 };
 
 uint64_t kvtd_now_ns(void);
+/* Main thread: queues a poll for @events on @fd, completing with @user_data, on d->ring. A full SQ
+ * is submitted once to make room. Returns 0, or -EBUSY when the SQ stays full (the kernel holds
+ * back completions): the caller tries again at a later turn of the loop. */
+int kvtd_ring_poll(struct kvtd *d, int fd, unsigned events, uint64_t user_data);
 
 #endif

@@ -20,14 +20,15 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "conn.h"
 #include "kvt_ctl.h"
 #include "kvt_dev.h"
 #include "kvtd.h"
 #include "log.h"
 #include "loop.h"
-#include "metrics.h"
+#include "metrics_format.h"
+#include "metrics_http.h"
 #include "poller.h"
-#include "prom.h"
 #include "restart.h"
 #include "session.h"
 #include "stats.h"
@@ -66,17 +67,7 @@ struct kvtd_conn {
 static int
 arm_poll(struct kvtd *d, int fd, uint64_t user_data)
 {
-	struct io_uring_sqe *sqe = io_uring_get_sqe(d->ring);
-
-	if (!sqe) {
-		io_uring_submit(d->ring);
-		sqe = io_uring_get_sqe(d->ring);
-		if (!sqe)
-			return -EBUSY;
-	}
-	io_uring_prep_poll_add(sqe, fd, POLLIN | POLLRDHUP);
-	io_uring_sqe_set_data64(sqe, user_data);
-	return 0;
+	return kvtd_ring_poll(d, fd, POLLIN | POLLRDHUP, user_data);
 }
 
 static void send_error(int fd, uint64_t id, int err, const char *fmt, ...)
@@ -353,7 +344,7 @@ reply_json(struct kvtd_conn *c, uint64_t id, struct json_object *o)
 	json_object_put(o);
 }
 
-/* METRICS: the text exposition (KVT_CTL_TEXT) or its JSON document (prom.h). */
+/* METRICS: the text exposition (KVT_CTL_TEXT) or its JSON document (metrics_format.h). */
 static void
 handle_metrics(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_metrics *m, size_t len)
 {

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * ops.h - one handler per opcode: validate the private SQE copy, then act.
+ * ops.h - the data path: drain a session's SQ and, per opcode, validate the private SQE copy, then
+ * act. Above session.c: ops call into the session, never the other way round.
  */
 #ifndef KVTD_OPS_H
 #define KVTD_OPS_H
@@ -28,6 +29,13 @@ uint64_t kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *sqe, struct k
  */
 int kvtd_op_fail(struct kvtd_session *s, int r, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/*
+ * Poller: drain the SQ, run ops, post CQEs. With @slice_ns > 0, stop after the op during which
+ * @slice_ns have passed since the first one started, so that the poller's other sessions get
+ * their turn: what is left waits for the next round. Returns the number of SQEs consumed.
+ */
+unsigned kvtd_session_drain(struct kvtd_session *s, uint64_t slice_ns);
 
 /* The opcode's name for logs and metrics ("unknown" outside the table). */
 const char *kvtd_op_name(unsigned opcode);

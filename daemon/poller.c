@@ -11,37 +11,9 @@
 #include "kvt_ring.h"
 #include "kvtd.h"
 #include "log.h"
+#include "ops.h"
 #include "poller.h"
 #include "session.h"
-
-void *
-kvtd_scratch_get(struct kvtd_scratch *sc, unsigned i, size_t size)
-{
-	void *p;
-
-	if (size <= sc->size[i])
-		return sc->buf[i];
-	/* Room to spare, so a sequence that grows a little does not reallocate every op. */
-	size = (size + size / 4 + 4095) & ~(size_t)4095;
-	p = aligned_alloc(64, size);
-	if (!p)
-		return NULL;
-	free(sc->buf[i]);
-	sc->buf[i] = p;
-	sc->size[i] = size;
-	sc->grows++;
-	return p;
-}
-
-void
-kvtd_scratch_fini(struct kvtd_scratch *sc)
-{
-	for (unsigned i = 0; i < KVTD_SCRATCH_BUFS; i++) {
-		free(sc->buf[i]);
-		sc->buf[i] = NULL;
-		sc->size[i] = 0;
-	}
-}
 
 static void
 cpu_relax(void)
@@ -345,6 +317,7 @@ kvtd_poller_attach(struct kvtd *d, struct kvtd_session *s)
 	p->stalls[p->n_sessions].since_ns = 0;
 	p->sessions[p->n_sessions++] = s;
 	s->poller = p;
+	s->poller_scr = &p->scr;
 out:
 	kvtd_poller_unlock(p);
 	return r;
@@ -367,4 +340,5 @@ kvtd_poller_detach(struct kvtd_session *s)
 	epoll_ctl(p->epfd, EPOLL_CTL_DEL, s->sq_efd, NULL);
 	kvtd_poller_unlock(p);
 	s->poller = NULL;
+	s->poller_scr = NULL;
 }

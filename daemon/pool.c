@@ -380,20 +380,12 @@ pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *
 				      : "");
 		goto err_unmap;
 	}
-	if (cfg->lock && adopt) {
-		/* The restart's pause must not grow with the pool: lock pages as they are mapped,
-		 * and map them all from a thread once the daemon serves (kvtd_pool_populate()). */
-		if (mlock2(pool->base, pool->size, MLOCK_ONFAULT) < 0) {
-			r = -errno;
-			log_err(
-			    "pool: mlock of %llu MiB failed: %s (raise LimitMEMLOCK / ulimit -l, "
-			    "grant CAP_IPC_LOCK, or set [pool] lock = no)",
-			    (unsigned long long)(pool->size >> 20), strerror(-r));
-			goto err_unmap;
-		}
-		pool->locked = 1;
-	} else if (cfg->lock) {
-		if (mlock(pool->base, pool->size) < 0) {
+	if (cfg->lock) {
+		/* Adopted: the restart's pause must not grow with the pool, so pages are locked as
+		 * they are mapped, and mapped all from a thread once the daemon serves
+		 * (kvtd_pool_populate()). Otherwise every page is there (pool_touch()): flags 0
+		 * is mlock(). */
+		if (mlock2(pool->base, pool->size, adopt ? MLOCK_ONFAULT : 0) < 0) {
 			r = -errno;
 			log_err(
 			    "pool: mlock of %llu MiB failed: %s (raise LimitMEMLOCK / ulimit -l, "

@@ -29,13 +29,13 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include "conn.h"
 #include "kvt_ctl.h"
 #include "kvt_dev.h"
 #include "kvt_ring.h"
 #include "kvt_version.h"
 #include "kvtd.h"
 #include "log.h"
-#include "loop.h"
 #include "poller.h"
 #include "restart.h"
 #include "seq.h"

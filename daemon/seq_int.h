@@ -23,8 +23,8 @@
 #include <string.h>
 
 #include "kvt_dev.h"
-#include "poller.h"
 #include "quant.h"
+#include "scratch.h"
 #include "seq.h"
 
 #define COPY_BATCH 256 /* rows per device copy call */

@@ -16,7 +16,6 @@
 #include "kvt_ring.h"
 #include "kvtd.h"
 #include "log.h"
-#include "ops.h"
 #include "prefix.h"
 #include "seq.h"
 #include "session.h"
@@ -313,7 +312,7 @@ kvtd_session_ctx(struct kvtd_session *s)
 	x->uid_acct = s->uid_ent ? &s->uid_ent->acct : NULL;
 	x->uid_cls = s->uid_ent ? &s->uid_ent->cls : NULL;
 	x->event = s->dev_event;
-	x->scr = s->poller ? &s->poller->scr : &s->scr;
+	x->scr = s->poller_scr ? s->poller_scr : &s->scr;
 	x->bufs = s->bufs;
 	x->n_bufs = s->max_bufs;
 	x->owner_id = s->id;
@@ -634,89 +633,4 @@ kvtd_session_pending(struct kvtd_session *s)
 		return 0;
 	}
 	return tail != s->sq_head;
-}
-
-/* Whether to time the next op: every op after a random gap of 1 to 2 * KVTD_OP_TIME_SAMPLE - 1
- * ops (xorshift32), so on average one in KVTD_OP_TIME_SAMPLE, never in step with a client's
- * periodic pattern of ops. The common case is a decrement. */
-static inline int
-time_this_op(struct kvtd_session *s)
-{
-	uint32_t x;
-
-	if (--s->time_gap)
-		return 0;
-	x = s->time_rng;
-	x ^= x << 13;
-	x ^= x >> 17;
-	x ^= x << 5;
-	s->time_rng = x;
-	s->time_gap = 1 + x % (2 * KVTD_OP_TIME_SAMPLE - 1);
-	return 1;
-}
-
-unsigned
-kvtd_session_drain(struct kvtd_session *s, uint64_t slice_ns)
-{
-	uint32_t space, n = 0;
-	uint64_t t0 = 0, now = 0; /* now: the last op's end when it was read, else 0 */
-
-	if (s->broken)
-		return 0;
-	/* The client's CQ head lives on a line the client writes: read it only when our copy says
-	 * the CQ may be full, saving a cache-line transfer per op. */
-	space = kvt_ring_space(s->cq_entries, s->cq_head_seen, s->cq_tail);
-	if (space < s->sq_entries) {
-		s->cq_head_seen = kvt_ring_load_head(s->cq);
-		space = kvt_ring_space(s->cq_entries, s->cq_head_seen, s->cq_tail);
-		if (space > s->cq_entries) {
-			kvtd_session_break(s, "CQ head out of range (ring corrupt)");
-			return 0;
-		}
-	}
-	/* A full CQ leaves SQEs queued: libkvtier never has more in flight than the CQ holds. */
-	while (n < space) {
-		struct kvt_sqe *slot = &s->sqes[s->sq_head & (s->sq_entries - 1)];
-		struct kvt_cqe *out = &s->cqes[s->cq_tail & (s->cq_entries - 1)];
-		struct kvt_sqe sqe;
-		struct kvt_cqe cqe;
-		uint64_t start = 0;
-
-		if (!kvt_ring_load_stamp(&slot->stamp, s->sq_head))
-			break;
-		/* A clock read costs about as much as a NOP: alone on its poller a session times
-		 * a random 1/KVTD_OP_TIME_SAMPLE of its ops. Sharing it, the slice reads the clock
-		 * after every op anyway, and every op is timed: the previous op's end is this
-		 * one's start. */
-		if (slice_ns) {
-			if (!n)
-				t0 = now = kvtd_now_ns();
-			else if (now - t0 >= slice_ns)
-				break; /* the rest next round, after the other sessions */
-			start = now;
-		} else if (time_this_op(s)) {
-			start = now ? now : kvtd_now_ns();
-		}
-		/* Copy once: the client may rewrite the entry while we work on it. */
-		memcpy(&sqe, slot, sizeof(sqe));
-		cqe.user_data = sqe.user_data;
-		now = kvtd_op_run(s, &sqe, &cqe, start);
-		/* Every field but the stamp, then the stamp: the client may be polling it. */
-		out->user_data = cqe.user_data;
-		out->res = cqe.res;
-		out->aux[0] = cqe.aux[0];
-		out->aux[1] = cqe.aux[1];
-		kvt_ring_store_stamp(&out->stamp, s->cq_tail);
-		s->sq_head++;
-		s->cq_tail++;
-		n++;
-	}
-	if (!n)
-		return 0;
-	kvt_ring_store_head(s->sq, s->sq_head);
-	kvt_ring_store_tail(s->cq, s->cq_tail);
-	kvt_ring_fence();
-	if (kvt_ring_needs_wakeup(s->cq))
-		eventfd_write(s->cq_efd, 1);
-	return n;
 }

@@ -14,8 +14,8 @@
 
 #include "kvt_abi.h"
 #include "opstats.h"
-#include "poller.h"
 #include "pool.h"
+#include "scratch.h"
 #include "seq.h"
 
 struct kvtd;
@@ -72,9 +72,10 @@ struct kvtd_session {
 	/* poller lock */
 	struct kvt_dev_buf **bufs; /* index = buf_id - 1 */
 	unsigned max_bufs;
-	struct kvtd_seq_ctx ctx; /* what the sequences work with: kvtd_session_ctx() */
-	struct kvtd_scratch scr; /* the ops' scratch while no poller has the session */
-	struct kvtd_seq **seqs;	 /* index = seq id - 1 */
+	struct kvtd_seq_ctx ctx;	 /* what the sequences work with: kvtd_session_ctx() */
+	struct kvtd_scratch scr;	 /* the ops' scratch while no poller has the session */
+	struct kvtd_scratch *poller_scr; /* the poller's, set and cleared with poller (poller.c) */
+	struct kvtd_seq **seqs;		 /* index = seq id - 1 */
 	unsigned max_seqs;
 	unsigned n_seqs;
 	struct kvtd_acct acct;
@@ -162,12 +163,6 @@ struct kvtd_seq *kvtd_session_seq(struct kvtd_session *s, uint32_t id);
 int kvtd_session_seq_restore(struct kvtd_session *s, const struct kvt_seq_params *p, uint32_t id,
 			     const struct kvtd_seq_image *img);
 
-/*
- * Poller: drain the SQ, run ops, post CQEs. With @slice_ns > 0, stop after the op during which
- * @slice_ns have passed since the first one started, so that the poller's other sessions get
- * their turn: what is left waits for the next round. Returns the number of SQEs consumed.
- */
-unsigned kvtd_session_drain(struct kvtd_session *s, uint64_t slice_ns);
 /* Poller: are SQEs waiting? */
 int kvtd_session_pending(struct kvtd_session *s);
 /* Poller: the client broke the ring protocol. Sends it -EPROTO with @why, logs @why and shuts

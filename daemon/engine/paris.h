@@ -82,6 +82,16 @@ struct kvt_paris_alloc {
 /* Pages from aligned_alloc()/free(): what a NULL allocator means for the index and the sketch. */
 extern const struct kvt_paris_alloc kvt_paris_alloc_heap;
 
+/*
+ * kvt_paris_pages_setup - the page geometry every page store here (the index, the sketch) takes:
+ * @page_keys 0 means KVT_PARIS_PAGE_KEYS, else a power of two in [64, 2^20]; @alloc NULL means
+ * kvt_paris_alloc_heap, else both callbacks are set. Returns 0 with *ret_page_keys,
+ * *ret_page_shift (its log2) and *ret_alloc written, or -EINVAL with nothing written.
+ */
+int kvt_paris_pages_setup(unsigned int page_keys, const struct kvt_paris_alloc *alloc,
+			  uint32_t *ret_page_keys, uint32_t *ret_page_shift,
+			  struct kvt_paris_alloc *ret_alloc);
+
 /* struct kvt_paris_index - see the top of this file. Fields are read-only outside paris.c. */
 struct kvt_paris_index {
 	uint32_t dim;	     /* 64 or 128 */

@@ -35,6 +35,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "half.h" /* the scalar conversions, part of this interface */
+
 enum kvt_qmode {
 	KVT_QUANT_HEAD = 0,    /* one scale per (row, head) [default] */
 	KVT_QUANT_CHANNEL = 1, /* keys: one scale per channel per block of rows */
@@ -105,15 +107,9 @@ int kvt_gather_rows(void *dst, const void *base, size_t stride, const uint32_t *
 
 /*
  * kvt_to_f32 - widen @n elements of @dtype at @src to f32 at @dst: exact, the same values as
- * the scalar conversions below (NaNs come out quiet), with F16C/AVX2 when the CPU has them.
+ * the scalar conversions of half.h (NaNs come out quiet), with F16C/AVX2 when the CPU has them.
  * Return: 0, or -EINVAL (bad dtype, NULL buffer with n > 0).
  */
 int kvt_to_f32(int dtype, const void *src, size_t n, float *dst);
-
-/* Scalar conversions, exported for tests and for reference code (round-to-nearest-even). */
-float kvt_f16_to_f32(uint16_t h);
-uint16_t kvt_f32_to_f16(float f);
-float kvt_bf16_to_f32(uint16_t h);
-uint16_t kvt_f32_to_bf16(float f);
 
 #endif /* KVT_ENGINE_QUANT_H */

@@ -9,8 +9,8 @@
 #include <immintrin.h>
 #endif
 
+#include "half.h"    /* kvt_f16_to_f32 */
 #include "kvt_abi.h" /* KVT_DTYPE_* */
-#include "quant.h"   /* kvt_f16_to_f32 */
 #include "simd.h"
 
 /* -1 until first use; the detected level is cached because __builtin_cpu_supports is not free. */

@@ -120,20 +120,19 @@ int
 kvt_sketch_init(struct kvt_sketch *sk, unsigned int dim, unsigned int page_keys,
 		const struct kvt_paris_alloc *alloc)
 {
+	struct kvt_paris_alloc a;
+	uint32_t pk, shift;
+
 	if (dim != 64 && dim != 128)
 		return -EINVAL;
-	if (!page_keys)
-		page_keys = KVT_PARIS_PAGE_KEYS;
-	if (page_keys < 64 || page_keys > (1u << 20) || (page_keys & (page_keys - 1)))
-		return -EINVAL;
-	if (alloc && (!alloc->page_get || !alloc->page_put))
+	if (kvt_paris_pages_setup(page_keys, alloc, &pk, &shift, &a) < 0)
 		return -EINVAL;
 	memset(sk, 0, sizeof(*sk));
 	sk->dim = dim;
-	sk->page_keys = page_keys;
-	sk->page_shift = (uint32_t)__builtin_ctz(page_keys);
-	sk->page_bytes = kvt_sketch_page_bytes(dim, page_keys);
-	sk->alloc = alloc ? *alloc : kvt_paris_alloc_heap;
+	sk->page_keys = pk;
+	sk->page_shift = shift;
+	sk->page_bytes = kvt_sketch_page_bytes(dim, pk);
+	sk->alloc = a;
 	return kvt_srht_init(&sk->rot, dim, KVT_SRHT_SEED);
 }
 

@@ -2,7 +2,7 @@
 /*
  * check_ctl_fmt.c - kvtierctl's formatters (tools/kvtierctl/ctl_fmt.c) on canned documents of the
  * shapes kvtierd sends: full documents print exactly as expected, missing keys print "-", wrong
- * shapes are refused. (The Prometheus text is the daemon's: tests/unit/check_prom.c.)
+ * shapes are refused. (The Prometheus text is the daemon's: tests/unit/check_metrics_format.c.)
  */
 #include <check.h>
 #include <errno.h>

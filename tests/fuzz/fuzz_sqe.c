@@ -36,6 +36,7 @@
 #include "kvt_dev.h"
 #include "kvt_ring.h"
 #include "kvtd.h"
+#include "ops.h"
 #include "session.h"
 #include "kvt_test.h"
 

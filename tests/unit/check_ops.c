@@ -11,6 +11,7 @@
 
 #include "kvt_ring.h"
 #include "kvtd.h"
+#include "ops.h"
 #include "session.h"
 #include "kvt_test.h"
 

@@ -1279,11 +1279,16 @@ START_TEST(test_bad_args)
 	float keys[64 * 64] = {0};
 	struct kvt_paris_scratch scr = {0};
 	struct kvt_paris_query q;
+	struct kvt_paris_alloc half_alloc = {0};
 	uint32_t gi[4];
 	float gs[4];
 
 	ck_assert_int_eq(kvt_sketch_init(&sk, 48, 0, NULL), -EINVAL);
 	ck_assert_int_eq(kvt_sketch_init(&sk, 64, 100, NULL), -EINVAL);
+	ck_assert_int_eq(kvt_sketch_init(&sk, 64, 32, NULL), -EINVAL);
+	/* an allocator must give pages back as well as hand them out */
+	half_alloc.page_get = kvt_paris_alloc_heap.page_get;
+	ck_assert_int_eq(kvt_sketch_init(&sk, 64, 64, &half_alloc), -EINVAL);
 	ck_assert_int_eq(kvt_sketch_init(&sk, 64, 64, NULL), 0);
 	ck_assert_int_eq(kvt_sketch_append(&sk, keys, 64 * 4, KVT_DTYPE_F32, 1), -ENOSPC);
 	ck_assert_int_ge(kvt_sketch_reserve(&sk, 64), 64);

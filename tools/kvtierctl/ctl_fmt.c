@@ -21,18 +21,6 @@
 
 #define CELL_MAX 72 /* a session name is at most 31 bytes, a namespace's 63 (KVT_NS_NAME_LEN) */
 
-static struct json_object *
-get(struct json_object *o, const char *key)
-{
-	struct json_object *v;
-
-	if (!o || !json_object_is_type(o, json_type_object))
-		return NULL;
-	if (!json_object_object_get_ex(o, key, &v))
-		return NULL;
-	return v;
-}
-
 /* A JSON number (or boolean) as a double; false for anything else, null included. */
 static bool
 as_num(struct json_object *v, double *ret)
@@ -154,8 +142,8 @@ hit_rate(struct json_object *o, double *ret)
 {
 	double hit, miss;
 
-	if (!as_num(get(o, "hit_blocks"), &hit) || !as_num(get(o, "miss_blocks"), &miss) ||
-	    !(hit + miss > 0))
+	if (!as_num(kvt_json_get(o, "hit_blocks"), &hit) ||
+	    !as_num(kvt_json_get(o, "miss_blocks"), &miss) || !(hit + miss > 0))
 		return false;
 	*ret = hit / (hit + miss);
 	return true;
@@ -164,7 +152,7 @@ hit_rate(struct json_object *o, double *ret)
 static void
 render_cell(char *buf, const struct col *c, struct json_object *row)
 {
-	struct json_object *v = get(row, c->key);
+	struct json_object *v = kvt_json_get(row, c->key);
 	const char *s;
 	double d;
 
@@ -179,7 +167,7 @@ render_cell(char *buf, const struct col *c, struct json_object *row)
 
 		s = kvt_json_str(v);
 		if (s && !strcmp(s, "uid") &&
-		    kvt_json_num_text(get(row, "uid"), uid, sizeof(uid))) {
+		    kvt_json_num_text(kvt_json_get(row, "uid"), uid, sizeof(uid))) {
 			snprintf(buf, CELL_MAX, "uid %s", uid);
 			return;
 		}
@@ -274,7 +262,7 @@ print_table(FILE *out, struct json_object *doc, const char *key, const struct co
 
 	if (!json_object_is_type(doc, json_type_object) || ncols > 16)
 		return -EINVAL;
-	arr = get(doc, key);
+	arr = kvt_json_get(doc, key);
 	if (arr && !json_object_is_type(arr, json_type_array))
 		return -EINVAL;
 	n = arr ? json_object_array_length(arr) : 0;
@@ -336,15 +324,15 @@ blocks_totals(FILE *out, struct json_object *doc)
 	char blocks[32], ref[32], used[32], budget[48], num[32], rate[32];
 	double d;
 
-	if (!kvt_json_num_text(get(doc, "blocks"), blocks, sizeof(blocks)))
+	if (!kvt_json_num_text(kvt_json_get(doc, "blocks"), blocks, sizeof(blocks)))
 		snprintf(blocks, sizeof(blocks), "-");
-	if (!kvt_json_num_text(get(doc, "referenced"), ref, sizeof(ref)))
+	if (!kvt_json_num_text(kvt_json_get(doc, "referenced"), ref, sizeof(ref)))
 		snprintf(ref, sizeof(ref), "-");
-	if (as_num(get(doc, "bytes"), &d))
+	if (as_num(kvt_json_get(doc, "bytes"), &d))
 		kvtctl_fmt_bytes(used, sizeof(used), d);
 	else
 		snprintf(used, sizeof(used), "-");
-	if (!as_num(get(doc, "budget_bytes"), &d)) {
+	if (!as_num(kvt_json_get(doc, "budget_bytes"), &d)) {
 		snprintf(budget, sizeof(budget), " of - budget");
 	} else if (d > 0) {
 		kvtctl_fmt_bytes(num, sizeof(num), d);
@@ -359,7 +347,7 @@ blocks_totals(FILE *out, struct json_object *doc)
 	fprintf(out, "total  %s blocks (%s referenced), %s%s, hit rate %s", blocks, ref, used,
 		budget, rate);
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
-		if (!kvt_json_num_text(get(doc, keys[i]), num, sizeof(num)))
+		if (!kvt_json_num_text(kvt_json_get(doc, keys[i]), num, sizeof(num)))
 			snprintf(num, sizeof(num), "-");
 		fprintf(out, "%s%s %s", i ? ", " : "\n       ", i == 3 ? "refused" : keys[i], num);
 	}
@@ -489,11 +477,11 @@ get_path(struct json_object *o, const char *path, struct json_object **ret_paren
 
 	while ((dot = strchr(path, '.'))) {
 		snprintf(key, sizeof(key), "%.*s", (int)(dot - path), path);
-		o = get(o, key);
+		o = kvt_json_get(o, key);
 		path = dot + 1;
 	}
 	*ret_parent = o;
-	return get(o, path);
+	return kvt_json_get(o, path);
 }
 
 static void
@@ -524,7 +512,7 @@ status_line(FILE *out, const struct status_line *l, struct json_object *st)
 			snprintf(buf, sizeof(buf), "-");
 		break;
 	case LINE_ABI:
-		if (as_num(get(v, "major"), &a) && as_num(get(v, "minor"), &b))
+		if (as_num(kvt_json_get(v, "major"), &a) && as_num(kvt_json_get(v, "minor"), &b))
 			snprintf(buf, sizeof(buf), "%.0f.%.0f", a, b);
 		else
 			snprintf(buf, sizeof(buf), "-");
@@ -535,15 +523,15 @@ status_line(FILE *out, const struct status_line *l, struct json_object *st)
 			break;
 		}
 		kvtctl_fmt_bytes(b1, sizeof(b1), a);
-		if (as_num(get(parent, "size"), &b) && b > 0)
+		if (as_num(kvt_json_get(parent, "size"), &b) && b > 0)
 			snprintf(buf, sizeof(buf), "%s (%.1f%%)", b1, 100 * a / b);
 		else
 			snprintf(buf, sizeof(buf), "%s", b1);
 		break;
 	case LINE_CHUNKS:
-		if (!kvt_json_num_text(get(v, "chunks_free"), b1, sizeof(b1)))
+		if (!kvt_json_num_text(kvt_json_get(v, "chunks_free"), b1, sizeof(b1)))
 			snprintf(b1, sizeof(b1), "-");
-		if (as_num(get(v, "chunk_size"), &a))
+		if (as_num(kvt_json_get(v, "chunk_size"), &a))
 			kvtctl_fmt_bytes(b2, sizeof(b2), a);
 		else
 			snprintf(b2, sizeof(b2), "-");

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * ctl_fmt.h - kvtierctl's pure formatters: daemon JSON documents to text tables. (The
- * Prometheus text is the daemon's own: daemon/prom.c, KVT_CTL_METRICS.)
+ * Prometheus text is the daemon's own: daemon/metrics_format.c, KVT_CTL_METRICS.)
  *
  * They do no I/O beyond writing to @out and never look at the socket, so tests feed them canned
  * documents. The documents are the replies to KVT_CTL_STATUS, KVT_CTL_CLIENTS, KVT_CTL_SEQS

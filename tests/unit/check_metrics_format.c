@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * check_prom.c - kvtierd's metrics formatter (daemon/prom.c) on canned documents and counter
- * snapshots: full input prints exactly the expected samples, missing keys leave only their
- * metric out, wrong shapes are refused, the text follows the exposition format (families
- * announced once, contiguous, counters _total, histograms cumulative up to +Inf = _count), and
- * the JSON document holds the same families and samples as the text.
+ * check_metrics_format.c - kvtierd's metrics formatter (daemon/metrics_format.c) on canned
+ * documents and counter snapshots: full input prints exactly the expected samples, missing keys
+ * leave only their metric out, wrong shapes are refused, the text follows the exposition format
+ * (families announced once, contiguous, counters _total, histograms cumulative up to +Inf =
+ * _count), and the JSON document holds the same families and samples as the text.
  */
 #include <check.h>
 #include <errno.h>
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "kvt_ctl.h"
-#include "prom.h"
+#include "metrics_format.h"
 #include "kvt_test.h"
 
 static const char status_json[] =

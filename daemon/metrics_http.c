@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * metrics.c - GET and HEAD /metrics over HTTP on a loopback address ([daemon] metrics_listen),
- * for a Prometheus scrape: the text kvtd_prom_render() formats (prom.c), the same that
+ * metrics_http.c - GET and HEAD /metrics over HTTP on a loopback address ([daemon] metrics_listen),
+ * for a Prometheus scrape: the text kvtd_prom_render() formats (metrics_format.c), the same that
  * `kvtierctl metrics` gets with KVT_CTL_METRICS. /metrics?sessions=1 adds the per-session
  * and per-sequence families.
  *
@@ -33,7 +33,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <liburing.h>
 #include <grp.h>
 #include <poll.h>
 #include <pthread.h>
@@ -41,11 +40,12 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "config.h"
+#include "kvt_ctl.h"
 #include "kvtd.h"
 #include "log.h"
-#include "kvt_ctl.h"
-#include "metrics.h"
-#include "prom.h"
+#include "metrics_format.h"
+#include "metrics_http.h"
 
 #define REQ_MAX		  4096
 #define SCRAPERS_MAX	  8
@@ -100,32 +100,6 @@ struct kvtd_metrics {
 #define RESOLVER_UD (KVTD_METRICS_UD + SCRAPERS_MAX)
 
 int
-kvtd_metrics_parse(const char *s, uint32_t *ret_addr, uint16_t *ret_port)
-{
-	char host[32];
-	const char *colon = strrchr(s, ':');
-	struct in_addr a;
-	char *end;
-	unsigned long port;
-
-	if (!colon || (size_t)(colon - s) >= sizeof(host))
-		return -EINVAL;
-	memcpy(host, s, (size_t)(colon - s));
-	host[colon - s] = '\0';
-	if (!strcmp(host, "localhost"))
-		snprintf(host, sizeof(host), "127.0.0.1");
-	if (inet_pton(AF_INET, host, &a) != 1 || (ntohl(a.s_addr) >> 24) != 127)
-		return -EINVAL; /* loopback only: the endpoint has no authentication */
-	errno = 0;
-	port = strtoul(colon + 1, &end, 10);
-	if (errno || end == colon + 1 || *end || port > 65535)
-		return -EINVAL;
-	*ret_addr = a.s_addr;
-	*ret_port = (uint16_t)port;
-	return 0;
-}
-
-int
 kvtd_metrics_init(struct kvtd *d)
 {
 	struct sockaddr_in sa = {.sin_family = AF_INET};
@@ -136,7 +110,8 @@ kvtd_metrics_init(struct kvtd *d)
 	d->metrics = NULL;
 	if (!d->cfg.metrics_listen[0])
 		return 0;
-	if (kvtd_metrics_parse(d->cfg.metrics_listen, &sa.sin_addr.s_addr, &sa.sin_port) < 0) {
+	if (kvtd_config_parse_loopback(d->cfg.metrics_listen, &sa.sin_addr.s_addr, &sa.sin_port) <
+	    0) {
 		log_err("metrics_listen '%s': want 127.x.x.x:PORT or localhost:PORT",
 			d->cfg.metrics_listen);
 		return -EINVAL;
@@ -206,22 +181,6 @@ kvtd_metrics_fini(struct kvtd *d)
 	if (d->metrics_fd >= 0)
 		close(d->metrics_fd);
 	d->metrics_fd = -1;
-}
-
-static int
-arm(struct kvtd *d, int fd, unsigned events, uint64_t ud)
-{
-	struct io_uring_sqe *sqe = io_uring_get_sqe(d->ring);
-
-	if (!sqe) {
-		io_uring_submit(d->ring);
-		sqe = io_uring_get_sqe(d->ring);
-		if (!sqe)
-			return -EBUSY;
-	}
-	io_uring_prep_poll_add(sqe, fd, events);
-	io_uring_sqe_set_data64(sqe, ud);
-	return 0;
 }
 
 static void
@@ -323,19 +282,13 @@ static int
 resolver_arm(struct kvtd *d)
 {
 	struct resolver *rs = &d->metrics->res;
-	struct io_uring_sqe *sqe;
+	int r;
 
 	if (rs->armed)
 		return 0;
-	sqe = io_uring_get_sqe(d->ring);
-	if (!sqe) {
-		io_uring_submit(d->ring);
-		sqe = io_uring_get_sqe(d->ring);
-		if (!sqe)
-			return -EBUSY;
-	}
-	io_uring_prep_poll_add(sqe, rs->efd, POLLIN);
-	io_uring_sqe_set_data64(sqe, RESOLVER_UD);
+	r = kvtd_ring_poll(d, rs->efd, POLLIN, RESOLVER_UD);
+	if (r < 0)
+		return r;
 	rs->armed = 1;
 	return 0;
 }
@@ -532,7 +485,7 @@ step(struct kvtd *d, struct kvtd_scraper *s, uint64_t ud, int res)
 		if (r == 0) {
 			if (res & (POLLHUP | POLLERR))
 				goto close;
-			if (arm(d, s->fd, POLLIN | POLLRDHUP, ud) < 0)
+			if (kvtd_ring_poll(d, s->fd, POLLIN | POLLRDHUP, ud) < 0)
 				goto close;
 			return;
 		}
@@ -543,7 +496,7 @@ step(struct kvtd *d, struct kvtd_scraper *s, uint64_t ud, int res)
 			return; /* waiting for its uid's groups: resume() goes on */
 	}
 	r = write_reply(s);
-	if (r == 0 && arm(d, s->fd, POLLOUT, ud) == 0)
+	if (r == 0 && kvtd_ring_poll(d, s->fd, POLLOUT, ud) == 0)
 		return;
 close:
 	scraper_close(d, s);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * prom.c - metrics as Prometheus text and as JSON (see prom.h).
+ * metrics_format.c - metrics as Prometheus text and as JSON (see metrics_format.h).
  *
  * Part of the documents comes from clients (a session's name is whatever the client put in
  * HELLO), so label values are escaped, and a name is only ever a label value, never part of a
@@ -21,25 +21,13 @@
 #include "kvt_json_text.h"
 #include "kvt_ring.h"
 #include "kvtd.h"
+#include "metrics_format.h"
 #include "ops.h"
 #include "poller.h"
-#include "prom.h"
 #include "session.h"
 #include "stats.h"
 
 /* ---- reading the documents ---- */
-
-static struct json_object *
-get(struct json_object *o, const char *key)
-{
-	struct json_object *v;
-
-	if (!o || !json_object_is_type(o, json_type_object))
-		return NULL;
-	if (!json_object_object_get_ex(o, key, &v))
-		return NULL;
-	return v;
-}
 
 static bool
 is_num(struct json_object *v)
@@ -212,7 +200,7 @@ static const struct scalar status_scalars[] = {
 static void
 fams_status(struct sink *k, struct json_object *st)
 {
-	struct json_object *abi = get(st, "abi"), *refused, *tiers;
+	struct json_object *abi = kvt_json_get(st, "abi"), *refused, *tiers;
 	char abibuf[48];
 	size_t i;
 
@@ -221,15 +209,15 @@ fams_status(struct sink *k, struct json_object *st)
 		    FAM(k, "kvtier_build_info", "gauge",
 			"Constant 1, labelled with the daemon's version, ABI and backend.");
 		struct label l[] = {
-		    {"version", kvt_json_str(get(st, "version"))},
+		    {"version", kvt_json_str(kvt_json_get(st, "version"))},
 		    {"abi", NULL},
-		    {"backend", kvt_json_str(get(st, "backend"))},
+		    {"backend", kvt_json_str(kvt_json_get(st, "backend"))},
 		};
 
-		if (is_num(get(abi, "major")) && is_num(get(abi, "minor"))) {
+		if (is_num(kvt_json_get(abi, "major")) && is_num(kvt_json_get(abi, "minor"))) {
 			snprintf(abibuf, sizeof(abibuf), "%.0f.%.0f",
-				 json_object_get_double(get(abi, "major")),
-				 json_object_get_double(get(abi, "minor")));
+				 json_object_get_double(kvt_json_get(abi, "major")),
+				 json_object_get_double(kvt_json_get(abi, "minor")));
 			l[1].value = abibuf;
 		}
 		if (l[0].value || l[1].value || l[2].value)
@@ -238,20 +226,21 @@ fams_status(struct sink *k, struct json_object *st)
 	for (i = 0; i < sizeof(status_scalars) / sizeof(status_scalars[0]); i++) {
 		const struct scalar *s = &status_scalars[i];
 		struct fam f = FAM(k, s->name, s->type, s->help);
-		struct json_object *v = get(st, s->key);
+		struct json_object *v = kvt_json_get(st, s->key);
 
-		sample_v(&f, NULL, NULL, 0, s->subkey ? get(v, s->subkey) : v);
+		sample_v(&f, NULL, NULL, 0, s->subkey ? kvt_json_get(v, s->subkey) : v);
 	}
 	{
 		struct fam f = FAM(k, "kvtier_pool_info", "gauge",
 				   "Constant 1, labelled with the pool's backing memory.");
-		struct label l = {"backing", kvt_json_str(get(get(st, "pool"), "backing"))};
+		struct label l = {"backing",
+				  kvt_json_str(kvt_json_get(kvt_json_get(st, "pool"), "backing"))};
 
 		if (l.value)
 			sample_u64(&f, NULL, &l, 1, 1);
 	}
 
-	refused = get(st, "refused");
+	refused = kvt_json_get(st, "refused");
 	if (json_object_is_type(refused, json_type_object)) {
 		struct fam f =
 		    FAM(k, "kvtier_refused_total", "counter", "Requests refused, by reason.");
@@ -264,7 +253,7 @@ fams_status(struct sink *k, struct json_object *st)
 		}
 	}
 
-	tiers = get(st, "tiers");
+	tiers = kvt_json_get(st, "tiers");
 	if (json_object_is_type(tiers, json_type_array)) {
 		struct fam f = FAM(k, "kvtier_tier_tokens", "gauge",
 				   "Tokens per tier over all sequences (t3 = evicted).");
@@ -312,7 +301,7 @@ fams_prefix(struct sink *k, struct json_object *blocks)
 		const struct scalar *s = &prefix_scalars[i];
 		struct fam f = FAM(k, s->name, s->type, s->help);
 
-		sample_v(&f, NULL, NULL, 0, get(blocks, s->key));
+		sample_v(&f, NULL, NULL, 0, kvt_json_get(blocks, s->key));
 	}
 }
 
@@ -348,8 +337,8 @@ static const struct per seq_fams[] = {
 static bool
 id_text(struct json_object *row, const char *key, char *buf, size_t len)
 {
-	return json_object_is_type(get(row, key), json_type_int) &&
-	       kvt_json_num_text(get(row, key), buf, len);
+	return json_object_is_type(kvt_json_get(row, key), json_type_int) &&
+	       kvt_json_num_text(kvt_json_get(row, key), buf, len);
 }
 
 static const char *
@@ -361,7 +350,7 @@ opt_num(struct json_object *v, char *buf, size_t len)
 static void
 fams_sessions(struct sink *k, struct json_object *doc)
 {
-	struct json_object *arr = get(doc, "clients");
+	struct json_object *arr = kvt_json_get(doc, "clients");
 	char sess[32], pid[32], uid[32], gid[32];
 	size_t i, r, n;
 
@@ -377,10 +366,10 @@ fams_sessions(struct sink *k, struct json_object *doc)
 			struct json_object *row = json_object_array_get_idx(arr, r);
 			struct label l[] = {
 			    {"session", sess},
-			    {"pid", opt_num(get(row, "pid"), pid, sizeof(pid))},
-			    {"uid", opt_num(get(row, "uid"), uid, sizeof(uid))},
-			    {"gid", opt_num(get(row, "gid"), gid, sizeof(gid))},
-			    {"name", kvt_json_str(get(row, "name"))},
+			    {"pid", opt_num(kvt_json_get(row, "pid"), pid, sizeof(pid))},
+			    {"uid", opt_num(kvt_json_get(row, "uid"), uid, sizeof(uid))},
+			    {"gid", opt_num(kvt_json_get(row, "gid"), gid, sizeof(gid))},
+			    {"name", kvt_json_str(kvt_json_get(row, "name"))},
 			};
 
 			if (id_text(row, "session", sess, sizeof(sess)))
@@ -396,7 +385,7 @@ fams_sessions(struct sink *k, struct json_object *doc)
 			struct label l = {"session", sess};
 
 			if (id_text(row, "session", sess, sizeof(sess)))
-				sample_v(&f, NULL, &l, 1, get(row, session_fams[i].key));
+				sample_v(&f, NULL, &l, 1, kvt_json_get(row, session_fams[i].key));
 		}
 	}
 }
@@ -404,7 +393,7 @@ fams_sessions(struct sink *k, struct json_object *doc)
 static void
 fams_seqs(struct sink *k, struct json_object *doc)
 {
-	struct json_object *arr = get(doc, "seqs");
+	struct json_object *arr = kvt_json_get(doc, "seqs");
 	char sess[32], seq[32], layers[32], heads[32], dim[32];
 	size_t i, r, n, t;
 
@@ -421,12 +410,14 @@ fams_seqs(struct sink *k, struct json_object *doc)
 			struct label l[] = {
 			    {"session", sess},
 			    {"seq", seq},
-			    {"layers", opt_num(get(row, "layers"), layers, sizeof(layers))},
-			    {"kv_heads", opt_num(get(row, "kv_heads"), heads, sizeof(heads))},
-			    {"head_dim", opt_num(get(row, "head_dim"), dim, sizeof(dim))},
-			    {"dtype", kvt_json_str(get(row, "dtype"))},
-			    {"policy", kvt_json_str(get(row, "policy"))},
-			    {"t2_keys", kvt_json_str(get(row, "t2_keys"))},
+			    {"layers",
+			     opt_num(kvt_json_get(row, "layers"), layers, sizeof(layers))},
+			    {"kv_heads",
+			     opt_num(kvt_json_get(row, "kv_heads"), heads, sizeof(heads))},
+			    {"head_dim", opt_num(kvt_json_get(row, "head_dim"), dim, sizeof(dim))},
+			    {"dtype", kvt_json_str(kvt_json_get(row, "dtype"))},
+			    {"policy", kvt_json_str(kvt_json_get(row, "policy"))},
+			    {"t2_keys", kvt_json_str(kvt_json_get(row, "t2_keys"))},
 			};
 
 			if (id_text(row, "session", sess, sizeof(sess)) &&
@@ -443,7 +434,7 @@ fams_seqs(struct sink *k, struct json_object *doc)
 
 			if (id_text(row, "session", sess, sizeof(sess)) &&
 			    id_text(row, "seq", seq, sizeof(seq)))
-				sample_v(&f, NULL, l, 2, get(row, seq_fams[i].key));
+				sample_v(&f, NULL, l, 2, kvt_json_get(row, seq_fams[i].key));
 		}
 	}
 	{
@@ -452,7 +443,7 @@ fams_seqs(struct sink *k, struct json_object *doc)
 
 		for (r = 0; r < n; r++) {
 			struct json_object *row = json_object_array_get_idx(arr, r);
-			struct json_object *tiers = get(row, "tiers");
+			struct json_object *tiers = kvt_json_get(row, "tiers");
 			char tier[24];
 			struct label l[] = {{"session", sess}, {"seq", seq}, {"tier", tier}};
 
@@ -832,7 +823,7 @@ gather_session(struct kvtd_session *s, void *arg)
 static void
 keep_sessions(struct json_object *doc, const char *key, const uint64_t *ids, size_t n)
 {
-	struct json_object *all = get(doc, key), *own;
+	struct json_object *all = kvt_json_get(doc, key), *own;
 	size_t i, j;
 
 	if (!json_object_is_type(all, json_type_array))
@@ -840,7 +831,7 @@ keep_sessions(struct json_object *doc, const char *key, const uint64_t *ids, siz
 	own = json_object_new_array();
 	for (i = 0; i < json_object_array_length(all); i++) {
 		struct json_object *e = json_object_array_get_idx(all, i);
-		uint64_t sid = json_object_get_uint64(get(e, "session"));
+		uint64_t sid = json_object_get_uint64(kvt_json_get(e, "session"));
 
 		for (j = 0; j < n; j++)
 			if (ids[j] == sid) {

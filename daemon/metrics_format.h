@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * prom.h - kvtierd's metrics: the Prometheus text exposition (version 0.0.4) served on
+ * metrics_format.h - kvtierd's metrics: the Prometheus text exposition (version 0.0.4) served on
  * /metrics and in reply to KVT_CTL_METRICS, and the same families as a JSON document
  * (KVT_CTL_METRICS_F_JSON; shape in proto/kvt_ctl.h).
  *
@@ -15,8 +15,8 @@
  * (kvt_opts.name, summed over its sessions). Session and sequence families, whose labels change
  * with every connection, come only with KVT_CTL_METRICS_F_SESSIONS (/metrics?sessions=1).
  */
-#ifndef KVTD_PROM_H
-#define KVTD_PROM_H
+#ifndef KVTD_METRICS_FORMAT_H
+#define KVTD_METRICS_FORMAT_H
 
 #include <stdbool.h>
 #include <stdint.h>
