@@ -70,6 +70,7 @@ from .core import (
     AppendResult,
     Buffer,
     Client,
+    Driver,
     FetchResult,
     KvtierError,
     Namespace,
@@ -84,6 +85,7 @@ from .core import (
     make_ns_params,
     make_params,
     strerror,
+    t0_slots_for,
 )
 
 __version__ = "0.1.0"
@@ -108,6 +110,6 @@ __all__ = [
     "block_keys", "make_ns_params",
     "CHANGE_DTYPE", "DTYPES", "LIBRARY_PATH", "PARAM_FIELDS", "POLICIES", "SCORE_MODES",
     "AppendResult", "Buffer", "Client", "FetchResult", "KvtierError", "RetierResult",
-    "Sequence", "SeqStat", "TopkResult", "abi_version", "connect", "make_params", "strerror",
+    "Sequence", "SeqStat", "TopkResult", "Driver", "t0_slots_for", "abi_version", "connect", "make_params", "strerror",
     "version",
 ]

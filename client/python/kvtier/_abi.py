@@ -320,6 +320,45 @@ class RetierResultC(ctypes.Structure):
     ]
 
 
+class DriverOpts(ctypes.Structure):
+    """struct kvt_driver_opts (kvtier.h): the options of kvt_driver_open()."""
+
+    _fields_ = [
+        ("size", c_uint32),
+        ("flags", c_uint32),
+        ("ns", c_uint32),
+        ("prefix_blocks", c_uint32),
+        ("reserved", c_uint64 * 2),
+    ]
+
+
+class DriverStats(ctypes.Structure):
+    """struct kvt_driver_stats (kvtier.h): what a tiering driver has done."""
+
+    _fields_ = [
+        ("size", c_uint32),
+        ("seq", c_uint32),
+        ("n", c_uint32),
+        ("view", c_uint32),
+        ("t0_slots", c_uint32),
+        ("stage_slots", c_uint32),
+        ("prefix_tokens", c_uint32),
+        ("last_retier_n", c_uint32),
+        ("first_evict_n", c_uint32),
+        ("reserved", c_uint32),
+        ("tier_count", c_uint64 * 4),
+        ("steps", c_uint64),
+        ("score_adds", c_uint64),
+        ("retiers", c_uint64),
+        ("fetches", c_uint64),
+        ("rows_staged", c_uint64),
+        ("submits", c_uint64),
+        ("retier_ns", c_uint64),
+        ("fetch_ns", c_uint64),
+        ("reap_ns", c_uint64),
+    ]
+
+
 class SeqStatC(ctypes.Structure):
     """struct kvt_seq_stat: SEQ_STAT output."""
 
@@ -406,6 +445,8 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "kvt_op_err": OpErr,
     "kvt_ns_params": NsParams,
     "kvt_block_key": BlockKey,
+    "kvt_driver_opts": DriverOpts,
+    "kvt_driver_stats": DriverStats,
 }
 """C struct name -> its mirror, for the layout probe."""
 
