@@ -129,13 +129,15 @@ kvtier_view(struct kv_backend *kv, uint32_t layer, struct kv_view *ret_view)
 	size_t t0_v = (size_t)kk->t0_slots * kk->row;
 	size_t st_l = 2 * (size_t)kk->stage_slots * kk->row * layer;
 	size_t st_v = (size_t)kk->stage_slots * kk->row;
-	const float *t0 = kk->t0_base + t0_l, *sg = kk->stage_base + st_l;
+	const float *t0, *sg;
 	double t0s = now_s();
 
 	if (kk->err)
 		return kk->err;
 	if (layer >= kv->layers)
 		return -EINVAL;
+	t0 = kk->t0_base + t0_l;
+	sg = kk->stage_base + st_l;
 	for (uint32_t i = 0; i < kk->vn; i++) {
 		uint32_t l = kk->vloc[i];
 		const float *b = l < kk->t0_slots ? t0 + (size_t)l * kk->row

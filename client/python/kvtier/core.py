@@ -829,11 +829,11 @@ class Driver:
     @_locked
     def step_begin(self, q: int) -> tuple[bool, np.ndarray]:
         """Start a pass of @q tokens: (whether the view was rebuilt, the @q T0 slots of the
-        new tokens' rows)."""
+        new tokens' rows, a copy as int64: what torch indexes with)."""
         d = self._live("kvt_driver_step_begin")
         r = _check_op(_LIB.kvt_driver_step_begin(d, _uint("q", q), byref(self._slots)),
                       "kvt_driver_step_begin")
-        return r == 1, np.ctypeslib.as_array(self._slots, shape=(q,))
+        return r == 1, np.array(self._slots[:q], dtype=np.int64)
 
     @_locked
     def view(self) -> tuple[np.ndarray, np.ndarray]:

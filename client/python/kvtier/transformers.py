@@ -578,7 +578,7 @@ class KvtierCache(Cache):
         rebuilt, slots = self._drv.step_begin(q)
         if rebuilt:
             self._gather(q)
-        self._step_slots = torch.from_numpy(slots.astype(np.int64))
+        self._step_slots = torch.from_numpy(slots)
         self._q = q
         self._weights = []
         self._obs_layer = -1
