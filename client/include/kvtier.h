@@ -558,6 +558,157 @@ int kvt_seq_open_prefix(struct kvt_client *c, const struct kvt_seq_params *p, ui
 int kvt_publish(struct kvt_client *c, uint32_t seq, const struct kvt_block_key *keys, uint32_t n,
 		uint32_t *ret_new);
 
+/* ---- tiering driver (docs/tiering.md, "The client's loop") -------------------------------- */
+/*
+ * The decode-step cadence of one sequence with a T0 region and a staging region, as an
+ * inference engine runs it (kvtier-llm and the Python package's KvtierCache both do):
+ *
+ *	kvt_driver_open(c, &p, NULL, &d);		// p: geometry, policy knobs, both regions
+ *	for each forward pass of q new tokens:
+ *		kvt_driver_step_begin(d, q, &slots);	// RETIER + FETCH when due
+ *		m = kvt_driver_view(d, &pos, &loc);	// what attention reads, by position
+ *		... write the q tokens' rows into T0 slots slots[0..q), every layer, K and V;
+ *		    attend over loc[0..m) (the last q entries are the new tokens) ...
+ *		kvt_driver_step_end(d, w, m);		// queues APPEND and SCORE_ADD
+ *	kvt_driver_close(d);				// submits what is queued, SEQ_CLOSE
+ *
+ * The driver keeps the client-side mirror of the tiers: which position each T0 slot holds, the
+ * free slots the last RETIER handed out, and where every live position's rows are (a T0 slot,
+ * or a staging row FETCH filled). Each pass takes its q slots in the order RETIER handed them
+ * out (before the first RETIER every slot is free; a pass longer than the slots handed out, the
+ * prompt, takes any slot free now, lowest first). step_end() queues one APPEND
+ * (KVT_APPEND_F_T0, the pass's slots) and one SCORE_ADD (the pass's weights, dense over
+ * [first attended position, n) with 0 at the holes); the queue goes to kvtierd in one submit
+ * before the next RETIER, kvt_driver_flush() or kvt_driver_close(), or earlier when the SQ or
+ * the arena is full. The daemon runs a session's SQEs in ring order, so its scores sum the same
+ * values in the same order as one round trip per op would: tiering decisions are the same.
+ *
+ * Cadence: a pass at n > 0 first re-tiers when the slots handed out cannot hold its q tokens
+ * (every Δ tokens of decode) and when n is the prompt's length (p->prompt_len: the prompt is
+ * in). RETIER's answer is checked (slot changes in range, free slots free) and applied; then,
+ * when T1 or T2 holds positions, one FETCH (KVT_FETCH_F_T1 | KVT_FETCH_F_T2, all layers, from
+ * staging row 0) stages them, and the view is rebuilt: every live position exactly once, in a
+ * T0 slot or a staging row, else -EPROTO (a daemon that broke that would silently change the
+ * model's output). Between two RETIERs the T1/T2 sets do not change, so staged rows stay valid.
+ *
+ * The driver uses the client's ring and the start of its arena: while ops are queued the
+ * caller submits nothing of its own on @c (kvt_driver_flush() first; blocking wrappers such
+ * as kvt_seq_stat() and kvt_publish() on kvt_driver_seq() are fine after it). After a failure
+ * every call but kvt_driver_stats() and kvt_driver_close() returns the same error, and
+ * kvt_last_error() says again what failed. Thread safety: as the client.
+ */
+struct kvt_driver;
+
+/* Options of kvt_driver_open(). Set @size = sizeof(struct kvt_driver_opts). NULL: none. */
+struct kvt_driver_opts {
+	uint32_t size;
+	uint32_t flags;		/* none defined: 0 */
+	uint32_t ns;		/* prefix sharing: a namespace of kvt_ns_open(), 0: none */
+	uint32_t prefix_blocks; /* open from the first blocks the last pinning kvt_lookup() on @ns
+				 * matched (kvt_seq_open_prefix()); 0: an empty sequence */
+	uint64_t reserved[2];	/* must be zero */
+};
+
+/* What a driver has done. Set @size = sizeof(struct kvt_driver_stats) before the call. */
+struct kvt_driver_stats {
+	uint32_t size;
+	uint32_t seq;		/* the sequence's id */
+	uint32_t n;		/* positions appended (queued included) */
+	uint32_t view;		/* entries of the current view, the pass's new tokens included */
+	uint32_t t0_slots;	/* of the sequence */
+	uint32_t stage_slots;	/* staging rows */
+	uint32_t prefix_tokens; /* positions the sequence opened with (prefix sharing) */
+	uint32_t last_retier_n; /* n at the last RETIER */
+	uint32_t first_evict_n; /* n at the first RETIER whose answer counted evicted tokens */
+	uint32_t reserved;
+	uint64_t tier_count[4]; /* of the last RETIER's answer */
+	uint64_t steps;		/* passes ended (each queued one APPEND) */
+	uint64_t score_adds;	/* SCORE_ADDs queued */
+	uint64_t retiers, fetches;
+	uint64_t rows_staged; /* by every FETCH, per (layer, K|V) */
+	uint64_t submits;     /* kvt_submit() of the queue */
+	uint64_t retier_ns;   /* in RETIER (the queue's submit and reap before it included) */
+	uint64_t fetch_ns;    /* in FETCH */
+	uint64_t reap_ns;     /* submitting the queue and waiting for its completions */
+};
+
+/*
+ * kvt_driver_t0_slots() - the T0 slots a sequence of @p needs: the HBM budget at max_tokens
+ * (ceil(hbm_frac * max_tokens); policy full: max_tokens; streaming: the protected set), raised
+ * to the protected set (max(sinks, prompt_len if protect_prompt) + window), plus Δ slots for
+ * the tokens between two RETIERs, and at least prompt_len (the prompt lands in T0 in one pass).
+ * Reads policy, hbm_frac, max_tokens, sinks, window, protect_prompt, prompt_len, delta.
+ * Returns the count (> 0), or -EINVAL (delta or max_tokens 0, max_tokens over 2^24, prompt_len
+ * over max_tokens, an unknown policy). Pure computation; thread-safe.
+ */
+int kvt_driver_t0_slots(const struct kvt_seq_params *p);
+
+/*
+ * kvt_driver_open() - open a sequence with @p (kvt_seq_open(), or kvt_seq_open_prefix() with
+ * @opts' namespace) and a driver for it. @p must give a T0 region (t0_buf_id, t0_slots, at least
+ * delta + 1 slots) and a staging region (stage_buf_id, stage_slots > 0); the caller keeps
+ * both buffers registered until kvt_driver_close(). Opened from a prefix, the sequence's
+ * shared positions (all T1) are staged at once (FETCH) and make up the first view.
+ * @c: borrowed, must outlive the driver. @ret_drv: set on success only.
+ * Returns 0, -EINVAL (NULL, bad @opts, no T0 or staging region; kvt_last_error() says which),
+ * -ENOMEM, or kvt_seq_open()'s, kvt_seq_open_prefix()'s and kvt_fetch()'s errors.
+ */
+int kvt_driver_open(struct kvt_client *c, const struct kvt_seq_params *p,
+		    const struct kvt_driver_opts *opts, struct kvt_driver **ret_drv);
+
+/*
+ * kvt_driver_step_begin() - start a forward pass of @q new tokens at position n: RETIER and
+ * FETCH when due (above), then take @q T0 slots. *@ret_slots (may be NULL): the @q slots, for
+ * positions n..n+q-1 in order, into which the caller writes the tokens' rows (every layer, K
+ * and V) before the queue is submitted; valid until the next call on the driver.
+ * Returns 1 when the view was rebuilt (RETIER ran: re-read every entry), 0 when only the @q new
+ * entries were added at its end; -EINVAL (@q 0), -EBUSY (a pass is already begun), -ENOSPC
+ * (n + @q over max_tokens, or fewer than @q T0 slots free: nothing changed, the driver stays
+ * usable), -EPROTO (the daemon's answer breaks the rules above), or RETIER's, FETCH's and the
+ * queued ops' errors.
+ */
+int kvt_driver_step_begin(struct kvt_driver *d, uint32_t q, const uint32_t **ret_slots);
+
+/*
+ * kvt_driver_view() - the entries attention reads, in increasing position order: the live
+ * positions of the view (resident and staged), then, within a pass, its @q new tokens.
+ * *@ret_pos: each entry's position; *@ret_loc: where its rows are, a T0 slot (< t0_slots) or
+ * t0_slots + a staging row (so a buffer holding T0 slots then staging rows is indexed as is).
+ * Either may be NULL. Valid until the next step_begin(). Returns the entry count.
+ */
+uint32_t kvt_driver_view(const struct kvt_driver *d, const uint32_t **ret_pos,
+			 const uint32_t **ret_loc);
+
+/*
+ * kvt_driver_step_end() - end the pass: queue its APPEND and, when @w is not NULL, its
+ * SCORE_ADD. @w: @nw attention weights, one per view entry (kvt_driver_view()'s count), the
+ * step's weights averaged over layers and heads and summed over its queries; each finite and
+ * >= 0 (-0 is taken as 0). Returns 0, -EINVAL (no pass begun, @nw not the view's count, a
+ * weight negative, NaN or over 1e30: nothing queued, the pass stays open), -E2BIG (a payload
+ * larger than the arena), or the queued ops' errors when the queue had to be submitted.
+ */
+int kvt_driver_step_end(struct kvt_driver *d, const float *w, uint32_t nw);
+
+/*
+ * kvt_driver_flush() - submit what is queued and reap it, checking each op (an APPEND must
+ * answer the n it reached). Returns 0, -EBUSY (inside a pass: its rows may not be written
+ * yet), or the failed op's error (kvt_last_error(): which op, at which n, and kvtierd's reason).
+ */
+int kvt_driver_flush(struct kvt_driver *d);
+
+/* Counters and state; 0, or -EINVAL (@ret NULL or its size smaller than the first version). */
+int kvt_driver_stats(const struct kvt_driver *d, struct kvt_driver_stats *ret);
+
+/* The sequence's id (for kvt_seq_stat(), kvt_publish() after kvt_driver_flush()). */
+uint32_t kvt_driver_seq(const struct kvt_driver *d);
+
+/*
+ * kvt_driver_close() - submit what is queued, close the sequence and free the driver (the
+ * client and buffers stay the caller's). After a failure it only frees (the session's end
+ * frees the sequence). NULL is fine. Returns 0, the failure the driver had, or SEQ_CLOSE's error.
+ */
+int kvt_driver_close(struct kvt_driver *d);
+
 /* Message for a negative errno from libkvtier or the daemon, kvtier meanings first. */
 const char *kvt_strerror(int err);
 

@@ -4,16 +4,17 @@
  *
  * The backend opens one session and one f32 sequence (geometry of the model) with a T0 region
  * and a staging region, both host-backend device buffers (sealed memfds shared with kvtierd).
- * Per step (kv.h's protocol):
+ * Per step (kv.h's protocol), through libkvtier's tiering driver (kvtier.h, kvt_driver_*):
  *   begin(p)  RETIER when the Δ free T0 slots handed out by the last RETIER are used up, and
- *             at the end of the prompt (p == prompt_len); after each RETIER, one FETCH
- *             T1|T2 of all layers into the staging region. Between two RETIERs the T1/T2 sets
- *             do not change (new tokens go to T0), so the staged rows stay valid.
+ *             at the end of the prompt (p == prompt_len; before it every slot is free);
+ *             after each RETIER, one FETCH T1|T2 of all layers into the staging region.
+ *             Between two RETIERs the T1/T2 sets do not change (new tokens go to T0), so the
+ *             staged rows stay valid.
  *   view(l)   T0 slots (read in place) merged with the staged rows, ordered by position.
- *   append(p) the token's rows go into the next free T0 slot, then APPEND (KVT_APPEND_F_T0).
- *   score()   SCORE_ADD, dense over [pos[0], p] with 0 at evicted positions.
- *   APPEND and SCORE_ADD are queued per step and submitted together before each RETIER (the
- *   daemon applies the same per-step ops in the same order; see kv_kvtier.c).
+ *   append(p) the token's rows go into the step's T0 slot.
+ *   score()   APPEND (KVT_APPEND_F_T0) and SCORE_ADD, dense over [pos[0], p] with 0 at
+ *             evicted positions, queued per step and submitted together before each RETIER
+ *             (the daemon applies the same per-step ops in the same order).
  * Attention over that view is the same arithmetic as over the local backend's view of the
  * same positions, so with nothing evicted or quantized (policy full, or tiered with evict 0
  * and t2 0, at any hbm_frac) the logits are bit-identical to the local backend's.
@@ -21,9 +22,9 @@
  * Prefix sharing (opts.share_ns, docs/prefix.md): the backend joins the namespace named by the
  * model's identity, chains the prompt's block keys, LOOKUPs them with KVT_LOOKUP_F_PIN and opens
  * the sequence from the matched blocks: it starts at n = matched tokens, their rows shared in T1
- * (the first RETIER places and FETCH stages them like any other row), and the forward pass
- * computes only the rest of the prompt. At least one prompt token is always left to compute (its
- * logits give the first generated token). Once the whole prompt is appended (begin(prompt_len)
+ * (staged by one FETCH when the sequence opens, then tiered like any other row), and the forward
+ * pass computes only the rest of the prompt. At least one prompt token is always left to compute
+ * (its logits give the first generated token). Once the whole prompt is appended (begin(prompt_len)
  * or kv_kvtier_publish()), the prompt's full blocks are PUBLISHed for the next process.
  *
  * Every kvtier error is returned as is (-ECONNRESET when the daemon is gone); after one, the

@@ -51,6 +51,7 @@ from .core import (
     AppendResult,
     Buffer,
     Client,
+    Driver,
     FetchResult,
     KvtierError,
     Namespace,
@@ -66,6 +67,7 @@ from .core import (
     make_ns_params,
     make_params,
     strerror,
+    t0_slots_for,
 )
 
 __version__ = "0.1.0"
@@ -103,5 +105,5 @@ __all__ = [
     "Namespace", "PublishResult", "block_keys", "make_ns_params", "CHANGE_DTYPE", "DTYPES",
     "LIBRARY_PATH", "PARAM_FIELDS", "POLICIES", "SCORE_MODES", "TOPK_MODES", "AppendResult",
     "Buffer", "Client", "FetchResult", "KvtierError", "RetierResult", "Sequence", "SeqStat",
-    "TopkResult", "abi_version", "connect", "make_params", "strerror", "version",
+    "TopkResult", "Driver", "t0_slots_for", "abi_version", "connect", "make_params", "strerror", "version",
 ]

@@ -107,6 +107,18 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvt_seq_open_prefix": (c_int, [P, POINTER(_abi.SeqParams), c_uint32, c_uint32,
                                         POINTER(c_uint32)]),
         "kvt_publish": (c_int, [P, c_uint32, P, c_uint32, POINTER(c_uint32)]),
+        # the tiering driver (client-side, no new op)
+        "kvt_driver_t0_slots": (c_int, [POINTER(_abi.SeqParams)]),
+        "kvt_driver_open": (c_int, [P, POINTER(_abi.SeqParams), POINTER(_abi.DriverOpts),
+                                    POINTER(P)]),
+        "kvt_driver_step_begin": (c_int, [P, c_uint32, POINTER(POINTER(c_uint32))]),
+        "kvt_driver_view": (c_uint32, [P, POINTER(POINTER(c_uint32)),
+                                       POINTER(POINTER(c_uint32))]),
+        "kvt_driver_step_end": (c_int, [P, P, c_uint32]),
+        "kvt_driver_flush": (c_int, [P]),
+        "kvt_driver_stats": (c_int, [P, POINTER(_abi.DriverStats)]),
+        "kvt_driver_seq": (c_uint32, [P]),
+        "kvt_driver_close": (c_int, [P]),
         # ABI 1.4: TOPK's probe
         "kvt_topk_probe": (c_int, [P, c_uint32, c_uint32, c_uint32, c_uint, c_uint32, P,
                                    c_uint32, P, c_uint64]),

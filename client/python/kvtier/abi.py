@@ -693,6 +693,45 @@ class Opts(ctypes.Structure):
     ]
 
 
+class DriverOpts(ctypes.Structure):
+    """struct kvt_driver_opts (kvtier.h)."""
+
+    _fields_ = [
+        ('size', c_uint32),
+        ('flags', c_uint32),
+        ('ns', c_uint32),
+        ('prefix_blocks', c_uint32),
+        ('reserved', c_uint64 * 2),
+    ]
+
+
+class DriverStats(ctypes.Structure):
+    """struct kvt_driver_stats (kvtier.h)."""
+
+    _fields_ = [
+        ('size', c_uint32),
+        ('seq', c_uint32),
+        ('n', c_uint32),
+        ('view', c_uint32),
+        ('t0_slots', c_uint32),
+        ('stage_slots', c_uint32),
+        ('prefix_tokens', c_uint32),
+        ('last_retier_n', c_uint32),
+        ('first_evict_n', c_uint32),
+        ('reserved', c_uint32),
+        ('tier_count', c_uint64 * 4),
+        ('steps', c_uint64),
+        ('score_adds', c_uint64),
+        ('retiers', c_uint64),
+        ('fetches', c_uint64),
+        ('rows_staged', c_uint64),
+        ('submits', c_uint64),
+        ('retier_ns', c_uint64),
+        ('fetch_ns', c_uint64),
+        ('reap_ns', c_uint64),
+    ]
+
+
 # ---- the prep helpers libkvtier exports (client/ffi.c) ----
 
 PREP_ARGTYPES: dict[str, list[Any]] = {
@@ -761,6 +800,8 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     'kvt_ctl_event': CtlEvent,
     'kvt_ctl_metrics': CtlMetrics,
     'kvt_opts': Opts,
+    'kvt_driver_opts': DriverOpts,
+    'kvt_driver_stats': DriverStats,
 }
 """C struct name -> its mirror, for the layout probe."""
 

@@ -828,6 +828,106 @@ class Sequence:
                 f" head_dim={self.head_dim}>")
 
 
+class Driver:
+    """libkvtier's tiering driver for one sequence (kvtier.h, "tiering driver"; see
+    Client.open_driver()): per forward pass, step_begin() (RETIER and FETCH when due, T0 slots
+    for the new tokens), view() (what attention reads), step_end() (the queued APPEND and
+    SCORE_ADD). ``seq`` is the Sequence, for stat() and publish() after flush(); close()
+    closes both. Arrays it returns view the driver's memory: valid until the next
+    step_begin()."""
+
+    def __init__(self, client: Client, handle: int, params: _abi.SeqParams,
+                 ns: Namespace | None) -> None:
+        self._client = client
+        self._d: int | None = handle
+        self.seq = Sequence(client, _LIB.kvt_driver_seq(handle), params)
+        """The sequence (closed by the driver: do not close it yourself)."""
+        self.seq.ns = ns
+        self._slots = ctypes.POINTER(c_uint32)()
+        self._pos = ctypes.POINTER(c_uint32)()
+        self._loc = ctypes.POINTER(c_uint32)()
+
+    def _live(self, call: str) -> int:
+        self._client._live(call)
+        if self._d is None:
+            raise KvtierError(_errno.ENOENT, call, "the driver was closed")
+        return self._d
+
+    @_locked
+    def step_begin(self, q: int) -> tuple[bool, np.ndarray]:
+        """Start a pass of @q tokens: (whether the view was rebuilt, the @q T0 slots of the
+        new tokens' rows, a copy as int64: what torch indexes with)."""
+        d = self._live("kvt_driver_step_begin")
+        r = _check_op(_LIB.kvt_driver_step_begin(d, _uint("q", q), byref(self._slots)),
+                      "kvt_driver_step_begin")
+        return r == 1, np.array(self._slots[:q], dtype=np.int64)
+
+    @_locked
+    def view(self) -> tuple[np.ndarray, np.ndarray]:
+        """(positions, locations) of the view's entries: a location is a T0 slot, or
+        t0_slots + a staging row."""
+        d = self._live("kvt_driver_view")
+        m = _LIB.kvt_driver_view(d, byref(self._pos), byref(self._loc))
+        if not m:
+            return np.empty(0, np.uint32), np.empty(0, np.uint32)
+        return (np.ctypeslib.as_array(self._pos, shape=(m,)),
+                np.ctypeslib.as_array(self._loc, shape=(m,)))
+
+    @_locked
+    def step_end(self, weights: np.ndarray | None) -> None:
+        """End the pass: queue its APPEND and SCORE_ADD (@weights: float32, one per view
+        entry; None: no SCORE_ADD)."""
+        d = self._live("kvt_driver_step_end")
+        if weights is None:
+            _check_op(_LIB.kvt_driver_step_end(d, None, 0), "kvt_driver_step_end")
+            return
+        w = np.ascontiguousarray(weights, dtype=np.float32)
+        _check_op(_LIB.kvt_driver_step_end(d, w.ctypes.data, w.size), "kvt_driver_step_end")
+
+    @_locked
+    def flush(self) -> None:
+        """Submit what is queued and check every completion."""
+        _check_op(_LIB.kvt_driver_flush(self._live("kvt_driver_flush")), "kvt_driver_flush")
+
+    @_locked
+    def stats(self) -> _abi.DriverStats:
+        st = _abi.DriverStats(size=ctypes.sizeof(_abi.DriverStats))
+        _check(_LIB.kvt_driver_stats(self._live("kvt_driver_stats"), byref(st)),
+               "kvt_driver_stats")
+        return st
+
+    @_locked
+    def close(self) -> None:
+        """Submit what is queued, SEQ_CLOSE, free the driver. Idempotent; raises the
+        driver's failure if it had one (everything is freed all the same)."""
+        d, self._d = self._d, None
+        if d is None:
+            return
+        self.seq.id = None  # the driver closes it
+        _check_op(_LIB.kvt_driver_close(d), "kvt_driver_close")
+
+    def __enter__(self) -> Driver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def t0_slots_for(**params: Any) -> int:
+    """The T0 slots a sequence of these struct kvt_seq_params fields needs
+    (kvt_driver_t0_slots()): the HBM budget at max_tokens, at least the protected set, plus
+    delta, and at least prompt_len."""
+    p = make_params(**params)
+    return _check(_LIB.kvt_driver_t0_slots(byref(p)), "kvt_driver_t0_slots",
+                  "delta and max_tokens >= 1, max_tokens <= 2^24, prompt_len <= max_tokens")
+
+
 class Client:
     """A session with kvtierd (see connect()). A context manager: leaving it disconnects,
     which frees every sequence and buffer of the session."""
@@ -842,6 +942,7 @@ class Client:
         """The session id, as kvtierctl shows it."""
         self._bufs: weakref.WeakSet[Buffer] = weakref.WeakSet()
         self._seqs: weakref.WeakSet[Sequence] = weakref.WeakSet()
+        self._drivers: weakref.WeakSet[Driver] = weakref.WeakSet()
         self._nss: weakref.WeakSet[Namespace] = weakref.WeakSet()
         size = c_uint64()
         self._arena_addr: int = _LIB.kvt_arena(handle, byref(size)) or 0
@@ -980,6 +1081,30 @@ class Client:
         return seq
 
     @_locked
+    def open_driver(self, *, ns: Namespace | None = None, prefix_blocks: int = 0,
+                    **params: Any) -> Driver:
+        """Open a sequence (open_sequence()'s arguments; it needs a T0 and a staging region)
+        with libkvtier's tiering driver running its decode-step loop (Driver)."""
+        p = make_params(**params)
+        c = self._live("kvt_driver_open")
+        if not _lib.has(_LIB, "kvt_driver_open"):
+            raise KvtierError(_errno.EOPNOTSUPP, "kvt_driver_open",
+                              f"{LIBRARY_PATH} predates the tiering driver")
+        o = _abi.DriverOpts(size=ctypes.sizeof(_abi.DriverOpts))
+        if ns is not None:
+            if not isinstance(ns, Namespace) or ns._client is not self:
+                raise KvtierError(_errno.EINVAL, "kvt_driver_open",
+                                  "ns must be a Namespace this client opened")
+            _, o.ns = ns._ids("kvt_driver_open")
+        o.prefix_blocks = _uint("prefix_blocks", prefix_blocks)
+        h = c_void_p()
+        _check_op(_LIB.kvt_driver_open(c, byref(p), byref(o), byref(h)), "kvt_driver_open")
+        drv = Driver(self, h.value, p, ns)
+        self._seqs.add(drv.seq)
+        self._drivers.add(drv)
+        return drv
+
+    @_locked
     def nop(self) -> None:
         """A round trip with no work."""
         _check_op(_LIB.kvt_nop(self._live("kvt_nop")), "kvt_nop")
@@ -1067,6 +1192,11 @@ class Client:
     def _close(self) -> None:
         if self._h is None:
             return
+        for d in list(self._drivers):
+            dh, d._d = d._d, None
+            if dh is not None:
+                d.seq.id = None
+                _LIB.kvt_driver_close(dh)  # before the client goes: it submits on it
         h, self._h = self._h, None
         for s in list(self._seqs):
             s.id = None

@@ -13,22 +13,23 @@ attention function.
     cache.stats()   # tier counts, evicted ratio, bytes moved
     cache.close()
 
-The cache mirrors kvtier-llm's kvtierd backend (tools/llm/kv_kvtier.c; docs/python.md):
+The tiering loop is libkvtier's driver (kvtier.h, "tiering driver"; kvtier-llm runs the same
+one; docs/python.md):
 
 - one host buffer shared with kvtierd holds, per layer and K|V, the T0 region (``t0_slots``
   rows: the tokens resident on the "device") followed by the staging region (rows FETCH
   fills with the T1/T2 tokens); rows are ``[kv_head][head_dim]`` of the model's dtype;
-- each forward pass writes its new tokens' rows into free T0 slots, and at its end queues ONE
-  APPEND (KVT_APPEND_F_T0, all layers) and ONE SCORE_ADD: the pass's softmax weights, averaged
-  over layers and heads (summed over its queries), per attended position;
-- the queue goes to kvtierd in one submit before each RETIER (every ``delta`` tokens, and when
-  the prompt ends), after which one FETCH stages every T1/T2 row of all layers;
-- attention at a layer runs over the resident T0 rows plus the staged rows in position
-  order: after each RETIER + FETCH one gather copies them into the view (the tensor attention
-  reads); each pass writes its new rows at the view's end, and those reach their T0 slots,
-  for all layers in one copy, before kvtierd's APPEND reads them. With nothing evicted the
-  keys and values are DynamicCache's values in DynamicCache's order, so the arithmetic is
-  the same (Proposition 1 of docs/tiering.md).
+- each forward pass gets free T0 slots from the driver (which re-tiers first when due: every
+  ``delta`` tokens, and when the prompt ends, RETIER then one FETCH of every T1/T2 row of all
+  layers), and at its end the driver queues ONE APPEND (KVT_APPEND_F_T0, all layers) and ONE
+  SCORE_ADD: the pass's softmax weights, averaged over layers and heads (summed over its
+  queries), per attended position; the queue goes to kvtierd in one submit before each RETIER;
+- attention at a layer runs over the driver's view, resident T0 rows plus staged rows in
+  position order: after each RETIER + FETCH one gather copies them into this cache's view
+  (the tensor attention reads); each pass writes its new rows at the view's end, and those
+  reach their T0 slots, for all layers in one copy, when the pass ends, before kvtierd's
+  APPEND reads them. With nothing evicted the keys and values are DynamicCache's values in
+  DynamicCache's order, so the arithmetic is the same (Proposition 1 of docs/tiering.md).
 
 Constructing a ``KvtierCache`` switches the model to ``attn_implementation="kvtier"``
 (``model.set_attn_implementation("kvtier")``); that function is transformers' eager attention
@@ -48,7 +49,6 @@ from __future__ import annotations
 import errno as _errno
 import hashlib
 import inspect
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from . import _abi
-from .core import POLICIES, Client, KvtierError, Namespace, connect
+from .core import POLICIES, Client, Driver, KvtierError, Namespace, connect, t0_slots_for
 
 SUPPORTED_TRANSFORMERS = (5, 6)
 """transformers majors supported: [5, 6), as pinned by the package's "transformers" extra."""
@@ -96,10 +96,6 @@ from transformers import AttentionInterface  # noqa: E402
 from transformers.cache_utils import Cache, CacheLayerMixin  # noqa: E402
 
 _TORCH_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-
-# user_data of the queued ops (the blocking calls use small numbers), | the new n.
-_UD_APPEND = 1 << 63
-_UD_SCORE = (1 << 63) | (1 << 62)
 
 # The cache whose update() produced the key tensor the attention function is about to see.
 _tls = threading.local()
@@ -288,21 +284,6 @@ class _KvtierLayer(CacheLayerMixin):
             raise NotImplementedError("KvtierCache holds one sequence (batch size 1)")
 
 
-def _t0_slots_for(policy: str, hbm_frac: float, max_tokens: int, sinks: int, window: int,
-                  prompt_len: int, delta: int) -> int:
-    """The T0 budget at max_tokens plus delta free slots, as kvtier-llm sizes it: the
-    protected set (sinks or prompt, and the window) always fits."""
-    prot = max(sinks, prompt_len) + window
-    if policy == "full":
-        budget = max_tokens
-    elif policy == "streaming":
-        budget = prot
-    else:
-        budget = math.ceil(hbm_frac * max_tokens)
-    budget = max(min(budget, max_tokens), prot)
-    return budget + delta
-
-
 class KvtierCache(Cache):
     """A transformers ``Cache`` whose KV rows are tiered by kvtierd (see the module docs).
 
@@ -394,6 +375,7 @@ class KvtierCache(Cache):
             model.set_attn_implementation(ATTN_IMPLEMENTATION)
 
         self._client: Client | None = connect(socket, spin_us=spin_us, name=name)
+        self._drv: Driver | None = None
         self._seq: Any = None
         self._buf: Any = None
         self._err: BaseException | None = None
@@ -414,12 +396,10 @@ class KvtierCache(Cache):
         self._closed = False
         # per-forward state
         self._q = 0
-        self._step_slots: np.ndarray | None = None
+        self._step_slots: torch.Tensor | None = None
         self._step_layer = -1
         self._obs_layer = -1
         self._weights: list[torch.Tensor] = []
-        self._arena_used = 0
-        self._inflight = 0
 
     # ---- sequence setup -----------------------------------------------------------------
 
@@ -457,31 +437,15 @@ class KvtierCache(Cache):
             m = ns.lookup(keys[:usable], pin=True) if usable else 0
             self._prompt_keys = keys
             self._open(n_prompt, torch.device("cpu"), prefix_blocks=m)
-            if m:
-                self._stage_prefix(m * ns.block_tokens)
-            return m * ns.block_tokens
+            if self._n != m * ns.block_tokens:
+                raise KvtierError(_errno.EPROTO, "kvt_driver_open",
+                                  f"{m} shared blocks opened as {self._n} positions")
+            self._st.prefix_tokens = self._n
+            return self._n
         except BaseException as e:
             raise self._fail(e)
         finally:
             self._st.kvtier_s += time.perf_counter() - t0
-
-    def _stage_prefix(self, m: int) -> None:
-        """FETCH the @m shared positions the sequence opened with (all T1) into the staging
-        rows and make them the view's first entries."""
-        f = self._seq.fetch(_abi.FETCH_F_T1, stage_row=0, capacity=self.stage_rows)
-        pos = np.arange(m, dtype=np.int64)
-        if f.rows != m or not np.array_equal(f.positions.astype(np.int64), pos):
-            raise KvtierError(_errno.EPROTO, "kvt_fetch",
-                              f"the {m} shared prefix positions staged as {f.rows} rows")
-        self._where[:m] = self.t0_slots + pos
-        self._view_pos[:m] = pos
-        self._view_idx[:m] = torch.from_numpy(self._where[:m])
-        self._view[:, :, :, :m] = self._kv_hr.index_select(3, self._view_idx[:m])
-        self._n = self._vn = self._flushed = m
-        st = self._st
-        st.prefix_tokens = m
-        st.fetches += 1
-        st.rows_staged += m
 
     def _publish_prompt(self) -> None:
         """After prefill: offer the prompt's full blocks to the namespace (the matched ones
@@ -490,7 +454,8 @@ class KvtierCache(Cache):
         keys, self._prompt_keys = self._prompt_keys, None
         if keys is None or keys.size == 0:
             return
-        self._reap()  # the prompt's APPEND first
+        assert self._drv is not None
+        self._drv.flush()  # the prompt's APPEND first
         try:
             r = self._seq.publish(keys)
         except KvtierError as e:
@@ -512,10 +477,10 @@ class KvtierCache(Cache):
         c = self._client
         assert c is not None
         self._prompt_len = q
-        ts = _t0_slots_for(self.policy, self.hbm_frac, self.max_tokens, self.sinks,
-                           self.window, q if self.protect_prompt else 0, self.delta)
-        ts = min(ts, self.max_tokens + self.delta)
-        ts = max(ts, q)  # the prompt lands in T0 in one pass
+        knobs = dict(policy=self.policy, protect_prompt=self.protect_prompt, delta=self.delta,
+                     sinks=self.sinks, window=self.window, prompt_len=q,
+                     hbm_frac=self.hbm_frac, max_tokens=self.max_tokens)
+        ts = t0_slots_for(**knobs)
         ss = self.max_tokens
         esz = torch.empty((), dtype=self.dtype).element_size()
         row = self.kv_heads * self.head_dim * esz
@@ -537,36 +502,39 @@ class KvtierCache(Cache):
         self._vk = [self._view[i, 0:1] for i in range(L)]
         self._vv = [self._view[i, 1:2] for i in range(L)]
         self.t0_slots, self.stage_rows = ts, ss
-        self._seq = c.open_sequence(
+        self._drv = c.open_driver(
             ns=self._ns, prefix_blocks=prefix_blocks,
             layers=L, kv_heads=self.kv_heads, head_dim=self.head_dim,
-            dtype=_TORCH_DTYPES[self.dtype], policy=self.policy, score_mode="sum",
-            protect_prompt=self.protect_prompt, q_heads=self.q_heads, delta=self.delta,
-            sinks=self.sinks, window=self.window, prompt_len=q, hbm_frac=self.hbm_frac,
-            evict_frac=self.evict_frac, t2_frac=self.t2_frac, max_tokens=self.max_tokens,
+            dtype=_TORCH_DTYPES[self.dtype], score_mode="sum", q_heads=self.q_heads,
+            evict_frac=self.evict_frac, t2_frac=self.t2_frac,
             t2_flags=_abi.T2_F_KEY_CHANNEL if self.t2_keys == "channel" else 0,
             t0_buf_id=self._buf.id, t0_slots=ts, t0_base_off=0, t0_slot_stride=row,
             t0_kv_stride=rows * row, t0_layer_stride=2 * rows * row,
             stage_buf_id=self._buf.id, stage_slots=ss, stage_base_off=ts * row,
             stage_slot_stride=row, stage_kv_stride=rows * row, stage_layer_stride=2 * rows * row,
+            **knobs,
         )
+        self._seq = self._drv.seq
         self._st.seq = self._seq.id
         self._st.t0_slots, self._st.stage_rows = ts, ss
-        self._arena = c.arena()
-        self._arena_f32 = self._arena[: self._arena.size // 4 * 4].view(np.float32)
-        self._arena_u32 = self._arena[: self._arena.size // 4 * 4].view(np.uint32)
-        # Client-side mirror of the tiers (kv_kvtier.c): slot -> position, position -> row
-        # of the shared buffer (a T0 slot, or ts + staging row; -1 evicted), the free slots
-        # the last RETIER handed out, and the view: rows of resident + staged positions.
-        self._slot_pos = np.full(ts, -1, dtype=np.int64)
-        self._where = np.full(self.max_tokens, -1, dtype=np.int64)
-        self._free = np.arange(ts, dtype=np.int64)  # before any RETIER every slot is free
-        self._next_free = 0
-        self._view_pos = np.empty(self.max_tokens, dtype=np.int64)
+        # The driver's view, entries by position: a T0 slot or ts + staging row each, which
+        # index the buffer's [T0 slots, then staging rows] as is.
         self._view_idx = torch.empty(self.max_tokens, dtype=torch.int64)
         self._vn = 0
-        self._flushed = 0  # view entries [_flushed, _vn) are in the view only, not in T0 yet
-        self._pending: list[np.ndarray] = []  # their T0 slots, pass by pass
+        self._n = self._drv.stats().n  # the shared prefix's positions, staged at open
+        if self._n:
+            self._gather(0)
+
+    def _gather(self, q: int) -> None:
+        """Rebuild the view from the driver's but for the @q tokens of the pass begun (after
+        a RETIER + FETCH, or a prefix staged at open): one gather of every resident and
+        staged row, all layers."""
+        assert self._drv is not None
+        _, loc = self._drv.view()
+        vn = loc.size - q
+        self._view_idx[:vn] = torch.from_numpy(loc[:vn].astype(np.int64))
+        self._view[:, :, :, :vn] = self._kv_hr.index_select(3, self._view_idx[:vn])
+        self._vn = vn
 
     # ---- the daemon ---------------------------------------------------------------------
 
@@ -574,123 +542,6 @@ class KvtierCache(Cache):
         if self._err is None:
             self._err = e
         return e
-
-    def _reap(self) -> None:
-        """Submit what is queued and check every completion (kv_kvtier.c's reap())."""
-        self._flush_rows()
-        if not self._inflight:
-            return
-        c = self._client
-        assert c is not None
-        c.submit()
-        while self._inflight:
-            cqe = c.wait_cqe()
-            self._inflight -= 1
-            if cqe.res < 0:
-                what = "SCORE_ADD" if cqe.user_data & _UD_SCORE == _UD_SCORE else "APPEND"
-                n = cqe.user_data & 0xFFFFFFFF
-                raise KvtierError(cqe.res, f"queued {what}",
-                                  f"kvtierd refused the {what} of the pass that ends at n={n}")
-            if cqe.user_data & _UD_SCORE == _UD_APPEND:
-                pos = cqe.user_data & 0xFFFFFFFF
-                if cqe.res != pos:
-                    raise KvtierError(_errno.EPROTO, "queued APPEND",
-                                      f"kvtierd answered n={cqe.res} after appending up to "
-                                      f"{pos}")
-        self._arena_used = 0
-
-    def _flush_rows(self) -> None:
-        """Copy the rows appended since the last flush from the view into their T0 slots,
-        all layers in one operation, before kvtierd reads them (APPEND) or a gather does."""
-        if not self._pending:
-            return
-        slots = torch.from_numpy(np.concatenate(self._pending))
-        a = self._flushed
-        self._kv_hr.index_copy_(3, slots, self._view[:, :, :, a:a + slots.numel()])
-        self._flushed = a + slots.numel()
-        self._pending = []
-
-    def _queue(self, nbytes: int) -> tuple[Any, int]:
-        """An SQE and the arena offset of its @nbytes payload; reaps first when the SQ or the
-        arena is full."""
-        c = self._client
-        assert c is not None
-        need = (nbytes + 63) & ~63
-        if need > self._arena.size:
-            raise KvtierError(_errno.E2BIG, "KvtierCache",
-                              f"a {nbytes}-byte payload exceeds the {self._arena.size}-byte arena")
-        if self._arena_used + need > self._arena.size:
-            self._reap()
-        e = c.get_sqe()
-        if e is None and self._inflight:
-            self._reap()
-            e = c.get_sqe()
-        if e is None:
-            raise KvtierError(_errno.ECONNRESET, "kvt_get_sqe", "the session refuses entries")
-        off = self._arena_used
-        self._arena_used += need
-        self._inflight += 1
-        return e, off
-
-    def _retier(self) -> None:
-        """RETIER, follow the slot changes, take the free slots, FETCH every T1/T2 row of all
-        layers and rebuild the view; checks that every live position is in exactly one
-        place (kv_kvtier.c's retier())."""
-        t0 = time.perf_counter()
-        self._reap()
-        n = self._n
-        r = self._seq.retier()
-        if r.n_tokens != n or r.n_free == 0:
-            raise KvtierError(_errno.EPROTO, "kvt_retier",
-                              f"RETIER answered n={r.n_tokens}, {r.n_free} free slots at n={n}")
-        ch = r.changes
-        if ch.size:
-            slots = ch["slot"].astype(np.int64)
-            pos = ch["pos"].astype(np.int64)
-            if slots.max() >= self.t0_slots or pos.max() >= n or pos.min() < -1:
-                raise KvtierError(_errno.EPROTO, "kvt_retier", "slot change out of range")
-            dem = pos < 0
-            self._slot_pos[slots[dem]] = -1  # demotions come first
-            self._slot_pos[slots[~dem]] = pos[~dem]
-        free = r.free_slots.astype(np.int64)
-        if free.max() >= self.t0_slots or (self._slot_pos[free] != -1).any():
-            raise KvtierError(_errno.EPROTO, "kvt_retier", "a free slot is not free")
-        self._free, self._next_free = free, 0
-        st = self._st
-        st.retiers += 1
-        st.last_retier_n = n
-        if r.tier_count[3] and not st.first_evict_n:
-            st.first_evict_n = n
-        t1 = time.perf_counter()
-        st.retier_s += t1 - t0
-
-        where = self._where
-        where[:n] = -1
-        staged = 0
-        if r.tier_count[1] + r.tier_count[2]:
-            f = self._seq.fetch(_abi.FETCH_F_T1 | _abi.FETCH_F_T2, stage_row=0,
-                                capacity=self.stage_rows)
-            staged = f.rows
-            p = f.positions.astype(np.int64)
-            if staged and (p.max() >= n or (np.diff(p) <= 0).any()):
-                raise KvtierError(_errno.EPROTO, "kvt_fetch", "staged positions not ascending")
-            where[p] = self.t0_slots + np.arange(staged, dtype=np.int64)
-            st.fetches += 1
-            st.rows_staged += staged
-        st.fetch_s += time.perf_counter() - t1
-        res = self._slot_pos >= 0
-        rp = self._slot_pos[res]
-        if (where[rp] != -1).any():
-            raise KvtierError(_errno.EPROTO, "kvt_retier", "a position is resident and staged")
-        where[rp] = np.nonzero(res)[0]
-        vp = np.nonzero(where[:n] >= 0)[0]
-        if vp.size != n - r.tier_count[3] or vp.size != rp.size + staged:
-            raise KvtierError(_errno.EPROTO, "kvt_retier",
-                              f"{vp.size} positions visible, {n - r.tier_count[3]} live")
-        self._vn = self._flushed = vn = vp.size
-        self._view_pos[:vn] = vp
-        self._view_idx[:vn] = torch.from_numpy(where[vp])
-        self._view[:, :, :, :vn] = self._kv_hr.index_select(3, self._view_idx[:vn])
 
     # ---- one forward pass ---------------------------------------------------------------
 
@@ -721,29 +572,13 @@ class KvtierCache(Cache):
             raise KvtierError(_errno.ENOSPC, "KvtierCache",
                               f"{n} + {q} tokens exceed max_tokens={self.max_tokens}; "
                               "create the cache with a larger max_tokens")
-        # Re-tier when the handed-out slots are used up, and when the prompt ends.
-        if n > 0 and (self._next_free + q > self._free.size or n == self._prompt_len):
-            self._retier()
-        take = self._free[self._next_free:self._next_free + q]
-        if take.size < q:
-            # A pass longer than the free slots RETIER handed out (the prompt, or a long
-            # continuation): any slot free right now will do.
-            extra = np.setdiff1d(np.nonzero(self._slot_pos < 0)[0], take)
-            take = np.concatenate([take, extra[: q - take.size]])
-            if take.size < q:
-                raise KvtierError(_errno.ENOSPC, "KvtierCache",
-                                  f"a forward pass of {q} tokens needs {q} free T0 slots, "
-                                  f"{take.size} are free; raise max_tokens or hbm_frac, or "
-                                  "feed the tokens in shorter passes")
-            self._free = np.concatenate([self._free[:self._next_free], take])
-        self._next_free += q
-        self._slot_pos[take] = np.arange(n, n + q)
-        self._where[n:n + q] = take
-        vn = self._vn
-        self._view_pos[vn:vn + q] = np.arange(n, n + q)
-        self._view_idx[vn:vn + q] = torch.from_numpy(take)
-        self._pending.append(take)
-        self._step_slots = take
+        # The driver re-tiers (and FETCHes) when the slots it handed out are used up, and
+        # when the prompt ends; the view is then gathered anew.
+        assert self._drv is not None
+        rebuilt, slots = self._drv.step_begin(q)
+        if rebuilt:
+            self._gather(q)
+        self._step_slots = torch.from_numpy(slots)
         self._q = q
         self._weights = []
         self._obs_layer = -1
@@ -802,48 +637,18 @@ class KvtierCache(Cache):
             self._st.kvtier_s += time.perf_counter() - t0
 
     def _end_step(self) -> None:
-        q, n, vn = self._q, self._n, self._vn
+        q, vn = self._q, self._vn
+        assert self._drv is not None and self._step_slots is not None
+        # The pass's rows, all layers, into their T0 slots before kvtierd's APPEND reads them.
+        self._kv_hr.index_copy_(3, self._step_slots, self._view[:, :, :, vn:vn + q])
         # Mean over layers and heads (summed over the pass's queries) per attended position.
         w = torch.stack(self._weights).sum(dim=(0, 1, 2, 3), dtype=torch.float32)
         w = (w * (1.0 / (self.num_layers * self.q_heads))).numpy()
         self._weights = []
-        pos = self._view_pos[: vn + q]
-        first = int(pos[0])
-        length = n + q - first
-        seq_id = self._seq.id
-
-        e, off = self._queue(4 * q)
-        self._arena_u32[off // 4: off // 4 + q] = self._step_slots
-        e.opcode = _abi.OP_APPEND
-        e.op_flags = _abi.APPEND_F_T0
-        e.seq = seq_id
-        e.user_data = _UD_APPEND | (n + q)  # and the n kvtierd answers
-        e.arena_off = off
-        e.arena_len = 4 * q
-        e.count = q
-
-        e, off = self._queue(4 * length)
-        dense = self._arena_f32[off // 4: off // 4 + length]
-        if length == vn + q:  # no holes: the view is every position from first on
-            dense[:] = w
-        else:
-            dense[:] = 0.0
-            dense[pos - first] = w
-        e.opcode = _abi.OP_SCORE_ADD
-        e.seq = seq_id
-        e.user_data = _UD_SCORE | (n + q)
-        e.arena_off = off
-        e.arena_len = 4 * length
-        e.count = length
-        e.arg0 = first
-
-        self._n = n + q
+        self._drv.step_end(w)
+        self._n += q
         self._vn = vn + q
         self._step_layer = -1
-        st = self._st
-        st.steps += 1
-        st.appends += 1
-        st.score_adds += 1
         if self._prompt_keys is not None and self._n == self._prompt_len:
             self._publish_prompt()
 
@@ -882,9 +687,17 @@ class KvtierCache(Cache):
         """Tier counts, evicted ratio and bytes moved (kvtierd's SEQ_STAT, after submitting
         what is queued), with the cache's own counters."""
         st = self._st
+        if self._drv is not None and self._drv._d is not None:
+            d = self._drv.stats()
+            st.steps = st.appends = d.steps
+            st.score_adds, st.retiers, st.fetches = d.score_adds, d.retiers, d.fetches
+            st.rows_staged, st.last_retier_n = d.rows_staged, d.last_retier_n
+            st.first_evict_n = d.first_evict_n
+            st.retier_s, st.fetch_s = d.retier_ns * 1e-9, d.fetch_ns * 1e-9
         if self._seq is not None and self._seq.id is not None and self._err is None:
             t0 = time.perf_counter()
-            self._reap()
+            assert self._drv is not None
+            self._drv.flush()
             s = self._seq.stat()
             st.kvtier_s += time.perf_counter() - t0
             st.n_tokens = s.n_tokens
@@ -912,9 +725,15 @@ class KvtierCache(Cache):
         if c is None:
             return
         try:
-            if self._seq is not None and self._err is None:
-                self._reap()
-                self._seq.close()
+            d, self._drv = self._drv, None
+            if d is not None:
+                if self._err is None:
+                    d.close()  # submits what is queued, SEQ_CLOSE
+                else:
+                    try:
+                        d.close()  # frees it; raises the failure the cache has already
+                    except KvtierError:
+                        pass
         finally:
             # Views of the buffer: gone with the session.
             self._kv = self._kv_hr = self._view = self._vk = self._vv = None

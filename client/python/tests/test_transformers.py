@@ -252,7 +252,8 @@ def test_evicted_run_equals_attention_over_live_positions(lm, kvtierd_module):
     class Recording(KvtierCache):
         def _begin(self, q, device):
             super()._begin(q, device)
-            self.visible.append(self._view_pos[: self._vn + q].copy())
+            pos, _ = self._drv.view()  # the driver's view: visible positions, then the q new
+            self.visible.append(pos.astype("int64"))
 
     class Restricted(DynamicCache):
         """DynamicCache that shows each step only the recorded positions."""
