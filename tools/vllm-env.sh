@@ -79,7 +79,7 @@ if [ ! -f "$model_dir/.kvtier-converted" ]; then
 	rm -rf "$model_dir.part"
 	mkdir -p "$model_dir.part"
 	"$py" - "$gguf" "$model_dir.part" <<-'EOF' >&2
-		import os, sys
+		import json, os, sys
 		import torch
 		from safetensors.torch import save_file
 		from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -92,6 +92,13 @@ if [ ! -f "$model_dir/.kvtier-converted" ]; then
 		save_file(sd, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
 		model.config.dtype = "bfloat16"
 		model.config.save_pretrained(out)
+		# The GGUF's quantization_config would make vLLM look for GGUF weights.
+		cfg = os.path.join(out, "config.json")
+		with open(cfg) as fp:
+		    c = json.load(fp)
+		c.pop("quantization_config", None)
+		with open(cfg, "w") as fp:
+		    json.dump(c, fp, indent=2)
 		model.generation_config.save_pretrained(out)
 		tok.save_pretrained(out)
 	EOF

@@ -1,0 +1,200 @@
+# SPDX-License-Identifier: MIT
+"""kvtier.vllm.KvtierConnector on a real vLLM (the CPU build, eager) with a real model
+(SmolLM2-135M as bf16 safetensors, tools/vllm-env.sh): every vLLM runs in its own process
+(tests/vllm_run.py), as separate serving processes would. Run in the vLLM venv
+(tools/quickstart.sh test does); KVT_VLLM_MODEL names the model directory."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import kvtier
+from conftest import PYTHON, REPO, Kvtierd, tool
+
+MODEL = os.environ.get("KVT_VLLM_MODEL", "")
+RUN = str(Path(__file__).with_name("vllm_run.py"))
+BT = 128  # vLLM's CPU block size: one kvtier block
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    r = random.Random(seed)
+    return [r.randrange(100, 40000) for _ in range(n)]
+
+
+P1 = prompt(1, 600)  # 4 full blocks and a tail
+P2 = P1[: 2 * BT + 10] + prompt(2, 300)  # shares 2 blocks with P1, then differs
+
+
+def run_vllm(env: dict[str, str], prompts: list[list[int]], connector: str = "kvtier",
+             socket: str | None = None, timeout: int = 600, wait: bool = True,
+             **spec: object):
+    """One vLLM process generating 8 greedy tokens per prompt; its JSON lines, or the Popen."""
+    if not MODEL or not os.path.isdir(MODEL):
+        pytest.fail(f"KVT_VLLM_MODEL={MODEL!r} is not a model directory: run "
+                    "tools/vllm-env.sh (tools/quickstart.sh test does)")
+    s = {"model": MODEL, "prompts": prompts, "connector": connector, "socket": socket,
+         "max_tokens": 8, **spec}
+    env = dict(env, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING",
+               TOKENIZERS_PARALLELISM="false")
+    p = subprocess.Popen([PYTHON, RUN, json.dumps(s)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    if not wait:
+        return p
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, f"vLLM exited {p.returncode}:\n{err[-6000:]}"
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def cold() -> list[dict]:
+    """The reference: P1 and P2 with no connector and no prefix cache."""
+    env = dict(os.environ, KVTIER_LIB=kvtier.LIBRARY_PATH, PYTHONPATH=os.pathsep.join(
+        [str(REPO / "client" / "python"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    return run_vllm(env, [P1, P2], connector="none", prefix_caching=False)
+
+
+def test_second_process_loads_prefix(kvtierd: Kvtierd, python_env, cold) -> None:
+    """A second vLLM process loads P1's 4 full blocks from kvtier and generates the cold
+    run's tokens; P2, matching P1's first 2 blocks, loads those 2 and also matches."""
+    a = run_vllm(python_env, [P1], socket=kvtierd.socket)
+    assert a[0]["tokens"] == cold[0]["tokens"]
+    blocks = kvtierd.doc("blocks")
+    assert sum(n["blocks"] for n in blocks["namespaces"]) == 4, blocks
+    b = run_vllm(python_env, [P1, P2], socket=kvtierd.socket, prefix_caching=False)
+    assert b[0]["num_cached_tokens"] >= 4 * BT, b[0]
+    assert b[0]["tokens"] == cold[0]["tokens"]
+    assert b[1]["num_cached_tokens"] >= 2 * BT, b[1]
+    assert b[1]["tokens"] == cold[1]["tokens"]
+
+
+def test_other_dtype_never_hits(kvtierd: Kvtierd, python_env, cold) -> None:
+    """Blocks published by a bf16 engine are never loaded by an f16 one (another namespace),
+    nor by one naming another model identity; kvtierctl blocks shows each namespace."""
+    run_vllm(python_env, [P1], socket=kvtierd.socket)
+    f16 = run_vllm(python_env, [P1], socket=kvtierd.socket, dtype="float16")
+    assert f16[0]["num_cached_tokens"] == 0, f16
+    other = run_vllm(python_env, [P1], socket=kvtierd.socket,
+                     extra={"namespace": "another-model"})
+    assert other[0]["num_cached_tokens"] == 0, other
+    assert other[0]["tokens"] == cold[0]["tokens"]
+    names = [n["name"] for n in kvtierd.doc("blocks")["namespaces"]]
+    assert len(names) == 3 and any(n.endswith(":f16") for n in names) and \
+        "another-model" in names, names
+
+
+def test_kvtierd_absent_at_start(python_env, tmp_path) -> None:
+    """No kvtierd: a clear error by default; with on_unavailable=fallback, vLLM serves."""
+    sock = str(tmp_path / "none.sock")
+    p = run_vllm(python_env, [P1[:200]], socket=sock, wait=False)
+    out, err = p.communicate(timeout=600)
+    assert p.returncode != 0
+    assert "KvtierConnector: cannot reach kvtierd" in err, err[-4000:]
+    r = run_vllm(python_env, [P1[:200]], socket=sock, extra={"on_unavailable": "fallback"})
+    assert r[0]["num_cached_tokens"] == 0 and len(r[0]["tokens"]) == 8
+
+
+def paused_run(env, prompts, sock, pause: Path, **spec):
+    """A vLLM process that waits for @pause to vanish before each prompt after the first."""
+    pause.touch()
+    return run_vllm(env, prompts, socket=sock, wait=False, pause_file=str(pause), **spec)
+
+
+def wait_for(path: Path, p: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if p.poll() is not None:
+            raise AssertionError(f"vLLM exited {p.returncode}:\n{p.stderr.read()[-6000:]}")
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.1)
+
+
+def test_restart_in_place_keeps_the_hit(kvtierd: Kvtierd, python_env, cold,
+                                        tmp_path) -> None:
+    """kvtierctl restart between two requests of one vLLM: the second still loads P1's
+    blocks (published by the first) and gives the cold run's tokens."""
+    pause = tmp_path / "pause"
+    p = paused_run(python_env, [P1, P1], kvtierd.socket, pause, prefix_caching=False)
+    wait_for(Path(str(pause) + ".wait"), p)
+    kvtierd.ctl(["restart"], check=True)
+    pause.unlink()
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-6000:]
+    r = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    assert r[1]["num_cached_tokens"] >= 4 * BT, r
+    assert r[0]["tokens"] == r[1]["tokens"] == cold[0]["tokens"]
+
+
+def test_kvtierd_killed_and_back(kvtierd_factory, python_env, cold, tmp_path) -> None:
+    """kill -9 of kvtierd while vLLM serves: the next request is a miss with the cold tokens,
+    no crash; a new kvtierd on the same socket is reconnected to and used again."""
+    d = kvtierd_factory()
+    pause = tmp_path / "pause"
+    p = paused_run(python_env, [P1, P1, P1, P1], d.socket, pause, prefix_caching=False)
+    wait_for(Path(str(pause) + ".wait"), p)
+    d.kill(signal.SIGKILL)
+    os.unlink(str(pause) + ".wait")
+    pause.unlink()  # prompt 2: kvtierd is gone
+    pause.touch()
+    wait_for(Path(str(pause) + ".wait"), p)
+    # A new kvtierd on the same socket (the killed one left its socket file behind).
+    os.unlink(d.socket)
+    d2 = subprocess.Popen([str(tool("daemon/kvtierd")), "--config", "/dev/null", "--socket",
+                           d.socket, "--backend", "host", "--pool-size", "256M", "--lock", "no"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(d.socket):
+            assert time.monotonic() < deadline and d2.poll() is None, "kvtierd did not start"
+            time.sleep(0.05)
+        _finish_killed(p, pause, cold)
+    finally:
+        d2.send_signal(signal.SIGTERM)
+        assert d2.wait(timeout=60) == 0
+
+
+def _finish_killed(p, pause: Path, cold) -> None:
+    os.unlink(str(pause) + ".wait")
+    time.sleep(1.2)  # past the reconnect interval
+    pause.unlink()  # prompt 3: a new kvtierd, empty: a miss that publishes
+    pause.touch()
+    wait_for(Path(str(pause) + ".wait"), p)
+    pause.unlink()  # prompt 4
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-6000:]
+    r = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    assert len(r) == 4
+    assert r[1]["num_cached_tokens"] == 0
+    for x in r:
+        assert x["tokens"] == cold[0]["tokens"]
+    assert r[3]["num_cached_tokens"] >= 4 * BT, r  # prompt 3 published to the new kvtierd
+
+
+def test_readme_vllm_example(kvtierd: Kvtierd, python_env, tmp_path) -> None:
+    """README.md's vLLM example runs as written, twice: the second process loads the
+    prompt's full blocks from kvtier and prints the same text."""
+    import re
+
+    text = (REPO / "README.md").read_text().split("\n## vLLM\n", 1)
+    assert len(text) == 2, 'README.md has no "## vLLM" section'
+    m = re.search(r"```python\n(.*?)```", text[1].split("\n## ", 1)[0], re.S)
+    assert m, 'the "vLLM" section of README.md has no ```python example'
+    src = tmp_path / "example.py"
+    src.write_text(m.group(1))
+    env = dict(python_env, KVTIER_SOCKET=kvtierd.socket, KVT_VLLM_MODEL=MODEL,
+               VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING")
+    outs = []
+    for _ in range(2):
+        r = subprocess.run([PYTHON, str(src)], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=600)
+        assert r.returncode == 0, r.stderr[-6000:]
+        outs.append(re.search(r"cached tokens: (\d+) text: (.*)", r.stdout, re.S))
+    assert outs[0] and outs[1], "the example printed no result"
+    assert int(outs[1].group(1)) >= 128 and outs[1].group(2) == outs[0].group(2)

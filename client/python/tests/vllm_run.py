@@ -1,0 +1,59 @@
+# SPDX-License-Identifier: MIT
+"""One vLLM engine (CPU, eager) generating greedily for the vLLM connector tests and the
+benchmark: ``python vllm_run.py SPEC_JSON`` prints one JSON line per prompt. SPEC: model,
+prompts (token id lists), max_tokens, connector (none | kvtier | example), socket, extra
+(kv_connector_extra_config), dtype, prefix_caching, pause_file (wait for it to vanish between
+prompts: the test acts on kvtierd there), ready_file (written before the first prompt)."""
+import json
+import os
+import sys
+import time
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kw = {}
+    conn = spec.get("connector", "none")
+    if conn == "kvtier":
+        extra = dict(spec.get("extra") or {})
+        if spec.get("socket"):
+            extra["socket"] = spec["socket"]
+        kw["kv_transfer_config"] = {
+            "kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.vllm",
+            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": extra}
+    elif conn == "example":
+        kw["kv_transfer_config"] = {
+            "kv_connector": "ExampleConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"shared_storage_path": spec["storage"]}}
+    llm = LLM(model=spec["model"], enforce_eager=True, dtype=spec.get("dtype", "bfloat16"),
+              max_model_len=spec.get("max_model_len", 1024),
+              max_num_batched_tokens=spec.get("max_num_batched_tokens", 8192),
+              enable_prefix_caching=spec.get("prefix_caching", True), seed=0, **kw)
+    sp = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 8),
+                        ignore_eos=True)
+    if spec.get("ready_file"):
+        open(spec["ready_file"], "w").close()
+    for i, p in enumerate(spec["prompts"]):
+        pause = spec.get("pause_file")
+        if pause and i > 0:
+            open(pause + ".wait", "w").close()
+            while os.path.exists(pause):
+                time.sleep(0.05)
+        t0 = time.perf_counter()
+        out = llm.generate([TokensPrompt(prompt_token_ids=p)], sp, use_tqdm=False)[0]
+        dt = time.perf_counter() - t0
+        m = out.metrics
+        ttft = None
+        if m is not None and getattr(m, "first_token_latency", None):
+            ttft = m.first_token_latency
+        print(json.dumps({"tokens": list(out.outputs[0].token_ids),
+                          "num_cached_tokens": out.num_cached_tokens, "wall_s": dt,
+                          "ttft_s": ttft, "n_prompt": len(p)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
