@@ -41,7 +41,6 @@ import json
 import logging
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -319,6 +318,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self._stage_rows = 0
         self._save: list[tuple[_WorkerReq, int, int, torch.Tensor]] = []
         self._gathered: set[int] = set()
+        self._save_steps = 0
         self._load_errors: set[int] = set()
         self.stats = {"lookups": 0, "hit_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0,
                       "published_new": 0, "load_errors": 0, "load_s": 0.0, "save_s": 0.0}
@@ -586,10 +586,15 @@ class KvtierConnector(KVConnectorBase_V1):
                 if e.errno != _errno.ENOSPC:
                     self.link.lost(e)
                 w.dead, w.seq = True, None
+        self._save_steps = len(self._save)
         self._save = []
         self.stats["save_s"] += time.perf_counter() - t0
-        if os.environ.get("KVTIER_VLLM_DEBUG"):
-            print(f"kvtier worker stats {self.stats}", file=sys.stderr, flush=True)
+        path = os.environ.get("KVTIER_VLLM_STATS")
+        if path and (self._save_steps or self.stats["loaded_blocks"]):
+            # The worker's counters for the benchmark (it runs in vLLM's worker process).
+            with open(path + ".part", "w") as fp:
+                json.dump(self.stats, fp)
+            os.replace(path + ".part", path)
 
     def _drop(self, rid: str) -> None:
         w = self._wreqs.pop(rid, None)

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """kvtier.vllm.KvtierConnector on a real vLLM (the CPU build, eager) with a real model
 (SmolLM2-135M as bf16 safetensors, tools/vllm-env.sh): every vLLM runs in its own process
-(tests/vllm_run.py), as separate serving processes would. Run in the vLLM venv
+(``python -m kvtier.vllm_run``), as separate serving processes would. Run in the vLLM venv
 (tools/quickstart.sh test does); KVT_VLLM_MODEL names the model directory."""
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import kvtier
 from conftest import PYTHON, REPO, Kvtierd, tool
 
 MODEL = os.environ.get("KVT_VLLM_MODEL", "")
-RUN = str(Path(__file__).with_name("vllm_run.py"))
 BT = 128  # vLLM's CPU block size: one kvtier block
 
 
@@ -44,7 +43,7 @@ def run_vllm(env: dict[str, str], prompts: list[list[int]], connector: str = "kv
          "max_tokens": 8, **spec}
     env = dict(env, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="WARNING",
                TOKENIZERS_PARALLELISM="false")
-    p = subprocess.Popen([PYTHON, RUN, json.dumps(s)], stdout=subprocess.PIPE,
+    p = subprocess.Popen([PYTHON, "-m", "kvtier.vllm_run", json.dumps(s)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env)
     if not wait:
         return p
@@ -54,11 +53,18 @@ def run_vllm(env: dict[str, str], prompts: list[list[int]], connector: str = "kv
 
 
 @pytest.fixture(scope="module")
-def cold() -> list[dict]:
-    """The reference: P1 and P2 with no connector and no prefix cache."""
+def cold(tmp_path_factory) -> list[dict]:
+    """The reference: P1 and P2 computed whole (no prefix cache) by an engine configured as the
+    others, the connector included, with no kvtierd to reach (on_unavailable: fallback). On
+    vLLM 0.32's CPU build, configuring a KV connector (any, on a miss) changes P2's greedy
+    tokens from the 5th on against an engine without one, so the reference has one."""
     env = dict(os.environ, KVTIER_LIB=kvtier.LIBRARY_PATH, PYTHONPATH=os.pathsep.join(
         [str(REPO / "client" / "python"), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    return run_vllm(env, [P1, P2], connector="none", prefix_caching=False)
+    sock = str(tmp_path_factory.mktemp("cold") / "no-kvtierd.sock")
+    r = run_vllm(env, [P1, P2], socket=sock, prefix_caching=False,
+                 extra={"on_unavailable": "fallback"})
+    assert r[0]["num_cached_tokens"] == r[1]["num_cached_tokens"] == 0
+    return r
 
 
 def test_second_process_loads_prefix(kvtierd: Kvtierd, python_env, cold) -> None:

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""One vLLM engine (CPU, eager) generating greedily for the vLLM connector tests and the
-benchmark: ``python vllm_run.py SPEC_JSON`` prints one JSON line per prompt. SPEC: model,
+"""One vLLM engine (CPU, eager) generating greedily for the vLLM connector's tests and
+benchmark: ``python -m kvtier.vllm_run SPEC_JSON`` prints one JSON line per prompt. SPEC: model,
 prompts (token id lists), max_tokens, connector (none | kvtier | example), socket, extra
 (kv_connector_extra_config), dtype, prefix_caching, pause_file (wait for it to vanish between
 prompts: the test acts on kvtierd there), ready_file (written before the first prompt)."""
@@ -50,7 +50,11 @@ def main() -> None:
         ttft = None
         if m is not None and getattr(m, "first_token_latency", None):
             ttft = m.first_token_latency
-        print(json.dumps({"tokens": list(out.outputs[0].token_ids),
+        stats = None
+        if os.environ.get("KVTIER_VLLM_STATS") and os.path.exists(os.environ["KVTIER_VLLM_STATS"]):
+            with open(os.environ["KVTIER_VLLM_STATS"]) as fp:
+                stats = json.load(fp)
+        print(json.dumps({"tokens": list(out.outputs[0].token_ids), "stats": stats,
                           "num_cached_tokens": out.num_cached_tokens, "wall_s": dt,
                           "ttft_s": ttft, "n_prompt": len(p)}), flush=True)
 
