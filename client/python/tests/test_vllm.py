@@ -56,8 +56,9 @@ def run_vllm(env: dict[str, str], prompts: list[list[int]], connector: str = "kv
 def cold(tmp_path_factory) -> list[dict]:
     """The reference: P1 and P2 computed whole (no prefix cache) by an engine configured as the
     others, the connector included, with no kvtierd to reach (on_unavailable: fallback). On
-    vLLM 0.32's CPU build, configuring a KV connector (any, on a miss) changes P2's greedy
-    tokens from the 5th on against an engine without one, so the reference has one."""
+    vLLM 0.32's CPU build, an engine with KvtierConnector configured computes P2 on a miss
+    (nothing loaded) with greedy tokens that differ from the 5th on from an engine without a
+    connector (not yet explained; docs/vllm.md), so the reference has it configured."""
     env = dict(os.environ, KVTIER_LIB=kvtier.LIBRARY_PATH, PYTHONPATH=os.pathsep.join(
         [str(REPO / "client" / "python"), *filter(None, [os.environ.get("PYTHONPATH")])]))
     sock = str(tmp_path_factory.mktemp("cold") / "no-kvtierd.sock")
