@@ -290,8 +290,13 @@ def bench_transformers(args: argparse.Namespace) -> dict[str, Any]:
 
 def _vllm_proc(spec: dict[str, Any], env: dict[str, str]) -> list[dict[str, Any]]:
     """One vLLM process (kvtier.vllm_run): its JSON line per prompt."""
-    r = subprocess.run([sys.executable, "-m", "kvtier.vllm_run", json.dumps(spec)],
-                       capture_output=True, text=True, env=env, timeout=3600)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fp:
+        json.dump(spec, fp)
+    try:
+        r = subprocess.run([sys.executable, "-m", "kvtier.vllm_run", "@" + fp.name],
+                           capture_output=True, text=True, env=env, timeout=3600)
+    finally:
+        os.unlink(fp.name)
     if r.returncode != 0:
         raise SystemExit(f"kvtier.bench vllm: vLLM exited {r.returncode}:\n{r.stderr[-4000:]}")
     return [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """One vLLM engine (CPU, eager) generating greedily for the vLLM connector's tests and
-benchmark: ``python -m kvtier.vllm_run SPEC_JSON`` prints one JSON line per prompt. SPEC: model,
+benchmark: ``python -m kvtier.vllm_run SPEC_JSON`` (or ``@FILE``) prints one JSON line per prompt. SPEC: model,
 prompts (token id lists), max_tokens, connector (none | kvtier | example), socket, extra
 (kv_connector_extra_config), dtype, prefix_caching, pause_file (wait for it to vanish between
 prompts: the test acts on kvtierd there), ready_file (written before the first prompt)."""
@@ -11,7 +11,11 @@ import time
 
 
 def main() -> None:
-    spec = json.loads(sys.argv[1])
+    arg = sys.argv[1]
+    if arg.startswith("@"):  # a file: long prompts overflow the argument list
+        with open(arg[1:]) as fp:
+            arg = fp.read()
+    spec = json.loads(arg)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
