@@ -8,6 +8,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,7 +71,29 @@ struct kvt_client {
 	uint64_t next_msg_id;
 	struct kvt_buf *bufs;
 	void *cuda; /* kvtier_cuda.c's per-session state (the opened event), NULL until used */
+	unsigned fork_gen; /* fork_gen when connected: a different value means we are a child */
 };
+
+/*
+ * Bumped in every child by a pthread_atfork() handler: a session belongs to the process that
+ * connected it (its ring indices, stash and message ids are private state the parent keeps
+ * using), so a client whose fork_gen differs refuses every call with -ECHILD. A compare of a
+ * plain load is all the data path pays; getpid() would be a system call per op.
+ */
+static atomic_uint fork_gen;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void
+fork_child(void)
+{
+	atomic_fetch_add_explicit(&fork_gen, 1, memory_order_relaxed);
+}
+
+static void
+fork_register(void)
+{
+	pthread_atfork(NULL, NULL, fork_child);
+}
 
 static _Thread_local char last_error[256];
 
@@ -77,6 +101,21 @@ static void
 set_last_error(const char *msg)
 {
 	snprintf(last_error, sizeof(last_error), "%s", msg);
+}
+
+#define FORK_MSG                                                                                   \
+	"this kvtier client was connected before fork(): a child process cannot use its "          \
+	"parent's session (kvt_disconnect() it and kvt_connect() a new one)"
+
+/* Nonzero (and the client dead with -ECHILD) when called in a child of the connecting process. */
+static inline int
+forked(struct kvt_client *c)
+{
+	if (__builtin_expect(c->fork_gen == atomic_load_explicit(&fork_gen, memory_order_relaxed),
+			     1))
+		return 0;
+	c->dead = -ECHILD;
+	return 1;
 }
 
 void
@@ -188,7 +227,8 @@ client_free(struct kvt_client *c)
 		kvtc_cuda_mem_free(b->mem); /* after close(sock): the daemon has let go of it */
 		free(b);
 	}
-	kvtc_cuda_fini(c->cuda);
+	if (c->fork_gen == atomic_load_explicit(&fork_gen, memory_order_relaxed))
+		kvtc_cuda_fini(c->cuda); /* a child holds no CUDA context of its parent's */
 	free(c->stash);
 	free(c);
 }
@@ -262,9 +302,11 @@ kvt_connect(const char *path, const struct kvt_opts *opts, struct kvt_client **r
 		return -EINVAL;
 	strcpy(sa.sun_path, path);
 
+	pthread_once(&fork_once, fork_register);
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
+	c->fork_gen = atomic_load_explicit(&fork_gen, memory_order_relaxed);
 	c->sock = c->sq_efd = c->cq_efd = -1;
 	c->spin_us = o.spin_us;
 	c->next_ud = 1ull << 63;
@@ -387,6 +429,8 @@ ctl_request(struct kvt_client *c, void *msg, size_t len, int fd, void *reply, si
 	int r;
 
 	last_error[0] = '\0'; /* a stale message must not explain this request's failure */
+	if (forked(c))
+		set_last_error(FORK_MSG);
 	if (c->dead)
 		return c->dead;
 	h->len = (uint32_t)len;
@@ -499,7 +543,7 @@ kvt_buf_free(struct kvt_client *c, struct kvt_buf *buf)
 		}
 	if (!buf->ipc)
 		munmap(buf->map, buf->size);
-	if (buf->mem) {
+	if (buf->mem && r != -ECHILD) { /* a child has no CUDA context of its parent's */
 		int fr = kvtc_cuda_mem_free(buf->mem);
 
 		if (r == 0)
@@ -603,7 +647,7 @@ kvt_get_sqe(struct kvt_client *c)
 	struct kvt_sqe *e;
 
 	/* Never more in flight than the CQ holds, so the daemon never finds it full. */
-	if (c->dead || c->inflight + c->stash_n >= c->cq_entries)
+	if (c->dead || forked(c) || c->inflight + c->stash_n >= c->cq_entries)
 		return NULL;
 	/* Read the daemon's SQ head (a line it writes) only when our copy says the ring is full. */
 	if (c->sq_tail - c->sq_head_seen >= c->sq_entries) {
@@ -625,7 +669,7 @@ kvt_submit(struct kvt_client *c)
 {
 	uint32_t n = c->sq_tail - c->sq_pub;
 
-	if (c->dead)
+	if (c->dead || forked(c))
 		return c->dead;
 	if (!n)
 		return 0;
@@ -656,6 +700,8 @@ cq_pop(struct kvt_client *c, struct kvt_cqe *ret)
 KVT_EXPORT int
 kvt_peek_cqe(struct kvt_client *c, struct kvt_cqe *ret_cqe)
 {
+	if (forked(c))
+		return c->dead;
 	if (c->stash_n) {
 		*ret_cqe = c->stash[0];
 		memmove(c->stash, c->stash + 1, --c->stash_n * sizeof(*c->stash));
@@ -733,6 +779,8 @@ wait_raw(struct kvt_client *c, struct kvt_cqe *ret)
 KVT_EXPORT int
 kvt_wait_cqe(struct kvt_client *c, struct kvt_cqe *ret_cqe)
 {
+	if (forked(c))
+		return c->dead;
 	if (c->stash_n)
 		return kvt_peek_cqe(c, ret_cqe);
 	return wait_raw(c, ret_cqe);
@@ -768,6 +816,8 @@ kvt_op_error(struct kvt_client *c, uint64_t user_data, char *buf, size_t len)
 {
 	if (!buf || !len)
 		return -EINVAL;
+	if (forked(c))
+		return c->dead;
 	return op_err_copy(c, user_data, buf, len);
 }
 
@@ -813,6 +863,11 @@ sync_sqe(struct kvt_client *c, int uses_arena, int *ret_err)
 {
 	struct kvt_sqe *e;
 
+	if (forked(c)) {
+		*ret_err = c->dead;
+		set_last_error(FORK_MSG);
+		return NULL;
+	}
 	*ret_err = c->dead ? c->dead : -EBUSY;
 	if (c->dead) {
 		last_error[0] = '\0'; /* an earlier refusal's reason must not explain this */
@@ -1002,6 +1057,12 @@ kvt_retier(struct kvt_client *c, uint32_t seq, void *out, uint64_t out_len)
 		return r;
 	kvt_prep_retier(e, seq, 0, (uint32_t)out_len);
 	r = run_one(c, e, NULL);
+	if (r > 0 && (uint64_t)r > out_len) { /* the daemon's count is not trusted with @out */
+		kvtc_set_error(
+		    "kvtierd answered RETIER with %d bytes, more than the %llu asked for", r,
+		    (unsigned long long)out_len);
+		return -EMSGSIZE;
+	}
 	if (r > 0)
 		memcpy(out, c->arena, (size_t)r);
 	return r;
@@ -1029,6 +1090,12 @@ kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer0, u
 		memcpy(c->arena, pos, len);
 	kvt_prep_fetch(e, seq, flags, layer0, nlayers, stage_row, 0, (uint32_t)(len / 4));
 	r = run_one(c, e, NULL);
+	if (r > 0 && !(flags & KVT_FETCH_F_LIST) && (uint64_t)r > len / 4) {
+		kvtc_set_error(
+		    "kvtierd answered FETCH with %d positions, more than the %llu asked for", r,
+		    (unsigned long long)(len / 4));
+		return -EMSGSIZE;
+	}
 	if (r > 0 && !(flags & KVT_FETCH_F_LIST))
 		memcpy(pos, c->arena, (size_t)r * sizeof(uint32_t));
 	return r;
@@ -1228,6 +1295,10 @@ kvt_strerror(int err)
 		return "not allowed to use kvtierd";
 	case -EMFILE:
 		return "too many sequences or buffers in this session";
+	case -ECHILD:
+		return "client used after fork(): a child must connect its own session";
+	case -EMSGSIZE:
+		return "kvtierd's reply is larger than the caller's buffer";
 	default:
 		return err < 0 ? strerror(-err) : "unknown error";
 	}

@@ -173,6 +173,20 @@ set_chunk_size(struct kvtd_config *cfg, const char *val)
 }
 
 static int
+set_hugetlb(struct kvtd_config *cfg, const char *val)
+{
+	int b;
+
+	if (!strcmp(val, "auto"))
+		cfg->hugetlb = KVTD_HUGETLB_AUTO;
+	else if (parse_bool(val, &b) == 0)
+		cfg->hugetlb = b ? KVTD_HUGETLB_YES : KVTD_HUGETLB_NO;
+	else
+		return -EINVAL;
+	return 0;
+}
+
+static int
 set_numa_node(struct kvtd_config *cfg, const char *val)
 {
 	unsigned u;
@@ -220,6 +234,24 @@ kvtd_config_prefix_bytes(const struct kvtd_config *cfg)
 						: cfg->prefix_cache_bytes;
 
 	return b < cfg->pool_size ? b : cfg->pool_size;
+}
+
+/* "N%" of the pool, 0% to 100% ("0" too: no share). */
+static int
+set_pool_share(struct kvtd_config *cfg, const char *val)
+{
+	size_t len = strlen(val);
+	char num[8];
+
+	if (!strcmp(val, "0")) {
+		cfg->pool_share_per_uid = 0;
+		return 0;
+	}
+	if (len < 2 || len >= sizeof(num) || val[len - 1] != '%')
+		return -EINVAL;
+	memcpy(num, val, len - 1);
+	num[len - 1] = '\0';
+	return parse_uint(num, 0, 100, &cfg->pool_share_per_uid);
 }
 
 static int
@@ -330,7 +362,8 @@ static const struct cfg_key cfg_keys[] = {
 	 "pinned pool size, e.g. 64G"),
     FN("pool", "chunk_size", chunk_size, set_chunk_size, "2M", 0, NULL, 0, "SIZE",
        "pool chunk size: a power of two, 4K to 1G", ": a power of two from 4K to 1G"),
-    BOOL("pool", "hugetlb", hugetlb, "no", "hugetlb", 'H', "back the pool with hugetlb pages"),
+    FN("pool", "hugetlb", hugetlb, set_hugetlb, "auto", 0, "hugetlb", 'H', "yes|no|auto",
+       "back the pool with hugetlb pages (auto: when enough are reserved)", ": yes, no or auto"),
     BOOL("pool", "lock", lock, "yes", "lock", 'L', "mlock the pool (failure is fatal)"),
     BOOL("pool", "overcommit", overcommit, "no", "pool-overcommit", 0,
 	 "start with a pool above MemAvailable"),
@@ -343,6 +376,8 @@ static const struct cfg_key cfg_keys[] = {
 	 "sessions in all"),
     UINT("limits", "max_connections", max_connections, 1, 1u << 20, "512", 0, NULL, 0, "N",
 	 "control connections at once, sessions included"),
+    UINT("limits", "connections_per_uid", connections_per_uid, 0, 1u << 20, "128", 0, NULL, 0, "N",
+	 "control connections one uid may hold, but root and kvtierd's own (0: no limit)"),
     UINT("limits", "seqs_per_session", seqs_per_session, 1, 65536, "64", 0, NULL, 0, "N",
 	 "open sequences per session"),
     UINT("limits", "buffers_per_session", buffers_per_session, 1, 4096, "16", 0, NULL, 0, "N",
@@ -357,6 +392,12 @@ static const struct cfg_key cfg_keys[] = {
 	 "pool bytes one session may hold (0: no limit beyond the pool)"),
     SIZE("limits", "pool_bytes_per_uid", pool_bytes_per_uid, 0, 0, "0", NULL, 0, "SIZE",
 	 "pool bytes one uid may hold (0: no limit beyond the pool)"),
+    FN("limits", "pool_share_per_uid", pool_share_per_uid, set_pool_share, "50%", 0, NULL, 0, "N%",
+       "share of the pool one uid but root and kvtierd's own may hold (0%: no share)",
+       ": a percentage of the pool such as 50%"),
+    UINT("limits", "classes_per_uid", classes_per_uid, 0, 64, "16", 0, NULL, 0, "N",
+	 "pool classes (slot sizes) one uid's sequences and namespaces may use, of 64 in all, "
+	 "but root's and kvtierd's own (0: no limit)"),
     /* [prefix] (docs/prefix.md) */
     FN("prefix", "cache_bytes", prefix_cache_bytes, set_prefix_cache, "25%", 0, NULL, 0, "SIZE",
        "pool bytes shared prefix blocks may hold: a size, or N% of the pool (0: no sharing)",
@@ -365,6 +406,8 @@ static const struct cfg_key cfg_keys[] = {
 	"uids whose namespaces are one shared scope (others share only with their own uid)"),
     IDS("prefix", "share_gids", prefix_share_gids, n_prefix_share_gids,
 	"groups (primary or supplementary) whose members share that scope too"),
+    UINT("prefix", "namespaces_per_uid", prefix_namespaces_per_uid, 1, 1u << 20, "1024", 0, NULL, 0,
+	 "N", "namespaces one uid (or the shared scope) may hold, open or with cached blocks"),
     /* [retrieval] (docs/retrieval.md). Read at each SEQ_OPEN; a sequence keeps what it was
      * opened with, across restarts in place too. Not reloadable: a restart applies it. */
     BOOL("retrieval", "sketch", retrieval_sketch, "yes", NULL, 0,

@@ -19,6 +19,8 @@
 #define KVTD_DEFAULT_SOCKET KVT_DEFAULT_SOCKET
 #define KVTD_MAX_IDS	    32
 
+enum { KVTD_HUGETLB_NO, KVTD_HUGETLB_YES, KVTD_HUGETLB_AUTO };
+
 struct kvtd_config {
 	char config_path[256];
 	int config_explicit; /* --config given: a missing file is an error */
@@ -43,14 +45,15 @@ struct kvtd_config {
 	/* [pool] */
 	uint64_t pool_size;
 	uint64_t chunk_size;
-	int hugetlb;
+	int hugetlb;	/* KVTD_HUGETLB_*: no, yes (required), auto (when reserved) */
 	int numa_node;	/* -1: no binding; -2: auto (node of the GPU, else local) */
 	int lock;	/* mlock the pool; failure is fatal */
 	int overcommit; /* start even when the pool is larger than MemAvailable */
 	/* [limits] */
 	unsigned sessions_per_uid;
 	unsigned max_sessions;
-	unsigned max_connections; /* control connections at once, sessions included */
+	unsigned max_connections;     /* control connections at once, sessions included */
+	unsigned connections_per_uid; /* of one uid but root and ours; 0: no limit */
 	unsigned seqs_per_session;
 	unsigned buffers_per_session;
 	unsigned max_sq_entries;
@@ -59,6 +62,8 @@ struct kvtd_config {
 	unsigned default_sq_entries;
 	uint64_t pool_bytes_per_session; /* 0: no limit beyond the pool */
 	uint64_t pool_bytes_per_uid;
+	unsigned pool_share_per_uid; /* % of pool_size a uid but root and ours may hold; 0: none */
+	unsigned classes_per_uid;    /* pool classes (slot sizes) of a uid but root and ours */
 	/* [prefix] */
 	uint64_t prefix_cache_bytes; /* a size, when prefix_cache_pct is -1 */
 	int prefix_cache_pct;	     /* "N%" of pool_size; see kvtd_config_prefix_bytes() */
@@ -66,6 +71,7 @@ struct kvtd_config {
 	unsigned n_prefix_share_uids;
 	gid_t prefix_share_gids[KVTD_MAX_IDS];
 	unsigned n_prefix_share_gids;
+	unsigned prefix_namespaces_per_uid; /* per scope: a uid, or the shared scope */
 	/* [retrieval] */
 	int retrieval_sketch; /* sequences opened from now on keep an int8 sketch per index */
 };

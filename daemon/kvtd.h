@@ -33,6 +33,8 @@ struct kvtd_uid {
 	uid_t uid;
 	unsigned sessions; /* 0: entry free */
 	struct kvtd_acct acct;
+	const char *limit_key;	 /* the setting acct.limit comes from (refusals name it) */
+	struct kvtd_cls_use cls; /* the pool classes its sessions use (classes_per_uid) */
 };
 
 struct kvtd_counters {
@@ -74,7 +76,8 @@ struct kvtd {
 	unsigned rearm;	   /* 1 << SRC_*: fixed sources whose poll awaits room in the SQ (loop.c) */
 	unsigned n_sessions;
 	uint32_t next_session_id;
-	struct kvtd_uid *uids; /* cfg.max_sessions entries; accounts updated under the pool lock */
+	struct kvtd_uid *uids; /* n_uids entries; accounts updated under the pool lock */
+	unsigned n_uids;       /* cfg.max_sessions, or more: a restart keeps every session's uid */
 
 	/* restart (restart.c) */
 	char exe[4096]; /* the binary started, re-executed by a restart */
@@ -85,6 +88,10 @@ struct kvtd {
 	uint64_t restart_req_id;     /* its request id */
 	uint32_t restarts;	     /* restarts since the first start */
 	uint64_t restart_started_ns; /* when the last restart began (CLOCK_MONOTONIC) */
+	char restart_why[384];	     /* why the last restart was refused, for its asker */
+	int restoring;		     /* started by a restart: its sessions come from an image */
+	uint64_t metrics_retry_ns;   /* after a restart, the next try of a failed metrics bind */
+	uint64_t metrics_backoff_ns; /* and the wait after it (doubles up to a minute) */
 };
 
 uint64_t kvtd_now_ns(void);

@@ -37,8 +37,9 @@ enum { SRC_LISTEN = 1, SRC_SIGNAL = 2, SRC_TIMER = 3, SRC_METRICS = 4 };
 
 /*
  * CONN_NEW: accepted, nothing said yet (closed past hello_timeout_ms).
- * CONN_REFUSED: a peer allowed_uids/allowed_gids turn away; its first message is read and
- * answered -EACCES before the close, so the refusal is what it reads (a close with its HELLO
+ * CONN_REFUSED: a peer allowed_uids/allowed_gids turn away (-EACCES), or one whose uid holds
+ * connections_per_uid connections already (-EUSERS); its first message is read and answered
+ * with the refusal before the close, so the refusal is what it reads (a close with its HELLO
  * unread would reach it as ECONNRESET instead).
  * CONN_ADMIN: said an admin request (closed when idle past admin_idle_timeout_ms).
  */
@@ -58,6 +59,8 @@ struct kvtd_conn {
 	int privileged;	      /* root, our uid or in admin_gids: sees every session */
 	struct kvtd_session *s;
 	struct kvtd_uid *uid_ent;
+	int refused;	    /* CONN_REFUSED: -EACCES or -EUSERS */
+	unsigned uid_conns; /* -EUSERS: the uid's connections when this one came */
 };
 
 static int
@@ -101,7 +104,7 @@ uid_get(struct kvtd *d, uid_t uid)
 {
 	struct kvtd_uid *free_ent = NULL;
 
-	for (unsigned i = 0; i < d->cfg.max_sessions; i++) {
+	for (unsigned i = 0; i < d->n_uids; i++) {
 		struct kvtd_uid *u = &d->uids[i];
 
 		if (u->sessions && u->uid == uid)
@@ -110,9 +113,22 @@ uid_get(struct kvtd *d, uid_t uid)
 			free_ent = u;
 	}
 	if (free_ent) {
+		/* pool_share_per_uid: so that one unprivileged uid cannot take the whole pool
+		 * from root and the others by default; the smaller limit of the two applies. */
+		uint64_t share = d->pool.size * d->cfg.pool_share_per_uid / 100; /* < 2^57 * 100 */
+
 		free_ent->uid = uid;
 		free_ent->acct.bytes = 0;
 		free_ent->acct.limit = d->cfg.pool_bytes_per_uid;
+		free_ent->limit_key = "pool_bytes_per_uid";
+		memset(&free_ent->cls, 0, sizeof(free_ent->cls));
+		if (uid != 0 && uid != geteuid())
+			free_ent->cls.limit = d->cfg.classes_per_uid;
+		if (share && uid != 0 && uid != geteuid() &&
+		    (!free_ent->acct.limit || share < free_ent->acct.limit)) {
+			free_ent->acct.limit = share;
+			free_ent->limit_key = "pool_share_per_uid";
+		}
 	}
 	return free_ent;
 }
@@ -150,6 +166,8 @@ conn_close(struct kvtd *d, struct kvtd_conn *c)
 	}
 	if (c->uid_ent)
 		c->uid_ent->sessions--;
+	if (d->restart_conn == c) /* a restart that fails answers no one rather than freed memory */
+		d->restart_conn = NULL;
 	if (c->prev)
 		c->prev->next = c->next;
 	else
@@ -572,6 +590,13 @@ handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, 
 {
 	const struct kvt_ctl_hdr *h = (const struct kvt_ctl_hdr *)buf;
 
+	if (c->state == CONN_REFUSED && c->refused == -EUSERS) {
+		send_error(c->fd, len >= sizeof(*h) ? h->id : 0, -EUSERS,
+			   "uid %u holds %u control connections, connections_per_uid is %u: close "
+			   "one first",
+			   (unsigned)c->uid, c->uid_conns, d->cfg.connections_per_uid);
+		return -EUSERS;
+	}
 	if (c->state == CONN_REFUSED) {
 		send_error(c->fd, len >= sizeof(*h) ? h->id : 0, -EACCES,
 			   "uid %u is not allowed to use kvtierd (allowed_uids / allowed_gids in "
@@ -760,6 +785,37 @@ peer_privileged(const struct kvtd_config *cfg, int fd, const struct ucred *cred)
 	       peer_in_groups(fd, cred->gid, cfg->admin_gids, cfg->n_admin_gids);
 }
 
+/* Connections @uid holds now, refused ones still to be answered included. */
+static unsigned
+uid_conns(const struct kvtd *d, uid_t uid)
+{
+	unsigned n = 0;
+
+	for (const struct kvtd_conn *c = d->conns; c; c = c->next)
+		n += c->uid == uid;
+	return n;
+}
+
+/*
+ * Is a connection of @uid over connections_per_uid? 0: admitted; -EUSERS: refused with an
+ * answer; -EMFILE: closed at once, unanswered (the uid holds twice its limit, refusals still to
+ * be answered included, so refusals too are bounded per uid). Root and the daemon's own uid are
+ * always admitted: one uid cannot fill max_connections and lock them out.
+ */
+static int
+uid_conn_admit(const struct kvtd *d, uid_t uid, unsigned *ret_n)
+{
+	unsigned lim = d->cfg.connections_per_uid, n;
+
+	if (!lim || uid == 0 || uid == geteuid())
+		return 0;
+	n = uid_conns(d, uid);
+	*ret_n = n;
+	if (n < lim)
+		return 0;
+	return n - lim < lim ? -EUSERS : -EMFILE;
+}
+
 /*
  * Accepts while there is room. The listener is left unpolled (connections wait in its backlog,
  * and a client's own timeout applies) when max_connections are open, until one closes, and when
@@ -801,9 +857,21 @@ do_accept(struct kvtd *d)
 		}
 		allowed = peer_allowed(&d->cfg, fd, &cred);
 		if (!allowed) {
+			c->refused = -EACCES;
 			atomic_fetch_add(&d->cnt.refused_auth, 1);
 			log_warn("refused pid %d uid %u gid %u: not in allowed_uids/allowed_gids",
 				 (int)cred.pid, (unsigned)cred.uid, (unsigned)cred.gid);
+		} else if ((c->refused = uid_conn_admit(d, cred.uid, &c->uid_conns)) < 0) {
+			atomic_fetch_add(&d->cnt.refused_limit, 1);
+			log_debug("refused pid %d uid %u: %u connections (connections_per_uid %u)",
+				  (int)cred.pid, (unsigned)cred.uid, c->uid_conns,
+				  d->cfg.connections_per_uid);
+			if (c->refused == -EMFILE) {
+				free(c);
+				close(fd);
+				continue;
+			}
+			allowed = 0;
 		}
 		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
 		c->fd = fd;
@@ -836,6 +904,24 @@ do_accept(struct kvtd *d)
 		d->listen_paused = LISTEN_NOFD;
 }
 
+static void arm_src(struct kvtd *d, unsigned src);
+
+/* A metrics bind that failed after a restart: tried again, each wait twice the last (to a
+ * minute), each failure logged by kvtd_metrics_init(). */
+static void
+metrics_retry(struct kvtd *d, uint64_t now)
+{
+	if (kvtd_metrics_init(d) == 0) {
+		d->metrics_retry_ns = 0;
+		if (d->metrics_fd >= 0)
+			arm_src(d, SRC_METRICS);
+		return;
+	}
+	if (d->metrics_backoff_ns < 60000000000ULL)
+		d->metrics_backoff_ns *= 2;
+	d->metrics_retry_ns = now + d->metrics_backoff_ns;
+}
+
 static void
 on_timer(struct kvtd *d)
 {
@@ -856,6 +942,10 @@ on_timer(struct kvtd *d)
 			    c->fd, 0, -ETIMEDOUT,
 			    "admin connection idle for %u ms (admin_idle_timeout_ms): closed",
 			    d->cfg.admin_idle_timeout_ms);
+		} else if (c->state == CONN_REFUSED && c->refused == -EUSERS) {
+			send_error(c->fd, 0, -EUSERS,
+				   "uid %u holds %u control connections, connections_per_uid is %u",
+				   (unsigned)c->uid, c->uid_conns, d->cfg.connections_per_uid);
 		} else if (c->state == CONN_REFUSED) {
 			send_error(c->fd, 0, -EACCES, "uid %u is not allowed to use kvtierd",
 				   (unsigned)c->uid);
@@ -871,6 +961,8 @@ on_timer(struct kvtd *d)
 	}
 	if (d->listen_paused == LISTEN_NOFD) /* descriptors may have freed outside our conns */
 		listen_resume(d);
+	if (d->metrics_retry_ns && now >= d->metrics_retry_ns)
+		metrics_retry(d, now);
 	kvtd_metrics_tick(d, now);
 }
 
@@ -1152,6 +1244,7 @@ loop_release(struct kvtd *d)
 	kvtd_metrics_fini(d);
 	free(d->uids);
 	d->uids = NULL;
+	d->n_uids = 0;
 	d->rearm = 0;
 }
 
@@ -1232,9 +1325,18 @@ kvtd_loop_init(struct kvtd *d)
 		goto err;
 	}
 	r = kvtd_metrics_init(d); /* logged */
+	if (r < 0 && d->restoring) {
+		/* Never fatal to the sessions a restart carries: /metrics comes back later. */
+		log_warn("metrics_listen %s: serving without /metrics for now, trying again",
+			 d->cfg.metrics_listen);
+		d->metrics_backoff_ns = 1000000000ULL;
+		d->metrics_retry_ns = kvtd_now_ns() + d->metrics_backoff_ns;
+		r = 0;
+	}
 	if (r < 0)
 		goto err;
-	d->uids = calloc(d->cfg.max_sessions, sizeof(*d->uids));
+	d->n_uids = d->cfg.max_sessions;
+	d->uids = calloc(d->n_uids, sizeof(*d->uids));
 	if (!d->uids) {
 		r = -ENOMEM;
 		goto err;
@@ -1323,6 +1425,7 @@ kvtd_loop_run(struct kvtd *d)
 		}
 		}
 		if (d->restart_pending) {
+			/* the asker, unless it hung up in this turn (conn_close() forgets it) */
 			void *asker = d->restart_conn;
 
 			d->restart_pending = 0;
@@ -1335,12 +1438,18 @@ kvtd_loop_run(struct kvtd *d)
 				kill(getpid(), SIGHUP);
 			}
 			if (asker) {
-				char msg[200];
+				char msg[512];
 
-				snprintf(msg, sizeof(msg),
-					 "restart failed: %s (kvtierd keeps running; "
-					 "see its log)",
-					 strerror(-r));
+				if (d->restart_why[0])
+					snprintf(msg, sizeof(msg),
+						 "restart refused: %s (kvtierd keeps running, "
+						 "every session kept)",
+						 d->restart_why);
+				else
+					snprintf(msg, sizeof(msg),
+						 "restart failed: %s (kvtierd keeps running; "
+						 "see its log)",
+						 strerror(-r));
 				kvtd_loop_reply(d, asker, d->restart_req_id, r, msg);
 			}
 		}

@@ -24,12 +24,17 @@ main(int argc, char **argv)
 	struct kvtd_image *img = NULL;
 	struct kvtd d;
 	char err[512];
-	int r, restore_fd;
+	int r, restore_fd, check;
 
 	memset(&d, 0, sizeof(d));
 	/* A restart in place (restart.h) appends --restore-fd: the rest is the original command. */
 	restore_fd = kvtd_restart_take_fd(&argc, argv);
+	check = kvtd_restart_take_check(&argc, argv);
 	r = kvtd_config_load(&d.cfg, argc, argv, err, sizeof(err));
+	if (check && r == 0) {
+		printf("%s %d\n", KVTD_RESTART_READY, KVTD_IMAGE_VERSION);
+		return fflush(stdout) == 0 ? 0 : 1;
+	}
 	if (r > 0)
 		return 0;
 	if (r < 0) {
@@ -79,6 +84,7 @@ main(int argc, char **argv)
 	r = kvtd_prefix_init(&d.prefix, &d.pool, kvtd_config_prefix_bytes(&d.cfg));
 	if (r < 0)
 		goto err_loop;
+	kvtd_prefix_limits(&d.prefix, d.cfg.prefix_namespaces_per_uid, d.cfg.pool_bytes_per_uid);
 	r = kvtd_loop_init(&d);
 	if (r < 0)
 		goto err_loop;

@@ -9,6 +9,14 @@
  * loop's io_uring (a poll per step, user_data KVTD_METRICS_UD + slot), at most SCRAPERS_MAX at
  * once (more are answered 503 and closed), and each has SCRAPE_TIMEOUT_MS from accept to its
  * last byte sent; past it the timer closes it. A scraper that reads slowly only holds its slot.
+ * A uid other than root and kvtierd's own holds at most SCRAPERS_PER_UID slots (its next
+ * connection is answered 503), so that no one local user can keep the others' scrapes out.
+ *
+ * Who scrapes: the uid owning the peer's socket, read from /proc/net/tcp (the daemon's own
+ * network namespace, readable under ProtectProc= too). ?sessions=1 shows it only its own uid's
+ * sessions, as the control socket does, unless it is root or kvtierd's uid (admin_gids are not
+ * looked up here: that would take the user database from the main loop; an admin sees every
+ * session with `kvtierctl metrics --sessions`).
  * One request per connection (HTTP/1.0, Connection: close), of at most REQ_MAX bytes. Only
  * loopback addresses are accepted in the configuration: the endpoint has no authentication.
  */
@@ -35,6 +43,7 @@
 #define REQ_MAX		  4096
 #define SCRAPERS_MAX	  8
 #define SCRAPE_TIMEOUT_MS 5000
+#define SCRAPERS_PER_UID  2
 
 enum { SCRAPE_FREE, SCRAPE_READ, SCRAPE_WRITE };
 
@@ -42,6 +51,7 @@ struct kvtd_scraper {
 	int fd;
 	int state;
 	uint64_t deadline_ns; /* 0: timed out, closing */
+	int64_t uid;	      /* the peer's, -1: not found */
 	size_t got;	      /* request bytes read */
 	char req[REQ_MAX + 1];
 	char *out; /* the reply, head and body */
@@ -172,6 +182,48 @@ scraper_close(struct kvtd *d, struct kvtd_scraper *s)
 	d->metrics->busy--;
 }
 
+/*
+ * The uid owning the other end of @fd, a TCP connection over loopback: the line of
+ * /proc/net/tcp whose local address is our peer's and whose remote address is ours (the kernel
+ * prints each address as the raw network-order word, and the port in host order). -1 when no
+ * line matches (the peer already gone) or the file cannot be read.
+ */
+static int64_t
+peer_uid(int fd)
+{
+	struct sockaddr_in me, peer;
+	socklen_t ml = sizeof(me), pl = sizeof(peer);
+	char line[512];
+	int64_t uid = -1;
+	FILE *f;
+
+	if (getsockname(fd, (struct sockaddr *)&me, &ml) < 0 ||
+	    getpeername(fd, (struct sockaddr *)&peer, &pl) < 0 || me.sin_family != AF_INET)
+		return -1;
+	f = fopen("/proc/net/tcp", "re");
+	if (!f)
+		return -1;
+	while (uid < 0 && fgets(line, sizeof(line), f)) {
+		unsigned la, lp, ra, rp, u;
+
+		/* sl local rem st tx:rx tr:when retrnsmt uid ... */
+		if (sscanf(line, " %*u: %X:%X %X:%X %*X %*X:%*X %*X:%*X %*X %u", &la, &lp, &ra, &rp,
+			   &u) == 5 &&
+		    la == peer.sin_addr.s_addr && lp == ntohs(peer.sin_port) &&
+		    ra == me.sin_addr.s_addr && rp == ntohs(me.sin_port))
+			uid = u;
+	}
+	fclose(f);
+	return uid;
+}
+
+/* Root and kvtierd's own uid see every session, as on the control socket. */
+static bool
+uid_all_sessions(int64_t uid)
+{
+	return uid == 0 || uid == (int64_t)geteuid();
+}
+
 /* The reply into s->out: head, and the body unless @head_only (HEAD keeps its length). */
 static int
 prepare(struct kvtd_scraper *s, const char *status, const char *type, const char *body, size_t len,
@@ -208,6 +260,7 @@ static int
 answer(struct kvtd *d, struct kvtd_scraper *s)
 {
 	const char *req = s->req, *path, *q;
+	uid_t only_uid = (uid_t)s->uid; /* -1 (not found): matches no session */
 	uint32_t flags = 0;
 	bool head = false;
 	size_t plen, len = 0;
@@ -232,7 +285,8 @@ answer(struct kvtd *d, struct kvtd_scraper *s)
 			flags |= KVT_CTL_METRICS_F_SESSIONS;
 	}
 	len = 0;
-	r = kvtd_prom_render(d, flags, NULL, &text, &len, NULL);
+	r = kvtd_prom_render(d, flags, uid_all_sessions(s->uid) ? NULL : &only_uid, &text, &len,
+			     NULL);
 	if (r < 0)
 		return prepare_msg(s, "500 Internal Server Error", "metrics unavailable\n", head);
 	r = prepare(s, "200 OK", "text/plain; version=0.0.4; charset=utf-8", text, len, head);
@@ -310,13 +364,30 @@ kvtd_metrics_serve(struct kvtd *d)
 	for (;;) {
 		int fd = accept4(d->metrics_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		struct kvtd_scraper *s = NULL;
-		unsigned i;
+		unsigned i, held = 0;
+		int64_t uid;
 
 		if (fd < 0)
 			return; /* EAGAIN: all taken; other errors: the next readiness retries */
-		for (i = 0; i < SCRAPERS_MAX && !s; i++)
-			if (d->metrics->s[i].fd < 0)
+		uid = peer_uid(fd);
+		for (i = 0; i < SCRAPERS_MAX; i++) {
+			if (d->metrics->s[i].fd < 0 && !s)
 				s = &d->metrics->s[i];
+			else if (d->metrics->s[i].fd >= 0 && d->metrics->s[i].uid == uid)
+				held++;
+		}
+		if (held >= SCRAPERS_PER_UID && !uid_all_sessions(uid)) {
+			char busy[192];
+			int n = snprintf(busy, sizeof(busy),
+					 "HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n"
+					 "X-Kvtier-Refused: uid %lld holds %u scrapes, at most %u "
+					 "per uid\r\nConnection: close\r\n\r\n",
+					 (long long)uid, held, SCRAPERS_PER_UID);
+
+			send(fd, busy, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL);
+			close(fd);
+			continue;
+		}
 		if (!s) {
 			static const char busy[] = "HTTP/1.0 503 Service Unavailable\r\n"
 						   "Content-Length: 0\r\nConnection: close\r\n\r\n";
@@ -327,6 +398,7 @@ kvtd_metrics_serve(struct kvtd *d)
 			continue;
 		}
 		s->fd = fd;
+		s->uid = uid;
 		s->state = SCRAPE_READ;
 		s->got = 0;
 		s->deadline_ns = kvtd_now_ns() + (uint64_t)SCRAPE_TIMEOUT_MS * 1000000;

@@ -13,8 +13,12 @@ struct kvtd_session;
  * kvtd_op_run() - execute one SQE (already copied out of shared memory) and fill @cqe
  * (user_data is set by the caller). Unknown opcode, a set reserved bit or field, a bad id or an
  * (offset, length) outside the arena: res = -EINVAL and nothing else happens. Poller lock held.
+ * The op is always counted. @start_ns: 0 leaves it untimed; else the op's start
+ * (kvtd_now_ns()), and its duration goes into the latency histogram.
+ * Returns the clock at the op's end when it was timed, else 0.
  */
-void kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *sqe, struct kvt_cqe *cqe);
+uint64_t kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *sqe, struct kvt_cqe *cqe,
+		     uint64_t start_ns);
 
 /*
  * kvtd_op_fail() - state why the op being run is refused, printf-style; returns @r so a

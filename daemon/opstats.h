@@ -7,6 +7,12 @@
  * thread reads a session's under the same lock for /metrics and folds it into the daemon's
  * ended-sessions total when the session ends (loop.c), as it does for the ops/errors counters.
  *
+ * count and errors count every op. The latency histogram (timed, sum_ns, bucket) holds the
+ * ops that were timed: a clock read costs about as much as a NOP, so a session alone on its
+ * poller times a uniformly random 1 in KVTD_OP_TIME_SAMPLE of its ops, and a session that shares
+ * its poller times every op (its time slice reads the clock after each op anyway). Either way
+ * the histogram is an unbiased sample of each opcode's latency; timed <= count.
+ *
  * Buckets are powers of two of microseconds: bucket i counts ops that took at most 2^i us
  * (i = 0 .. KVTD_LAT_BUCKETS - 1, 1 us to about 8.4 s), the last one everything slower. The
  * index is a count-leading-zeros, so adding a sample is a few instructions.
@@ -18,7 +24,8 @@
 
 #include "kvt_abi.h"
 
-#define KVTD_LAT_BUCKETS 24
+#define KVTD_LAT_BUCKETS    24
+#define KVTD_OP_TIME_SAMPLE 64 /* a power of two: alone on a poller, 1 op in 64 is timed */
 
 /* Where row bytes move (kvtier_tier_bytes_total{from, to}): the client's rows (arena or T0
  * region) into T1; T1 rows quantized into T2 (the int8 bytes written); T1 and T2 rows copied to
@@ -35,6 +42,7 @@ enum {
 struct kvtd_op_stats {
 	uint64_t count[KVTD_OP_SLOTS];
 	uint64_t errors[KVTD_OP_SLOTS];
+	uint64_t timed[KVTD_OP_SLOTS]; /* ops in the histogram: sum_ns and bucket */
 	uint64_t sum_ns[KVTD_OP_SLOTS];
 	uint64_t bucket[KVTD_OP_SLOTS][KVTD_LAT_BUCKETS + 1]; /* not cumulative */
 	uint64_t bytes_in[KVTD_OP_SLOTS];  /* rows the op copied into the pool (APPEND) */
@@ -56,15 +64,30 @@ kvtd_lat_bucket(uint64_t ns)
 	return i < KVTD_LAT_BUCKETS ? i : KVTD_LAT_BUCKETS;
 }
 
-/* One op of @opcode (any value: outside the table counts as "unknown") that took @ns. */
-static inline void
-kvtd_op_stats_add(struct kvtd_op_stats *st, unsigned opcode, int res, uint64_t ns)
+static inline unsigned
+kvtd_op_slot(unsigned opcode)
 {
-	unsigned o = opcode < KVT_OP__COUNT ? opcode : KVT_OP__COUNT;
+	return opcode < KVT_OP__COUNT ? opcode : KVT_OP__COUNT;
+}
+
+/* One op of @opcode (any value: outside the table counts as "unknown") that ended with @res. */
+static inline void
+kvtd_op_stats_add(struct kvtd_op_stats *st, unsigned opcode, int res)
+{
+	unsigned o = kvtd_op_slot(opcode);
 
 	st->count[o]++;
 	if (res < 0)
 		st->errors[o]++;
+}
+
+/* A timed op of @opcode (already counted by kvtd_op_stats_add()) took @ns. */
+static inline void
+kvtd_op_stats_time(struct kvtd_op_stats *st, unsigned opcode, uint64_t ns)
+{
+	unsigned o = kvtd_op_slot(opcode);
+
+	st->timed[o]++;
 	st->sum_ns[o] += ns;
 	st->bucket[o][kvtd_lat_bucket(ns)]++;
 }

@@ -175,10 +175,11 @@ sysfs_get(const char *path)
 /*
  * Are there enough free huge pages of the default size (what MAP_HUGETLB draws from), on
  * @node when the pool is bound to one? Without them the mapping's first touch dies of SIGBUS,
- * so this is checked before mapping, and the message says how to reserve them.
+ * so this is checked before mapping, and the message says how to reserve them. @quiet
+ * (hugetlb = auto): no message, the caller falls back to other pages.
  */
 static int
-hugetlb_check(uint64_t size, int node)
+hugetlb_check(uint64_t size, int node, int quiet)
 {
 	long long page_kb = meminfo_get("Hugepagesize"), total = meminfo_get("HugePages_Total");
 	long long avail = meminfo_get("HugePages_Free") - meminfo_get("HugePages_Rsvd");
@@ -186,13 +187,16 @@ hugetlb_check(uint64_t size, int node)
 	char path[128];
 
 	if (page_kb <= 0 || total < 0) {
-		log_err("pool: hugetlb = yes, but this kernel reports no huge pages "
-			"(/proc/meminfo); set [pool] hugetlb = no");
+		if (!quiet)
+			log_err("pool: hugetlb = yes, but this kernel reports no huge pages "
+				"(/proc/meminfo); set [pool] hugetlb = no");
 		return -EOPNOTSUPP;
 	}
 	if (size % ((uint64_t)page_kb << 10)) {
-		log_err("pool: size %llu KiB is not a multiple of the huge page size (%lld KiB)",
-			(unsigned long long)(size >> 10), page_kb);
+		if (!quiet)
+			log_err("pool: size %llu KiB is not a multiple of the huge page size (%lld "
+				"KiB)",
+				(unsigned long long)(size >> 10), page_kb);
 		return -EINVAL;
 	}
 	need = size / ((uint64_t)page_kb << 10);
@@ -211,6 +215,8 @@ hugetlb_check(uint64_t size, int node)
 		avail = 0;
 	if ((unsigned long long)avail >= need)
 		return 0;
+	if (quiet)
+		return -ENOMEM;
 	if (node >= 0)
 		log_err("pool: hugetlb = yes needs %llu huge pages of %lld KiB on NUMA node %d, "
 			"%lld are free there: reserve them (echo N > %.*snr_hugepages, N at least "
@@ -267,11 +273,11 @@ has_cap_ipc_lock(void)
  * are not in MemAvailable: hugetlb_check() counts them.
  */
 static int
-pool_fit_check(const struct kvtd_config *cfg)
+pool_fit_check(const struct kvtd_config *cfg, int hugetlb)
 {
 	struct rlimit rl;
 
-	if (!cfg->hugetlb && !cfg->overcommit) {
+	if (!hugetlb && !cfg->overcommit) {
 		long long avail_kb = meminfo_get("MemAvailable");
 
 		if (avail_kb >= 0 && cfg->pool_size > (uint64_t)avail_kb << 10) {
@@ -319,6 +325,7 @@ pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *
 			goto err;
 		}
 		pool->backing = "hugetlb";
+		pool->page_kib = (unsigned)meminfo_get("Hugepagesize");
 	} else {
 		pool->base = mmap(NULL, pool->size, PROT_READ | PROT_WRITE,
 				  MAP_SHARED | MAP_NORESERVE, pool->fd, 0);
@@ -328,14 +335,24 @@ pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *
 				(unsigned long long)(pool->size >> 20), strerror(-r));
 			goto err;
 		}
-		pool->backing =
-		    madvise(pool->base, pool->size, MADV_HUGEPAGE) == 0 && shmem_thp_allowed()
-			? "thp"
-			: "shmem";
-		if (!adopt && !strcmp(pool->backing, "shmem"))
-			log_notice("pool: 4 KiB pages (transparent huge pages are off for shared "
-				   "memory: /sys/kernel/mm/transparent_hugepage/shmem_enabled); "
-				   "set it to advise, or use [pool] hugetlb = yes, for huge pages");
+		/* THP for shared memory needs MADV_HUGEPAGE and shmem_enabled advise, within_size,
+		 * always or force; the kernel then backs the pool with PMD-sized pages as it can.
+		 */
+		if (madvise(pool->base, pool->size, MADV_HUGEPAGE) == 0 && shmem_thp_allowed()) {
+			pool->backing = "thp";
+			pool->page_kib = 2048;
+		} else {
+			pool->backing = "shmem";
+			pool->page_kib = 4;
+		}
+		if (!adopt && pool->page_kib == 4)
+			log_notice(
+			    "pool: 4 KiB pages (transparent huge pages are off for shared "
+			    "memory: /sys/kernel/mm/transparent_hugepage/shmem_enabled), so a "
+			    "random row gather takes about one TLB miss per row; for huge pages "
+			    "set shmem_enabled to advise (kvtier-thp.conf, kvtierd.conf(5)) or "
+			    "reserve huge pages (vm.nr_hugepages: [pool] hugetlb = auto uses "
+			    "them)");
 	}
 
 	/* Bind before the first touch so pages come from the node that serves the GPU: "auto"
@@ -411,6 +428,7 @@ pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *
 				pool->locked = 0;
 				pool->dev_alloc = 1;
 				pool->backing = "cuda-host-alloc";
+				pool->page_kib = 4; /* the driver's pages: not known to be huge */
 				log_warn("pool: pinned by %s allocation instead of registration",
 					 kvt_dev_name(dev));
 			}
@@ -433,10 +451,11 @@ pool_map(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt_dev *
 		list_add(&pool->free_list, &pool->chunks[i]);
 	}
 	pool->free_chunks = pool->n_chunks;
-	log_notice("pool: %llu MiB, %u chunks of %llu KiB, backing %s, NUMA node %d, %s",
+	log_notice("pool: %llu MiB, %u chunks of %llu KiB, backing %s (%u KiB pages), NUMA node "
+		   "%d, %s",
 		   (unsigned long long)(pool->size >> 20), pool->n_chunks,
-		   (unsigned long long)(pool->chunk_size >> 10), pool->backing, pool->numa_node,
-		   pool->locked ? "locked" : "not locked");
+		   (unsigned long long)(pool->chunk_size >> 10), pool->backing, pool->page_kib,
+		   pool->numa_node, pool->locked ? "locked" : "not locked");
 	return 0;
 
 err_unregister:
@@ -479,19 +498,25 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 		return -EINVAL;
 	}
 	pool_prep(pool, cfg->pool_size, cfg->chunk_size);
-	r = pool_fit_check(cfg);
-	if (r < 0)
-		goto err_lock;
-	if (cfg->hugetlb) {
-		r = hugetlb_check(pool->size, cfg->numa_node);
+	/* hugetlb = auto takes reserved huge pages when they cover the pool (an operator who
+	 * reserved them meant them for a pool like this one), else falls back quietly. */
+	if (cfg->hugetlb == KVTD_HUGETLB_YES) {
+		r = hugetlb_check(pool->size, cfg->numa_node, 0);
 		if (r < 0)
 			goto err_lock;
+		pool->hugetlb = 1;
+	} else {
+		pool->hugetlb = cfg->hugetlb == KVTD_HUGETLB_AUTO &&
+				hugetlb_check(pool->size, cfg->numa_node, 1) == 0;
 	}
-	pool->hugetlb = cfg->hugetlb;
-	pool->fd = memfd_create("kvtier-pool", MFD_CLOEXEC | (cfg->hugetlb ? MFD_HUGETLB : 0));
+	r = pool_fit_check(cfg, pool->hugetlb);
+	if (r < 0)
+		goto err_lock;
+retry:
+	pool->fd = memfd_create("kvtier-pool", MFD_CLOEXEC | (pool->hugetlb ? MFD_HUGETLB : 0));
 	if (pool->fd < 0) {
 		r = -errno;
-		log_err("pool: memfd_create%s failed: %s", cfg->hugetlb ? " (hugetlb)" : "",
+		log_err("pool: memfd_create%s failed: %s", pool->hugetlb ? " (hugetlb)" : "",
 			strerror(-r));
 		goto err_lock;
 	}
@@ -502,6 +527,18 @@ kvtd_pool_init(struct kvtd_pool *pool, const struct kvtd_config *cfg, struct kvt
 		goto err_close;
 	}
 	r = pool_map(pool, cfg, dev, 0);
+	if (r == -ENOMEM && pool->hugetlb && cfg->hugetlb == KVTD_HUGETLB_AUTO) {
+		/* Someone took the huge pages since the check: auto means "if there are any". */
+		log_notice("pool: the reserved huge pages went elsewhere while mapping; "
+			   "falling back to normal pages (hugetlb = auto)");
+		close(pool->fd);
+		pool->fd = -1;
+		pool->hugetlb = 0;
+		r = pool_fit_check(cfg, 0);
+		if (r < 0)
+			goto err_lock;
+		goto retry;
+	}
 	if (r < 0)
 		goto err_close;
 	return 0;
@@ -617,23 +654,17 @@ kvtd_pool_fini(struct kvtd_pool *pool)
 	pool->base = NULL;
 }
 
-int
-kvtd_pool_class_get(struct kvtd_pool *pool, uint64_t slot_size)
+/* Finds or creates the class (locked); -ENOSPC when none is free. */
+static int
+class_find(struct kvtd_pool *pool, uint64_t slot_size)
 {
-	int r = -ENOSPC, free_cls = -1;
+	int free_cls = -1;
 
-	slot_size = (slot_size + 63) & ~63ull;
-	if (!slot_size || slot_size > pool->chunk_size)
-		return -E2BIG;
-	pthread_mutex_lock(&pool->lock);
 	for (int i = 0; i < KVTD_POOL_MAX_CLASSES; i++) {
 		struct kvtd_pool_class *c = &pool->classes[i];
 
-		if (c->slot_size == slot_size) {
-			c->refs++;
-			r = i;
-			goto out;
-		}
+		if (c->slot_size == slot_size)
+			return i;
 		if (!c->refs && !c->chunks && free_cls < 0)
 			free_cls = i;
 	}
@@ -642,20 +673,80 @@ kvtd_pool_class_get(struct kvtd_pool *pool, uint64_t slot_size)
 
 		c->slot_size = (uint32_t)slot_size;
 		c->slots_per_chunk = (uint32_t)(pool->chunk_size / slot_size);
-		c->refs = 1;
-		r = free_cls;
+		c->refs = 0;
 	}
-out:
+	return free_cls >= 0 ? free_cls : -ENOSPC;
+}
+
+int
+kvtd_pool_class_get_for(struct kvtd_pool *pool, uint64_t slot_size, struct kvtd_cls_use *use)
+{
+	int r;
+
+	slot_size = (slot_size + 63) & ~63ull;
+	if (!slot_size || slot_size > pool->chunk_size)
+		return -E2BIG;
+	pthread_mutex_lock(&pool->lock);
+	for (;;) {
+		r = class_find(pool, slot_size);
+		if (r != -ENOSPC || !pool->reclaim_class)
+			break;
+		/* Classes held only by cached blocks give way. Outside the lock: the hook frees
+		 * through this pool. */
+		pthread_mutex_unlock(&pool->lock);
+		if (!pool->reclaim_class(pool->reclaim_ctx)) {
+			pthread_mutex_lock(&pool->lock);
+			break;
+		}
+		pthread_mutex_lock(&pool->lock);
+	}
+	if (r >= 0 && use && !use->refs[r] && use->limit && use->held >= use->limit) {
+		if (!pool->classes[r].refs && !pool->classes[r].chunks)
+			pool->classes[r].slot_size = 0; /* created for this call alone */
+		r = -EDQUOT;
+	} else if (r >= 0) {
+		pool->classes[r].refs++;
+		if (use && !use->refs[r]++)
+			use->held++;
+	}
 	pthread_mutex_unlock(&pool->lock);
 	return r;
+}
+
+int
+kvtd_pool_class_get(struct kvtd_pool *pool, uint64_t slot_size)
+{
+	return kvtd_pool_class_get_for(pool, slot_size, NULL);
+}
+
+void
+kvtd_pool_class_put_for(struct kvtd_pool *pool, int cls, struct kvtd_cls_use *use)
+{
+	pthread_mutex_lock(&pool->lock);
+	if (use && use->refs[cls] && !--use->refs[cls])
+		use->held--;
+	if (!--pool->classes[cls].refs && !pool->classes[cls].chunks)
+		pool->classes[cls].slot_size = 0;
+	pthread_mutex_unlock(&pool->lock);
 }
 
 void
 kvtd_pool_class_put(struct kvtd_pool *pool, int cls)
 {
+	kvtd_pool_class_put_for(pool, cls, NULL);
+}
+
+void
+kvtd_pool_class_count(struct kvtd_pool *pool, const struct kvtd_cls_use *use, unsigned *ret_used,
+		      unsigned *ret_held)
+{
+	unsigned n = 0;
+
 	pthread_mutex_lock(&pool->lock);
-	if (!--pool->classes[cls].refs && !pool->classes[cls].chunks)
-		pool->classes[cls].slot_size = 0;
+	for (int i = 0; i < KVTD_POOL_MAX_CLASSES; i++)
+		n += pool->classes[i].slot_size != 0;
+	*ret_used = n;
+	*ret_held = use ? use->held : 0;
 	pthread_mutex_unlock(&pool->lock);
 }
 
@@ -889,6 +980,17 @@ kvtd_pool_free(struct kvtd_pool *pool, int cls, unsigned n, struct kvtd_acct *ac
 	if (!c->refs && !c->chunks)
 		c->slot_size = 0;
 	pthread_mutex_unlock(&pool->lock);
+}
+
+struct kvtd_acct
+kvtd_pool_acct_read(struct kvtd_pool *pool, const struct kvtd_acct *acct)
+{
+	struct kvtd_acct a;
+
+	pthread_mutex_lock(&pool->lock);
+	a = *acct;
+	pthread_mutex_unlock(&pool->lock);
+	return a;
 }
 
 int

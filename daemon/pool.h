@@ -30,6 +30,15 @@ struct kvtd_acct {
 	uint64_t limit;
 };
 
+/* The pool classes one holder's (a uid's) sequences use: a reference count per class, and how
+ * many distinct classes it may use (0: no limit). Owned by the caller, updated under the pool
+ * lock. */
+struct kvtd_cls_use {
+	uint32_t refs[KVTD_POOL_MAX_CLASSES];
+	unsigned held; /* classes with refs > 0 */
+	unsigned limit;
+};
+
 struct kvtd_pool_chunk;
 
 struct kvtd_pool_class {
@@ -53,6 +62,7 @@ struct kvtd_pool {
 	uint64_t used_bytes; /* slot bytes handed out */
 	uint64_t refused_quota, refused_nomem;
 	const char *backing; /* "hugetlb", "thp", "shmem" (4 KiB pages) or "cuda-host-alloc" */
+	unsigned page_kib;   /* the page size rows sit on: huge for hugetlb and thp, else 4 */
 	int numa_node;	     /* -1: not bound */
 	int locked;
 	struct kvt_dev *dev; /* registered with, NULL in unit tests */
@@ -64,6 +74,10 @@ struct kvtd_pool {
 	 * of memory held only as a cache (daemon/prefix.c); the allocation is retried once. */
 	void (*reclaim)(void *ctx, uint64_t bytes);
 	void *reclaim_ctx;
+	/* Called, without the lock, before a class is refused -ENOSPC: lets go of one class held
+	 * only as a cache (unreferenced prefix blocks of a namespace no one has open); returns 0
+	 * when there was none. kvtd_pool_class_get() retries after each. Same ctx. */
+	int (*reclaim_class)(void *ctx);
 	/* Slots freed while a queued device copy may still read or write them: given back to
 	 * their chunks once kvt_dev_fence_done() reaches the fence they were freed under. */
 	struct kvtd_pool_quar *quar;
@@ -116,10 +130,21 @@ void kvtd_pool_populate(struct kvtd_pool *pool);
 
 /*
  * kvtd_pool_class_get() - find or create the class of @slot_size bytes (rounded up to 64).
+ * When every class is taken, the reclaim_class hook frees what it can first.
  * Returns the class index, -E2BIG (slot larger than a chunk), -ENOSPC (no free class).
  */
 int kvtd_pool_class_get(struct kvtd_pool *pool, uint64_t slot_size);
 void kvtd_pool_class_put(struct kvtd_pool *pool, int cls);
+/*
+ * kvtd_pool_class_get_for() - kvtd_pool_class_get(), the class counted in @use (NULL: none);
+ * -EDQUOT when @use would hold more than use->limit distinct classes (nothing taken).
+ * kvtd_pool_class_put_for() gives the reference back to the same @use.
+ */
+int kvtd_pool_class_get_for(struct kvtd_pool *pool, uint64_t slot_size, struct kvtd_cls_use *use);
+void kvtd_pool_class_put_for(struct kvtd_pool *pool, int cls, struct kvtd_cls_use *use);
+/* Classes in use in all (slot_size set), and of them @use's (NULL: 0), read under the lock. */
+void kvtd_pool_class_count(struct kvtd_pool *pool, const struct kvtd_cls_use *use,
+			   unsigned *ret_used, unsigned *ret_held);
 
 /*
  * kvtd_pool_alloc() - @n slots of class @cls into @ret_slots, charged to both accounts (@acct2
@@ -150,6 +175,9 @@ unsigned kvtd_pool_reclaim_fenced(struct kvtd_pool *pool);
 
 /* Slot bytes a class hands out per slot (after rounding). */
 uint64_t kvtd_pool_slot_size(const struct kvtd_pool *pool, int cls);
+
+/* @acct as it stands, read under the pool lock (other threads charge a uid's account). */
+struct kvtd_acct kvtd_pool_acct_read(struct kvtd_pool *pool, const struct kvtd_acct *acct);
 
 struct kvtd_pool_usage {
 	uint64_t size, used, free_bytes, chunks_free, chunks, classes;

@@ -504,7 +504,8 @@ fams_ops(struct sink *k, const struct kvtd_op_stats *st)
 	{
 		struct fam f = FAM(k, "kvtier_op_duration_seconds", "histogram",
 				   "Time from taking an op off the ring to its completion, by "
-				   "opcode (retier: re-tiering, topk: top-k retrieval).");
+				   "opcode (retier: re-tiering, topk: top-k retrieval); a random "
+				   "sample of the ops (_count <= kvtier_op_total).");
 
 		EACH_OP
 		{
@@ -518,9 +519,9 @@ fams_ops(struct sink *k, const struct kvtd_op_stats *st)
 				sample_u64(&f, "_bucket", l, 2, cum);
 			}
 			snprintf(le, sizeof(le), "+Inf");
-			sample_u64(&f, "_bucket", l, 2, st->count[o]);
+			sample_u64(&f, "_bucket", l, 2, st->timed[o]);
 			sample_dbl(&f, "_sum", l, 1, st->sum_ns[o] / 1e9);
-			sample_u64(&f, "_count", l, 1, st->count[o]);
+			sample_u64(&f, "_count", l, 1, st->timed[o]);
 		}
 	}
 #undef EACH_OP

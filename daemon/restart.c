@@ -11,7 +11,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,6 +221,7 @@ struct kvtd_image {
 	struct img_blk *blk;
 	struct kvtd_pblock **blocks; /* restored, index = image index */
 	uint64_t px_cnt[7];
+	struct kvtd_prefix *px; /* once prefix_restore() made its namespaces */
 	uint32_t n_conns;
 	struct img_conn *conns;
 };
@@ -727,8 +730,9 @@ write_prefix(struct wbuf *w, struct kvtd *d)
 	struct kvtd_prefix *px = &d->prefix;
 	uint32_t n_ns = 0, idx = 0;
 
+	/* Linear in namespaces and blocks: the pause must not grow faster than the store. */
 	for (struct kvtd_pns *ns = px->ns_list; ns; ns = ns->next)
-		n_ns++;
+		ns->img_idx = n_ns++;
 	PUT(w, n_ns);
 	PUT(w, (uint32_t)px->n_blocks);
 	PUT(w, px->lookups);
@@ -752,12 +756,8 @@ write_prefix(struct wbuf *w, struct kvtd *d)
 	}
 	for (uint64_t i = 0; px->tab && i <= px->tab_mask; i++)
 		for (struct kvtd_pblock *b = px->tab[i]; b; b = b->hnext) {
-			uint32_t k = 0;
-
-			for (struct kvtd_pns *ns = px->ns_list; ns != b->ns; ns = ns->next)
-				k++;
 			b->img_idx = idx++;
-			PUT(w, k);
+			PUT(w, b->ns->img_idx);
 			PUT(w, (uint32_t)0);
 			put(w, &b->key, sizeof(b->key));
 			for (uint32_t t = 0; t < b->ns->p.block_tokens; t++)
@@ -829,13 +829,26 @@ image_write(struct kvtd *d, struct wbuf *w, struct fdlist *fds)
  * 4 KiB pages cost 340 ms of the pause. Raw syscalls only, no sanitizer hooks: the child runs on
  * the parent's thread pointer.
  */
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+#define TEARDOWN_FD_MAX 65536 /* without close_range(2): the descriptor numbers closed */
+
 __attribute__((no_sanitize_address, no_sanitize_thread, no_sanitize_undefined)) static int
 teardown_child(void *arg)
 {
 	const int *p = arg;
 	char c;
 
-	syscall(SYS_close, p[1]);
+	/* It holds nothing but the pipe's read end: a copy of the metrics listener (or of any
+	 * socket) kept until the old address space is gone would make the new process's bind
+	 * fail. close_range(2) where the kernel has it, else one close per descriptor number. */
+	if (p[0] > 0 && syscall(SYS_close_range, 0U, (unsigned)p[0] - 1, 0U) < 0)
+		for (long fd = 0; fd < p[0]; fd++)
+			syscall(SYS_close, fd);
+	if (syscall(SYS_close_range, (unsigned)p[0] + 1, ~0U, 0U) < 0)
+		for (long fd = p[0] + 1; fd < TEARDOWN_FD_MAX; fd++)
+			syscall(SYS_close, fd);
 	while (syscall(SYS_read, p[0], &c, 1) < 0)
 		;
 	syscall(SYS_exit, 0);
@@ -847,23 +860,36 @@ teardown_child(void *arg)
 static pid_t
 teardown_start(int *ret_wfd)
 {
-	static int p[2]; /* read by the child before the parent can change them */
+	/* read by the child before the parent can change them; p[2], p[3]: a second pipe whose
+	 * write end the child closes with the rest, so that the exec waits until the child holds
+	 * nothing the new process needs (the metrics port) */
+	static int p[4];
 	const size_t stack = 64 << 10;
+	char c;
 	void *st;
 	pid_t pid;
 
 	if (pipe2(p, O_CLOEXEC) < 0)
 		return -1;
+	if (pipe2(p + 2, O_CLOEXEC) < 0) {
+		close(p[0]);
+		close(p[1]);
+		return -1;
+	}
 	st = mmap(NULL, stack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1,
 		  0);
 	if (st == MAP_FAILED) {
-		close(p[0]);
-		close(p[1]);
+		for (int i = 0; i < 4; i++)
+			close(p[i]);
 		return -1;
 	}
 	/* The stack stays mapped: it lives in the old address space, which the child ends. */
 	pid = clone(teardown_child, (uint8_t *)st + stack, CLONE_VM | SIGCHLD, p);
 	close(p[0]);
+	close(p[3]);
+	while (pid > 0 && read(p[2], &c, 1) < 0 && errno == EINTR)
+		; /* EOF: the child closed its copies */
+	close(p[2]);
 	if (pid < 0) {
 		close(p[1]);
 		munmap(st, stack);
@@ -919,6 +945,122 @@ kvtd_restart_take_fd(int *argc, char **argv)
 	return (int)v;
 }
 
+int
+kvtd_restart_take_check(int *argc, char **argv)
+{
+	if (*argc < 2 || strcmp(argv[*argc - 1], "--check-restart"))
+		return 0;
+	*argc -= 1;
+	argv[*argc] = NULL;
+	return 1;
+}
+
+#define PREFLIGHT_MS 10000 /* the longest a new binary may take to read its configuration */
+
+/* The first line of @s, for a message. */
+static const char *
+first_line(char *s)
+{
+	size_t n = strcspn(s, "\n");
+
+	s[n] = '\0';
+	return s[0] ? s : "(no output)";
+}
+
+/*
+ * The pre-flight: "<exe> <arguments> --check-restart", which reads the configuration as the
+ * restarted process will and prints KVTD_RESTART_READY with the image version it reads. Run
+ * while every session is still served; anything else (a configuration it refuses, a binary
+ * that crashes, is not kvtierd, reads only older images or hangs) refuses the restart, the
+ * reason logged and in d->restart_why. The exit status is taken when the reaper thread of a
+ * restarted process did not take it first: the readiness line decides.
+ */
+static int
+preflight(struct kvtd *d)
+{
+	posix_spawn_file_actions_t fa;
+	char out[512], **argv;
+	size_t got = 0;
+	uint64_t end = kvtd_now_ns() + (uint64_t)PREFLIGHT_MS * 1000000;
+	int p[2], r, st = -1, hung = 0, ver = -1;
+	const char *ready;
+	pid_t pid;
+
+	argv = calloc((size_t)d->argc + 2, sizeof(*argv));
+	if (!argv)
+		return -ENOMEM;
+	memcpy(argv, d->argv, (size_t)d->argc * sizeof(*argv));
+	argv[d->argc] = "--check-restart";
+	if (pipe2(p, O_CLOEXEC) < 0) {
+		r = -errno;
+		free(argv);
+		return r;
+	}
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_adddup2(&fa, p[1], 1);
+	posix_spawn_file_actions_adddup2(&fa, p[1], 2);
+	r = posix_spawn(&pid, d->exe, &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	close(p[1]);
+	free(argv);
+	if (r) {
+		close(p[0]);
+		snprintf(d->restart_why, sizeof(d->restart_why), "cannot run %.120s: %s", d->exe,
+			 strerror(r));
+		return -r;
+	}
+	while (got < sizeof(out) - 1) {
+		uint64_t now = kvtd_now_ns();
+		struct pollfd pf = {.fd = p[0], .events = POLLIN};
+		ssize_t n;
+
+		if (now >= end || poll(&pf, 1, (int)((end - now) / 1000000) + 1) == 0) {
+			hung = 1;
+			break;
+		}
+		n = read(p[0], out + got, sizeof(out) - 1 - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	out[got] = '\0';
+	close(p[0]);
+	if (hung || waitpid(pid, &st, WNOHANG) == 0)
+		kill(pid, SIGKILL); /* still running with its answer given or not: it is done */
+	while (st == -1 && waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	ready = strstr(out, KVTD_RESTART_READY);
+	if (ready)
+		sscanf(ready + sizeof(KVTD_RESTART_READY) - 1, "%d", &ver);
+	if (ready && ver >= KVTD_IMAGE_VERSION && (st == -1 || (WIFEXITED(st) && !WEXITSTATUS(st))))
+		return 0;
+	if (hung)
+		snprintf(d->restart_why, sizeof(d->restart_why),
+			 "%.120s --check-restart gave no answer in %d s", d->exe,
+			 PREFLIGHT_MS / 1000);
+	else if (ready)
+		snprintf(
+		    d->restart_why, sizeof(d->restart_why),
+		    "%.120s reads restart images up to version %d; this kvtierd writes version %d",
+		    d->exe, ver, KVTD_IMAGE_VERSION);
+	else if (st != -1 && WIFSIGNALED(st))
+		snprintf(d->restart_why, sizeof(d->restart_why),
+			 "%.120s --check-restart was killed by signal %d (%s): a damaged binary?",
+			 d->exe, WTERMSIG(st), strsignal(WTERMSIG(st)));
+	else if (st != -1 && WIFEXITED(st) && WEXITSTATUS(st))
+		snprintf(d->restart_why, sizeof(d->restart_why),
+			 "%.120s --check-restart exited %d: %.160s", d->exe, WEXITSTATUS(st),
+			 first_line(out));
+	else
+		snprintf(d->restart_why, sizeof(d->restart_why),
+			 "%.120s gave no restart readiness line (not a kvtierd that restarts in "
+			 "place?): %.160s",
+			 d->exe, first_line(out));
+	return -ECANCELED;
+}
+
 void
 kvtd_restart_record(struct kvtd *d, int argc, char **argv)
 {
@@ -938,6 +1080,7 @@ kvtd_restart(struct kvtd *d)
 	int r, img_fd = -1, twfd = -1;
 	pid_t tpid;
 
+	d->restart_why[0] = '\0';
 	if (kvt_dev_kind(d->dev) != KVT_DEV_HOST || d->pool.fd < 0) {
 		log_err(
 		    "restart: the %s backend cannot restart in place yet (device registrations "
@@ -951,6 +1094,16 @@ kvtd_restart(struct kvtd *d)
 		log_err("restart: cannot execute %s: %s", d->exe[0] ? d->exe : "(unknown binary)",
 			strerror(-r));
 		return r ? r : -ENOENT;
+	}
+	/* Before anything is stopped: a restart the new binary or configuration would fail is
+	 * refused here, every session kept. */
+	r = preflight(d);
+	if (r < 0) {
+		if (!d->restart_why[0])
+			snprintf(d->restart_why, sizeof(d->restart_why), "pre-flight of %.120s: %s",
+				 d->exe, strerror(-r));
+		log_err("restart refused: %s (still serving every session)", d->restart_why);
+		return r;
 	}
 	d->restart_started_ns = kvtd_now_ns();
 	/* Quiesce: with every poller's lock held no op runs; SQEs not yet drained stay in their
@@ -1056,6 +1209,7 @@ int
 kvtd_restart_listener(struct kvtd *d, const struct kvtd_image *img)
 {
 	d->listen_fd = d->signal_fd = d->timer_fd = d->metrics_fd = d->lock_fd = -1;
+	d->restoring = 1;
 	if (!fd_valid(img->listen_fd) || !fd_valid(img->lock_fd)) {
 		log_err("restart: the listening socket or its lock did not cross the exec");
 		return -EBADF;
@@ -1142,13 +1296,12 @@ grow_tables(struct kvtd_session *s, const struct img_conn *c)
 	return 0;
 }
 
+/* The namespace restored with @id (prefix_restore() gave each image namespace its id), in
+ * O(1): a session's handles are found without a walk of every namespace. */
 static struct kvtd_pns *
 ns_by_id(const struct kvtd_image *img, uint32_t id)
 {
-	for (uint32_t i = 0; i < img->n_ns; i++)
-		if (img->ns[i].id == id)
-			return img->ns[i].ns;
-	return NULL;
+	return img->px ? kvtd_prefix_ns_by_id(img->px, id) : NULL;
 }
 
 /* The prefix store's namespaces and blocks, slots claimed for the store (no reference yet). */
@@ -1158,6 +1311,7 @@ prefix_restore(struct kvtd *d, struct kvtd_image *img)
 	struct kvtd_prefix *px = &d->prefix;
 	int r;
 
+	img->px = px;
 	for (uint32_t i = 0; i < img->n_ns; i++) {
 		r = kvtd_prefix_restore_ns(px, &img->ns[i].p, img->ns[i].scope, img->ns[i].id,
 					   img->ns[i].cnt, &img->ns[i].ns);
@@ -1316,6 +1470,18 @@ kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
 	int r = 0;
 
 	reaper_start();
+	/* One uid entry per session at most: a lowered max_sessions must not leave a restored
+	 * session's uid without one (new sessions obey it: handle_hello() in loop.c). */
+	if (kvtd_image_sessions(img) > d->n_uids) {
+		unsigned n = kvtd_image_sessions(img);
+		struct kvtd_uid *u = realloc(d->uids, (size_t)n * sizeof(*u));
+
+		if (u) {
+			memset(u + d->n_uids, 0, (size_t)(n - d->n_uids) * sizeof(*u));
+			d->uids = u;
+			d->n_uids = n;
+		}
+	}
 	d->next_session_id = img->next_session_id;
 	d->restarts = img->restarts;
 	d->start_ns = img->start_ns;
@@ -1355,7 +1521,15 @@ kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
 	for (i = 0; i < img->n_conns && r == 0; i++) {
 		struct kvtd_session *s = img->conns[i].s;
 
-		for (unsigned k = 0; s && k < s->max_seqs && r == 0; k++)
+		uint64_t limit;
+
+		if (!s)
+			continue;
+		/* Charged, but never held to a limit lowered by this restart: an account over
+		 * its new limit is only refused new work. No poller runs s yet. */
+		limit = s->acct.limit;
+		s->acct.limit = 0;
+		for (unsigned k = 0; k < s->max_seqs && r == 0; k++)
 			if (s->seqs[k]) {
 				r = kvtd_seq_restore_retrieval(kvtd_session_ctx(s), s->seqs[k]);
 				if (r < 0)
@@ -1364,6 +1538,7 @@ kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
 					    "index: %s",
 					    s->id, k + 1, strerror(-r));
 			}
+		s->acct.limit = limit;
 	}
 	if (r < 0)
 		goto err_abandon;
@@ -1425,6 +1600,9 @@ err_abandon:
 		if (e == 0)
 			e = kvtd_prefix_init(&d->prefix, &d->pool,
 					     kvtd_config_prefix_bytes(&d->cfg));
+		if (e == 0)
+			kvtd_prefix_limits(&d->prefix, d->cfg.prefix_namespaces_per_uid,
+					   d->cfg.pool_bytes_per_uid);
 		if (e < 0)
 			return e;
 	}

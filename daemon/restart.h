@@ -52,6 +52,12 @@ struct kvtd_image_hdr {
 /* At start, before the options are parsed: removes a trailing "--restore-fd N" from argv and
  * returns N, or -1 when absent. */
 int kvtd_restart_take_fd(int *argc, char **argv);
+/* At start, before the options are parsed: removes a trailing "--check-restart" from argv and
+ * returns 1, or 0 when absent. With it, kvtierd only reads its configuration and, when a
+ * restart in place into this binary could go ahead, prints KVTD_RESTART_READY and the image
+ * version it reads, exiting 0 (kvtd_restart()'s pre-flight). */
+int kvtd_restart_take_check(int *argc, char **argv);
+#define KVTD_RESTART_READY "kvtierd-restart-ready image"
 /* At start: remember the binary (/proc/self/exe) and the arguments to execute again. */
 void kvtd_restart_record(struct kvtd *d, int argc, char **argv);
 

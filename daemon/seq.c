@@ -36,6 +36,33 @@ kvtd_seq_fail(const struct kvtd_seq_ctx *x, int r, const char *fmt, ...)
 	return r;
 }
 
+int
+kvtd_seq_class_get(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint64_t bytes)
+{
+	int r = kvtd_pool_class_get_for(x->pool, bytes, q->cls_use);
+	unsigned used, held;
+
+	if (r != -EDQUOT && r != -ENOSPC)
+		return r;
+	kvtd_pool_class_count(x->pool, q->cls_use, &used, &held);
+	if (r == -EDQUOT)
+		return kvtd_seq_fail(x, r,
+				     "classes_per_uid: this uid's sequences and namespaces use %u "
+				     "pool classes (row sizes), at most %u; slots of %llu bytes "
+				     "would be another: close a sequence of another geometry",
+				     held, q->cls_use->limit, (unsigned long long)bytes);
+	return kvtd_seq_fail(x, r,
+			     "no pool class left for slots of %llu bytes: %u of %u in use (%u by "
+			     "this uid), none held only by cached prefix blocks",
+			     (unsigned long long)bytes, used, KVTD_POOL_MAX_CLASSES, held);
+}
+
+void
+kvtd_seq_class_put(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, int cls)
+{
+	kvtd_pool_class_put_for(x->pool, cls, q->cls_use);
+}
+
 /*
  * The last byte a strided region touches, checked for overflow: base + (layers-1)*layer_stride
  * + kv_stride + (slots-1)*slot_stride + row_bytes must fit in the buffer.
@@ -224,6 +251,7 @@ seq_new(const struct kvtd_seq_ctx *x, const struct kvt_seq_params *p, struct kvt
 	q->p = pp;
 	q->p.size = sizeof(pp);
 	q->cls = q->cls_q = q->cls_pg = q->cls_sk = q->cls_kb = -1;
+	q->cls_use = x->uid_cls;
 	q->no_sketch = x->no_sketch;
 	kvt_tier_cfg_init(&pp, &q->cfg, &why);
 	q->row_bytes = (uint64_t)p->kv_heads * p->head_dim * kvt_dtype_size(p->dtype);
@@ -247,16 +275,16 @@ seq_new(const struct kvtd_seq_ctx *x, const struct kvt_seq_params *p, struct kvt
 		if (!q->stage_buf)
 			goto err_free;
 	}
-	r = kvtd_pool_class_get(x->pool, q->token_bytes);
+	r = kvtd_seq_class_get(x, q, q->token_bytes);
 	if (r < 0)
 		goto err_free;
 	q->cls = r;
-	r = kvtd_pool_class_get(x->pool, q->q_bytes);
+	r = kvtd_seq_class_get(x, q, q->q_bytes);
 	if (r < 0)
 		goto err_free;
 	q->cls_q = r;
 	if (key_channel(q)) {
-		r = kvtd_pool_class_get(x->pool, kblk_bytes(p));
+		r = kvtd_seq_class_get(x, q, kblk_bytes(p));
 		if (r < 0)
 			goto err_free;
 		q->cls_kb = r;
@@ -378,15 +406,15 @@ kvtd_seq_destroy(const struct kvtd_seq_ctx *x, struct kvtd_seq *q)
 	free(q->topk_pos);
 	free(q->topk_score);
 	if (q->cls_pg >= 0)
-		kvtd_pool_class_put(x->pool, q->cls_pg);
+		kvtd_seq_class_put(x, q, q->cls_pg);
 	if (q->cls_sk >= 0)
-		kvtd_pool_class_put(x->pool, q->cls_sk);
+		kvtd_seq_class_put(x, q, q->cls_sk);
 	if (q->cls >= 0)
-		kvtd_pool_class_put(x->pool, q->cls);
+		kvtd_seq_class_put(x, q, q->cls);
 	if (q->cls_q >= 0)
-		kvtd_pool_class_put(x->pool, q->cls_q);
+		kvtd_seq_class_put(x, q, q->cls_q);
 	if (q->cls_kb >= 0)
-		kvtd_pool_class_put(x->pool, q->cls_kb);
+		kvtd_seq_class_put(x, q, q->cls_kb);
 	kvt_dev_buf_put(q->t0_buf);
 	kvt_dev_buf_put(q->stage_buf);
 	if (q->ns)

@@ -46,6 +46,7 @@ int kvtd_why_vset(struct kvtd_why *w, int r, const char *fmt, va_list ap);
  * @pool: where every slot and index page comes from.
  * @dev: the device backend the copies go through.
  * @acct, @uid_acct: the accounts charged for pool bytes (@uid_acct may be NULL).
+ * @uid_cls: where the pool classes a sequence takes are counted (classes_per_uid), NULL: none.
  * @event: recorded after each op's device copies (NULL: none asked for).
  * @scr: per-op scratch (the poller's): row batches, quantization room, query copies.
  * @bufs, @n_bufs: the owner's registered buffers (index = buf id - 1) for SEQ_OPEN's regions.
@@ -59,6 +60,7 @@ struct kvtd_seq_ctx {
 	struct kvtd_pool *pool;
 	struct kvt_dev *dev;
 	struct kvtd_acct *acct, *uid_acct;
+	struct kvtd_cls_use *uid_cls; /* the uid's pool classes (NULL: not counted) */
 	struct kvt_dev_event *event;
 	struct kvtd_scratch *scr;
 	struct kvt_dev_buf *const *bufs;
@@ -107,7 +109,8 @@ struct kvtd_seq {
 	struct kvt_paris_scratch scr;
 	/* the owner's context, for the index page allocator (paris calls back without one) */
 	const struct kvtd_seq_ctx *owner;
-	int cls_pg;	    /* pool class of index pages */
+	int cls_pg;		      /* pool class of index pages */
+	struct kvtd_cls_use *cls_use; /* where its classes are counted (the creator's uid_cls) */
 	int cls_sk;	    /* pool class of sketch pages (cls_pg's where sizes match), -1: none */
 	uint64_t ret_bytes; /* pool bytes of its index and sketch pages */
 	bool no_sketch;	    /* opened without the sketch ([retrieval] sketch = no), for life */
@@ -120,6 +123,12 @@ struct kvtd_seq {
 /* kvtd_seq_check() - SEQ_OPEN's parameter checks alone (the reason in @x->why). Returns 0 or
  * -EINVAL. */
 int kvtd_seq_check(const struct kvtd_seq_ctx *x, const struct kvt_seq_params *p);
+
+/* kvtd_seq_class_get() - the pool class of slots of @bytes for @q, counted in q->cls_use;
+ * a refusal (-EDQUOT: classes_per_uid, -ENOSPC: every class taken) states its cause in @x->why.
+ * kvtd_seq_class_put() gives it back. */
+int kvtd_seq_class_get(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint64_t bytes);
+void kvtd_seq_class_put(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, int cls);
 
 /*
  * kvtd_seq_create() - validate @p (already copied out of the arena) and create a sequence, its

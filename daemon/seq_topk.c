@@ -72,12 +72,12 @@ seq_retrieval_init(const struct kvtd_seq_ctx *x, struct kvtd_seq *q)
 		(!q->no_sketch &&
 		 kvt_sketch_page_bytes(p->head_dim, page_keys) > x->pool->chunk_size)))
 		page_keys /= 2;
-	r = kvtd_pool_class_get(x->pool, kvt_paris_page_bytes(p->head_dim, page_keys));
+	r = kvtd_seq_class_get(x, q, kvt_paris_page_bytes(p->head_dim, page_keys));
 	if (r < 0)
 		return r;
 	q->cls_pg = r;
 	if (!q->no_sketch) {
-		r = kvtd_pool_class_get(x->pool, kvt_sketch_page_bytes(p->head_dim, page_keys));
+		r = kvtd_seq_class_get(x, q, kvt_sketch_page_bytes(p->head_dim, page_keys));
 		if (r < 0)
 			return r;
 		q->cls_sk = r;

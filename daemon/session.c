@@ -103,6 +103,8 @@ session_alloc(struct kvtd *d)
 	s->memfd = s->sq_efd = s->cq_efd = -1;
 	s->region = MAP_FAILED;
 	s->start_ns = kvtd_now_ns();
+	s->time_rng = (uint32_t)s->start_ns | 1; /* any non-zero seed */
+	s->time_gap = 1;
 	s->max_bufs = d->cfg.buffers_per_session;
 	s->max_seqs = d->cfg.seqs_per_session;
 	s->acct.limit = d->cfg.pool_bytes_per_session;
@@ -237,6 +239,7 @@ kvtd_session_ctx(struct kvtd_session *s)
 	x->dev = s->d->dev;
 	x->acct = &s->acct;
 	x->uid_acct = s->uid_ent ? &s->uid_ent->acct : NULL;
+	x->uid_cls = s->uid_ent ? &s->uid_ent->cls : NULL;
 	x->event = s->dev_event;
 	x->scr = s->poller ? &s->poller->scr : &s->scr;
 	x->bufs = s->bufs;
@@ -267,9 +270,41 @@ kvtd_session_ns_open(struct kvtd_session *s, const struct kvt_ns_params *np)
 		return kvtd_seq_fail(
 		    x, -EMFILE, "%u namespaces open, the session's limit: close one", KVT_MAX_NS);
 	r = kvtd_prefix_ns_open(&s->d->prefix, np, s->prefix_scope, &s->ns[i].ns);
+	if (r == -ENOSPC) {
+		unsigned used, held;
+
+		kvtd_pool_class_count(&s->d->pool, x->uid_cls, &used, &held);
+		return kvtd_seq_fail(x, r,
+				     "no pool class left for its row size: %u of %u in use (%u by "
+				     "this uid), none held only by cached prefix blocks",
+				     used, KVTD_POOL_MAX_CLASSES, held);
+	}
+	if (r == -EDQUOT)
+		return kvtd_seq_fail(
+		    x, r,
+		    "a new namespace past the %u this uid (or the shared scope) may "
+		    "hold ([prefix] namespaces_per_uid), or past %u in all: close "
+		    "namespaces or let their blocks go",
+		    s->d->cfg.prefix_namespaces_per_uid, KVTD_PREFIX_MAX_NS);
 	if (r < 0)
-		return r == -ENOSPC ? kvtd_seq_fail(x, r, "no pool class left for its slot size")
-				    : r;
+		return r;
+	/* The namespace's class counts among the uid's (classes_per_uid) while it is open. */
+	r = kvtd_pool_class_get_for(&s->d->pool, s->ns[i].ns->token_bytes, x->uid_cls);
+	if (r < 0) {
+		unsigned used, held;
+
+		kvtd_prefix_ns_close(&s->d->prefix, s->ns[i].ns);
+		s->ns[i].ns = NULL;
+		if (r != -EDQUOT)
+			return r;
+		kvtd_pool_class_count(&s->d->pool, x->uid_cls, &used, &held);
+		return kvtd_seq_fail(x, r,
+				     "classes_per_uid: this uid's sequences and namespaces use %u "
+				     "pool classes (row sizes), at most %u; this namespace's would "
+				     "be another: close one of another geometry",
+				     held, x->uid_cls->limit);
+	}
+	s->ns[i].uid_cls = r + 1;
 	return (int)i + 1;
 }
 
@@ -288,6 +323,29 @@ pins_drop(struct kvtd_session *s, struct kvtd_ns_handle *h)
 	h->n_pins = 0;
 }
 
+/* Charges (@delta > 0) or uncharges the session's pin arrays to its account and its uid's, as
+ * pool bytes are (the pool's lock guards both): -EDQUOT past either limit. */
+static int
+pins_charge(struct kvtd_session *s, struct kvtd_ns_handle *h, int64_t delta)
+{
+	struct kvtd_acct *a = &s->acct, *u = s->uid_ent ? &s->uid_ent->acct : NULL;
+	struct kvtd_pool *pool = &s->d->pool;
+	int r = 0;
+
+	pthread_mutex_lock(&pool->lock);
+	if (delta > 0 && ((a->limit && a->bytes + (uint64_t)delta > a->limit) ||
+			  (u && u->limit && u->bytes + (uint64_t)delta > u->limit))) {
+		r = -EDQUOT;
+	} else {
+		a->bytes += (uint64_t)delta;
+		if (u)
+			u->bytes += (uint64_t)delta;
+		h->pins_bytes += (uint64_t)delta;
+	}
+	pthread_mutex_unlock(&pool->lock);
+	return r;
+}
+
 int
 kvtd_session_ns_close(struct kvtd_session *s, uint64_t id)
 {
@@ -296,7 +354,11 @@ kvtd_session_ns_close(struct kvtd_session *s, uint64_t id)
 	if (!h)
 		return -ENOENT;
 	pins_drop(s, h);
+	pins_charge(s, h, -(int64_t)h->pins_bytes);
 	free(h->pins);
+	if (h->uid_cls)
+		kvtd_pool_class_put_for(&s->d->pool, h->uid_cls - 1,
+					s->uid_ent ? &s->uid_ent->cls : NULL);
 	kvtd_prefix_ns_close(&s->d->prefix, h->ns);
 	memset(h, 0, sizeof(*h));
 	return 0;
@@ -306,18 +368,34 @@ int
 kvtd_session_lookup(struct kvtd_session *s, struct kvtd_ns_handle *h,
 		    const struct kvt_block_key *keys, uint32_t n, int pin)
 {
+	uint64_t want, had;
 	uint32_t m;
+	int r;
 
 	if (!pin)
 		return (int)kvtd_prefix_lookup(&s->d->prefix, h->ns, keys, n, NULL, 0);
-	/* Room for what matches, not for what was asked: the key count is the client's. The
-	 * pinning pass stops there (sooner if some went meanwhile). */
+	/* Room for what matches, not for what was asked: the key count is the client's, and a
+	 * match is at most what the namespace holds (prefix.h). The pinning pass stops there
+	 * (sooner if some went meanwhile). The array is the session's memory: charged to it
+	 * (one a restart restored, at the first LOOKUP after). */
 	m = kvtd_prefix_match(&s->d->prefix, h->ns, keys, n);
+	want = (uint64_t)(m > h->cap_pins ? m : h->cap_pins) * sizeof(*h->pins);
+	had = h->pins_bytes;
+	if (want > h->pins_bytes) {
+		r = pins_charge(s, h, (int64_t)(want - h->pins_bytes));
+		if (r < 0)
+			return kvtd_seq_fail(kvtd_session_ctx(s), r,
+					     "pinning %u blocks needs %llu bytes more than the "
+					     "session's or uid's pool quota has left",
+					     m, (unsigned long long)(want - h->pins_bytes));
+	}
 	if (m > h->cap_pins) {
 		struct kvtd_pblock **p = realloc(h->pins, m * sizeof(*p));
 
-		if (!p)
+		if (!p) {
+			pins_charge(s, h, -(int64_t)(h->pins_bytes - had));
 			return -ENOMEM;
+		}
 		h->pins = p;
 		h->cap_pins = m;
 	}
@@ -486,11 +564,30 @@ kvtd_session_pending(struct kvtd_session *s)
 	return tail != s->sq_head;
 }
 
+/* Whether to time the next op: every op after a random gap of 1 to 2 * KVTD_OP_TIME_SAMPLE - 1
+ * ops (xorshift32), so on average one in KVTD_OP_TIME_SAMPLE, never in step with a client's
+ * periodic pattern of ops. The common case is a decrement. */
+static inline int
+time_this_op(struct kvtd_session *s)
+{
+	uint32_t x;
+
+	if (--s->time_gap)
+		return 0;
+	x = s->time_rng;
+	x ^= x << 13;
+	x ^= x >> 17;
+	x ^= x << 5;
+	s->time_rng = x;
+	s->time_gap = 1 + x % (2 * KVTD_OP_TIME_SAMPLE - 1);
+	return 1;
+}
+
 unsigned
 kvtd_session_drain(struct kvtd_session *s, uint64_t slice_ns)
 {
 	uint32_t space, n = 0;
-	uint64_t t0 = 0;
+	uint64_t t0 = 0, now = 0; /* now: the last op's end when it was read, else 0 */
 
 	if (s->broken)
 		return 0;
@@ -511,21 +608,27 @@ kvtd_session_drain(struct kvtd_session *s, uint64_t slice_ns)
 		struct kvt_cqe *out = &s->cqes[s->cq_tail & (s->cq_entries - 1)];
 		struct kvt_sqe sqe;
 		struct kvt_cqe cqe;
+		uint64_t start = 0;
 
 		if (!kvt_ring_load_stamp(&slot->stamp, s->sq_head))
 			break;
-		/* One clock read per op: the previous op's end (kvtd_op_run leaves it in
-		 * op_clock_ns) is this one's start, for the slice and the latency histogram. */
-		if (!n) {
-			t0 = kvtd_now_ns();
-			s->op_clock_ns = t0;
-		} else if (slice_ns && s->op_clock_ns - t0 >= slice_ns) {
-			break; /* the rest next round, after the other sessions */
+		/* A clock read costs about as much as a NOP: alone on its poller a session times
+		 * a random 1/KVTD_OP_TIME_SAMPLE of its ops. Sharing it, the slice reads the clock
+		 * after every op anyway, and every op is timed: the previous op's end is this
+		 * one's start. */
+		if (slice_ns) {
+			if (!n)
+				t0 = now = kvtd_now_ns();
+			else if (now - t0 >= slice_ns)
+				break; /* the rest next round, after the other sessions */
+			start = now;
+		} else if (time_this_op(s)) {
+			start = now ? now : kvtd_now_ns();
 		}
 		/* Copy once: the client may rewrite the entry while we work on it. */
 		memcpy(&sqe, slot, sizeof(sqe));
 		cqe.user_data = sqe.user_data;
-		kvtd_op_run(s, &sqe, &cqe);
+		now = kvtd_op_run(s, &sqe, &cqe, start);
 		/* Every field but the stamp, then the stamp: the client may be polling it. */
 		out->user_data = cqe.user_data;
 		out->res = cqe.res;

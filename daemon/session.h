@@ -30,6 +30,8 @@ struct kvtd_ns_handle {
 	struct kvtd_pns *ns; /* NULL: slot free */
 	struct kvtd_pblock **pins;
 	uint32_t n_pins, cap_pins;
+	int uid_cls; /* the namespace's pool class + 1 as counted in the uid's classes; 0: none */
+	uint64_t pins_bytes; /* of pins[], charged to the session and its uid */
 };
 struct kvt_dev_buf;
 struct kvt_dev_event;
@@ -81,7 +83,8 @@ struct kvtd_session {
 	struct kvtd_ns_handle ns[KVT_MAX_NS]; /* index = ns id - 1 */
 	uint64_t ops, errors;
 	struct kvtd_op_stats opst;	 /* per opcode, folded into kvtd.opst_ended at the end */
-	uint64_t op_clock_ns;		 /* drain <-> kvtd_op_run: the op's start, then its end */
+	uint32_t time_rng;		 /* xorshift32 state: which ops the drain times */
+	uint32_t time_gap;		 /* ops until the next one timed (session.c) */
 	struct kvt_dev_event *dev_event; /* EVENT_GET: recorded after each op's copies */
 	uint8_t event_handle[64];
 };

@@ -99,6 +99,7 @@ kvtd_stats_status(struct kvtd *d)
 	ADD(pool, "chunks_free", U64(u.chunks_free));
 	ADD(pool, "classes", U64(u.classes));
 	ADD(pool, "backing", json_object_new_string(d->pool.backing));
+	ADD(pool, "page_kib", json_object_new_int64(d->pool.page_kib));
 	ADD(pool, "numa_node", json_object_new_int(d->pool.numa_node));
 	ADD(pool, "locked", json_object_new_boolean(d->pool.locked));
 	ADD(o, "pool", pool);

@@ -470,6 +470,9 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_block_key) == 16, "kvt_block_key ABI");
  *   KVT_LOOKUP_F_PIN: also pin those blocks for SEQ_OPEN (its SQE's prefix_blocks),
  *   replacing the namespace's earlier pins; pins last until the next pinning LOOKUP, NS_CLOSE
  *   or the session's end. Several sequences may open from one pinning LOOKUP.
+ *   At most 65536 keys, and no more than the namespace holds blocks, are examined: res never
+ *   exceeds either. The pins (8 bytes each) count against the session's and uid's pool quota
+ *   (-EDQUOT).
  *
  * PUBLISH: offer the first @nkeys full blocks of sequence @seq (opened with a namespace) to its
  * namespace; the arena holds their keys, in order. A block's rows are the sequence's own pool

@@ -15,6 +15,13 @@
  * Thread safety: a struct kvt_client is used by one thread at a time (like an io_uring);
  * different clients are independent. Nothing here logs.
  *
+ * fork(): a session belongs to the process that connected it. In a child of that process every
+ * call on the inherited client fails with -ECHILD and touches neither the rings nor the
+ * control socket, so the parent's session carries on unaffected; the child may only
+ * kvt_disconnect() it (which frees its own copy and nothing of the parent's) and kvt_connect()
+ * a session of its own. Detected through a pthread_atfork() handler: a child made by a raw
+ * clone() system call is not noticed and must not use the client.
+ *
  * The wire structs (struct kvt_sqe, kvt_cqe, kvt_seq_params, kvt_seq_stat, KVT_OP_*) come from
  * kvtier/kvt_abi.h, installed under this header's directory.
  */
@@ -400,7 +407,9 @@ int kvt_seq_stat(struct kvt_client *c, uint32_t seq, struct kvt_seq_stat *ret_st
  * kvt_retier_result, then its n_changes struct kvt_slot_change, then n_free u32 free slots
  * (see kvt_abi.h); @out_len must hold them (KVT_RETIER_OUT_SIZE(t0_slots) always does).
  * Returns the bytes written, -ENOSPC (@out too small: nothing changed), -ENOMEM/-EDQUOT (no pool
- * room for int8 rows: nothing changed), or the errors above.
+ * room for int8 rows: nothing changed), or the errors above. At most @out_len bytes are ever
+ * written to @out (a daemon that answers with more gets -EMSGSIZE, @out untouched), so @out_len
+ * must be @out's true size; values past the arena's size are treated as the arena's size.
  */
 int kvt_retier(struct kvt_client *c, uint32_t seq, void *out, uint64_t out_len);
 
@@ -409,7 +418,8 @@ int kvt_retier(struct kvt_client *c, uint32_t seq, void *out, uint64_t out_len);
  * staging row @stage_row on. @flags KVT_FETCH_F_T1 and/or KVT_FETCH_F_T2: every position of
  * those tiers, ascending, written to @pos (room for @count); KVT_FETCH_F_LIST: the @count
  * positions in @pos, in that order. Returns the rows staged per (layer, K|V), -ENOSPC (staging
- * region or @pos too small: nothing staged), -EINVAL, -ENOENT (a listed position was evicted).
+ * region or @pos too small: nothing staged), -EINVAL, -ENOENT (a listed position was evicted),
+ * -EMSGSIZE (the daemon counted more positions than @count: @pos untouched).
  */
 int kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer0, uint32_t nlayers,
 	      uint32_t stage_row, uint32_t *pos, uint32_t count);

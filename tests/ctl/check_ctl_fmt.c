@@ -17,7 +17,8 @@ static const char status_json[] =
     "{\"version\":\"0.1.0\",\"abi\":{\"major\":1,\"minor\":0},\"backend\":\"host\",\"pid\":123,"
     "\"uptime_s\":12.5,\"pollers\":1,\"pool\":{\"size\":4294967296,\"used\":1073741824,"
     "\"free\":3221225472,\"chunk_size\":2097152,\"chunks_free\":1536,\"classes\":3,"
-    "\"backing\":\"thp\",\"numa_node\":-1,\"locked\":true},\"sessions\":2,\"seqs\":1,"
+    "\"backing\":\"thp\",\"page_kib\":2048,\"numa_node\":-1,\"locked\":true},\"sessions\":2,"
+    "\"seqs\":1,"
     "\"ops\":1000,\"errors\":2,\"refused\":{\"quota\":0,\"nomem\":1,\"einval\":0,\"auth\":0,"
     "\"hello_timeout\":3},\"tiers\":[100,200,300,10]}";
 
@@ -110,6 +111,7 @@ START_TEST(test_status_full)
 			      "pool chunks    1536 free, 2.0 MiB each\n"
 			      "pool classes   3\n"
 			      "pool backing   thp\n"
+			      "pool pages     2048 KiB\n"
 			      "pool numa      any\n"
 			      "pool locked    yes\n"
 			      "sessions       2\n"

@@ -8,6 +8,10 @@
  * another scrape or a client's op, is dropped after its timeout (408 when it never sent its
  * request), and past SCRAPERS_MAX at once the next is answered 503. A non-loopback address is
  * refused at start.
+ * One local user cannot keep the others' scrapes out (at most 2 slots per uid but root's and
+ * kvtierd's), and ?sessions=1 shows a scraper only its own uid's sessions unless it is root or
+ * kvtierd's uid, as the control socket does (t_metrics_per_uid: needs root, to act as uid
+ * 65534).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -18,7 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -276,4 +282,144 @@ START_TEST(t_metrics_not_loopback)
 }
 END_TEST
 
-KVT_CHECK_MAIN("metrics_http", 120, NULL, NULL, t_metrics_http, t_metrics_not_loopback)
+#define NOBODY 65534
+
+/* A child's plain GET (no ck_assert: it runs in a child): the reply, at most @len - 1 bytes. */
+static void
+child_get(unsigned port, const char *req, char *out, size_t len)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET,
+				 .sin_port = htons((uint16_t)port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	size_t got = 0;
+	ssize_t n;
+
+	out[0] = '\0';
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    send(fd, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req)) {
+		snprintf(out, len, "connect/send: %s", strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	while (got + 1 < len && (n = recv(fd, out + got, len - 1 - got, 0)) > 0)
+		got += (size_t)n;
+	out[got] = '\0';
+	close(fd);
+}
+
+START_TEST(t_metrics_per_uid)
+{
+	static const char *const extra_base[] = {"--metrics-listen", "127.0.0.1:0", "--config",
+						 NULL, NULL};
+	static char reply[1 << 16];
+	const char *extra[5];
+	char conf[200];
+	struct kvt_opts o = {.size = sizeof(o), .name = "root-secret"};
+	struct kvt_client *c;
+	int go[2], rep[2], st, refused = 0;
+	unsigned port;
+	pid_t pid;
+	char *r, x;
+	FILE *f;
+
+	ck_assert_msg(geteuid() == 0, "t_metrics_per_uid needs root: it acts as uid %d", NOBODY);
+	memcpy(extra, extra_base, sizeof(extra));
+	daemon_prepare(&D);
+	ck_assert_int_eq(chmod(D.dir, 0711), 0); /* uid 65534 connects to the socket too */
+	snprintf(conf, sizeof(conf), "%s/kvtierd.conf", D.dir);
+	f = fopen(conf, "we");
+	ck_assert_ptr_nonnull(f);
+	fputs("[daemon]\nsocket_mode = 0666\n", f);
+	fclose(f);
+	extra[3] = conf;
+	daemon_spawn(&D, extra);
+	daemon_wait_ready(&D);
+	port = metrics_port();
+	ck_assert_int_eq(kvt_connect(D.sock, &o, &c), 0);
+
+	ck_assert_int_eq(pipe(go), 0);
+	ck_assert_int_eq(pipe(rep), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct kvt_opts no = {.size = sizeof(no), .name = "nobody-own"};
+		struct kvt_client *nc = NULL;
+		struct sockaddr_in sa = {.sin_family = AF_INET,
+					 .sin_port = htons((uint16_t)port),
+					 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+		int fds[8];
+
+		close(go[1]);
+		close(rep[0]);
+		if (setgroups(0, NULL) < 0 || setgid(NOBODY) < 0 || setuid(NOBODY) < 0)
+			_exit(3);
+		/* 8 connections that never send their request: as many as there are slots */
+		for (int i = 0; i < 8; i++) {
+			char b[256];
+
+			fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+			if (fds[i] < 0 || connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)) < 0)
+				_exit(6);
+			/* a refused one is answered 503 and closed at once; a held one stays
+			 * silent until its deadline (seconds) */
+			struct timeval tv = {0, 300000};
+
+			setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+			if (recv(fds[i], b, sizeof(b), 0) > 12 && !strncmp(b, "HTTP/1.0 503", 12))
+				refused++;
+		}
+		if (write(rep[1], &refused, sizeof(refused)) != sizeof(refused))
+			_exit(4);
+		if (read(go[0], &x, 1) != 1) /* hold them while the parent scrapes */
+			_exit(5);
+		for (int i = 0; i < 8; i++)
+			close(fds[i]);
+		/* its own session, then what ?sessions=1 shows it */
+		if (kvt_connect(D.sock, &no, &nc) < 0)
+			_exit(7);
+		child_get(port, "GET /metrics?sessions=1 HTTP/1.0\r\n\r\n", reply, sizeof(reply));
+		kvt_disconnect(nc);
+		_exit(write(rep[1], reply, strlen(reply) + 1) > 0 ? 0 : 4);
+	}
+	close(go[0]);
+	close(rep[1]);
+	ck_assert_int_eq(read(rep[0], &refused, sizeof(refused)), (ssize_t)sizeof(refused));
+	/* root scrapes while uid 65534 holds every connection it could open */
+	r = http(port, "GET /metrics HTTP/1.0\r\n\r\n");
+	ck_assert_msg(!strncmp(r, "HTTP/1.0 200 OK\r\n", 17),
+		      "root's scrape while uid %d holds 8 connections: %.200s", NOBODY, r);
+	free(r);
+	ck_assert_msg(refused == 6, "uid %d: %d of 8 connections refused 503, want 6", NOBODY,
+		      refused);
+	ck_assert_int_eq(write(go[1], "x", 1), 1);
+	close(go[1]);
+	{
+		size_t got = 0;
+		ssize_t n;
+
+		while (got + 1 < sizeof(reply) &&
+		       (n = read(rep[0], reply + got, sizeof(reply) - 1 - got)) > 0)
+			got += (size_t)n;
+		reply[got] = '\0';
+	}
+	close(rep[0]);
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %d", st);
+	ck_assert_msg(!strncmp(reply, "HTTP/1.0 200 OK\r\n", 17), "nobody's scrape: %.200s", reply);
+	ck_assert_msg(!strstr(reply, "root-secret"), "uid %d's ?sessions=1 shows root's session",
+		      NOBODY);
+	ck_assert_msg(strstr(reply, "nobody-own"), "uid %d's ?sessions=1 misses its own session",
+		      NOBODY);
+	/* root sees every session (nobody's is gone by now: its own) */
+	r = http(port, "GET /metrics?sessions=1 HTTP/1.0\r\n\r\n");
+	ck_assert_ptr_nonnull(strstr(r, "root-secret"));
+	free(r);
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&D), 0);
+}
+END_TEST
+
+KVT_CHECK_MAIN("metrics_http", 120, NULL, NULL, t_metrics_http, t_metrics_not_loopback,
+	       t_metrics_per_uid)

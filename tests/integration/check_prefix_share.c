@@ -678,6 +678,119 @@ START_TEST(t_concurrent)
 }
 END_TEST
 
+static int64_t blocks_get(const char *field);
+
+/* CLIENTS' pool_bytes of the session named @name. */
+static int64_t
+session_pool_bytes(const char *name)
+{
+	struct json_object *o = admin_request(Dm.sock, KVT_CTL_CLIENTS), *a, *c, *v;
+	int64_t bytes = -1;
+
+	ck_assert_ptr_nonnull(o);
+	ck_assert(json_object_object_get_ex(o, "clients", &a));
+	for (size_t i = 0; i < json_object_array_length(a); i++) {
+		c = json_object_array_get_idx(a, i);
+		if (json_object_object_get_ex(c, "name", &v) &&
+		    !strcmp(json_object_get_string(v), name))
+			bytes = json_get_i64(c, "pool_bytes");
+	}
+	json_object_put(o);
+	ck_assert_msg(bytes >= 0, "no session named %s", name);
+	return bytes;
+}
+
+/* A LOOKUP that repeats one key pins no more than the namespace holds, its pin array is charged
+ * to the session (and freed with its pins), and one SQE examines a bounded number of keys. */
+START_TEST(t_pins_bounded)
+{
+	enum { REPEAT = 500000 };
+	struct kvt_opts o = {
+	    .size = sizeof(o), .spin_us = 10, .name = "pinner", .arena_size = 16u << 20};
+	struct kvt_ns_params np = nsp("model-p");
+	struct kvt_block_key keys[NBLK], *many;
+	struct client a;
+	struct kvt_client *c;
+	uint32_t tok[NTOK], ns;
+
+	start();
+	client_open(&a, "model-p");
+	tokens_of(tok, NTOK, 0);
+	ck_assert_int_eq(kvt_block_keys(&np, NULL, tok, NTOK, keys, NBLK), NBLK);
+	publish_prompt(&a, keys, NTOK);
+	ck_assert_int_eq(kvt_connect(Dm.sock, &o, &c), 0);
+	ck_assert_int_eq(kvt_ns_open(c, &np, &ns), 0);
+	many = malloc(REPEAT * sizeof(*many));
+	ck_assert_ptr_nonnull(many);
+	for (uint32_t i = 0; i < REPEAT; i++)
+		many[i] = keys[0];
+	/* the namespace holds NBLK blocks: no match is longer, pinning or not */
+	ck_assert_int_eq(kvt_lookup(c, ns, many, REPEAT, 0), NBLK);
+	ck_assert_int_eq(session_pool_bytes("pinner"), 0);
+	ck_assert_int_eq(kvt_lookup(c, ns, many, REPEAT, KVT_LOOKUP_F_PIN), NBLK);
+	ck_assert_int_eq(session_pool_bytes("pinner"), NBLK * (int64_t)sizeof(void *));
+	ck_assert_int_eq(blocks_get("referenced"), NBLK);
+	/* a real prefix still pins in full */
+	ck_assert_int_eq(kvt_lookup(c, ns, keys, NBLK, KVT_LOOKUP_F_PIN), NBLK);
+	ck_assert_int_eq(kvt_ns_close(c, ns), 0);
+	ck_assert_int_eq(session_pool_bytes("pinner"), 0);
+	free(many);
+	kvt_disconnect(c);
+	kvt_disconnect(a.c);
+	stop();
+}
+END_TEST
+
+/* With [limits] pool_bytes_per_uid, a uid's blocks hold at most that share of cache_bytes:
+ * publishing past it is -ENOSPC while they are referenced, and the uid's own unreferenced
+ * blocks give way first. (Publishing moves a block's charge off the uid's account: without the
+ * share one uid held cache_bytes of referenced blocks whatever its quota.) */
+START_TEST(t_uid_share)
+{
+	enum { PROMPTS = 4, SHARE = PROMPTS * NBLK * BT * TOK_BYTES };
+	struct kvt_ns_params np = nsp("model-q");
+	struct kvt_block_key keys[PROMPTS + 2][NBLK];
+	uint32_t tok[NTOK], seq[PROMPTS + 2], n_new;
+	struct kvt_seq_params p;
+	struct client a;
+	char conf[128];
+
+	snprintf(conf, sizeof(conf),
+		 "[limits]\npool_bytes_per_uid = %u\n[prefix]\ncache_bytes = 8M\n", SHARE);
+	start_conf(conf);
+	client_open(&a, "model-q");
+	p = seqp(&a);
+	/* one sequence at a time: the uid's quota holds one unpublished */
+	for (int i = 0; i < PROMPTS + 1; i++) {
+		tokens_of(tok, NTOK, 1000 * (i + 1));
+		ck_assert_int_eq(kvt_block_keys(&np, NULL, tok, NTOK, keys[i], NBLK), NBLK);
+		ck_assert_int_eq(kvt_seq_open_prefix(a.c, &p, a.ns, 0, &seq[i]), 0);
+		append_range(&a, seq[i], 0, NTOK);
+		/* the share holds PROMPTS prompts in use */
+		if (i < PROMPTS)
+			ck_assert_int_eq(kvt_publish(a.c, seq[i], keys[i], NBLK, &n_new), NBLK);
+	}
+	/* the next is refused and changes nothing */
+	ck_assert_int_eq(kvt_publish(a.c, seq[PROMPTS], keys[PROMPTS], NBLK, &n_new), -ENOSPC);
+	ck_assert_int_eq(blocks_get("blocks"), PROMPTS * NBLK);
+	ck_assert_int_eq(blocks_get("bytes"), SHARE);
+	/* a prompt no longer in use gives way to the uid's next */
+	ck_assert_int_eq(kvt_seq_close(a.c, seq[0]), 0);
+	ck_assert_int_eq(kvt_publish(a.c, seq[PROMPTS], keys[PROMPTS], NBLK, &n_new), NBLK);
+	ck_assert_uint_eq(n_new, NBLK);
+	ck_assert_int_eq(kvt_lookup(a.c, a.ns, keys[0], NBLK, 0), 0);
+	tokens_of(tok, NTOK, 1000 * (PROMPTS + 2));
+	ck_assert_int_eq(kvt_block_keys(&np, NULL, tok, NTOK, keys[PROMPTS + 1], NBLK), NBLK);
+	ck_assert_int_eq(kvt_seq_open_prefix(a.c, &p, a.ns, 0, &seq[PROMPTS + 1]), 0);
+	append_range(&a, seq[PROMPTS + 1], 0, NTOK);
+	ck_assert_int_eq(kvt_publish(a.c, seq[PROMPTS + 1], keys[PROMPTS + 1], NBLK, &n_new),
+			 -ENOSPC);
+	ck_assert_int_eq(blocks_get("bytes"), SHARE);
+	kvt_disconnect(a.c);
+	stop();
+}
+END_TEST
+
 /* A field of the BLOCKS document. */
 static int64_t
 blocks_get(const char *field)
@@ -760,4 +873,5 @@ START_TEST(t_restart)
 END_TEST
 
 KVT_CHECK_MAIN("prefix_share", 120, NULL, NULL, t_share, t_publisher_killed, t_namespaces,
-	       t_uid_scope, t_copy_on_write, t_dedupe, t_bad_input, t_fuzz, t_concurrent, t_restart)
+	       t_uid_scope, t_copy_on_write, t_dedupe, t_bad_input, t_fuzz, t_concurrent, t_restart,
+	       t_pins_bounded, t_uid_share)

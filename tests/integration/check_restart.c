@@ -16,10 +16,13 @@
  *    skipped part).
  */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <check.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -652,6 +655,609 @@ START_TEST(t_restart_not_admin)
 }
 END_TEST
 
+/* A free loopback port: bound, read back, released. */
+static unsigned
+free_port(void)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
+/* With metrics_listen on a fixed port, restarts keep the session and /metrics: the teardown
+ * child of the old process holds no copy of the metrics listener while the new one binds it. */
+START_TEST(t_restart_metrics_listen)
+{
+	char cfgpath[] = "/tmp/kvt-restart-cfg-XXXXXX";
+	const char *extra[] = {"--config", cfgpath, NULL};
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_client *c;
+	struct kvtd_proc d;
+	unsigned port = free_port();
+	int fd = mkstemp(cfgpath);
+
+	ck_assert_int_ge(fd, 0);
+	dprintf(fd, "[daemon]\nmetrics_listen = 127.0.0.1:%u\n", port);
+	close(fd);
+	daemon_start(&d, extra);
+	ck_assert_int_eq(kvt_connect(d.sock, &o, &c), 0);
+	for (int i = 0; i < 5; i++) {
+		struct sockaddr_in sa = {.sin_family = AF_INET,
+					 .sin_port = htons((uint16_t)port),
+					 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+		struct json_object *st;
+		int tries = 0, s;
+
+		restart(&d, 1);
+		/* After a failed bind the new process tries again: wait for it, boundedly. */
+		for (;; tries++) {
+			s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+			ck_assert_int_ge(s, 0);
+			if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+				break;
+			close(s);
+			ck_assert_msg(tries < 400, "restart %d: /metrics never came back", i + 1);
+			usleep(25000);
+		}
+		close(s);
+		st = admin_request(d.sock, KVT_CTL_STATUS);
+		ck_assert_ptr_nonnull(st);
+		ck_assert_int_eq(json_get_i64(st, "sessions"), 1);
+		json_object_put(st);
+	}
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	unlink(cfgpath);
+}
+END_TEST
+
+/* A RESTART whose asker hung up before the restart was carried out, and the restart fails (the
+ * binary on disk lost its execute bits): the daemon answers no one and keeps serving, rather
+ * than writing its reply through the freed connection (ASan reported a use after free). */
+START_TEST(t_restart_fails_asker_gone)
+{
+	char dir[] = "/tmp/kvt-restart-bin-XXXXXX", bin[64], cmd[256];
+	/* under the unit's system call filter KVTIERD is a wrapper that runs KVT_EXEC */
+	const char *var = getenv("KVT_EXEC") ? "KVT_EXEC" : "KVTIERD", *orig = getenv(var);
+	struct kvt_ctl_hdr h = {.type = KVT_CTL_RESTART, .len = sizeof(h), .id = 7};
+	struct json_object *st;
+	struct kvtd_proc d;
+	int fd;
+
+	ck_assert_ptr_nonnull(orig);
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(bin, sizeof(bin), "%s/kvtierd", dir);
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", orig, bin);
+	ck_assert_int_eq(system(cmd), 0);
+	ck_assert_int_eq(chmod(bin, 0755), 0);
+	orig = strdup(orig);
+	setenv(var, bin, 1);
+	daemon_start(&d, NULL);
+	setenv(var, orig, 1);
+	free((void *)orig);
+	ck_assert_int_eq(chmod(bin, 0644), 0); /* the restart's exec now fails */
+	for (int i = 0; i < 3; i++) {
+		fd = ctl_raw_connect(d.sock);
+		ck_assert_int_ge(fd, 0);
+		/* Stopped, the daemon finds the request and the hangup in one turn of its loop. */
+		ck_assert_int_eq(kill(d.pid, SIGSTOP), 0);
+		ck_assert_int_eq(send(fd, &h, sizeof(h), 0), sizeof(h));
+		close(fd);
+		ck_assert_int_eq(kill(d.pid, SIGCONT), 0);
+		st = admin_request(d.sock, KVT_CTL_STATUS);
+		ck_assert_msg(st, "no STATUS after a failed restart (log %s)", d.log);
+		ck_assert_int_eq(json_get_i64(st, "restarts"), 0);
+		json_object_put(st);
+	}
+	ck_assert(daemon_alive(&d));
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	unlink(bin);
+	rmdir(dir);
+}
+END_TEST
+
+/* A retrieval sequence (ret_update 16) of @ntok tokens in a new session; returns the session. */
+static struct kvt_client *
+retrieval_session(const char *sock, int ntok, uint32_t *ret_seq)
+{
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	static float rows[16 * TOK];
+	struct kvt_client *c;
+
+	if (kvt_connect(sock, &o, &c) < 0)
+		return NULL;
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_TIERED;
+	p.delta = 16;
+	p.sinks = 4;
+	p.window = 16;
+	p.ret_update = 16;
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+		rows[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+	if (kvt_seq_open(c, &p, ret_seq) < 0)
+		return NULL;
+	for (int t = 0; t < ntok; t += 16)
+		if (kvt_append(c, *ret_seq, rows, sizeof(rows), 16, NULL) < 0)
+			return NULL;
+	return c;
+}
+
+/*
+ * pool_bytes_per_session lowered below what a session holds and max_sessions lowered to 1, then
+ * a restart: both sessions (of two uids when run as root) are kept, retrieval indexes rebuilt,
+ * and only new work is refused. It dropped every session ("rebuilding its retrieval index:
+ * Cannot allocate memory"), and the second uid found no uid entry ("Too many users").
+ */
+START_TEST(t_restart_lowered_quota)
+{
+	char cfgpath[] = "/tmp/kvt-restart-cfg-XXXXXX";
+	const char *extra[] = {"--config", cfgpath, NULL};
+	struct kvt_seq_stat before = {.size = sizeof(before)}, after = {.size = sizeof(after)};
+	static float rows[16 * TOK];
+	int go[2], ready[2], fd = mkstemp(cfgpath), st;
+	struct kvt_client *c;
+	struct kvtd_proc d;
+	uint32_t seq;
+	pid_t pid;
+
+	ck_assert_int_ge(fd, 0);
+	dprintf(fd, "[limits]\nmax_sessions = 4\n");
+	close(fd);
+	daemon_start(&d, extra);
+	chmod(d.dir, 0755);
+	chmod(d.sock, 0666);
+	ck_assert_int_eq(pipe(go), 0);
+	ck_assert_int_eq(pipe(ready), 0);
+	pid = fork();
+	if (pid == 0) {
+		uint32_t s2;
+		struct kvt_client *c2;
+		struct kvt_seq_stat ss = {.size = sizeof(ss)};
+
+		if (geteuid() == 0 && (setgid(65534) || setuid(65534)))
+			_exit(2);
+		c2 = retrieval_session(d.sock, 256, &s2);
+		if (!c2)
+			_exit(3);
+		wbyte(ready[1], 'r');
+		rbyte(go[0]);
+		if (kvt_seq_stat(c2, s2, &ss) < 0 || ss.n_tokens != 256)
+			_exit(4);
+		_exit(0);
+	}
+	c = retrieval_session(d.sock, 256, &seq);
+	ck_assert_ptr_nonnull(c);
+	ck_assert_int_eq(rbyte(ready[0]), 'r');
+	ck_assert_int_eq(kvt_seq_stat(c, seq, &before), 0);
+	ck_assert_uint_gt(before.pool_bytes, 64 << 10);
+	fd = open(cfgpath, O_WRONLY | O_TRUNC);
+	dprintf(fd, "[limits]\nmax_sessions = 1\npool_bytes_per_session = 64K\n");
+	close(fd);
+	restart(&d, 2);
+	ck_assert_int_eq(kvt_seq_stat(c, seq, &after), 0);
+	ck_assert_uint_eq(after.n_tokens, before.n_tokens);
+	ck_assert_uint_eq(after.pool_bytes, before.pool_bytes); /* the index rebuilt, charged */
+	/* over its new limit: new work is refused, what it holds stays */
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 16, NULL), -EDQUOT);
+	wbyte(go[1], 'g');
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "second session: status %d", st);
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	unlink(cfgpath);
+}
+END_TEST
+
+/* Opens a sequence of workload() kind @kind in @c and runs @steps steps of APPEND, SCORE_ADD,
+ * RETIER and FETCH on it (staging into @stage); returns its id, 0 on failure. */
+static uint32_t
+stat_seq(struct kvt_client *c, struct kvt_buf *stage, int kind, int steps)
+{
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	static float rows[STEP_TOK * TOK], sc[STAGE];
+	static uint32_t pos[STAGE];
+	static uint8_t rout[KVT_RETIER_OUT_SIZE(0) + 4096];
+	uint64_t rng = 0x57a7 + (uint64_t)kind;
+	uint32_t seq, n = 0;
+
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_TIERED;
+	p.delta = STEP_TOK;
+	p.sinks = 4;
+	p.window = 16;
+	p.evict_frac = 0.1f;
+	p.t2_frac = kind == 0 ? 0.4f : 0.0f;
+	p.t2_flags = kind == 0 ? KVT_T2_F_KEY_CHANNEL : 0;
+	p.ret_update = kind == 1 ? 16 : 0;
+	p.stage_buf_id = kvt_buf_id(stage);
+	p.stage_slots = STAGE;
+	p.stage_slot_stride = ROW * 4;
+	p.stage_kv_stride = (uint64_t)STAGE * ROW * 4;
+	p.stage_layer_stride = 2ull * STAGE * ROW * 4;
+	if (kvt_seq_open(c, &p, &seq) < 0)
+		return 0;
+	for (int step = 0; step < steps; step++) {
+		for (size_t i = 0; i < (size_t)STEP_TOK * TOK; i++)
+			rows[i] = rndf(&rng);
+		if (kvt_append(c, seq, rows, sizeof(rows), STEP_TOK, NULL) !=
+		    (int64_t)(n + STEP_TOK))
+			return 0;
+		n += STEP_TOK;
+		for (uint32_t i = 0; i < n; i++)
+			sc[i] = (float)(rnd(&rng) & 0xff) / 256.0f;
+		if (kvt_score_add(c, seq, 0, sc, n) < 0 ||
+		    kvt_retier(c, seq, rout, sizeof(rout)) < 0 ||
+		    kvt_fetch(c, seq, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, L, 0, pos, STAGE) < 0)
+			return 0;
+	}
+	return seq;
+}
+
+/*
+ * Every SEQ_STAT field of every sequence, and every field kvtierctl seqs shows (SEQS), are the
+ * same after a restart in place as before it: an image that drops any one counter of a sequence
+ * (tokens, tier counts, bytes in and out, score total, pool bytes) fails here.
+ */
+START_TEST(t_restart_seq_stats_kept)
+{
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_seq_stat before[2], after[2];
+	struct json_object *js;
+	struct kvt_client *c;
+	struct kvt_buf *stage;
+	struct kvtd_proc d;
+	uint32_t seq[2];
+	char *seqs_before;
+
+	daemon_start(&d, NULL);
+	ck_assert_int_eq(kvt_connect(d.sock, &o, &c), 0);
+	ck_assert_int_eq(kvt_buf_alloc(c, (size_t)L * 2 * STAGE * ROW * 4, &stage), 0);
+	for (int k = 0; k < 2; k++) {
+		seq[k] = stat_seq(c, stage, k, 24);
+		ck_assert_uint_ne(seq[k], 0);
+		memset(&before[k], 0, sizeof(before[k]));
+		before[k].size = sizeof(before[k]);
+		ck_assert_int_eq(kvt_seq_stat(c, seq[k], &before[k]), 0);
+		/* each counter has moved, so that losing it shows */
+		ck_assert_uint_gt(before[k].n_tokens, 0);
+		ck_assert_uint_gt(before[k].tier_count[1], 0);
+		ck_assert_uint_gt(before[k].tier_count[3], 0);
+		ck_assert_uint_gt(before[k].pool_bytes, 0);
+		ck_assert_uint_gt(before[k].bytes_in, 0);
+		ck_assert_uint_gt(before[k].bytes_out, 0);
+		ck_assert(before[k].score_total > 0);
+	}
+	ck_assert_uint_gt(before[0].tier_count[2], 0);
+	js = admin_request(d.sock, KVT_CTL_SEQS);
+	ck_assert_ptr_nonnull(js);
+	seqs_before = strdup(json_object_to_json_string(js));
+	json_object_put(js);
+	restart(&d, 1);
+	for (int k = 0; k < 2; k++) {
+		memset(&after[k], 0, sizeof(after[k]));
+		after[k].size = sizeof(after[k]);
+		ck_assert_int_eq(kvt_seq_stat(c, seq[k], &after[k]), 0);
+		ck_assert_uint_eq(after[k].seq, before[k].seq);
+		ck_assert_uint_eq(after[k].n_tokens, before[k].n_tokens);
+		for (int t = 0; t < 4; t++)
+			ck_assert_uint_eq(after[k].tier_count[t], before[k].tier_count[t]);
+		ck_assert_uint_eq(after[k].pool_bytes, before[k].pool_bytes);
+		ck_assert_uint_eq(after[k].bytes_in, before[k].bytes_in);
+		ck_assert_uint_eq(after[k].bytes_out, before[k].bytes_out);
+		ck_assert(after[k].score_total == before[k].score_total);
+		/* and whatever field SEQ_STAT gains later */
+		ck_assert_int_eq(memcmp(&after[k], &before[k], sizeof(after[k])), 0);
+	}
+	js = admin_request(d.sock, KVT_CTL_SEQS);
+	ck_assert_ptr_nonnull(js);
+	ck_assert_str_eq(json_object_to_json_string(js), seqs_before);
+	json_object_put(js);
+	free(seqs_before);
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+}
+END_TEST
+
+/* Sends RESTART and returns its error reply's message (static), or NULL when it was a JSON
+ * answer; the error must be -ECANCELED: the restart was refused. */
+static const char *
+restart_refused(struct kvtd_proc *d)
+{
+	static char buf[KVT_CTL_MAX_MSG];
+	struct kvt_ctl_hdr h = {.type = KVT_CTL_RESTART, .len = sizeof(h), .id = 9};
+	const struct kvt_ctl_error *e = (const void *)buf;
+	int fd = ctl_raw_connect(d->sock);
+	ssize_t n;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(send(fd, &h, sizeof(h), 0), sizeof(h));
+	n = ctl_raw_recv(fd, buf, sizeof(buf) - 1, 20000);
+	close(fd);
+	ck_assert_msg(n >= (ssize_t)sizeof(e->hdr), "no reply to RESTART (log %s)", d->log);
+	buf[n] = '\0';
+	if (e->hdr.type != KVT_CTL_ERROR)
+		return NULL;
+	ck_assert_int_ge(n, sizeof(*e));
+	ck_assert_int_eq(e->err, -ECANCELED);
+	return e->msg;
+}
+
+/* Where the last loaded segment of the ELF image @elf ends in the file. */
+static size_t
+loaded_end(const void *elf)
+{
+	const Elf64_Ehdr *eh = elf;
+	size_t end = 0;
+
+	ck_assert_int_eq(memcmp(eh->e_ident, ELFMAG, SELFMAG), 0);
+	for (unsigned i = 0; i < eh->e_phnum; i++) {
+		const Elf64_Phdr *ph =
+		    (const void *)((const char *)elf + eh->e_phoff + (size_t)i * eh->e_phentsize);
+
+		if (ph->p_type == PT_LOAD && ph->p_offset + ph->p_filesz > end)
+			end = ph->p_offset + ph->p_filesz;
+	}
+	ck_assert_uint_gt(end, 0);
+	return end;
+}
+
+/* @bin replaced (renamed over, as a package upgrade does) by @len bytes of @data, mode 0755. */
+static void
+replace_bin(const char *bin, const void *data, size_t len)
+{
+	char tmp[80];
+	int fd;
+
+	snprintf(tmp, sizeof(tmp), "%s.new", bin);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0755);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, data, len), (ssize_t)len);
+	close(fd);
+	ck_assert_int_eq(rename(tmp, bin), 0);
+}
+
+/*
+ * The pre-flight: a configuration the new process refuses (an unknown key), a truncated binary
+ * and a foreign executable each refuse the restart with a reason, and the session lives on with
+ * its rows; then the good binary and configuration back, and the restart goes ahead. Each of
+ * them used to exec a process that died, and every session with it.
+ */
+START_TEST(t_restart_preflight)
+{
+	char dir[] = "/tmp/kvt-restart-bin-XXXXXX", bin[64], cmd[256], cfgpath[80];
+	const char *extra[] = {"--config", cfgpath, NULL};
+	const char *var = getenv("KVT_EXEC") ? "KVT_EXEC" : "KVTIERD", *orig = getenv(var);
+	static const char foreign[] = "#!/bin/sh\necho 'some other program'\nexit 3\n";
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	static float rows[2 * TOK];
+	struct json_object *st;
+	struct kvt_client *c;
+	struct kvtd_proc d;
+	const char *why;
+	struct stat sb;
+	char *good;
+	uint32_t seq;
+	int fd;
+
+	ck_assert_ptr_nonnull(orig);
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(bin, sizeof(bin), "%s/kvtierd", dir);
+	snprintf(cfgpath, sizeof(cfgpath), "%s/kvtierd.conf", dir);
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", orig, bin);
+	ck_assert_int_eq(system(cmd), 0);
+	ck_assert_int_eq(stat(bin, &sb), 0);
+	good = malloc((size_t)sb.st_size);
+	fd = open(bin, O_RDONLY);
+	ck_assert_int_eq(read(fd, good, (size_t)sb.st_size), sb.st_size);
+	close(fd);
+	fd = open(cfgpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	dprintf(fd, "[limits]\nseqs_per_session = 8\n");
+	close(fd);
+	orig = strdup(orig);
+	setenv(var, bin, 1);
+	daemon_start(&d, extra);
+	setenv(var, orig, 1);
+	free((void *)orig);
+	ck_assert_int_eq(kvt_connect(d.sock, &o, &c), 0);
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_FULL;
+	p.delta = 16;
+	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 2, NULL), 2);
+
+	/* 1: a configuration SIGHUP refuses too */
+	fd = open(cfgpath, O_WRONLY | O_TRUNC);
+	dprintf(fd, "[limits]\nseqs_per_session = 8\nno_such_key = 1\n");
+	close(fd);
+	why = restart_refused(&d);
+	ck_assert_ptr_nonnull(why);
+	ck_assert_msg(strstr(why, "no_such_key"), "reason: %s", why);
+	fd = open(cfgpath, O_WRONLY | O_TRUNC);
+	dprintf(fd, "[limits]\nseqs_per_session = 8\n");
+	close(fd);
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 2, NULL), 4);
+
+	/* 2: a truncated binary: cut in the middle of what the loader maps (its end past it) */
+	replace_bin(bin, good, loaded_end(good) / 2);
+	why = restart_refused(&d);
+	ck_assert_ptr_nonnull(why);
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 2, NULL), 6);
+
+	/* 3: another program */
+	replace_bin(bin, foreign, sizeof(foreign) - 1);
+	why = restart_refused(&d);
+	ck_assert_ptr_nonnull(why);
+	ck_assert_msg(strstr(why, "exited 3"), "reason: %s", why);
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 2, NULL), 8);
+
+	st = admin_request(d.sock, KVT_CTL_STATUS);
+	ck_assert_ptr_nonnull(st);
+	ck_assert_int_eq(json_get_i64(st, "restarts"), 0);
+	json_object_put(st);
+
+	/* the good binary back: the restart goes ahead */
+	replace_bin(bin, good, (size_t)sb.st_size);
+	restart(&d, 1);
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 2, NULL), 10);
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	free(good);
+	unlink(bin);
+	unlink(cfgpath);
+	rmdir(dir);
+}
+END_TEST
+
+/*
+ * The restart soak: 4 clients run workload() over and over (APPEND, SCORE_ADD, RETIER, FETCH
+ * with every T1 row compared bit for bit, TOPK), with metrics_listen set, while the daemon
+ * restarts in place $KVT_RESTART_SOAK times (6 in CI; restart_soak.sh runs 500); every
+ * $KVT_RESTART_SOAK_BAD-th time (3 in CI, 50 in the long run) a configuration with an unknown key
+ * and then a truncated binary are tried first and must be refused. No client may lose its
+ * session or see a wrong row, and afterwards the daemon holds the descriptors, mappings and pool
+ * bytes it held before.
+ */
+START_TEST(t_restart_soak)
+{
+	char dir[] = "/tmp/kvt-restart-bin-XXXXXX", bin[64], cmd[256], cfgpath[80];
+	const char *extra[] = {"--config", cfgpath, NULL};
+	const char *var = getenv("KVT_EXEC") ? "KVT_EXEC" : "KVTIERD", *orig = getenv(var);
+	const char *env_n = getenv("KVT_RESTART_SOAK"), *env_bad = getenv("KVT_RESTART_SOAK_BAD");
+	unsigned n = env_n ? (unsigned)atoi(env_n) : 6, bad = env_bad ? (unsigned)atoi(env_bad) : 3;
+	unsigned port = free_port(), refused = 0;
+	struct kvtd_usage u0, u1;
+	struct kvtd_proc d;
+	pid_t kids[4];
+	int stop[2], fd;
+	struct stat sb;
+	char *good;
+
+	ck_assert_ptr_nonnull(orig);
+	ck_assert_uint_gt(bad, 0);
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(bin, sizeof(bin), "%s/kvtierd", dir);
+	snprintf(cfgpath, sizeof(cfgpath), "%s/kvtierd.conf", dir);
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", orig, bin);
+	ck_assert_int_eq(system(cmd), 0);
+	ck_assert_int_eq(stat(bin, &sb), 0);
+	good = malloc((size_t)sb.st_size);
+	fd = open(bin, O_RDONLY);
+	ck_assert_int_eq(read(fd, good, (size_t)sb.st_size), sb.st_size);
+	close(fd);
+	fd = open(cfgpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	dprintf(fd, "[daemon]\nmetrics_listen = 127.0.0.1:%u\n", port);
+	close(fd);
+	orig = strdup(orig);
+	setenv(var, bin, 1);
+	daemon_start(&d, extra);
+	setenv(var, orig, 1);
+	free((void *)orig);
+	/* the baseline is a restarted process's that has served a workload (its poller's malloc
+	 * arena made) */
+	restart(&d, 0);
+	ck_assert_int_eq(workload(d.sock, 1, -1, -1).err, 0);
+	usleep(500000); /* a steadier baseline: the restart's short-lived threads gone */
+	u0 = daemon_usage(&d);
+	ck_assert_int_eq(pipe(stop), 0);
+	for (int k = 0; k < 4; k++) {
+		kids[k] = fork();
+		ck_assert_int_ge(kids[k], 0);
+		if (kids[k] == 0) {
+			close(stop[1]);
+			fcntl(stop[0], F_SETFL, O_NONBLOCK);
+			for (unsigned round = 0;; round++) {
+				struct digest dg = workload(d.sock, k % 2, -1, -1);
+				char c;
+
+				if (dg.err)
+					_exit(dg.err % 200 + 1);
+				if (read(stop[0], &c, 1) == 0) /* EOF: the parent is done */
+					_exit(0);
+			}
+		}
+	}
+	close(stop[0]);
+	for (unsigned i = 1; i <= n; i++) {
+		if (i % bad == 0) {
+			const char *why;
+
+			fd = open(cfgpath, O_WRONLY | O_TRUNC);
+			dprintf(fd, "[daemon]\nmetrics_listen = 127.0.0.1:%u\nno_such_key = 1\n",
+				port);
+			close(fd);
+			why = restart_refused(&d);
+			ck_assert_msg(why, "restart %u: a bad configuration was not refused", i);
+			fd = open(cfgpath, O_WRONLY | O_TRUNC);
+			dprintf(fd, "[daemon]\nmetrics_listen = 127.0.0.1:%u\n", port);
+			close(fd);
+			replace_bin(bin, good, loaded_end(good) / 2);
+			why = restart_refused(&d);
+			ck_assert_msg(why, "restart %u: a truncated binary was not refused", i);
+			replace_bin(bin, good, (size_t)sb.st_size);
+			refused += 2;
+		}
+		restart(&d, -1);
+		if (env_n && i % 50 == 0)
+			fprintf(stderr, "restart soak: %u restarts, %u refused\n", i, refused);
+	}
+	close(stop[1]);
+	for (int k = 0; k < 4; k++) {
+		int st;
+
+		ck_assert_int_eq(waitpid(kids[k], &st, 0), kids[k]);
+		ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+			      "client %d: status %d (workload failure code %d)", k, st,
+			      WIFEXITED(st) ? WEXITSTATUS(st) - 1 : -1);
+	}
+	/* measured as the baseline was: a restarted process after one workload (descriptors and
+	 * pool bytes are carried by every restart; a mapping of the old process is not) */
+	restart(&d, 0);
+	ck_assert_int_eq(workload(d.sock, 1, -1, -1).err, 0);
+	/* a restart's short-lived threads (the pool's populate, the reaper) come and go: waited
+	 * for, boundedly. Mappings are compared by what they map (files, the pool's memfd): two
+	 * processes' anonymous mappings merge differently as randomisation places them */
+	for (int i = 0; i < 250; i++) {
+		u1 = daemon_usage(&d);
+		if (u1.fds == u0.fds && (u1.sanitized || u1.named_maps == u0.named_maps))
+			break;
+		usleep(20000);
+	}
+	printf("restart soak: %u restarts in place, %u bad ones refused, 4 clients; daemon fds "
+	       "%ld -> %ld, named maps %ld -> %ld (all maps %ld -> %ld), RSS %ld -> %ld kB, "
+	       "pool bytes %lld\n",
+	       n, refused, u0.fds, u1.fds, u0.named_maps, u1.named_maps, u0.maps, u1.maps,
+	       u0.rss_kb, u1.rss_kb, (long long)pool_used(d.sock));
+	ck_assert_int_eq(u1.fds, u0.fds);
+	if (!u1.sanitized)
+		ck_assert_int_eq(u1.named_maps, u0.named_maps);
+	ck_assert_int_eq(pool_used(d.sock), 0);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	free(good);
+	unlink(bin);
+	unlink(cfgpath);
+	rmdir(dir);
+}
+END_TEST
+
 KVT_CHECK_MAIN("restart", 300, NULL, NULL, t_restart_lossless, t_restart_refused_image,
 	       t_restart_keeps_quota, t_restart_lowered_limits, t_restart_twice_pipelined,
-	       t_restart_op_err_gen, t_restart_not_admin)
+	       t_restart_op_err_gen, t_restart_not_admin, t_restart_metrics_listen,
+	       t_restart_fails_asker_gone, t_restart_lowered_quota, t_restart_seq_stats_kept,
+	       t_restart_preflight, t_restart_soak)

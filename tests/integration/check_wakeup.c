@@ -15,7 +15,9 @@
  *  - a client preempted between stamping its entries and publishing the tail (kvt_submit()
  *    does both, in that order): the poller consumes the entries by their stamps, then finds the
  *    tail behind its head on its way to sleep; that is a submit in progress, not a corrupt
- *    ring, and the session must live on (a raw client holds the tail back on purpose).
+ *    ring, and the session must live on (a raw client holds the tail back on purpose);
+ *  - the flag itself: once the poller sleeps, every session's SQ, a newly attached one's too,
+ *    has NEED_WAKEUP set (read from the shared header: a missing flag fails at once).
  */
 #define _GNU_SOURCE
 #include <check.h>
@@ -362,6 +364,79 @@ START_TEST(t_tail_after_stamps)
 }
 END_TEST
 
+/* ---- the flag itself: a sleeping poller has set NEED_WAKEUP on every session ---------- */
+
+/* Fails at once, naming the session, if a poller blocked in epoll_wait left a session's SQ
+ * without KVT_RING_NEED_WAKEUP: that session's next submit would not ring, and only a test
+ * timeout would tell. @r: the raw sessions, @n of them. */
+static void
+assert_need_wakeup(struct raw *r, unsigned n, const char *when)
+{
+	wait_pollers_asleep(); /* bounded: aborts with its own message after 5 s */
+	for (unsigned i = 0; i < n; i++)
+		ck_assert_msg(kvt_ring_needs_wakeup(r[i].sq),
+			      "%s: the poller sleeps but session %u of %u has no "
+			      "KVT_RING_NEED_WAKEUP on its SQ (its next submit would not ring the "
+			      "doorbell: a lost wakeup)",
+			      when, i + 1, n);
+}
+
+#define JOINERS 6
+
+/* Sessions join a sleeping poller, and a poller just woken (attached while it runs): once it
+ * sleeps, each has NEED_WAKEUP set, read from the shared ring header itself. A poller that
+ * never sets it for a newly attached session fails here in milliseconds, not through a hang
+ * in kvt_wait_cqe(). */
+START_TEST(t_need_wakeup_on_attach)
+{
+	struct raw r[JOINERS];
+	uint64_t one = 1;
+	uint32_t n0 = 0; /* entries session 1 submitted */
+
+	for (unsigned i = 0; i < JOINERS; i++) {
+		if (i % 2)
+			wait_pollers_asleep(); /* joins a sleeping poller */
+		else if (i) {
+			/* wake it, then join while it handles the NOP or spins */
+			struct kvt_sqe *e = &r[0].sqes[n0 & (r[0].sq_entries - 1)];
+
+			memset(e, 0, offsetof(struct kvt_sqe, stamp));
+			e->opcode = KVT_OP_NOP;
+			e->user_data = 700 + i;
+			kvt_ring_store_stamp(&e->stamp, n0);
+			kvt_ring_store_tail(r[0].sq, ++n0);
+			kvt_ring_fence();
+			ck_assert_int_eq(write(r[0].sq_efd, &one, 8), 8);
+		}
+		raw_connect(&r[i]);
+		if (i && !(i % 2))
+			ck_assert_uint_eq(raw_reap(&r[0], n0 - 1), 700 + i);
+		assert_need_wakeup(r, i + 1, i % 2 ? "joined asleep" : "joined awake");
+	}
+	/* and each one's first submit, trusting the flag as kvt_submit() does, completes */
+	for (unsigned i = 1; i < JOINERS; i++) {
+		struct kvt_sqe *e = &r[i].sqes[0];
+
+		memset(e, 0, offsetof(struct kvt_sqe, stamp));
+		e->opcode = KVT_OP_NOP;
+		e->user_data = 800 + i;
+		kvt_ring_store_stamp(&e->stamp, 0);
+		kvt_ring_store_tail(r[i].sq, 1);
+		kvt_ring_fence();
+		if (kvt_ring_needs_wakeup(r[i].sq))
+			ck_assert_int_eq(write(r[i].sq_efd, &one, 8), 8);
+		ck_assert_uint_eq(raw_reap(&r[i], 0), 800 + i);
+		assert_need_wakeup(r, JOINERS, "after a submit");
+	}
+	for (unsigned i = 0; i < JOINERS; i++) {
+		raw_alive(&r[i]);
+		munmap(r[i].region, r[i].size);
+		close(r[i].sq_efd);
+		close(r[i].sock);
+	}
+}
+END_TEST
+
 /* ---- several threads, each its own client ----------------------------------------------- */
 
 #define THREADS 4
@@ -609,6 +684,7 @@ main(void)
 	tcase_add_test(tc, t_join_sleeping_poller);
 	tcase_add_test(tc, t_submit_races_sleep);
 	tcase_add_test(tc, t_tail_after_stamps);
+	tcase_add_test(tc, t_need_wakeup_on_attach);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("threads");
 	tcase_add_checked_fixture(tc, up, down);

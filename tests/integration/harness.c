@@ -231,7 +231,7 @@ pool_used(const char *sock)
 static struct kvtd_usage
 usage_once(const struct kvtd_proc *p)
 {
-	struct kvtd_usage u = {0, 0, -1, 0};
+	struct kvtd_usage u = {0, 0, 0, -1, 0};
 	char path[64], line[512];
 	struct dirent *de;
 	DIR *dir;
@@ -248,6 +248,7 @@ usage_once(const struct kvtd_proc *p)
 	ck_assert_ptr_nonnull(f);
 	while (fgets(line, sizeof(line), f)) {
 		u.maps += strchr(line, '\n') != NULL;
+		u.named_maps += strchr(line, '/') != NULL; /* a path: "/file" or "/memfd:name" */
 		u.sanitized |= strstr(line, "/libasan.") || strstr(line, "/libtsan.");
 	}
 	fclose(f);

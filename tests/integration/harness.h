@@ -48,9 +48,11 @@ int64_t json_get_i64(struct json_object *o, const char *path);
 
 /* What a daemon holds, from /proc: open descriptors, mappings, resident kB; @sanitized: it
  * runs a sanitizer runtime, whose allocator maps size classes as they are first used (so its
- * map count grows without a leak). */
+ * map count grows without a leak). @named_maps counts the mappings of a file or memfd: unlike
+ * @maps it is the same in two processes of one binary, whose anonymous mappings the kernel
+ * merges differently as address-space randomisation places them. */
 struct kvtd_usage {
-	long fds, maps, rss_kb;
+	long fds, maps, named_maps, rss_kb;
 	int sanitized;
 };
 /* The daemon's usage once it has closed the connections just made (it does so asynchronously):

@@ -56,6 +56,7 @@ has "$d_daemon" /usr/bin/kvtierctl
 has "$d_daemon" '(/usr)?/lib/systemd/system/kvtierd.service'
 has "$d_daemon" /usr/lib/sysusers.d/kvtier.conf
 has "$d_daemon" /usr/lib/tmpfiles.d/kvtier.conf
+has "$d_daemon" /usr/share/kvtier/kvtier-thp.conf
 has "$d_daemon" /etc/kvtier/kvtierd.conf
 has "$d_daemon" /usr/share/man/man8/kvtierd.8.gz
 has "$d_daemon" /usr/share/man/man8/kvtierctl.8.gz

@@ -43,6 +43,7 @@ START_TEST(t_defaults_without_file)
 	ck_assert_uint_eq(cfg.pollers, 1);
 	ck_assert_uint_eq(cfg.poller_slice_us, 200);
 	ck_assert_uint_eq(cfg.socket_mode, 0660);
+	ck_assert_int_eq(cfg.hugetlb, KVTD_HUGETLB_AUTO); /* reserved huge pages when they fit */
 }
 END_TEST
 
@@ -71,6 +72,7 @@ START_TEST(t_file_then_flags)
 	ck_assert_int_eq(cfg.backend, KVT_DEV_HOST);
 	ck_assert_uint_eq(cfg.pool_size, 1ull << 30);
 	ck_assert_int_eq(cfg.numa_node, 0);
+	ck_assert_int_eq(cfg.hugetlb, KVTD_HUGETLB_NO);
 	ck_assert_uint_eq(cfg.pool_bytes_per_uid, 2ull << 30);
 	ck_assert_uint_eq(cfg.max_sq_entries, 1024);
 	unlink(path);

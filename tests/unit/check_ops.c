@@ -228,6 +228,47 @@ START_TEST(t_slice_ends_a_turn)
 }
 END_TEST
 
+/* Runs @n NOPs through kvtd_session_drain(@slice_ns), 4 per turn, reaping as it goes. */
+static void
+drain_nops(unsigned n, uint64_t slice_ns)
+{
+	uint32_t tail = kvt_ring_prod_tail_relaxed(S->sq), head = kvt_ring_load_head(S->cq);
+
+	for (unsigned done = 0; done < n; done += 4) {
+		for (int i = 0; i < 4; i++)
+			put_nop(tail + i);
+		tail += 4;
+		kvt_ring_store_tail(S->sq, tail);
+		while (kvtd_session_pending(S))
+			ck_assert_uint_gt(kvtd_session_drain(S, slice_ns), 0);
+		head += 4;
+		kvt_ring_store_head(S->cq, head);
+	}
+}
+
+START_TEST(t_op_timing)
+{
+	const struct kvtd_op_stats *st = &S->opst;
+	uint64_t in_buckets = 0;
+
+	/* Alone on its poller (no slice) a session counts every op but times a sample: gaps
+	 * between timed ops are 1 to 2 * KVTD_OP_TIME_SAMPLE - 1 ops, random. */
+	drain_nops(4000, 0);
+	ck_assert_uint_eq(st->count[KVT_OP_NOP], 4000);
+	ck_assert_uint_eq(st->errors[KVT_OP_NOP], 0);
+	ck_assert_uint_ge(st->timed[KVT_OP_NOP], 4000 / (2 * KVTD_OP_TIME_SAMPLE - 1));
+	ck_assert_uint_le(st->timed[KVT_OP_NOP], 4000 / 4); /* a sample, not every op */
+	for (unsigned b = 0; b <= KVTD_LAT_BUCKETS; b++)
+		in_buckets += st->bucket[KVT_OP_NOP][b];
+	ck_assert_uint_eq(in_buckets, st->timed[KVT_OP_NOP]);
+	/* Sharing a poller (a slice), the clock is read after every op anyway: all are timed. */
+	memset(&S->opst, 0, sizeof(S->opst));
+	drain_nops(400, 1000000000);
+	ck_assert_uint_eq(st->count[KVT_OP_NOP], 400);
+	ck_assert_uint_eq(st->timed[KVT_OP_NOP], 400);
+}
+END_TEST
+
 KVT_CHECK_MAIN("ops", 0, setup, teardown, t_nop_and_unknown, t_every_unused_field_checked,
 	       t_arena_bounds, t_seq_ids, t_cq_full_leaves_sqes, t_unstamped_entries_wait,
-	       t_garbage_tail_breaks_session, t_slice_ends_a_turn)
+	       t_garbage_tail_breaks_session, t_slice_ends_a_turn, t_op_timing)

@@ -323,6 +323,63 @@ START_TEST(t_claim_rebuild)
 }
 END_TEST
 
+/* A /proc/meminfo field, or -1. */
+static long long
+meminfo(const char *key)
+{
+	char line[256];
+	long long v = -1;
+	FILE *f = fopen("/proc/meminfo", "re");
+
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, key, strlen(key)) && line[strlen(key)] == ':')
+			v = atoll(line + strlen(key) + 1);
+	fclose(f);
+	return v;
+}
+
+/* hugetlb = auto: reserved huge pages back the pool exactly when enough are free for it;
+ * otherwise it starts on THP or 4 KiB pages, and says which. */
+static void
+auto_pool(uint64_t size, int want_hugetlb)
+{
+	struct kvtd_config cfg;
+	struct kvtd_pool p;
+
+	kvtd_config_defaults(&cfg);
+	ck_assert_int_eq(cfg.hugetlb, KVTD_HUGETLB_AUTO);
+	cfg.pool_size = size;
+	cfg.lock = 0;
+	cfg.numa_node = -1;
+	ck_assert_int_eq(kvtd_pool_init(&p, &cfg, NULL), 0);
+	ck_assert_int_eq(p.hugetlb, want_hugetlb);
+	if (want_hugetlb) {
+		ck_assert_str_eq(p.backing, "hugetlb");
+		ck_assert_uint_eq(p.page_kib, (unsigned)meminfo("Hugepagesize"));
+	} else {
+		ck_assert_msg(!strcmp(p.backing, "thp") || !strcmp(p.backing, "shmem"), "%s",
+			      p.backing);
+		ck_assert_uint_eq(p.page_kib, !strcmp(p.backing, "thp") ? 2048 : 4);
+	}
+	kvtd_pool_fini(&p);
+}
+
+START_TEST(t_hugetlb_auto)
+{
+	long long hp_kb = meminfo("Hugepagesize");
+	long long free_hp = meminfo("HugePages_Free") - meminfo("HugePages_Rsvd");
+	uint64_t hp = hp_kb > 0 ? (uint64_t)hp_kb << 10 : 2ull << 20;
+
+	ck_assert_int_ge(meminfo("HugePages_Free"), 0);
+	/* A pool of 4 huge pages (or 8 MiB): hugetlb exactly when 4 are free. */
+	auto_pool(hp < (2ull << 20) ? 8ull << 20 : 4 * hp, hp_kb == 2048 && free_hp >= 4);
+	/* One page more than every free one: never hugetlb (only where that stays small). */
+	if (hp_kb == 2048 && free_hp < 64)
+		auto_pool((uint64_t)(free_hp + 1) * hp, 0);
+}
+END_TEST
+
 KVT_CHECK_MAIN("pool", 0, setup, teardown, t_classes, t_alloc_free_distinct, t_all_or_nothing,
 	       t_chunks_return_across_classes, t_reuse_after_free, t_quota, t_bad_init,
-	       t_memfd_shared, t_claim_rebuild)
+	       t_memfd_shared, t_claim_rebuild, t_hugetlb_auto)

@@ -413,5 +413,58 @@ START_TEST(t_random)
 }
 END_TEST
 
-KVT_CHECK_MAIN("prefix", 0, setup, teardown, t_ns_check, t_ns_identity, t_publish_lookup,
-	       t_budget_lru, t_pool_reclaim, t_random)
+/* Per scope: namespaces_per_uid refuses one more (-EDQUOT) in that scope only, a namespace that
+ * goes frees its place; ids are found in O(1) and a restore refuses an id or identity twice;
+ * a lookup repeating one key matches no more than the namespace holds. */
+START_TEST(t_scope_limits)
+{
+	struct kvt_ns_params p = nsp("x");
+	struct kvtd_acct acct = {0};
+	struct kvtd_pns *a, *b, *c, *r;
+	struct kvtd_pblock *blk, *pins[64];
+	struct kvt_block_key k = key(9), many[64];
+	uint64_t cnt[6] = {0};
+	uint32_t id;
+	void *s[BT];
+
+	ck_assert_int_eq(kvtd_prefix_init(&X, &P, 1 << 20), 0);
+	kvtd_prefix_limits(&X, 2, 0);
+	a = open_ns("a", 5);
+	b = open_ns("b", 5);
+	ck_assert_int_eq(kvtd_prefix_ns_open(&X, &p, 5, &c), -EDQUOT);
+	c = open_ns("x", 6);		      /* another scope */
+	ck_assert_ptr_eq(open_ns("a", 5), a); /* joining is free */
+	kvtd_prefix_ns_close(&X, a);
+	id = b->id;
+	ck_assert_ptr_eq(kvtd_prefix_ns_by_id(&X, id), b);
+	kvtd_prefix_ns_close(&X, b);
+	ck_assert_ptr_null(kvtd_prefix_ns_by_id(&X, id));
+	ck_assert_int_eq(kvtd_prefix_ns_open(&X, &p, 5, &b), 0);
+	/* a restore: the limit does not apply, an id or an identity twice is a contradiction */
+	p = nsp("r");
+	ck_assert_int_eq(kvtd_prefix_restore_ns(&X, &p, 5, 1000, cnt, &r), 0);
+	ck_assert_ptr_eq(kvtd_prefix_ns_by_id(&X, 1000), r);
+	p = nsp("r2");
+	ck_assert_int_eq(kvtd_prefix_restore_ns(&X, &p, 5, 1000, cnt, &r), -EINVAL);
+	p = nsp("r");
+	ck_assert_int_eq(kvtd_prefix_restore_ns(&X, &p, 5, 1001, cnt, &r), -EINVAL);
+	/* one block; 64 copies of its key match 1, pinning or not */
+	rows(a, &acct, 1, s);
+	ck_assert_int_eq(kvtd_prefix_publish(&X, a, &k, s, &acct, NULL, &blk), 1);
+	for (int i = 0; i < 64; i++)
+		many[i] = k;
+	ck_assert_uint_eq(kvtd_prefix_match(&X, a, many, 64), 1);
+	ck_assert_uint_eq(kvtd_prefix_lookup(&X, a, many, 64, NULL, 0), 1);
+	ck_assert_uint_eq(kvtd_prefix_lookup(&X, a, many, 64, pins, 64), 1);
+	ck_assert_uint_eq(blk->refs, BT + 1);
+	kvtd_prefix_put(&X, pins, 1);
+	for (int t = 0; t < BT; t++)
+		kvtd_prefix_put(&X, &blk, 1);
+	kvtd_prefix_ns_close(&X, a);
+	kvtd_prefix_ns_close(&X, b);
+	kvtd_prefix_ns_close(&X, c);
+}
+END_TEST
+
+KVT_CHECK_MAIN("prefix", 0, setup, teardown, t_scope_limits, t_ns_check, t_ns_identity,
+	       t_publish_lookup, t_budget_lru, t_pool_reclaim, t_random)

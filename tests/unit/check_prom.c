@@ -253,18 +253,26 @@ START_TEST(test_lat_bucket)
 }
 END_TEST
 
-/* Two clients, one name shared by two sessions; ops of three kinds. */
+static void
+timed_op(struct kvtd_op_stats *st, unsigned opcode, int res, uint64_t ns)
+{
+	kvtd_op_stats_add(st, opcode, res);
+	kvtd_op_stats_time(st, opcode, ns);
+}
+
+/* Two clients, one name shared by two sessions; ops of three kinds, one APPEND not timed. */
 static void
 snap_fill(struct kvtd_prom_snap *sn, struct kvtd_prom_client *cl)
 {
 	struct kvtd_op_stats a = {0}, b = {0};
 
 	memset(sn, 0, sizeof(*sn));
-	kvtd_op_stats_add(&a, KVT_OP_APPEND, 0, 500);		     /* le 1e-06 */
-	kvtd_op_stats_add(&a, KVT_OP_APPEND, 0, 3000);		     /* le 4e-06 */
-	kvtd_op_stats_add(&a, KVT_OP_TOPK, -EINVAL, 2000000);	     /* le 0.002048 */
-	kvtd_op_stats_add(&b, KVT_OP_RETIER, 0, 20ull * 1000000000); /* past the last bucket */
-	kvtd_op_stats_add(&b, 200, -EINVAL, 100);		     /* not an opcode */
+	timed_op(&a, KVT_OP_APPEND, 0, 500);		    /* le 1e-06 */
+	timed_op(&a, KVT_OP_APPEND, 0, 3000);		    /* le 4e-06 */
+	kvtd_op_stats_add(&a, KVT_OP_APPEND, 0);	    /* counted, not timed */
+	timed_op(&a, KVT_OP_TOPK, -EINVAL, 2000000);	    /* le 0.002048 */
+	timed_op(&b, KVT_OP_RETIER, 0, 20ull * 1000000000); /* past the last bucket */
+	timed_op(&b, 200, -EINVAL, 100);		    /* not an opcode */
 	a.bytes_in[KVT_OP_APPEND] = 4096;
 	b.bytes_out[KVT_OP_FETCH] = 512;
 	kvtd_op_stats_fold(&sn->ops, &a);
@@ -295,8 +303,8 @@ START_TEST(test_metrics_snapshot)
 	struct kvtd_prom_input in = {.snap = &sn};
 	static const char *const want[] = {
 	    "# TYPE kvtier_op_total counter\n",
-	    "kvtier_op_total{op=\"nop\"} 0\n", /* every opcode, traffic or not */
-	    "kvtier_op_total{op=\"append\"} 2\n",
+	    "kvtier_op_total{op=\"nop\"} 0\n",	  /* every opcode, traffic or not */
+	    "kvtier_op_total{op=\"append\"} 3\n", /* every op counted, */
 	    "kvtier_op_total{op=\"seq_stat\"} 0\n",
 	    "kvtier_op_total{op=\"unknown\"} 1\n",
 	    "kvtier_op_errors_total{op=\"topk\"} 1\n",
@@ -306,7 +314,7 @@ START_TEST(test_metrics_snapshot)
 	    "kvtier_op_duration_seconds_bucket{op=\"append\",le=\"4e-06\"} 2\n",
 	    "kvtier_op_duration_seconds_bucket{op=\"append\",le=\"+Inf\"} 2\n",
 	    "kvtier_op_duration_seconds_sum{op=\"append\"} 3.5e-06\n",
-	    "kvtier_op_duration_seconds_count{op=\"append\"} 2\n",
+	    "kvtier_op_duration_seconds_count{op=\"append\"} 2\n", /* the timed ones */
 	    "kvtier_op_duration_seconds_bucket{op=\"topk\",le=\"0.001024\"} 0\n",
 	    "kvtier_op_duration_seconds_bucket{op=\"topk\",le=\"0.002048\"} 1\n",
 	    "kvtier_op_duration_seconds_bucket{op=\"retier\",le=\"8.388608\"} 0\n",

@@ -8,9 +8,14 @@
  *      synthetic long decode trace whose attention revisits old tokens unpredictably;
  *   3. int8 quantize / dequantize throughput against memcpy of the same bytes;
  *   4. gather of 256-byte rows (ascending, as FETCH lists are, and in random order) against a
- *      streaming read of the same bytes.
+ *      streaming read of the same bytes;
+ *   5. random 2 KiB row gathers from each backing the pool can have, side by side: anonymous
+ *      THP memory (the pool before it became a memfd for restarts), the memfd as kvtierd maps
+ *      it (THP where shmem_enabled allows, else 4 KiB pages), and a hugetlb memfd when enough
+ *      huge pages are reserved.
  * Every figure is the median of --reps repetitions. Single-threaded.
  */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -18,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "bench_tier.h"
@@ -461,6 +467,108 @@ bench_gather(int reps, struct gather_result *res)
 
 /* ---- driver ----------------------------------------------------------------------------- */
 
+/* ---- 5. random 2 KiB row gathers by pool backing --------------------------------------- */
+
+#define B_ROW 2048
+enum { B_ANON_THP, B_MEMFD, B_HUGETLB, B__COUNT };
+
+struct backing_result {
+	double gbps[B__COUNT];	  /* 0: that backing could not be had here */
+	double vs_anon[B__COUNT]; /* median of per-repetition ratios to anonymous THP */
+	int shmem_thp;		  /* shmem_enabled lets the memfd have THP */
+};
+
+static int
+shmem_thp_allowed(void)
+{
+	char line[128] = "";
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
+
+	if (!f)
+		return 0;
+	if (!fgets(line, sizeof(line), f))
+		line[0] = '\0';
+	fclose(f);
+	return !strstr(line, "[never]") && !strstr(line, "[deny]");
+}
+
+/* G_SRC_BYTES backed as kvtierd's pool would be with @b, faulted in, or NULL. */
+static unsigned char *
+backing_map(int b, size_t *ret_len)
+{
+	unsigned char *p;
+	int fd;
+
+	if (b == B_ANON_THP) {
+		p = bench_thp_map(G_SRC_BYTES, ret_len);
+	} else {
+		fd = memfd_create("kvtier-bench-pool",
+				  MFD_CLOEXEC | (b == B_HUGETLB ? MFD_HUGETLB : 0));
+		if (fd < 0)
+			return NULL;
+		*ret_len = G_SRC_BYTES;
+		p = ftruncate(fd, G_SRC_BYTES) < 0
+			? MAP_FAILED
+			: mmap(NULL, G_SRC_BYTES, PROT_READ | PROT_WRITE,
+			       MAP_SHARED | (b == B_HUGETLB ? 0 : MAP_NORESERVE), fd, 0);
+		close(fd);
+		if (p == MAP_FAILED)
+			return NULL; /* hugetlb: too few huge pages reserved */
+		if (b == B_MEMFD)
+			madvise(p, G_SRC_BYTES, MADV_HUGEPAGE);
+	}
+	if (!p)
+		return NULL;
+	for (size_t i = 0; i < G_SRC_BYTES; i += 64)
+		p[i] = (unsigned char)i;
+	return p;
+}
+
+static void
+bench_backings(int reps, struct backing_result *res)
+{
+	const size_t nsrc = G_SRC_BYTES / B_ROW, nidx = G_OUT_BYTES / B_ROW;
+	unsigned char *src[B__COUNT], *dst = xalloc(G_OUT_BYTES);
+	uint32_t *idx = xalloc(nidx * 4);
+	double *t[B__COUNT], *ratio[B__COUNT];
+	size_t len[B__COUNT];
+
+	memset(res, 0, sizeof(*res));
+	res->shmem_thp = shmem_thp_allowed();
+	for (int b = 0; b < B__COUNT; b++) {
+		src[b] = backing_map(b, &len[b]);
+		t[b] = calloc(reps, sizeof(double));
+		ratio[b] = calloc(reps, sizeof(double));
+	}
+	/* Interleaved: each repetition gathers the same random rows from every backing, so a
+	 * noisy moment hits all of them and the ratios hold. */
+	for (int r = 0; r < reps; r++) {
+		for (size_t i = 0; i < nidx; i++)
+			idx[i] = (uint32_t)(rnd() % nsrc);
+		for (int b = 0; b < B__COUNT; b++) {
+			double t0;
+
+			if (!src[b])
+				continue;
+			t0 = now_us();
+			kvt_gather_rows(dst, src[b], B_ROW, idx, nidx, B_ROW);
+			t[b][r] = now_us() - t0;
+			ratio[b][r] = t[B_ANON_THP][r] / t[b][r];
+		}
+	}
+	for (int b = 0; b < B__COUNT; b++) {
+		if (src[b]) {
+			res->gbps[b] = G_OUT_BYTES / median(t[b], reps) / 1e3;
+			res->vs_anon[b] = median(ratio[b], reps);
+			munmap(src[b], len[b]);
+		}
+		free(t[b]);
+		free(ratio[b]);
+	}
+	free(dst);
+	free(idx);
+}
+
 static void
 usage(FILE *f)
 {
@@ -485,6 +593,7 @@ main(int argc, char **argv)
 	struct trace_result tr;
 	struct quant_result q;
 	struct gather_result g;
+	struct backing_result bk;
 	int json = 0, reps = 9, do_step = 1, step_err = 0;
 	struct step_result st = {0};
 	double pf_ratio;
@@ -513,6 +622,7 @@ main(int argc, char **argv)
 	bench_trace(&tr);
 	bench_quant(reps, &q);
 	bench_gather(reps, &g);
+	bench_backings(reps, &bk);
 	if (do_step)
 		step_err = bench_step(32u << 10, 128, &st);
 	pf_ratio = tr.diff_bytes ? (double)tr.full_bytes / tr.diff_bytes : INFINITY;
@@ -539,6 +649,14 @@ main(int argc, char **argv)
 		printf(",\"gather_vs_read\":%.2f,\"gather_random_vs_read\":%.2f", g.gather_ratio,
 		       g.random_ratio);
 		printf(",\"copy_64m_gbps\":%.2f,\"copy_vs_read\":%.2f", g.copy_gbps, g.copy_ratio);
+		printf(",\"shmem_thp\":%s,\"gather2k_anon_thp_gbps\":%.2f",
+		       bk.shmem_thp ? "true" : "false", bk.gbps[B_ANON_THP]);
+		printf(",\"gather2k_memfd_gbps\":%.2f,\"gather2k_memfd_vs_anon_thp\":%.2f",
+		       bk.gbps[B_MEMFD], bk.vs_anon[B_MEMFD]);
+		if (bk.gbps[B_HUGETLB] > 0)
+			printf(
+			    ",\"gather2k_hugetlb_gbps\":%.2f,\"gather2k_hugetlb_vs_anon_thp\":%.2f",
+			    bk.gbps[B_HUGETLB], bk.vs_anon[B_HUGETLB]);
 		if (do_step && !step_err)
 			printf(",\"step_us_32k\":%.1f,\"step_nofetch_us_32k\":%.1f,"
 			       "\"fetch_us_32k\":%.1f,\"retier_daemon_us_32k\":%.1f,"
@@ -579,6 +697,17 @@ main(int argc, char **argv)
 	       g.gather_gbps, g.gather_ratio, verdict(g.gather_ratio, 0.5));
 	printf("  gather, random order   %7.2f GB/s  %.2fx read (worst case, same target: %s)\n",
 	       g.random_gbps, g.random_ratio, verdict(g.random_ratio, 0.5));
+	printf("\nrandom 2 KiB row gathers by pool backing, %llu MiB out of %llu MiB\n",
+	       G_OUT_BYTES >> 20, G_SRC_BYTES >> 20);
+	printf("  anonymous THP (before restarts)  %7.2f GB/s\n", bk.gbps[B_ANON_THP]);
+	printf("  memfd, %-25s %7.2f GB/s  %.2fx anonymous THP\n",
+	       bk.shmem_thp ? "THP (shmem_enabled)" : "4 KiB (shmem_enabled)", bk.gbps[B_MEMFD],
+	       bk.vs_anon[B_MEMFD]);
+	if (bk.gbps[B_HUGETLB] > 0)
+		printf("  memfd, hugetlb                   %7.2f GB/s  %.2fx anonymous THP\n",
+		       bk.gbps[B_HUGETLB], bk.vs_anon[B_HUGETLB]);
+	else
+		printf("  memfd, hugetlb                   - (too few huge pages reserved)\n");
 	if (!do_step)
 		return 0;
 	if (step_err) {

@@ -530,6 +530,14 @@ kvtctl_fmt_status(FILE *out, struct json_object *st)
 	kv_line(out, "pool chunks", buf);
 	kv_num(out, "pool classes", get(pool, "classes"));
 	kv_str(out, "pool backing", get(pool, "backing"));
+	if (as_num(get(pool, "page_kib"), &a)) {
+		/* What the backing costs: on 4 KiB pages a random row gather misses the TLB. */
+		snprintf(buf, sizeof(buf), "%.0f KiB%s", a,
+			 a <= 4
+			     ? " (no huge pages: row gathers miss the TLB; kvtierd.conf(5) hugetlb)"
+			     : "");
+		kv_line(out, "pool pages", buf);
+	}
 	v = get(pool, "numa_node");
 	if (as_num(v, &a) && a < 0)
 		kv_line(out, "pool numa", "any");

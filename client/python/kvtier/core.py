@@ -1,14 +1,21 @@
 # SPDX-License-Identifier: MIT
 """The Pythonic surface over libkvtier: Client, Buffer, Sequence and their results.
 
-Like a struct kvt_client, a Client is used by one thread at a time. Calls block in libkvtier
-with the GIL released; a lost daemon ends them with KvtierError(ECONNRESET), never a hang.
+A Client may be shared by threads: its calls (and those of its sequences, namespaces and
+buffers) take the client's lock, so they run one at a time. Calls block in libkvtier with the
+GIL released; a lost daemon ends them with KvtierError(ECONNRESET), never a hang. A session
+belongs to the process that connected it: after fork() the child's calls fail with
+KvtierError(ECHILD) (connect() a new Client there) and the parent's session is untouched.
+Views (Buffer.array(), Client.arena()) map the memory themselves and stay valid after free()
+or close(), though no longer shared with kvtierd.
 """
 from __future__ import annotations
 
 import ctypes
 import errno as _errno
+import functools
 import os
+import threading
 import weakref
 from ctypes import byref, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
@@ -56,6 +63,59 @@ SCORE_MODES: dict[str, int] = {"sum": _abi.SCORE_SUM, "mean": _abi.SCORE_MEAN}
 
 PARAM_FIELDS: tuple[str, ...] = tuple(name for name, _ in _abi.SeqParams._fields_)
 """Keyword names open_sequence() takes: the fields of struct kvt_seq_params."""
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mremap.restype = c_void_p
+_LIBC.mremap.argtypes = [c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+_LIBC.munmap.restype = ctypes.c_int
+_LIBC.munmap.argtypes = [c_void_p, ctypes.c_size_t]
+_MREMAP_MAYMOVE = 1
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class _Mapping:
+    """This process's own mapping of the pages of a shared mapping at @addr (mremap() with
+    old_size 0), so that views outlive libkvtier's munmap() at kvt_buf_free() or
+    kvt_disconnect(); unmapped when the last view (and its owner) lets go."""
+
+    def __init__(self, addr: int, size: int, call: str, keep: Any) -> None:
+        base = addr & ~(_PAGE - 1)
+        self._len = (addr + size - base + _PAGE - 1) & ~(_PAGE - 1)
+        p = _LIBC.mremap(base, 0, self._len, _MREMAP_MAYMOVE)
+        if p is None or p == ctypes.c_void_p(-1).value:
+            err = ctypes.get_errno()
+            raise KvtierError(err, call, f"cannot map the memory for a view: {os.strerror(err)}")
+        self._base = p
+        self._keep = keep  # without close() or free(), a view keeps its buffer and client
+        self.mem = (ctypes.c_uint8 * size).from_address(p + (addr - base))
+        self.mem.owner = self  # a live view keeps this mapping
+
+    def __del__(self, _munmap: Any = _LIBC.munmap) -> None:
+        _munmap(self._base, self._len)  # bound early: module globals may be gone at exit
+
+
+_FORKS = [0]
+"""Bumped in every child process (os.register_at_fork): a Client whose count differs was
+connected by an ancestor."""
+os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+_FORK_MSG = ("this Client was connected before fork(): a child process cannot use its "
+             "parent's session (close() it and connect() a new Client)")
+
+
+def _locked(fn: Any) -> Any:
+    """Run @fn under its client's lock: a Client is shared by threads one call at a time. In a
+    child of the connecting process, KvtierError(ECHILD) instead (the lock may be held by a
+    thread that exists only in the parent)."""
+    @functools.wraps(fn)
+    def wrapper(self: Any, *a: Any, **kw: Any) -> Any:
+        client = getattr(self, "_client", self)
+        if client._forks != _FORKS[0]:
+            raise KvtierError(_errno.ECHILD, fn.__name__, _FORK_MSG)
+        with client._lock:
+            return fn(self, *a, **kw)
+    return wrapper
+
 
 KEY_DTYPE = np.dtype([("lo", "<u8"), ("hi", "<u8")])
 """NumPy dtype of struct kvt_block_key: arrays of it are what block_keys() returns and what
@@ -377,9 +437,9 @@ class TopkResult:
 
 class Buffer:
     """A host-backend device buffer shared with kvtierd (a sealed memfd), usable as a T0 or
-    staging region. ``array()`` and ``torch()`` are zero-copy views of it; a live view keeps
-    the buffer and its client from being collected, but an explicit ``free()`` or the client's
-    ``close()`` unmaps the memory, so drop the views before either."""
+    staging region. ``array()`` and ``torch()`` are zero-copy views of it, through a mapping of
+    their own: they stay valid after ``free()`` or the client's ``close()`` (the memory is then
+    no longer shared with kvtierd) and are unmapped with the last of them."""
 
     def __init__(self, client: Client, handle: int) -> None:
         self._client = client
@@ -423,12 +483,12 @@ class Buffer:
     def array(self, dtype: Any = np.uint8, shape: Any = None, offset: int = 0) -> np.ndarray:
         """A zero-copy, writable NumPy view of the buffer from byte @offset: all of what is
         left as @dtype, or @shape of it."""
-        self._live()
-        if self.cuda:
-            raise KvtierError(_errno.EINVAL, "array", "a CUDA buffer has no host view")
-        if self._mem is None:
-            self._mem = (ctypes.c_uint8 * self.size).from_address(self.address)
-            self._mem.owner = self  # a live view keeps the buffer (and its client) mapped
+        with self._client._lock:
+            self._live()
+            if self.cuda:
+                raise KvtierError(_errno.EINVAL, "array", "a CUDA buffer has no host view")
+            if self._mem is None:
+                self._mem = _Mapping(self.address, self.size, "array", self).mem
         dt = np.dtype(dtype)
         count = -1 if shape is None else int(np.prod(shape))
         a = np.frombuffer(self._mem, dtype=dt, count=count, offset=offset)
@@ -452,6 +512,7 @@ class Buffer:
             t = t[: int(np.prod(shape))].view(*shape) if len(shape) else t
         return t
 
+    @_locked
     def free(self) -> None:
         """Unregister and unmap. KvtierError(EBUSY) while an open sequence uses it (nothing
         changes then); after any other outcome the buffer is gone."""
@@ -495,6 +556,7 @@ class Namespace:
         """The keys of @tokens' full blocks in this namespace (module-level block_keys())."""
         return block_keys(self, tokens, parent)
 
+    @_locked
     def lookup(self, keys: Any, pin: bool = True) -> int:
         """LOOKUP: how many leading blocks of @keys (one prefix, in order) the namespace holds.
         With @pin (LOOKUP_F_PIN) they stay pinned, replacing earlier pins, until the next
@@ -507,6 +569,7 @@ class Namespace:
         return _check_op(_LIB.kvt_lookup(c, ns, k.ctypes.data, _uint("nkeys", k.size),
                                          _abi.LOOKUP_F_PIN if pin else 0), "kvt_lookup")
 
+    @_locked
     def close(self) -> None:
         """NS_CLOSE; a no-op when already closed or when the client is."""
         if self.id is None:
@@ -558,6 +621,7 @@ class Sequence:
             raise KvtierError(_errno.ENOENT, call, "the sequence was closed")
         return self._client._live(call), self.id
 
+    @_locked
     def append(self, rows: Any, ntok: int | None = None) -> AppendResult:
         """APPEND tokens whose rows (layout [token][layer][K,V][head][dim] of the dtype) are in
         @rows: a NumPy array, CPU torch tensor or bytes-like. @ntok defaults to the rows'
@@ -578,29 +642,35 @@ class Sequence:
         _check_op(r, "kvt_append")
         return AppendResult(r, first.value)
 
+    @_locked
     def append_t0(self, slots: Any) -> AppendResult:
         """APPEND tokens whose rows the client already wrote into these T0 slots (in order)."""
         c, s = self._ids("kvt_append_t0")
         a = _u32_array("slots", slots)
-        r = _check_op(_LIB.kvt_append_t0(c, s, a.ctypes.data, a.size), "kvt_append_t0")
+        r = _check_op(_LIB.kvt_append_t0(c, s, a.ctypes.data, _uint("len(slots)", a.size)),
+                      "kvt_append_t0")
         return AppendResult(r, r - a.size)
 
+    @_locked
     def score_add(self, first: int, values: Any) -> None:
         """score[first + i] += values[i] (cumulative attention; finite, >= 0)."""
         c, s = self._ids("kvt_score_add")
         v = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
         _check_op(
             _LIB.kvt_score_add(c, s, _uint("first", first, ctypes.c_uint64), v.ctypes.data,
-                               v.size),
+                               _uint("len(values)", v.size)),
             "kvt_score_add",
         )
 
+    @_locked
     def retier(self, out_len: int | None = None) -> RetierResult:
         """RETIER (docs/tiering.md). @out_len bounds the answer (default KVT_RETIER_OUT_SIZE,
         72 + 16 * t0_slots, always enough); KvtierError(ENOSPC) when it is too small, nothing
         changed then."""
         c, s = self._ids("kvt_retier")
-        n = _abi.retier_out_size(self.params.t0_slots) if out_len is None else int(out_len)
+        n = _abi.retier_out_size(self.params.t0_slots) if out_len is None else \
+            _uint("out_len", out_len, c_uint64)
+        n = min(n, self._client._arena_size)  # libkvtier asks for no more than the arena
         buf = self._retier_buf
         if buf is None or len(buf) < n:
             buf = self._retier_buf = np.empty(max(n, 72), dtype=np.uint8)
@@ -615,6 +685,7 @@ class Sequence:
             tuple(head.tier_count), changes, free, r,
         )
 
+    @_locked
     def fetch(
         self,
         flags: int = 0,
@@ -647,6 +718,7 @@ class Sequence:
         _check_op(r, "kvt_fetch")
         return FetchResult(r, pos[:r].copy() if positions is None else pos)
 
+    @_locked
     def topk(self, layer: int, k: int, query: Any, flags: int = 0,
              probe: int = 0) -> TopkResult:
         """TOPK: the @k positions per kv head (per query head with TOPK_F_UNION) most likely
@@ -661,6 +733,7 @@ class Sequence:
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
         k = _uint("k", k)
         probe = _uint("probe", probe)
+        _uint("len(query)", q.size)
         H = self.kv_heads
         stride = k * self.q_heads // H if flags & _abi.TOPK_F_UNION else k
         out = np.empty(_abi.topk_out_size(H, stride), dtype=np.uint8)
@@ -679,6 +752,7 @@ class Sequence:
         sc = np.frombuffer(out, np.float32, H * stride, H * 4 + H * stride * 4)
         return TopkResult(stride, counts, pos, sc.reshape(H, stride).copy())
 
+    @_locked
     def publish(self, keys: Any, n: int | None = None) -> PublishResult:
         """PUBLISH: offer the first @n (default: all) full blocks of this sequence, keyed by
         @keys (block_keys() of its tokens), to its namespace; rows already in the pool are
@@ -698,6 +772,7 @@ class Sequence:
                                        byref(new)), "kvt_publish")
         return PublishResult(r, new.value)
 
+    @_locked
     def stat(self) -> SeqStat:
         """SEQ_STAT: tokens per tier, pool bytes, bytes in and out, the score total."""
         c, s = self._ids("kvt_seq_stat")
@@ -706,6 +781,7 @@ class Sequence:
         return SeqStat(st.seq, st.n_tokens, tuple(st.tier_count), st.pool_bytes,
                        st.bytes_in, st.bytes_out, st.score_total)
 
+    @_locked
     def close(self) -> None:
         """SEQ_CLOSE; a no-op when already closed or when the client is."""
         if self.id is None:
@@ -730,6 +806,8 @@ class Client:
     which frees every sequence and buffer of the session."""
 
     def __init__(self, handle: int, socket: str | None) -> None:
+        self._lock = threading.RLock()
+        self._forks = _FORKS[0]
         self._h: int | None = handle
         self.socket: str | None = socket
         """The control socket given to connect() (None: $KVTIER_SOCKET or the default)."""
@@ -738,6 +816,10 @@ class Client:
         self._bufs: weakref.WeakSet[Buffer] = weakref.WeakSet()
         self._seqs: weakref.WeakSet[Sequence] = weakref.WeakSet()
         self._nss: weakref.WeakSet[Namespace] = weakref.WeakSet()
+        size = c_uint64()
+        self._arena_addr: int = _LIB.kvt_arena(handle, byref(size)) or 0
+        self._arena_size: int = size.value
+        self._arena_mem: Any = None
 
     def _live(self, call: str) -> int:
         if self._h is None:
@@ -746,6 +828,7 @@ class Client:
 
     # ---- buffers ----
 
+    @_locked
     def alloc_buffer(self, size: int) -> Buffer:
         """A host buffer of @size bytes shared with kvtierd (kvt_buf_alloc)."""
         h = c_void_p()
@@ -756,6 +839,7 @@ class Client:
         self._bufs.add(b)
         return b
 
+    @_locked
     def register_cuda(self, dev_ptr: int, size: int) -> Buffer:
         """Share device memory (the start of a cudaMalloc() allocation) with kvtierd
         (kvt_buf_register_cuda); the memory stays the caller's."""
@@ -768,6 +852,7 @@ class Client:
         self._bufs.add(b)
         return b
 
+    @_locked
     def alloc_cuda_buffer(self, size: int, device: int = 0) -> Buffer:
         """A device buffer of @size bytes on CUDA device @device that libkvtier allocates and
         registers (kvt_buf_alloc_cuda); ``torch()`` and ``__cuda_array_interface__`` expose it,
@@ -784,6 +869,7 @@ class Client:
         self._bufs.add(b)
         return b
 
+    @_locked
     def cuda_stream_wait(self, stream: Any = None) -> None:
         """Order a CUDA stream (a torch.cuda.Stream, a cudaStream_t as int, or None for the
         current context's default stream) after the copies of every op whose completion was
@@ -796,6 +882,7 @@ class Client:
         _check(_LIB.kvt_cuda_stream_wait(c, handle or None), "kvt_cuda_stream_wait",
                _last_error())
 
+    @_locked
     def event_get_cuda(self, device: int = 0) -> int:
         """The session's interprocess cudaEvent_t on @device, as an integer handle
         (kvt_event_get_cuda); destroy it with cudaEventDestroy()."""
@@ -806,6 +893,7 @@ class Client:
 
     # ---- sequences ----
 
+    @_locked
     def ns_open(self, name: str, layers: int, kv_heads: int, head_dim: int, dtype: Any,
                 block_tokens: int = _abi.BLOCK_TOKENS_DEFAULT) -> Namespace:
         """NS_OPEN: join (or create) the namespace of prefix blocks @name (the model's
@@ -823,6 +911,7 @@ class Client:
         self._nss.add(n)
         return n
 
+    @_locked
     def open_sequence(self, *, ns: Namespace | None = None, prefix_blocks: int = 0,
                       **params: Any) -> Sequence:
         """SEQ_OPEN with the fields of struct kvt_seq_params as keywords (see make_params();
@@ -863,31 +952,36 @@ class Client:
         self._seqs.add(seq)
         return seq
 
+    @_locked
     def nop(self) -> None:
         """A round trip with no work."""
         _check_op(_LIB.kvt_nop(self._live("kvt_nop")), "kvt_nop")
 
     # ---- asynchronous interface ----
 
+    @_locked
     def arena(self) -> np.ndarray:
         """A zero-copy NumPy view of the arena, the payload space SQEs name by (arena_off,
         arena_len). The blocking calls use its start."""
-        size = c_uint64()
-        ptr = _LIB.kvt_arena(self._live("kvt_arena"), byref(size))
-        mem = (ctypes.c_uint8 * size.value).from_address(ptr)
-        mem.owner = self  # a live view keeps the session (and the arena) mapped
-        return np.frombuffer(mem, dtype=np.uint8)
+        self._live("kvt_arena")
+        if self._arena_mem is None:
+            self._arena_mem = _Mapping(self._arena_addr, self._arena_size, "kvt_arena",
+                                        self).mem
+        return np.frombuffer(self._arena_mem, dtype=np.uint8)
 
+    @_locked
     def get_sqe(self) -> _abi.Sqe | None:
         """The next free submission entry, zeroed and writable in place (fill it, then
         submit()), or None when the SQ is full or the CQ could not hold another completion."""
         p = _LIB.kvt_get_sqe(self._live("kvt_get_sqe"))
         return p.contents if p else None
 
+    @_locked
     def submit(self) -> int:
         """Publish every SQE taken since the last submit; returns how many."""
         return _check(_LIB.kvt_submit(self._live("kvt_submit")), "kvt_submit")
 
+    @_locked
     def wait_cqe(self) -> _abi.Cqe:
         """One completion, waiting for it. KvtierError(EAGAIN) when nothing is in flight,
         ECONNRESET when the daemon is gone."""
@@ -896,6 +990,7 @@ class Client:
                _last_error())
         return cqe
 
+    @_locked
     def peek_cqe(self) -> _abi.Cqe | None:
         """One completion if one is ready, else None."""
         cqe = _abi.Cqe()
@@ -905,6 +1000,7 @@ class Client:
         _check(r, "kvt_peek_cqe")
         return cqe
 
+    @_locked
     def op_error(self, user_data: int) -> str | None:
         """Why kvtierd refused the op submitted with @user_data (its CQE's res < 0):
         "OPNAME: what was wrong". None when the session's most recent refusal is another op's
@@ -924,13 +1020,24 @@ class Client:
     @property
     def inflight(self) -> int:
         """Operations submitted and not yet reaped."""
-        return _LIB.kvt_inflight(self._live("kvt_inflight"))
+        if self._forks != _FORKS[0]:
+            raise KvtierError(_errno.ECHILD, "inflight", _FORK_MSG)
+        with self._lock:
+            return _LIB.kvt_inflight(self._live("kvt_inflight"))
 
     # ---- lifetime ----
 
     def close(self) -> None:
-        """End the session (kvt_disconnect): the daemon frees its sequences and buffers, and
-        views of this client's buffers become invalid. Idempotent."""
+        """End the session (kvt_disconnect): the daemon frees its sequences and buffers; views
+        of its buffers and arena stay readable but are no longer shared. Idempotent. In a child
+        of the connecting process it frees only the child's copy of the client."""
+        if self._forks != _FORKS[0]:
+            self._close()
+            return
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._h is None:
             return
         h, self._h = self._h, None
@@ -941,6 +1048,7 @@ class Client:
         for b in list(self._bufs):
             b._h = None
             b._mem = None
+        self._arena_mem = None
         _LIB.kvt_disconnect(h)
 
     disconnect = close

@@ -210,6 +210,10 @@ def fmt_status(st: dict[str, Any]) -> str:
                                               fmt_bytes(cs) if _is_num(cs) else "-"))
     num("pool classes", _get(pool, "classes"))
     string("pool backing", _get(pool, "backing"))
+    pk = _get(pool, "page_kib")
+    if _is_num(pk):
+        line("pool pages", "%.0f KiB%s" % (pk, " (no huge pages: row gathers miss the TLB; "
+                                                "kvtierd.conf(5) hugetlb)" if pk <= 4 else ""))
     numa = _get(pool, "numa_node")
     if _is_num(numa) and numa < 0:
         line("pool numa", "any")

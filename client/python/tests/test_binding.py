@@ -3,6 +3,7 @@
 documents."""
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import signal
@@ -110,7 +111,9 @@ def test_buffer_is_zero_copy_both_ways(kvtierd):
     with kvtier.connect(kvtierd.socket) as c:
         t0buf, stbuf = c.alloc_buffer(2 * L * S * ROW), c.alloc_buffer(2 * L * S * ROW)
         t0, st = region(t0buf), region(stbuf)
-        assert t0.base is not None and st.ctypes.data == stbuf.address
+        assert t0.base is not None
+        st.view(np.uint8).reshape(-1)[0] = 0x5A  # the view's own mapping of the same pages
+        assert ctypes.string_at(stbuf.address, 1) == b"\x5a"
         s = c.open_sequence(**geometry(policy="full", delta=4, window=4),
                             **region_params("t0", t0buf), **region_params("stage", stbuf))
         slots = np.arange(20)[::-1] + 10  # tokens land in slots 29..10
@@ -605,3 +608,118 @@ def test_session_limit_is_eusers(kvtierd):
     finally:
         for c in clients:
             c.close()
+
+
+# ---- size arguments, views after close, threads, fork ----
+
+def test_retier_refuses_an_out_len_out_of_range(kvtierd):
+    """out_len=-1 once wrapped through c_uint64 to 2**64-1: libkvtier asked for the whole arena
+    and copied the reply into the 72-byte buffer the binding had made for it."""
+    data = tokens(48, seed=3)
+    with kvtier.connect(kvtierd.socket) as c:
+        t0buf = c.alloc_buffer(2 * L * S * ROW)
+        s = c.open_sequence(**geometry(policy="tiered", hbm_frac=0.5, delta=8),
+                            **region_params("t0", t0buf))
+        s.append(data)
+        s.score_add(0, np.linspace(1, 2, 48))
+        before = s.stat()
+        for bad in (-1, -72, 1 << 64, 2.5, "72"):
+            e = raises(errno.EINVAL, s.retier, out_len=bad)
+            assert "out_len" in e.daemon_message
+        assert s.stat() == before  # nothing reached kvtierd
+        r = s.retier(out_len=1 << 40)  # past the arena: bounded by it, not refused
+        assert r.n_changes > 0 and 72 < r.nbytes <= (1 << 40)
+
+
+def test_views_stay_readable_after_close_and_free(kvtierd, python_env):
+    """A Buffer.array() or Client.arena() view read after free() or close() once touched
+    unmapped memory (SIGSEGV); now the view maps the pages itself."""
+    child = textwrap.dedent("""
+        import sys, kvtier
+        c = kvtier.connect(sys.argv[1])
+        a, b = c.alloc_buffer(1 << 20), c.alloc_buffer(1 << 16)
+        va, vb, arena = a.array(), b.array(), c.arena()
+        va[:] = 3
+        vb[:] = 4
+        arena[:16] = 5
+        b.free()
+        assert int(vb.sum()) == 4 << 16
+        vb[:] = 6
+        c.close()
+        assert int(va.sum()) == 3 << 20 and int(arena[:16].sum()) == 80
+        va[:] = 1
+        print(int(va.sum()), int(vb.sum()), flush=True)
+        try:
+            a.array()
+        except kvtier.KvtierError as e:
+            print("EBADF" if e.errno == 9 else e, flush=True)
+    """)
+    p = subprocess.run([PYTHON, "-c", child, kvtierd.socket], capture_output=True, text=True,
+                       env=python_env, timeout=120)
+    assert p.returncode == 0, f"child died: {p.returncode} {p.stderr}"
+    assert p.stdout == f"{1 << 20} {6 << 16}\nEBADF\n"
+
+
+def test_threads_share_one_client(kvtierd, python_env):
+    """Four threads on one Client once hung (each blocking call reaped the others'
+    completions and the ring indices raced); calls now take the client's lock in turn. Run in
+    a child so that a hang fails the test instead of stalling the suite."""
+    child = textwrap.dedent("""
+        import sys, threading, numpy as np, kvtier
+        L, H, D, N = 2, 2, 64, 200
+        c = kvtier.connect(sys.argv[1])
+        row = np.ones((1, L, 2, H, D), np.float16)
+        errors = []
+        def work(i):
+            try:
+                s = c.open_sequence(layers=L, kv_heads=H, head_dim=D, dtype="f16", delta=8,
+                                    policy="full")
+                for t in range(N):
+                    assert s.append(row) == (t + 1, t)
+                    c.nop()
+                    assert s.stat().n_tokens == t + 1
+                s.close()
+            except Exception as e:
+                errors.append(repr(e))
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        c.close()
+        print(errors or "ok", flush=True)
+    """)
+    p = subprocess.run([PYTHON, "-c", child, kvtierd.socket], capture_output=True, text=True,
+                       env=python_env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "ok\n"
+
+
+def test_client_refuses_use_after_fork(kvtierd):
+    """A child's calls on its parent's Client fail with ECHILD and say why; the parent's
+    sequence gets none of the child's tokens."""
+    with kvtier.connect(kvtierd.socket) as c:
+        s = c.open_sequence(**geometry(policy="full"))
+        row = tokens(1)
+        assert s.append(row) == (1, 0)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                try:
+                    s.append(row)
+                except kvtier.KvtierError as e:
+                    if e.errno == errno.ECHILD and "fork()" in str(e):
+                        code = 0
+                try:
+                    c.nop()
+                    code = 2
+                except kvtier.KvtierError as e:
+                    code = code or (0 if e.errno == errno.ECHILD else 3)
+                c.close()  # the child's copy only
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert s.append(row) == (2, 1)
+        assert s.stat().n_tokens == 2
