@@ -496,7 +496,7 @@ class KvtierConnector(KVConnectorBase_V1):
                     if not r.reset:
                         continue
                     continue  # resumed: its tokens were dropped with it; no more saving
-                ns = self.link.ns
+                ns = self.link.get()  # reconnects after a loss, at most once a second
                 keys = ns.block_keys(r.token_ids) if ns is not None else \
                     np.empty(0, dtype=[("lo", "<u8"), ("hi", "<u8")])
                 w = _WorkerReq(list(r.token_ids), list(r.block_ids or []), keys)

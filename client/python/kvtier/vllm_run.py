@@ -2,8 +2,8 @@
 """One vLLM engine (CPU, eager) generating greedily for the vLLM connector's tests and
 benchmark: ``python -m kvtier.vllm_run SPEC_JSON`` (or ``@FILE``) prints one JSON line per prompt. SPEC: model,
 prompts (token id lists), max_tokens, connector (none | kvtier | example), socket, extra
-(kv_connector_extra_config), dtype, prefix_caching, pause_file (wait for it to vanish between
-prompts: the test acts on kvtierd there), ready_file (written before the first prompt)."""
+(kv_connector_extra_config), dtype, prefix_caching, pause_file (before prompt i > 0, write
+PAUSE.i.wait and wait for PAUSE.i.go: the test acts on kvtierd there), ready_file (written before the first prompt)."""
 import json
 import os
 import sys
@@ -44,8 +44,10 @@ def main() -> None:
     for i, p in enumerate(spec["prompts"]):
         pause = spec.get("pause_file")
         if pause and i > 0:
-            open(pause + ".wait", "w").close()
-            while os.path.exists(pause):
+            # A handshake per prompt: "<pause>.<i>.wait" says it waits; "<pause>.<i>.go" lets
+            # it go (a file that vanished and came back between two polls is never missed).
+            open(f"{pause}.{i}.wait", "w").close()
+            while not os.path.exists(f"{pause}.{i}.go"):
                 time.sleep(0.05)
         t0 = time.perf_counter()
         out = llm.generate([TokensPrompt(prompt_token_ids=p)], sp, use_tqdm=False)[0]

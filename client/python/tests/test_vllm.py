@@ -108,49 +108,62 @@ def test_kvtierd_absent_at_start(python_env, tmp_path) -> None:
     assert r[0]["num_cached_tokens"] == 0 and len(r[0]["tokens"]) == 8
 
 
-def paused_run(env, prompts, sock, pause: Path, **spec):
-    """A vLLM process that waits for @pause to vanish before each prompt after the first."""
-    pause.touch()
-    return run_vllm(env, prompts, socket=sock, wait=False, pause_file=str(pause), **spec)
+class Paused:
+    """A vLLM process that stops before each prompt after the first until the test lets it go
+    (vllm_run's pause_file handshake: PAUSE.i.wait, then PAUSE.i.go)."""
 
+    def __init__(self, env, prompts, sock, tmp: Path, **spec) -> None:
+        self.base = tmp / "pause"
+        self.p = run_vllm(env, prompts, socket=sock, wait=False, pause_file=str(self.base),
+                          **spec)
 
-def wait_for(path: Path, p: subprocess.Popen, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if p.poll() is not None:
-            raise AssertionError(f"vLLM exited {p.returncode}:\n{p.stderr.read()[-6000:]}")
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.1)
+    def wait(self, i: int, timeout: float = 600) -> None:
+        """Until the process waits before prompt @i (prompts before it are done)."""
+        path = Path(f"{self.base}.{i}.wait")
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if self.p.poll() is not None:
+                raise AssertionError(f"vLLM exited {self.p.returncode}:\n"
+                                     f"{self.p.stderr.read()[-6000:]}")
+            assert time.monotonic() < deadline, f"{path} never appeared"
+            time.sleep(0.1)
+
+    def go(self, i: int) -> None:
+        Path(f"{self.base}.{i}.go").touch()
+
+    def results(self) -> list[dict]:
+        out, err = self.p.communicate(timeout=600)
+        assert self.p.returncode == 0, err[-6000:]
+        return [json.loads(x) for x in out.splitlines() if x.startswith("{")]
 
 
 def test_restart_in_place_keeps_the_hit(kvtierd: Kvtierd, python_env, cold,
                                         tmp_path) -> None:
     """kvtierctl restart between two requests of one vLLM: the second still loads P1's
     blocks (published by the first) and gives the cold run's tokens."""
-    pause = tmp_path / "pause"
-    p = paused_run(python_env, [P1, P1], kvtierd.socket, pause, prefix_caching=False)
-    wait_for(Path(str(pause) + ".wait"), p)
+    v = Paused(python_env, [P1, P1], kvtierd.socket, tmp_path, prefix_caching=False)
+    v.wait(1)
     kvtierd.ctl(["restart"], check=True)
-    pause.unlink()
-    out, err = p.communicate(timeout=600)
-    assert p.returncode == 0, err[-6000:]
-    r = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    v.go(1)
+    r = v.results()
     assert r[1]["num_cached_tokens"] >= 4 * BT, r
     assert r[0]["tokens"] == r[1]["tokens"] == cold[0]["tokens"]
 
 
 def test_kvtierd_killed_and_back(kvtierd_factory, python_env, cold, tmp_path) -> None:
-    """kill -9 of kvtierd while vLLM serves: the next request is a miss with the cold tokens,
-    no crash; a new kvtierd on the same socket is reconnected to and used again."""
+    """kill -9 of kvtierd in the middle of a request: that request gives the cold run's
+    tokens, and so does the next one, a miss; no crash. A new kvtierd on the same socket is
+    reconnected to and used again."""
     d = kvtierd_factory()
-    pause = tmp_path / "pause"
-    p = paused_run(python_env, [P1, P1, P1, P1], d.socket, pause, prefix_caching=False)
-    wait_for(Path(str(pause) + ".wait"), p)
+    v = Paused(python_env, [P1, P1, P1, P1], d.socket, tmp_path, prefix_caching=False)
+    v.wait(1)
+    # Prompt 2 starts against a stopped kvtierd: the connector's first call waits for an
+    # answer that never comes, and kvtierd is killed meanwhile.
+    d.kill(signal.SIGSTOP)
+    v.go(1)
+    time.sleep(3)
     d.kill(signal.SIGKILL)
-    os.unlink(str(pause) + ".wait")
-    pause.unlink()  # prompt 2: kvtierd is gone
-    pause.touch()
-    wait_for(Path(str(pause) + ".wait"), p)
+    v.wait(2)
     # A new kvtierd on the same socket (the killed one left its socket file behind).
     os.unlink(d.socket)
     d2 = subprocess.Popen([str(tool("daemon/kvtierd")), "--config", "/dev/null", "--socket",
@@ -161,24 +174,17 @@ def test_kvtierd_killed_and_back(kvtierd_factory, python_env, cold, tmp_path) ->
         while not os.path.exists(d.socket):
             assert time.monotonic() < deadline and d2.poll() is None, "kvtierd did not start"
             time.sleep(0.05)
-        _finish_killed(p, pause, cold)
+        time.sleep(1.2)  # past the connector's reconnect interval
+        v.go(2)  # prompt 3: a new kvtierd, empty: a miss that publishes
+        v.wait(3)
+        v.go(3)  # prompt 4: a hit again
+        r = v.results()
     finally:
         d2.send_signal(signal.SIGTERM)
         assert d2.wait(timeout=60) == 0
-
-
-def _finish_killed(p, pause: Path, cold) -> None:
-    os.unlink(str(pause) + ".wait")
-    time.sleep(1.2)  # past the reconnect interval
-    pause.unlink()  # prompt 3: a new kvtierd, empty: a miss that publishes
-    pause.touch()
-    wait_for(Path(str(pause) + ".wait"), p)
-    pause.unlink()  # prompt 4
-    out, err = p.communicate(timeout=600)
-    assert p.returncode == 0, err[-6000:]
-    r = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
     assert len(r) == 4
-    assert r[1]["num_cached_tokens"] == 0
+    assert r[0]["num_cached_tokens"] == r[1]["num_cached_tokens"] == r[2][
+        "num_cached_tokens"] == 0, r
     for x in r:
         assert x["tokens"] == cold[0]["tokens"]
     assert r[3]["num_cached_tokens"] >= 4 * BT, r  # prompt 3 published to the new kvtierd
