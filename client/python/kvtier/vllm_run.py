@@ -1,9 +1,13 @@
 # SPDX-License-Identifier: MIT
 """One vLLM engine (CPU, eager) generating greedily for the vLLM connector's tests and
-benchmark: ``python -m kvtier.vllm_run SPEC_JSON`` (or ``@FILE``) prints one JSON line per prompt. SPEC: model,
-prompts (token id lists), max_tokens, connector (none | kvtier | example), socket, extra
-(kv_connector_extra_config), dtype, prefix_caching, pause_file (before prompt i > 0, write
-PAUSE.i.wait and wait for PAUSE.i.go: the test acts on kvtierd there), ready_file (written before the first prompt)."""
+benchmark: ``python -m kvtier.vllm_run SPEC_JSON`` (or ``@FILE``) prints one JSON line per
+prompt.
+
+SPEC keys: model, prompts (token id lists), max_tokens, connector (none | kvtier | example),
+socket, extra (kv_connector_extra_config), dtype, prefix_caching, max_model_len,
+max_num_batched_tokens; pause_file (before prompt i > 0, write PAUSE.i.wait and wait for
+PAUSE.i.go: the test acts on kvtierd there); ready_file (written before the first prompt);
+batch (every prompt in one generate() call, as concurrent requests; wall_s is the batch's)."""
 import json
 import os
 import sys
@@ -41,6 +45,16 @@ def main() -> None:
                         ignore_eos=True)
     if spec.get("ready_file"):
         open(spec["ready_file"], "w").close()
+    if spec.get("batch"):  # every prompt in one generate() call, as concurrent requests
+        t0 = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]], sp,
+                            use_tqdm=False)
+        dt = time.perf_counter() - t0
+        for p, out in zip(spec["prompts"], outs):
+            print(json.dumps({"tokens": list(out.outputs[0].token_ids),
+                              "num_cached_tokens": out.num_cached_tokens, "wall_s": dt,
+                              "n_prompt": len(p)}), flush=True)
+        return
     for i, p in enumerate(spec["prompts"]):
         pause = spec.get("pause_file")
         if pause and i > 0:

@@ -56,9 +56,9 @@ def run_vllm(env: dict[str, str], prompts: list[list[int]], connector: str = "kv
 def cold(tmp_path_factory) -> list[dict]:
     """The reference: P1 and P2 computed whole (no prefix cache) by an engine configured as the
     others, the connector included, with no kvtierd to reach (on_unavailable: fallback). On
-    vLLM 0.32's CPU build, an engine with KvtierConnector configured computes P2 on a miss
-    (nothing loaded) with greedy tokens that differ from the 5th on from an engine without a
-    connector (not yet explained; docs/vllm.md), so the reference has it configured."""
+    vLLM 0.32's CPU build, any KV connector configured (vLLM's own ExampleConnector too) makes
+    P2's greedy tokens differ from the 5th on from an engine without one (docs/vllm.md, "Token
+    identity"), so the reference has it configured."""
     env = dict(os.environ, KVTIER_LIB=kvtier.LIBRARY_PATH, PYTHONPATH=os.pathsep.join(
         [str(REPO / "client" / "python"), *filter(None, [os.environ.get("PYTHONPATH")])]))
     sock = str(tmp_path_factory.mktemp("cold") / "no-kvtierd.sock")
@@ -208,6 +208,58 @@ def test_readme_vllm_example(kvtierd: Kvtierd, python_env, tmp_path) -> None:
         r = subprocess.run([PYTHON, str(src)], capture_output=True, text=True, env=env,
                            cwd=tmp_path, timeout=600)
         assert r.returncode == 0, r.stderr[-6000:]
-        outs.append(re.search(r"cached tokens: (\d+) text: (.*)", r.stdout, re.S))
+        outs.append(re.search(r"^cached tokens: (\d+) text: (.*)$", r.stdout, re.M))
     assert outs[0] and outs[1], "the example printed no result"
     assert int(outs[1].group(1)) >= 128 and outs[1].group(2) == outs[0].group(2)
+
+
+def test_readme_vllm_serve(kvtierd: Kvtierd, python_env, tmp_path) -> None:
+    """README.md's `vllm serve` command line, as written (MODEL replaced, a port and a short
+    max_model_len added), serves a completion through KvtierConnector: the prompt's full
+    blocks are published to kvtierd, in a namespace named after the model."""
+    import re
+    import socket as so
+    import urllib.request
+
+    sec = (REPO / "README.md").read_text().split("\n## vLLM\n", 1)[1].split("\n## ", 1)[0]
+    m = re.search(r"\n    (vllm serve MODEL .*?)\n\n", sec, re.S)
+    assert m, 'the "vLLM" section of README.md has no indented `vllm serve MODEL` command'
+    with so.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = m.group(1).replace("MODEL", MODEL, 1) + \
+        f" --host 127.0.0.1 --port {port} --max-model-len 1024"
+    env = dict(python_env, KVTIER_SOCKET=kvtierd.socket, VLLM_CPU_KVCACHE_SPACE="1",
+               VLLM_LOGGING_LEVEL="WARNING",
+               PATH=os.pathsep.join([os.path.dirname(PYTHON), os.environ.get("PATH", "")]))
+    log = open(tmp_path / "serve.log", "w")
+    p = subprocess.Popen(["bash", "-c", "exec " + cmd], env=env, stdout=log,
+                         stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert p.poll() is None, (tmp_path / "serve.log").read_text()[-6000:]
+            assert time.monotonic() < deadline, "vllm serve never answered /health"
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+                break
+            except OSError:
+                time.sleep(1)
+        body = json.dumps({"model": MODEL, "prompt": P1, "max_tokens": 4,
+                           "temperature": 0}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            out = json.load(r)
+        assert out["usage"]["prompt_tokens"] == len(P1), out
+        blocks = kvtierd.doc("blocks")["namespaces"]
+        assert [n["blocks"] for n in blocks] == [len(P1) // BT], blocks
+        assert blocks[0]["name"].startswith("vllm:SmolLM2"), blocks
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        log.close()
