@@ -95,6 +95,12 @@ installed base class)."""
 _TORCH_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _LOST = {_errno.ECONNRESET, _errno.ENOTCONN, _errno.EPIPE, _errno.ECONNREFUSED,
          _errno.ENOENT, _errno.ESHUTDOWN, _errno.EBADF}
+LAYOUT = "cpu"
+"""The block layout the namespace's rows carry (its name says it): vLLM's CPU paged cache.
+A kvtier block of a layer holds the bytes of one vLLM block of that layer verbatim, cut into
+2 * block_size chunks of kv_heads * head_size elements; row t's K half is chunk 2t and its V
+half chunk 2t + 1 (docs/vllm.md, "Blocks and rows"). A hit is then one contiguous copy per
+layer, and the rows are never read as tokens' keys and values (no RETIER, no TOPK)."""
 RECONNECT_S = 1.0
 """Least seconds between two attempts to reach a kvtierd that went away."""
 
@@ -171,7 +177,7 @@ def _geometry(vllm_config: Any, kv_cache_config: Any) -> _Geometry:
     if not name:
         base = os.path.basename(str(mc.model).rstrip("/")) or "model"
         base = "".join(c if 0x20 < ord(c) < 0x7F else "_" for c in base)[-24:]
-        name = f"vllm:{base}:{model_identity(mc)}:{_TORCH_DTYPES[dtype]}"
+        name = f"vllm:{base}:{model_identity(mc)}:{LAYOUT}:{_TORCH_DTYPES[dtype]}"
     return _Geometry(mc.get_num_layers(pc), mc.get_num_kv_heads(pc), mc.get_head_size(),
                      dtype, bt, name)
 
@@ -423,13 +429,14 @@ class KvtierConnector(KVConnectorBase_V1):
                     f"{t.device}; this version handles vLLM's CPU layout [num_blocks, "
                     f"{g.kv_heads}, {g.block_tokens}, {2 * g.head_dim}] of {g.dtype} (the CUDA "
                     "path is designed in docs/vllm.md, not implemented yet)")
-        self._kv = [kv_caches[n].view(-1, g.kv_heads, 2, g.block_tokens, g.head_dim)
-                    for n in names]
+        # each layer as [num_blocks, one block's elements]: a block is what kvtier stores
+        self._kv = [kv_caches[n].view(kv_caches[n].shape[0], -1) for n in names]
         self._layer_of = {n: i for i, n in enumerate(names)}
 
     def _staging(self, rows: int) -> Any:
-        """The host buffer shared with kvtierd that FETCH stages into, [layer][K,V][row]
-        [kv_head][head_dim], grown to @rows rows."""
+        """The host buffer shared with kvtierd that FETCH stages into, [layer][row][K,V]
+        [kv_head][head_dim] (so a layer's rows of a block are the vLLM block's bytes), grown
+        to @rows rows."""
         link = self.link
         if self._stage is not None and self._stage_epoch == link.epoch and \
                 self._stage_rows >= rows:
@@ -456,10 +463,10 @@ class KvtierConnector(KVConnectorBase_V1):
         R = self._stage_rows
         w.seq = self.link.client.open_sequence(
             ns=ns, prefix_blocks=m, layers=g.layers, kv_heads=g.kv_heads, head_dim=g.head_dim,
-            dtype=_TORCH_DTYPES[g.dtype], policy="tiered", hbm_frac=0.0, delta=4,
+            dtype=_TORCH_DTYPES[g.dtype], policy="full", delta=4,
             max_tokens=len(w.tokens) + 1,
-            stage_buf_id=stage.id, stage_slots=R, stage_slot_stride=row,
-            stage_kv_stride=R * row, stage_layer_stride=2 * R * row)
+            stage_buf_id=stage.id, stage_slots=R, stage_slot_stride=2 * row,
+            stage_kv_stride=row, stage_layer_stride=2 * R * row)
         w.epoch, w.seq_blocks = self.link.epoch, m
         return m
 
@@ -473,11 +480,11 @@ class KvtierConnector(KVConnectorBase_V1):
         if f.rows != n:
             raise KvtierError(_errno.EPROTO, "kvt_fetch", f"{f.rows} rows staged of {n}")
         R = self._stage_rows
-        st = self._stage.torch(g.dtype, (g.layers, 2, R, g.kv_heads, g.head_dim))
+        st = self._stage.torch(g.dtype, (g.layers, R * 2 * g.kv_heads * g.head_dim))
         idx = torch.tensor(w.block_ids[lo:hi], dtype=torch.long)
-        for li, kv in enumerate(self._kv):
-            src = st[li, :, :n].reshape(2, hi - lo, g.block_tokens, g.kv_heads, g.head_dim)
-            kv.index_copy_(0, idx, src.permute(1, 3, 0, 2, 4))
+        blk = self._kv[0].shape[1]
+        for li, kv in enumerate(self._kv):  # one contiguous copy per layer
+            kv.index_copy_(0, idx, st[li, : (hi - lo) * blk].view(hi - lo, blk))
         return hi - lo
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
@@ -544,8 +551,8 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
                       **kwargs: Any) -> None:
-        """Gather this layer's rows of the blocks to save into their APPEND layout
-        [token][layer][K,V][head][dim] (one copy). vLLM 0.32's CPU runner does not call this
+        """Gather this layer's blocks to save into the APPEND layout [row][layer][K,V][head]
+        [dim]: row t of a layer is the block's chunks 2t and 2t + 1 (LAYOUT; one copy). vLLM 0.32's CPU runner does not call this
         hook (its attention is not wrapped by maybe_transfer_kv_layer): wait_for_save()
         gathers every layer the hook did not."""
         if not self._save:
@@ -557,11 +564,12 @@ class KvtierConnector(KVConnectorBase_V1):
     def _gather(self, li: int) -> None:
         self._gathered.add(li)
         kv = self._kv[li]
+        g = self.geo
         for w, lo, hi, rows in self._save:
             idx = torch.tensor(w.block_ids[lo:hi], dtype=torch.long)
-            src = kv.index_select(0, idx)  # [blocks, heads, K|V, bt, dim]
-            rows[:, li].view(hi - lo, self.bt, 2, self.geo.kv_heads, self.geo.head_dim)[:] = \
-                src.permute(0, 3, 2, 1, 4)
+            src = kv.index_select(0, idx)  # [blocks, one block's elements]
+            rows.view(hi - lo, self.bt, g.layers, 2 * g.kv_heads * g.head_dim)[:, :, li] = \
+                src.view(hi - lo, self.bt, 2 * g.kv_heads * g.head_dim)
 
     def wait_for_save(self) -> None:
         """APPEND the gathered blocks to each request's sequence and PUBLISH its blocks."""

@@ -113,6 +113,7 @@ class Paused:
     (vllm_run's pause_file handshake: PAUSE.i.wait, then PAUSE.i.go)."""
 
     def __init__(self, env, prompts, sock, tmp: Path, **spec) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
         self.base = tmp / "pause"
         self.p = run_vllm(env, prompts, socket=sock, wait=False, pause_file=str(self.base),
                           **spec)
@@ -188,6 +189,57 @@ def test_kvtierd_killed_and_back(kvtierd_factory, python_env, cold, tmp_path) ->
     for x in r:
         assert x["tokens"] == cold[0]["tokens"]
     assert r[3]["num_cached_tokens"] >= 4 * BT, r  # prompt 3 published to the new kvtierd
+
+
+TRANSFORMERS_CHILD = r"""
+import json, sys, warnings
+from conftest import load_lm
+from kvtier.transformers import KvtierCache, generate
+path, socket = sys.argv[1], sys.argv[2]
+model, tok = load_lm(path)
+ids = tok("A shared kvtierd serves vLLM and transformers processes at once. " * 8,
+          return_tensors="pt")["input_ids"]
+with KvtierCache(model, socket=socket, share_prefix=True, policy="tiered", hbm_frac=0.5,
+                 evict_frac=0.0, delta=8, sinks=4, window=16, max_tokens=256) as cache:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        generate(model, ids, cache, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    print(json.dumps({"namespace": cache.namespace, "stats": cache.stats().as_dict()}))
+"""
+
+
+def test_two_vllm_and_a_transformers_process_share_one_kvtierd(
+        kvtierd: Kvtierd, python_env, cold, gguf_path, tmp_path) -> None:
+    """Two vLLM processes and one KvtierCache process use one kvtierd at the same time: each
+    vLLM serves P1 with the cold run's tokens, the KvtierCache process publishes its own
+    prompt's blocks meanwhile, and kvtierctl blocks lists both namespaces."""
+    a = Paused(python_env, [P1[:200], P1], kvtierd.socket, tmp_path / "a",
+               prefix_caching=False)
+    b = Paused(python_env, [P1[:200], P1], kvtierd.socket, tmp_path / "b",
+               prefix_caching=False)
+    a.wait(1)
+    b.wait(1)
+    # both engines are up, each with its scheduler's and its worker's session
+    assert kvtierd.doc("status")["sessions"] >= 4
+    env = dict(python_env)
+    env["PYTHONPATH"] = f"{Path(__file__).parent}{os.pathsep}{env['PYTHONPATH']}"
+    t = subprocess.Popen([PYTHON, "-c", TRANSFORMERS_CHILD, gguf_path, kvtierd.socket],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    a.go(1)
+    b.go(1)
+    out, err = t.communicate(timeout=900)
+    assert t.returncode == 0, err[-6000:]
+    tr = json.loads(out.strip().splitlines()[-1])
+    assert tr["stats"]["prefix_published"] > 0, tr
+    ra, rb = a.results(), b.results()
+    assert ra[1]["tokens"] == rb[1]["tokens"] == cold[0]["tokens"]
+    text = kvtierd.ctl(["blocks"]).stdout
+    ns = {n["name"]: n["blocks"] for n in kvtierd.doc("blocks")["namespaces"]}
+    vl = [n for n in ns if n.startswith("vllm:")]
+    assert len(vl) == 1 and ns[vl[0]] == len(P1) // BT, ns  # one copy of P1's 4 blocks
+    assert ns[tr["namespace"]] == tr["stats"]["prefix_held"], ns
+    for name in (vl[0], tr["namespace"]):
+        assert name in text, text
 
 
 def test_readme_vllm_example(kvtierd: Kvtierd, python_env, tmp_path) -> None:
