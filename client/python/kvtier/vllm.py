@@ -47,7 +47,6 @@ from typing import Any
 
 import numpy as np
 
-from . import _abi
 from .core import Client, KvtierError, Namespace, Sequence, connect
 
 SUPPORTED_VLLM = ((0, 32), (0, 33))
