@@ -56,6 +56,7 @@ struct kvt_client {
 	uint8_t *arena;
 	uint64_t arena_size;
 	uint32_t sq_entries, cq_entries;
+	uint32_t abi_minor;    /* the daemon's KVT_ABI_MINOR (region header) */
 	uint32_t sq_tail;      /* private: SQEs handed out by kvt_get_sqe() */
 	uint32_t sq_pub;       /* published to the daemon */
 	uint32_t cq_head;      /* private consumer index */
@@ -266,6 +267,7 @@ region_map(struct kvt_client *c)
 	c->cqes = (void *)(c->region + h->cq_entries_off);
 	c->arena = c->region + h->arena_off;
 	c->arena_size = h->arena_size;
+	c->abi_minor = h->abi_minor;
 	c->sq_entries = h->sq_entries;
 	c->cq_entries = h->cq_entries;
 	c->sq_tail = c->sq_pub = kvt_ring_prod_tail_relaxed(c->sq);
@@ -1101,6 +1103,74 @@ kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer0, u
 	return r;
 }
 
+/* The op_flags of TOPK's SQE form (ABI 1.0-1.4) for a mode, or -1 where it has none. */
+static int
+topk_sqe_flags(uint32_t mode)
+{
+	switch (mode) {
+	case KVT_TOPK_EXACT:
+		return 0;
+	case KVT_TOPK_ESTIMATE:
+		return KVT_TOPK_F_ESTIMATE;
+	case KVT_TOPK_FAST:
+	case KVT_TOPK_PROBE:
+		return KVT_TOPK_F_FAST;
+	default:
+		return -1;
+	}
+}
+
+KVT_EXPORT int
+kvt_topk_run(struct kvt_client *c, uint32_t seq, const struct kvt_topk_req *req, const float *query,
+	     void *out)
+{
+	struct kvt_topk_req r;
+	uint64_t req_off = 0, q_off, out_off;
+	struct kvt_sqe *e;
+	int rc, f;
+
+	if (!req || req->size < KVT_TOPK_REQ_SIZE0 || req->size > sizeof(r)) {
+		kvtc_set_error("kvt_topk_run: set req->size = sizeof(struct kvt_topk_req)");
+		return -EINVAL;
+	}
+	/* a caller built with an older, shorter struct: the fields it lacks read as zero */
+	memset(&r, 0, sizeof(r));
+	memcpy(&r, req, req->size);
+	/* a kvtierd older than ABI 1.5 takes the SQE form, which says the same in op_flags */
+	f = topk_sqe_flags(r.mode);
+	if (c->abi_minor < 5 && (f < 0 || r.flags & ~(KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH) ||
+				 r.reserved[0] || r.reserved[1])) {
+		kvtc_set_error("kvtierd speaks ABI %u.%u: this TOPK request needs 1.5",
+			       KVT_ABI_MAJOR, c->abi_minor);
+		return -EOPNOTSUPP;
+	}
+	q_off = c->abi_minor < 5 ? 0 : sizeof(r);
+	out_off = (q_off + r.query_len + 63) & ~63ull;
+	if (out_off > c->arena_size || r.out_len > c->arena_size - out_off) {
+		kvtc_set_error("the query and the output do not fit the %llu-byte arena",
+			       (unsigned long long)c->arena_size);
+		return -E2BIG;
+	}
+	e = sync_sqe(c, 1, &rc);
+	if (!e)
+		return rc;
+	memcpy(c->arena + q_off, query, r.query_len);
+	r.query_off = q_off;
+	r.out_off = out_off;
+	if (c->abi_minor < 5) {
+		kvt_prep_rw(e, KVT_OP_TOPK, seq, (unsigned)f | r.flags, q_off, r.query_len, r.k,
+			    r.layer, out_off, r.out_len);
+		e->probe = r.probe;
+	} else {
+		memcpy(c->arena + req_off, &r, sizeof(r));
+		kvt_prep_topk(e, seq, req_off);
+	}
+	rc = run_one(c, e, NULL);
+	if (rc > 0)
+		memcpy(out, c->arena + out_off, r.out_len);
+	return rc;
+}
+
 KVT_EXPORT int
 kvt_topk(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
 	 const float *query, uint32_t q_len, void *out, uint64_t out_len)
@@ -1112,25 +1182,38 @@ KVT_EXPORT int
 kvt_topk_probe(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
 	       uint32_t probe, const float *query, uint32_t q_len, void *out, uint64_t out_len)
 {
-	uint64_t qbytes = (uint64_t)q_len * sizeof(float), out_off = (qbytes + 63) & ~63ull;
-	struct kvt_sqe *e;
-	int r;
+	struct kvt_topk_req r = {.size = sizeof(r), .layer = layer, .k = k, .probe = probe};
+	uint64_t qbytes = (uint64_t)q_len * sizeof(float);
 
-	if (out_off > c->arena_size || out_len > c->arena_size - out_off || out_len > UINT32_MAX) {
+	/* The SQE form's rules, as a kvtierd of ABI 1.4 applied them. */
+	if ((flags & KVT_TOPK_F_ESTIMATE) && (flags & KVT_TOPK_F_FAST)) {
+		kvtc_set_error("TOPK: KVT_TOPK_F_ESTIMATE and KVT_TOPK_F_FAST exclude each other "
+			       "(pick one)");
+		return -EINVAL;
+	}
+	if (probe && !(flags & KVT_TOPK_F_FAST)) {
+		kvtc_set_error("TOPK: probe %u without KVT_TOPK_F_FAST (set both, or probe 0)",
+			       probe);
+		return -EINVAL;
+	}
+	if (flags &
+	    ~(KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH | KVT_TOPK_F_ESTIMATE | KVT_TOPK_F_FAST)) {
+		kvtc_set_error("TOPK: flags %#x has bits TOPK does not define", flags);
+		return -EINVAL;
+	}
+	if (qbytes > UINT32_MAX || out_len > UINT32_MAX) {
 		kvtc_set_error("the query and the output do not fit the %llu-byte arena",
 			       (unsigned long long)c->arena_size);
 		return -E2BIG;
 	}
-	e = sync_sqe(c, 1, &r);
-	if (!e)
-		return r;
-	memcpy(c->arena, query, qbytes);
-	kvt_prep_topk(e, seq, layer, k, flags, 0, q_len, out_off, (uint32_t)out_len);
-	e->probe = probe;
-	r = run_one(c, e, NULL);
-	if (r > 0)
-		memcpy(out, c->arena + out_off, out_len);
-	return r;
+	r.mode = probe				 ? KVT_TOPK_PROBE
+		 : (flags & KVT_TOPK_F_FAST)	 ? KVT_TOPK_FAST
+		 : (flags & KVT_TOPK_F_ESTIMATE) ? KVT_TOPK_ESTIMATE
+						 : KVT_TOPK_EXACT;
+	r.flags = flags & (KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH);
+	r.query_len = (uint32_t)qbytes;
+	r.out_len = (uint32_t)out_len;
+	return kvt_topk_run(c, seq, &r, query, out);
 }
 
 /* ---- prefix blocks ------------------------------------------------------------------------ */

@@ -81,7 +81,10 @@ struct kvtd {
 
 	/* restart (restart.c) */
 	char exe[4096]; /* the binary started, re-executed by a restart */
-	char **argv;	/* its arguments, without --restore-fd */
+	int exe_fd;	/* that binary, opened at start: a failed restart's fallback (restart.c) */
+	int watch_fd;	/* started by a restart: the pipe to the old process's watcher, -1 */
+	int watch_ack_fd; /* under systemd: its end means the watcher handed the main pid back */
+	char **argv;	  /* its arguments, without --restore-fd */
 	int argc;
 	int restart_pending;	     /* SIGUSR2 or RESTART seen: restart at the next turn */
 	void *restart_conn;	     /* the connection that asked (loop.c), NULL for SIGUSR2 */
@@ -89,6 +92,7 @@ struct kvtd {
 	uint32_t restarts;	     /* restarts since the first start */
 	uint64_t restart_started_ns; /* when the last restart began (CLOCK_MONOTONIC) */
 	char restart_why[384];	     /* why the last restart was refused, for its asker */
+	char *fell_back;	     /* started as a fallback: why the new binary failed (owned) */
 	int restoring;		     /* started by a restart: its sessions come from an image */
 	uint64_t metrics_retry_ns;   /* after a restart, the next try of a failed metrics bind */
 	uint64_t metrics_backoff_ns; /* and the wait after it (doubles up to a minute) */

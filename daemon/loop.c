@@ -1522,14 +1522,15 @@ kvtd_loop_adopt(struct kvtd *d, const struct kvtd_conn_info *ci, void **ret_conn
 		pthread_mutex_lock(&d->pool.lock);
 		c->uid_ent->acct.bytes += ci->s->acct.bytes;
 		pthread_mutex_unlock(&d->pool.lock);
-		ci->s->uid_ent = c->uid_ent;
+		/* and its pool classes, counted among the uid's (classes_per_uid) */
+		kvtd_session_uid_join(ci->s, c->uid_ent);
 		ci->s->sock = c->fd;
 		r = kvtd_poller_attach(d, ci->s);
 		if (r < 0) {
 			pthread_mutex_lock(&d->pool.lock);
 			c->uid_ent->acct.bytes -= ci->s->acct.bytes;
 			pthread_mutex_unlock(&d->pool.lock);
-			ci->s->uid_ent = NULL;
+			kvtd_session_uid_leave(ci->s);
 			c->uid_ent->sessions--;
 			free(c);
 			return r;
@@ -1541,7 +1542,7 @@ kvtd_loop_adopt(struct kvtd *d, const struct kvtd_conn_info *ci, void **ret_conn
 		if (c->s) {
 			kvtd_poller_detach(c->s);
 			c->uid_ent->acct.bytes -= c->s->acct.bytes;
-			c->s->uid_ent = NULL;
+			kvtd_session_uid_leave(c->s);
 			c->uid_ent->sessions--;
 			d->n_sessions--;
 		}

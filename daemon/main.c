@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <systemd/sd-daemon.h>
 
@@ -27,23 +28,38 @@ main(int argc, char **argv)
 	int r, restore_fd, check;
 
 	memset(&d, 0, sizeof(d));
+	d.exe_fd = -1;
+	/* started by a restart: the old process's watcher */
+	d.watch_fd = kvtd_restart_take_watch(&d.watch_ack_fd);
 	/* A restart in place (restart.h) appends --restore-fd: the rest is the original command. */
 	restore_fd = kvtd_restart_take_fd(&argc, argv);
 	check = kvtd_restart_take_check(&argc, argv);
 	r = kvtd_config_load(&d.cfg, argc, argv, err, sizeof(err));
 	if (check && r == 0) {
-		printf("%s %d\n", KVTD_RESTART_READY, KVTD_IMAGE_VERSION);
+		printf("%s %d %s\n", KVTD_RESTART_READY, KVTD_IMAGE_VERSION, KVTD_RESTART_VERDICT);
 		return fflush(stdout) == 0 ? 0 : 1;
 	}
 	if (r > 0)
 		return 0;
 	if (r < 0) {
 		fprintf(stderr, "kvtierd: %s\n", err);
+		if (restore_fd >= 0) {
+			char why[600];
+
+			snprintf(why, sizeof(why), "refused its configuration: %s", err);
+			kvtd_restart_give_up(&d, why);
+		}
 		return 2;
 	}
+	d.fell_back = kvtd_restart_take_fallback(); /* a fallback: why the new binary failed */
 	kvtd_restart_record(&d, argc, argv);
-	if (restore_fd >= 0 && kvtd_image_load(restore_fd, &img) < 0)
+	if (restore_fd >= 0 && (r = kvtd_image_load(restore_fd, &img)) < 0) {
+		char why[160];
+
+		snprintf(why, sizeof(why), "refused the restart image: %s", strerror(-r));
+		kvtd_restart_give_up(&d, why);
 		kvtd_restart_drop_inherited(); /* logged: the old sessions end, start afresh */
+	}
 	d.start_ns = kvtd_now_ns();
 	/* Signals arrive through signalfd in the main loop; every thread inherits this mask. */
 	kvtd_loop_block_signals();
@@ -52,18 +68,25 @@ main(int argc, char **argv)
 	/* The socket first: a second daemon on a taken socket (or a path that is no socket) is
 	 * refused before it opens a device or allocates and pins a pool. */
 	r = img ? kvtd_restart_listener(&d, img) : kvtd_loop_listen(&d);
-	if (r < 0)
+	if (r < 0) {
+		kvtd_restart_give_up(&d, "found no listening socket in the image");
 		goto err_listen;
+	}
 	r = kvt_dev_open(d.cfg.backend, &d.dev);
 	if (r < 0) {
 		log_err("device backend '%s' unavailable: %s",
 			d.cfg.backend == KVT_DEV_CUDA ? "cuda" : "auto", strerror(-r));
+		kvtd_restart_give_up(&d, "found its device backend unavailable");
 		goto err_listen;
 	}
 	log_notice("kvtierd %s starting: backend %s", KVT_VERSION, kvt_dev_name(d.dev));
 	if (img) {
 		r = kvtd_restart_pool(&d, img);
 		if (r < 0) {
+			char why[160];
+
+			snprintf(why, sizeof(why), "could not keep the pool: %s", strerror(-r));
+			kvtd_restart_give_up(&d, why);
 			log_err("restart: the pool cannot be kept (%s): the previous sessions are "
 				"dropped",
 				strerror(-r));
@@ -91,6 +114,8 @@ main(int argc, char **argv)
 	r = kvtd_pollers_start(&d);
 	if (r < 0) {
 		log_err("starting pollers: %s", strerror(-r));
+		if (img)
+			kvtd_restart_give_up(&d, "could not start its pollers");
 		goto err_pollers;
 	}
 	if (img) {
@@ -101,6 +126,7 @@ main(int argc, char **argv)
 		if (r < 0 && !d.pool.base)
 			goto err_pollers;
 		kvtd_pool_populate(&d.pool);
+		kvtd_restart_await_main(&d); /* under systemd: READY=1 is the main pid's */
 	}
 	sd_notifyf(0, "READY=1\nSTATUS=serving on %s, pool %llu MiB", d.cfg.socket_path,
 		   (unsigned long long)(d.pool.size >> 20));
@@ -114,8 +140,11 @@ err_pollers:
 	kvtd_pool_fini(&d.pool);
 	kvt_dev_close(d.dev);
 	log_notice("kvtierd stopped");
+	free(d.fell_back);
 	return r < 0 ? 1 : 0;
 err_loop:
+	if (img)
+		kvtd_restart_give_up(&d, "could not set up its prefix store or main loop");
 	kvtd_prefix_fini(&d.prefix);
 	kvtd_pool_fini(&d.pool);
 err_dev:
@@ -124,5 +153,6 @@ err_listen:
 	kvtd_image_free(img);
 	kvtd_loop_fini(&d);
 	log_notice("kvtierd stopped");
+	free(d.fell_back);
 	return 1;
 }

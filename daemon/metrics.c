@@ -14,9 +14,12 @@
  *
  * Who scrapes: the uid owning the peer's socket, read from /proc/net/tcp (the daemon's own
  * network namespace, readable under ProtectProc= too). ?sessions=1 shows it only its own uid's
- * sessions, as the control socket does, unless it is root or kvtierd's uid (admin_gids are not
- * looked up here: that would take the user database from the main loop; an admin sees every
- * session with `kvtierctl metrics --sessions`).
+ * sessions, as the control socket does, unless it is root, kvtierd's uid, or a uid whose groups
+ * (its primary group and those the group database lists it in) include one of admin_gids. The
+ * user database may block (a directory service), so the main loop never asks it: a resolver
+ * thread looks a uid's groups up and a ?sessions=1 scrape waits for that answer, within its
+ * deadline (past it, it is answered as one of no admin group's); a uid's groups are kept for
+ * GROUPS_TTL_S and compared with admin_gids as configured now.
  * One request per connection (HTTP/1.0, Connection: close), of at most REQ_MAX bytes. Only
  * loopback addresses are accepted in the configuration: the endpoint has no authentication.
  */
@@ -31,7 +34,11 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <liburing.h>
+#include <grp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <pwd.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "kvtd.h"
@@ -45,13 +52,38 @@
 #define SCRAPE_TIMEOUT_MS 5000
 #define SCRAPERS_PER_UID  2
 
-enum { SCRAPE_FREE, SCRAPE_READ, SCRAPE_WRITE };
+#define GROUPS_TTL_S  60
+#define GROUPS_MAX    256 /* of one uid, looked at for admin_gids */
+#define GROUPS_CACHED 16  /* uids; at most SCRAPERS_MAX wait at once */
+
+enum { SCRAPE_FREE, SCRAPE_READ, SCRAPE_WAIT, SCRAPE_WRITE };
+enum { GROUPS_FREE, GROUPS_ASKED, GROUPS_KNOWN };
+
+/* A uid's groups, as the resolver thread found them (under resolver.lock). */
+struct uid_groups {
+	int state;
+	uid_t uid;
+	uint64_t at_ns; /* when it was found */
+	unsigned n;
+	gid_t g[GROUPS_MAX];
+};
+
+struct resolver {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	pthread_t thread;
+	int started, stop;
+	int efd;   /* written by the thread for each answer; polled by the main loop */
+	int armed; /* main thread: a poll on efd is in flight */
+	struct uid_groups u[GROUPS_CACHED];
+};
 
 struct kvtd_scraper {
 	int fd;
 	int state;
 	uint64_t deadline_ns; /* 0: timed out, closing */
 	int64_t uid;	      /* the peer's, -1: not found */
+	int no_admin;	      /* its groups were not known in time: answered as no admin's */
 	size_t got;	      /* request bytes read */
 	char req[REQ_MAX + 1];
 	char *out; /* the reply, head and body */
@@ -61,7 +93,11 @@ struct kvtd_scraper {
 struct kvtd_metrics {
 	struct kvtd_scraper s[SCRAPERS_MAX];
 	unsigned busy;
+	struct resolver res;
 };
+
+/* user_data of the resolver's eventfd poll, after the scrapers' */
+#define RESOLVER_UD (KVTD_METRICS_UD + SCRAPERS_MAX)
 
 int
 kvtd_metrics_parse(const char *s, uint32_t *ret_addr, uint16_t *ret_port)
@@ -133,6 +169,9 @@ kvtd_metrics_init(struct kvtd *d)
 	}
 	for (unsigned i = 0; i < SCRAPERS_MAX; i++)
 		d->metrics->s[i].fd = -1;
+	d->metrics->res.efd = -1;
+	pthread_mutex_init(&d->metrics->res.lock, NULL);
+	pthread_cond_init(&d->metrics->res.cond, NULL);
 	d->metrics_port = ntohs(sa.sin_port);
 	log_notice("serving /metrics on http://%s:%u/metrics", inet_ntoa(sa.sin_addr),
 		   (unsigned)d->metrics_port);
@@ -143,6 +182,19 @@ void
 kvtd_metrics_fini(struct kvtd *d)
 {
 	if (d->metrics) {
+		struct resolver *rs = &d->metrics->res;
+
+		if (rs->started) {
+			pthread_mutex_lock(&rs->lock);
+			rs->stop = 1;
+			pthread_cond_signal(&rs->cond);
+			pthread_mutex_unlock(&rs->lock);
+			pthread_join(rs->thread, NULL);
+		}
+		if (rs->efd >= 0)
+			close(rs->efd);
+		pthread_cond_destroy(&rs->cond);
+		pthread_mutex_destroy(&rs->lock);
 		for (unsigned i = 0; i < SCRAPERS_MAX; i++) {
 			if (d->metrics->s[i].fd >= 0)
 				close(d->metrics->s[i].fd);
@@ -224,6 +276,131 @@ uid_all_sessions(int64_t uid)
 	return uid == 0 || uid == (int64_t)geteuid();
 }
 
+/* The resolver thread: a uid asked for, its groups from the user database. */
+static void *
+resolver_main(void *arg)
+{
+	struct resolver *rs = arg;
+	static __thread char pwbuf[16384];
+
+	pthread_mutex_lock(&rs->lock);
+	for (;;) {
+		struct uid_groups *u = NULL;
+		struct passwd pw, *pwp = NULL;
+		gid_t g[GROUPS_MAX];
+		int n = GROUPS_MAX;
+		uid_t uid;
+
+		for (unsigned i = 0; i < GROUPS_CACHED && !u; i++)
+			if (rs->u[i].state == GROUPS_ASKED)
+				u = &rs->u[i];
+		if (!u) {
+			if (rs->stop)
+				break;
+			pthread_cond_wait(&rs->cond, &rs->lock);
+			continue;
+		}
+		uid = u->uid;
+		pthread_mutex_unlock(&rs->lock);
+		/* outside the lock: this is what may block */
+		if (getpwuid_r(uid, &pw, pwbuf, sizeof(pwbuf), &pwp) != 0 || !pwp)
+			n = 0; /* no such user: no group makes it an admin */
+		else if (getgrouplist(pw.pw_name, pw.pw_gid, g, &n) < 0)
+			n = GROUPS_MAX; /* more than it can hold: the first GROUPS_MAX */
+		pthread_mutex_lock(&rs->lock);
+		u->n = (unsigned)n;
+		memcpy(u->g, g, (size_t)n * sizeof(*g));
+		u->at_ns = kvtd_now_ns();
+		u->state = GROUPS_KNOWN;
+		eventfd_write(rs->efd, 1);
+	}
+	pthread_mutex_unlock(&rs->lock);
+	return NULL;
+}
+
+/* Main thread: a poll on the resolver's eventfd, unless one is in flight. */
+static int
+resolver_arm(struct kvtd *d)
+{
+	struct resolver *rs = &d->metrics->res;
+	struct io_uring_sqe *sqe;
+
+	if (rs->armed)
+		return 0;
+	sqe = io_uring_get_sqe(d->ring);
+	if (!sqe) {
+		io_uring_submit(d->ring);
+		sqe = io_uring_get_sqe(d->ring);
+		if (!sqe)
+			return -EBUSY;
+	}
+	io_uring_prep_poll_add(sqe, rs->efd, POLLIN);
+	io_uring_sqe_set_data64(sqe, RESOLVER_UD);
+	rs->armed = 1;
+	return 0;
+}
+
+/*
+ * Is @uid in one of admin_gids? 1 or 0 from its groups as last looked up (within
+ * GROUPS_TTL_S), or -EAGAIN: the resolver has been asked, and the eventfd tells when it has
+ * answered. Other -errno: it cannot be asked (the caller answers as for no admin).
+ */
+static int
+uid_admin(struct kvtd *d, uid_t uid)
+{
+	struct resolver *rs = &d->metrics->res;
+	struct uid_groups *u = NULL, *old = NULL;
+	uint64_t now = kvtd_now_ns();
+	int r = -EAGAIN;
+
+	if (rs->efd < 0) {
+		rs->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+		if (rs->efd < 0)
+			return -errno;
+	}
+	if (!rs->started) {
+		r = -pthread_create(&rs->thread, NULL, resolver_main, rs);
+		if (r < 0) {
+			log_warn("metrics: no thread to look up admin_gids members: %s",
+				 strerror(-r));
+			return r;
+		}
+		rs->started = 1;
+		r = -EAGAIN;
+	}
+	pthread_mutex_lock(&rs->lock);
+	for (unsigned i = 0; i < GROUPS_CACHED; i++) {
+		struct uid_groups *e = &rs->u[i];
+
+		if (e->state != GROUPS_FREE && e->uid == uid)
+			u = e;
+		else if (e->state != GROUPS_ASKED &&
+			 (!old || e->state == GROUPS_FREE ||
+			  (old->state == GROUPS_KNOWN && e->at_ns < old->at_ns)))
+			old = e; /* a free entry, else the oldest answer */
+	}
+	if (u && u->state == GROUPS_KNOWN && now - u->at_ns < GROUPS_TTL_S * 1000000000ULL) {
+		r = 0;
+		for (unsigned i = 0; i < u->n && !r; i++)
+			for (unsigned k = 0; k < d->cfg.n_admin_gids && !r; k++)
+				r = u->g[i] == d->cfg.admin_gids[k];
+	} else if (!u || u->state == GROUPS_KNOWN) {
+		u = u ? u : old;
+		if (u) {
+			u->uid = uid;
+			u->state = GROUPS_ASKED;
+			pthread_cond_signal(&rs->cond);
+		} else {
+			r = -EBUSY; /* every entry asked for: cannot happen with SCRAPERS_MAX
+				       waiters */
+		}
+	}
+	pthread_mutex_unlock(&rs->lock);
+	if (r == -EAGAIN && resolver_arm(d) < 0)
+		r = -EBUSY;
+	return r;
+}
+
 /* The reply into s->out: head, and the body unless @head_only (HEAD keeps its length). */
 static int
 prepare(struct kvtd_scraper *s, const char *status, const char *type, const char *body, size_t len,
@@ -255,14 +432,15 @@ prepare_msg(struct kvtd_scraper *s, const char *status, const char *msg, bool he
 	return prepare(s, status, "text/plain", msg, strlen(msg), head_only);
 }
 
-/* The request in s->req (complete, or all the peer sent) to a reply in s->out. */
+/* The request in s->req (complete, or all the peer sent) to a reply in s->out: 0, 1 when it
+ * waits for the uid's groups (s->state SCRAPE_WAIT), < 0 to close. */
 static int
 answer(struct kvtd *d, struct kvtd_scraper *s)
 {
 	const char *req = s->req, *path, *q;
 	uid_t only_uid = (uid_t)s->uid; /* -1 (not found): matches no session */
 	uint32_t flags = 0;
-	bool head = false;
+	bool head = false, all;
 	size_t plen, len = 0;
 	char *text = NULL;
 	int r;
@@ -285,8 +463,18 @@ answer(struct kvtd *d, struct kvtd_scraper *s)
 			flags |= KVT_CTL_METRICS_F_SESSIONS;
 	}
 	len = 0;
-	r = kvtd_prom_render(d, flags, uid_all_sessions(s->uid) ? NULL : &only_uid, &text, &len,
-			     NULL);
+	all = uid_all_sessions(s->uid);
+	if (!all && (flags & KVT_CTL_METRICS_F_SESSIONS) && s->uid >= 0 && d->cfg.n_admin_gids &&
+	    !s->no_admin) {
+		/* admin_gids, as the control socket honours them: the uid's groups */
+		r = uid_admin(d, (uid_t)s->uid);
+		if (r == -EAGAIN) {
+			s->state = SCRAPE_WAIT;
+			return 1;
+		}
+		all = r > 0;
+	}
+	r = kvtd_prom_render(d, flags, all ? NULL : &only_uid, &text, &len, NULL);
 	if (r < 0)
 		return prepare_msg(s, "500 Internal Server Error", "metrics unavailable\n", head);
 	r = prepare(s, "200 OK", "text/plain; version=0.0.4; charset=utf-8", text, len, head);
@@ -348,8 +536,11 @@ step(struct kvtd *d, struct kvtd_scraper *s, uint64_t ud, int res)
 				goto close;
 			return;
 		}
-		if (answer(d, s) < 0)
+		r = answer(d, s);
+		if (r < 0)
 			goto close;
+		if (r > 0)
+			return; /* waiting for its uid's groups: resume() goes on */
 	}
 	r = write_reply(s);
 	if (r == 0 && arm(d, s->fd, POLLOUT, ud) == 0)
@@ -411,7 +602,23 @@ kvtd_metrics_serve(struct kvtd *d)
 int
 kvtd_metrics_owns(uint64_t ud)
 {
-	return ud >= KVTD_METRICS_UD && ud < KVTD_METRICS_UD + SCRAPERS_MAX;
+	return ud >= KVTD_METRICS_UD && ud <= RESOLVER_UD;
+}
+
+/* A scraper that waited for its uid's groups: answered now, from what is known. */
+static void
+resume(struct kvtd *d, struct kvtd_scraper *s)
+{
+	uint64_t ud = KVTD_METRICS_UD + (uint64_t)(s - d->metrics->s);
+
+	s->state = SCRAPE_READ;
+	if (answer(d, s) == 1)
+		return; /* asked again (a cache entry reused meanwhile) */
+	if (s->state != SCRAPE_WRITE) {
+		scraper_close(d, s);
+		return;
+	}
+	step(d, s, ud, POLLOUT);
 }
 
 void
@@ -421,6 +628,16 @@ kvtd_metrics_event(struct kvtd *d, uint64_t ud, int res)
 
 	if (!d->metrics)
 		return;
+	if (ud == RESOLVER_UD) {
+		eventfd_t v;
+
+		d->metrics->res.armed = 0;
+		eventfd_read(d->metrics->res.efd, &v);
+		for (unsigned i = 0; i < SCRAPERS_MAX; i++)
+			if (d->metrics->s[i].fd >= 0 && d->metrics->s[i].state == SCRAPE_WAIT)
+				resume(d, &d->metrics->s[i]);
+		return;
+	}
 	s = &d->metrics->s[ud - KVTD_METRICS_UD];
 	if (s->fd >= 0)
 		step(d, s, ud, res);
@@ -436,6 +653,15 @@ kvtd_metrics_tick(struct kvtd *d, uint64_t now_ns)
 
 		if (s->fd < 0 || !s->deadline_ns || now_ns <= s->deadline_ns)
 			continue;
+		if (s->state == SCRAPE_WAIT) {
+			/* no poll armed: answered now, as one of no admin group's */
+			log_warn("metrics: the groups of uid %lld were not known in %d ms: its "
+				 "scrape shows only its own sessions",
+				 (long long)s->uid, SCRAPE_TIMEOUT_MS);
+			s->no_admin = 1;
+			resume(d, s);
+			continue;
+		}
 		/* Its poll is armed: the shutdown completes it and step() closes it. A scraper
 		 * that never finished its request is told so first. */
 		if (s->state == SCRAPE_READ) {

@@ -23,8 +23,9 @@ void kvtd_metrics_fini(struct kvtd *d);
 /* Main thread, the listening socket readable: takes every pending connection (metrics.c). */
 void kvtd_metrics_serve(struct kvtd *d);
 
-/* user_data of the scrapers' polls on the main ring: KVTD_METRICS_UD + slot. Far below any
- * heap address, which the loop uses for its connections. */
+/* user_data of the scrapers' polls on the main ring: KVTD_METRICS_UD + slot, and of the
+ * admin_gids resolver's eventfd the one after the last slot. Far below any heap address, which
+ * the loop uses for its connections. */
 #define KVTD_METRICS_UD 0x100
 /* Is @ud a scraper's? */
 int kvtd_metrics_owns(uint64_t ud);

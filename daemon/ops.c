@@ -3,7 +3,9 @@
  * ops.c - the data path: one handler per opcode and one table row (kvtd_op_defs) naming the
  * SQE fields, flags and sequence it needs; kvtd_op_run() checks those for every opcode alike.
  * To add an opcode: its number and payload in proto/kvt_abi.h, a kvt_prep_*() in kvtier.h,
- * one row and one handler here.
+ * one row and one handler here, its semantics in the subsystem it acts on (seq*.c, session.c),
+ * a line in libkvtier.3. libkvtier exports the prep helper by itself (client/ffi.c); the Python
+ * mirror follows by rerunning tools/gen-pyabi.py (the pyabi_current test says when).
  *
  * The SQE is a private copy, but the arena is still shared: a payload that steers control flow
  * (sequence parameters, slot lists) is copied before it is checked; bulk data (rows, scores) is
@@ -189,33 +191,139 @@ op_fetch(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_
 			      e->stage_row, list, e->arena_len / 4, e->npos);
 }
 
-static int
-op_topk(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
-	struct kvtd_seq *q, struct kvt_cqe *c)
-{
-	const float *query;
-	void *out;
-	uint64_t n = 0;
-	int r;
+/* The SQE fields TOPK's SQE form uses and its request form must leave zero. */
+#define TOPK_SQE_FORM_FLAGS                                                                        \
+	(KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH | KVT_TOPK_F_ESTIMATE | KVT_TOPK_F_FAST)
 
-	if (e->layer > UINT32_MAX)
-		return kvtd_op_fail(s, -EINVAL, "layer %llu out of range",
-				    (unsigned long long)e->layer);
-	if (e->arena_len & 3)
-		return kvtd_op_fail(s, -EINVAL, "arena_len %u is not a multiple of 4 (f32 query)",
-				    e->arena_len);
-	query = arena_range(s, e->arena_off, e->arena_len, 4);
-	if (!query)
-		return arena_fail(s, e->arena_off, e->arena_len, 4);
-	out = arena_range(s, e->out_off, e->out_len, 8);
-	if (!out)
+/*
+ * TOPK's request, from either form (kvt_abi.h), into @r: the one place its shape is checked
+ * (what depends on the sequence is kvtd_seq_topk()'s). The request form is copied out of the
+ * arena once, then read only from the copy.
+ */
+static int
+topk_req_get(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_topk_req *r)
+{
+	static const char *const modes[] = {"EXACT", "ESTIMATE", "FAST", "PROBE"};
+	const uint8_t *src;
+
+	memset(r, 0, sizeof(*r));
+	if (!(e->op_flags & KVT_TOPK_F_REQ)) {
+		/* ABI 1.0-1.4: the knobs in the SQE, the mode in op_flags */
+		if ((e->op_flags & KVT_TOPK_F_ESTIMATE) && (e->op_flags & KVT_TOPK_F_FAST))
+			return kvtd_op_fail(s, -EINVAL,
+					    "op_flags KVT_TOPK_F_ESTIMATE and KVT_TOPK_F_FAST "
+					    "exclude each other (pick one, or send a kvt_topk_req "
+					    "with its mode)");
+		if (e->probe && !(e->op_flags & KVT_TOPK_F_FAST))
+			return kvtd_op_fail(s, -EINVAL,
+					    "probe %u without KVT_TOPK_F_FAST (the probe picks the "
+					    "keys the fast path scans: set both, or probe 0)",
+					    e->probe);
+		if (e->layer > UINT32_MAX)
+			return kvtd_op_fail(s, -EINVAL, "layer %llu out of range",
+					    (unsigned long long)e->layer);
+		r->size = sizeof(*r);
+		r->mode = e->probe			      ? KVT_TOPK_PROBE
+			  : e->op_flags & KVT_TOPK_F_FAST     ? KVT_TOPK_FAST
+			  : e->op_flags & KVT_TOPK_F_ESTIMATE ? KVT_TOPK_ESTIMATE
+							      : KVT_TOPK_EXACT;
+		r->flags = e->op_flags & (KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH);
+		r->layer = (uint32_t)e->layer;
+		r->k = e->k;
+		r->probe = e->probe;
+		r->query_off = e->arena_off;
+		r->query_len = e->arena_len;
+		r->out_off = e->out_off;
+		r->out_len = e->out_len;
+	} else {
+		if (e->op_flags & TOPK_SQE_FORM_FLAGS)
+			return kvtd_op_fail(
+			    s, -EINVAL,
+			    "op_flags %#x: with KVT_TOPK_F_REQ the request carries "
+			    "the flags and mode, op_flags must be KVT_TOPK_F_REQ alone",
+			    e->op_flags);
+		if (e->count || e->arg0 || e->arg1 || e->arg2 || e->arg3)
+			return kvtd_op_fail(
+			    s, -EINVAL,
+			    "SQE k/layer/out_off/out_len/probe set with "
+			    "KVT_TOPK_F_REQ: the request carries them, they must be 0");
+		if (e->arena_len < KVT_TOPK_REQ_SIZE0)
+			return kvtd_op_fail(
+			    s, -EINVAL,
+			    "arena_len %u is shorter than struct kvt_topk_req (%u bytes)",
+			    e->arena_len, KVT_TOPK_REQ_SIZE0);
+		src = arena_range(s, e->arena_off, e->arena_len, 8);
+		if (!src)
+			return arena_fail(s, e->arena_off, e->arena_len, 8);
+		memcpy(r, src, sizeof(*r));
+		if (r->size < KVT_TOPK_REQ_SIZE0 || r->size > e->arena_len)
+			return kvtd_op_fail(s, -EINVAL,
+					    "request size %u: must be at least %u and at most "
+					    "arena_len %u (set it to sizeof(struct kvt_topk_req))",
+					    r->size, KVT_TOPK_REQ_SIZE0, e->arena_len);
+		/* A newer client's fields this kvtierd does not know: harmless only as zero. */
+		for (uint32_t i = sizeof(*r); i < r->size; i++)
+			if (src[i])
+				return kvtd_op_fail(
+				    s, -E2BIG,
+				    "request byte %u is not zero: a field of a newer ABI than this "
+				    "kvtierd's %u.%u (size %u, it knows %zu bytes)",
+				    i, KVT_ABI_MAJOR, KVT_ABI_MINOR, r->size, sizeof(*r));
+		for (unsigned i = 0; i < sizeof(r->reserved) / sizeof(r->reserved[0]); i++)
+			if (r->reserved[i])
+				return kvtd_op_fail(s, -EINVAL,
+						    "request reserved[%u] is %#llx, must be 0", i,
+						    (unsigned long long)r->reserved[i]);
+		if (r->mode >= KVT_TOPK__MODES)
+			return kvtd_op_fail(
+			    s, -EINVAL,
+			    "mode %u unknown (KVT_TOPK_EXACT 0, ESTIMATE 1, FAST 2, "
+			    "PROBE 3)",
+			    r->mode);
+		if (r->flags & ~(KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH))
+			return kvtd_op_fail(s, -EINVAL,
+					    "request flags %#x: only KVT_TOPK_F_UNION and "
+					    "KVT_TOPK_F_FETCH are flags (the mode field picks the "
+					    "scoring)",
+					    r->flags);
+		if ((r->mode == KVT_TOPK_PROBE) != (r->probe != 0))
+			return kvtd_op_fail(s, -EINVAL,
+					    r->probe
+						? "probe %u with mode %s: only KVT_TOPK_PROBE "
+						  "scans a probe (set the mode, or probe 0)"
+						: "probe %u with mode %s: KVT_TOPK_PROBE needs "
+						  "the live keys to scan, > 0",
+					    r->probe, modes[r->mode]);
+	}
+	if (!r->k)
+		return kvtd_op_fail(s, -EINVAL, "k is 0: ask for at least one position");
+	if (r->query_len & 3)
+		return kvtd_op_fail(s, -EINVAL, "query_len %u is not a multiple of 4 (f32 query)",
+				    r->query_len);
+	if (!arena_range(s, r->query_off, r->query_len, 4))
+		return arena_fail(s, r->query_off, r->query_len, 4);
+	if (!arena_range(s, r->out_off, r->out_len, 8))
 		return kvtd_op_fail(
 		    s, -EINVAL,
 		    "output (out_off %llu, out_len %u) is not 8-byte aligned inside "
 		    "the %llu-byte arena",
-		    (unsigned long long)e->out_off, e->out_len, (unsigned long long)s->arena_size);
-	r = kvtd_seq_topk(x, q, (uint32_t)e->layer, e->k, e->op_flags, e->probe, query,
-			  e->arena_len / 4, out, e->out_len, &n);
+		    (unsigned long long)r->out_off, r->out_len, (unsigned long long)s->arena_size);
+	return 0;
+}
+
+static int
+op_topk(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
+	struct kvtd_seq *q, struct kvt_cqe *c)
+{
+	struct kvt_topk_req req;
+	uint64_t n = 0;
+	int r;
+
+	r = topk_req_get(s, e, &req);
+	if (r < 0)
+		return r;
+	r = kvtd_seq_topk(x, q, &req, (const float *)(s->arena + req.query_off),
+			  s->arena + req.out_off, &n);
 	c->aux[0] = n;
 	return r;
 }
@@ -422,8 +530,7 @@ static const struct kvtd_op_def kvtd_op_defs[] = {
     [KVT_OP_FETCH] = OP("fetch", F_ARENA | F_COUNT | F_ARG0 | F_ARG1 | F_ARG2,
 			KVT_FETCH_F_T1 | KVT_FETCH_F_T2 | KVT_FETCH_F_LIST, true, op_fetch),
     [KVT_OP_TOPK] = OP("topk", F_ARENA | F_COUNT | F_ARG0 | F_ARG1 | F_ARG2 | F_ARG3,
-		       KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH | KVT_TOPK_F_ESTIMATE | KVT_TOPK_F_FAST,
-		       true, op_topk),
+		       TOPK_SQE_FORM_FLAGS | KVT_TOPK_F_REQ, true, op_topk),
     [KVT_OP_SEQ_STAT] = OP("seq_stat", F_ARENA, 0, true, op_seq_stat),
     [KVT_OP_NS_OPEN] = OP("ns_open", F_ARENA, 0, false, op_ns_open),
     [KVT_OP_NS_CLOSE] = OP("ns_close", F_ARG0, 0, false, op_ns_close),

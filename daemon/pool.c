@@ -737,6 +737,24 @@ kvtd_pool_class_put(struct kvtd_pool *pool, int cls)
 }
 
 void
+kvtd_pool_class_use(struct kvtd_pool *pool, const int *cls, unsigned n, struct kvtd_cls_use *use,
+		    int add)
+{
+	pthread_mutex_lock(&pool->lock);
+	for (unsigned i = 0; i < n; i++) {
+		int c = cls[i];
+
+		if (c < 0 || c >= KVTD_POOL_MAX_CLASSES)
+			continue;
+		if (add > 0 && !use->refs[c]++)
+			use->held++;
+		else if (add < 0 && use->refs[c] && !--use->refs[c])
+			use->held--;
+	}
+	pthread_mutex_unlock(&pool->lock);
+}
+
+void
 kvtd_pool_class_count(struct kvtd_pool *pool, const struct kvtd_cls_use *use, unsigned *ret_used,
 		      unsigned *ret_held)
 {

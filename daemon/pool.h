@@ -142,6 +142,12 @@ void kvtd_pool_class_put(struct kvtd_pool *pool, int cls);
  */
 int kvtd_pool_class_get_for(struct kvtd_pool *pool, uint64_t slot_size, struct kvtd_cls_use *use);
 void kvtd_pool_class_put_for(struct kvtd_pool *pool, int cls, struct kvtd_cls_use *use);
+/* Counts (@add > 0) in @use, or takes out of it (@add < 0), classes @cls[0..n) the caller
+ * already holds references to (kvtd_pool_class_get_for() with another @use, or none), past
+ * use->limit too: a restored session's classes join its uid's. Pool references are unchanged;
+ * a negative entry of @cls is skipped. */
+void kvtd_pool_class_use(struct kvtd_pool *pool, const int *cls, unsigned n,
+			 struct kvtd_cls_use *use, int add);
 /* Classes in use in all (slot_size set), and of them @use's (NULL: 0), read under the lock. */
 void kvtd_pool_class_count(struct kvtd_pool *pool, const struct kvtd_cls_use *use,
 			   unsigned *ret_used, unsigned *ret_held);

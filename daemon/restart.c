@@ -8,12 +8,14 @@
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
 #include <spawn.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +24,7 @@
 #include <sched.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
@@ -828,63 +831,268 @@ image_write(struct kvtd *d, struct wbuf *w, struct fdlist *fds)
  * munlock) are torn down after the new process runs, not inside execve, where a 1 GiB pool of
  * 4 KiB pages cost 340 ms of the pause. Raw syscalls only, no sanitizer hooks: the child runs on
  * the parent's thread pointer.
+ *
+ * It is also the watcher of the fallback (restart.h): it keeps the descriptors the exec carries
+ * (and the old binary's) until the new process writes its verdict, and on 'F' or the pipe's end
+ * without one executes the old binary with the same image.
  */
 #ifndef SYS_close_range
 #define SYS_close_range 436
 #endif
+#ifndef SYS_execveat
+#define SYS_execveat 322
+#endif
 #define TEARDOWN_FD_MAX 65536 /* without close_range(2): the descriptor numbers closed */
+#define STR_(x)		#x
+#define STR(x)		STR_(x)
 
-__attribute__((no_sanitize_address, no_sanitize_thread, no_sanitize_undefined)) static int
+struct watch {
+	int p[4];     /* p[0], p[1]: the exec pipe; p[2], p[3]: the child has closed */
+	int rd;	      /* the verdict pipe's read end, -1: teardown only */
+	int kill;     /* the new binary promised a verdict: none in time is a failure */
+	int exe_fd;   /* the old binary */
+	pid_t parent; /* the restarting process (the new one after the exec) */
+	int *keep;    /* ascending: the descriptors kept open (p[0], rd, exe_fd, carried) */
+	unsigned n_keep;
+	char **argv;	   /* the old binary's arguments with --restore-fd */
+	char **envp;	   /* its environment; envp[n_env] points at why_env */
+	char why_env[512]; /* KVTD_FALLBACK_ENV "=" the reason */
+	/* under systemd: the watcher is the unit's main pid from before the exec until it lets
+	 * go, when it hands that back to the restarting pid (MAINPID=) and closes ack_w */
+	struct sockaddr_un notify_addr;
+	socklen_t notify_len; /* 0: not under systemd */
+	char mainpid_msg[32]; /* "MAINPID=<parent>" */
+	int ack_w;	      /* -1: none */
+};
+
+/* The teardown child's helpers run on its parent's thread pointer, like it: no sanitizer hooks.
+ */
+#define RAW_CHILD __attribute__((no_sanitize_address, no_sanitize_thread, no_sanitize_undefined))
+
+RAW_CHILD static void
+raw_close_from_to(int lo, int hi) /* [lo, hi), hi < 0: to the end */
+{
+	long end = hi < 0 ? TEARDOWN_FD_MAX : hi;
+
+	if (hi >= 0 && lo >= hi)
+		return;
+	if (syscall(SYS_close_range, (unsigned)lo, hi < 0 ? ~0U : (unsigned)hi - 1, 0U) < 0)
+		for (long fd = lo; fd < end; fd++)
+			syscall(SYS_close, fd);
+}
+
+RAW_CHILD static void
+raw_append(char *dst, size_t cap, const char *src)
+{
+	size_t n = 0;
+
+	while (n < cap - 1 && dst[n])
+		n++;
+	while (n < cap - 1 && *src)
+		dst[n++] = *src++;
+	dst[n] = '\0';
+}
+
+/*
+ * sd_notify() of @msg to the service manager, then a barrier (BARRIER=1 with a pipe's write
+ * end, which the manager closes once it has processed what came before), waited for 5 s at
+ * most: MAINPID= is in force when this returns.
+ */
+RAW_CHILD static void
+raw_notify(const struct watch *w, const char *msg, size_t len)
+{
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
+	struct msghdr mh = {.msg_name = (void *)&w->notify_addr,
+			    .msg_namelen = w->notify_len,
+			    .msg_iov = &iov,
+			    .msg_iovlen = 1};
+	struct timespec ts = {.tv_sec = 5};
+	struct pollfd pf;
+	int bp[2];
+	long fd = syscall(SYS_socket, AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+	if (fd < 0)
+		return;
+	syscall(SYS_sendmsg, fd, &mh, MSG_NOSIGNAL);
+	if (syscall(SYS_pipe2, bp, O_CLOEXEC) == 0) {
+		iov.iov_base = (void *)"BARRIER=1";
+		iov.iov_len = 9;
+		u.h.cmsg_level = SOL_SOCKET;
+		u.h.cmsg_type = SCM_RIGHTS;
+		u.h.cmsg_len = CMSG_LEN(sizeof(int));
+		*(int *)(void *)CMSG_DATA(&u.h) = bp[1];
+		mh.msg_control = u.buf;
+		mh.msg_controllen = sizeof(u.buf);
+		syscall(SYS_sendmsg, fd, &mh, MSG_NOSIGNAL);
+		syscall(SYS_close, bp[1]);
+		pf.fd = bp[0];
+		pf.events = POLLIN;
+		pf.revents = 0;
+		syscall(SYS_ppoll, &pf, 1UL, &ts, NULL, 8UL);
+		syscall(SYS_close, bp[0]);
+	}
+	syscall(SYS_close, fd);
+}
+
+/* The restarting pid serves (or the exec failed and the old process goes on): under systemd
+ * it is the main pid again, and then it may go on. */
+RAW_CHILD __attribute__((noreturn)) static void
+raw_let_go(const struct watch *w)
+{
+	size_t n = 0;
+
+	if (w->notify_len) {
+		while (w->mainpid_msg[n])
+			n++;
+		raw_notify(w, w->mainpid_msg, n);
+	}
+	if (w->ack_w >= 0)
+		syscall(SYS_close, w->ack_w);
+	syscall(SYS_exit, 0);
+	__builtin_unreachable();
+}
+
+RAW_CHILD static int
 teardown_child(void *arg)
 {
-	const int *p = arg;
-	char c;
+	struct watch *w = arg;
+	char c, buf[400];
+	long n, got = 0;
+	int prev = 0, timed_out = 0;
 
-	/* It holds nothing but the pipe's read end: a copy of the metrics listener (or of any
-	 * socket) kept until the old address space is gone would make the new process's bind
-	 * fail. close_range(2) where the kernel has it, else one close per descriptor number. */
-	if (p[0] > 0 && syscall(SYS_close_range, 0U, (unsigned)p[0] - 1, 0U) < 0)
-		for (long fd = 0; fd < p[0]; fd++)
-			syscall(SYS_close, fd);
-	if (syscall(SYS_close_range, (unsigned)p[0] + 1, ~0U, 0U) < 0)
-		for (long fd = p[0] + 1; fd < TEARDOWN_FD_MAX; fd++)
-			syscall(SYS_close, fd);
-	while (syscall(SYS_read, p[0], &c, 1) < 0)
+	/* It holds nothing but what it needs: a copy of the metrics listener (or of any socket)
+	 * kept until the old address space is gone would make the new process's bind fail. */
+	for (unsigned i = 0; i < w->n_keep; i++) {
+		raw_close_from_to(prev, w->keep[i]);
+		prev = w->keep[i] + 1;
+	}
+	raw_close_from_to(prev, -1);
+	while ((n = syscall(SYS_read, w->p[0], &c, 1)) < 0)
 		;
-	syscall(SYS_exit, 0);
+	if (w->rd < 0) /* no watch */
+		syscall(SYS_exit, 0);
+	if (n == 1) /* the exec failed: the old process goes on */
+		raw_let_go(w);
+	/* The verdict: 'R' (taken over), 'F' and a reason, or nothing before the end. */
+	for (;;) {
+		struct pollfd pf = {.fd = w->rd, .events = POLLIN};
+		struct timespec ts = {.tv_sec = KVTD_TAKEOVER_S};
+
+		n = syscall(SYS_ppoll, &pf, 1UL, timed_out ? NULL : &ts, NULL, 8UL);
+		if (n == 0) {
+			if (!w->kill)
+				raw_let_go(w); /* an older kvtierd: alive, so it took over */
+			syscall(SYS_kill, w->parent, SIGKILL);
+			timed_out = 1;
+			continue;
+		}
+		if (n < 0)
+			continue;
+		n = syscall(SYS_read, w->rd, buf + got, sizeof(buf) - 1 - (size_t)got);
+		if (n < 0)
+			continue;
+		if (got == 0 && n > 0 && buf[0] == 'R')
+			raw_let_go(w); /* the new process serves */
+		if (n == 0 || got + n == (long)sizeof(buf) - 1)
+			break;
+		got += n;
+	}
+	buf[got] = '\0';
+	if (timed_out)
+		raw_append(w->why_env, sizeof(w->why_env),
+			   "gave no verdict in " STR(KVTD_TAKEOVER_S) " s and was killed");
+	else if (got > 1 && buf[0] == 'F')
+		raw_append(w->why_env, sizeof(w->why_env), buf + 1);
+	else
+		raw_append(w->why_env, sizeof(w->why_env),
+			   "ended before it took the sessions over (exited or killed at start)");
+	syscall(SYS_execveat, w->exe_fd, "", w->argv, w->envp, AT_EMPTY_PATH);
+	syscall(SYS_exit, 127); /* nothing more can be done: the sessions end */
 	return 0;
 }
 
-/* Returns the child's pid and sets *ret_wfd (close-on-exec), or -1: the exec then tears down
- * the address space itself, in the pause. */
-static pid_t
-teardown_start(int *ret_wfd)
+#if defined(__SANITIZE_THREAD__)
+#define KVTD_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define KVTD_TSAN 1
+#endif
+#endif
+
+typedef int (*clone_fn)(int (*)(void *), void *, int, void *, ...);
+
+/* libc's clone(). ThreadSanitizer's interceptor runs its own bookkeeping in a CLONE_VM child on
+ * the parent's thread state, where it crashes: the watcher would be gone. */
+static clone_fn
+libc_clone(void)
 {
-	/* read by the child before the parent can change them; p[2], p[3]: a second pipe whose
-	 * write end the child closes with the rest, so that the exec waits until the child holds
-	 * nothing the new process needs (the metrics port) */
-	static int p[4];
+#ifdef KVTD_TSAN
+	void *h = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+	void *f = h ? dlsym(h, "clone") : NULL;
+
+	if (f)
+		return (clone_fn)f;
+#endif
+	return clone;
+}
+
+static int
+cmp_int(const void *a, const void *b)
+{
+	return *(const int *)a - *(const int *)b;
+}
+
+/*
+ * Returns the child's pid and sets *ret_wfd (close-on-exec), or -1: the exec then tears down
+ * the address space itself, in the pause, and no fallback watches it. With @w->rd >= 0 the child
+ * keeps @fds (close-on-exec already cleared) and watches for the verdict.
+ */
+static pid_t
+teardown_start(struct watch *w, const struct fdlist *fds, int *ret_wfd)
+{
 	const size_t stack = 64 << 10;
+	int *p = w->p;
 	char c;
 	void *st;
 	pid_t pid;
 
-	if (pipe2(p, O_CLOEXEC) < 0)
+	w->n_keep = 0;
+	w->keep = calloc((size_t)fds->n + 7, sizeof(*w->keep));
+	if (!w->keep)
 		return -1;
+	if (pipe2(p, O_CLOEXEC) < 0)
+		goto err_keep;
 	if (pipe2(p + 2, O_CLOEXEC) < 0) {
 		close(p[0]);
 		close(p[1]);
-		return -1;
+		goto err_keep;
 	}
+	w->keep[w->n_keep++] = p[0];
+	if (w->rd >= 0) {
+		for (int fd = 0; fd < 3; fd++) /* the fallback logs to the same stderr */
+			w->keep[w->n_keep++] = fd;
+		w->keep[w->n_keep++] = w->rd;
+		w->keep[w->n_keep++] = w->exe_fd;
+		if (w->ack_w >= 0)
+			w->keep[w->n_keep++] = w->ack_w;
+		for (unsigned i = 0; i < fds->n; i++)
+			w->keep[w->n_keep++] = fds->fd[i];
+	}
+	qsort(w->keep, w->n_keep, sizeof(*w->keep), cmp_int);
 	st = mmap(NULL, stack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1,
 		  0);
 	if (st == MAP_FAILED) {
 		for (int i = 0; i < 4; i++)
 			close(p[i]);
-		return -1;
+		goto err_keep;
 	}
-	/* The stack stays mapped: it lives in the old address space, which the child ends. */
-	pid = clone(teardown_child, (uint8_t *)st + stack, CLONE_VM | SIGCHLD, p);
+	/* The stack and *w stay as they are: they live in the old address space, which the child
+	 * ends; the parent only reads w->p afterwards. */
+	pid = libc_clone()(teardown_child, (uint8_t *)st + stack, CLONE_VM | SIGCHLD, w);
 	close(p[0]);
 	close(p[3]);
 	while (pid > 0 && read(p[2], &c, 1) < 0 && errno == EINTR)
@@ -893,10 +1101,14 @@ teardown_start(int *ret_wfd)
 	if (pid < 0) {
 		close(p[1]);
 		munmap(st, stack);
-		return -1;
+		goto err_keep;
 	}
 	*ret_wfd = p[1];
 	return pid;
+err_keep:
+	free(w->keep);
+	w->keep = NULL;
+	return -1;
 }
 
 static void *
@@ -976,7 +1188,7 @@ first_line(char *s)
  * restarted process did not take it first: the readiness line decides.
  */
 static int
-preflight(struct kvtd *d)
+preflight(struct kvtd *d, int *ret_verdict)
 {
 	posix_spawn_file_actions_t fa;
 	char out[512], **argv;
@@ -1034,8 +1246,11 @@ preflight(struct kvtd *d)
 	ready = strstr(out, KVTD_RESTART_READY);
 	if (ready)
 		sscanf(ready + sizeof(KVTD_RESTART_READY) - 1, "%d", &ver);
-	if (ready && ver >= KVTD_IMAGE_VERSION && (st == -1 || (WIFEXITED(st) && !WEXITSTATUS(st))))
+	if (ready && ver >= KVTD_IMAGE_VERSION &&
+	    (st == -1 || (WIFEXITED(st) && !WEXITSTATUS(st)))) {
+		*ret_verdict = strstr(ready, " " KVTD_RESTART_VERDICT) != NULL;
 		return 0;
+	}
 	if (hung)
 		snprintf(d->restart_why, sizeof(d->restart_why),
 			 "%.120s --check-restart gave no answer in %d s", d->exe,
@@ -1064,20 +1279,141 @@ preflight(struct kvtd *d)
 void
 kvtd_restart_record(struct kvtd *d, int argc, char **argv)
 {
+	static const char deleted[] = " (deleted)";
 	ssize_t n = readlink("/proc/self/exe", d->exe, sizeof(d->exe) - 1);
 
 	d->exe[n > 0 ? n : 0] = '\0';
+	/* A fallback runs a binary replaced on disk since: the next restart runs the path's. */
+	if (n > (ssize_t)sizeof(deleted) && !strcmp(d->exe + n - sizeof(deleted) + 1, deleted))
+		d->exe[n - sizeof(deleted) + 1] = '\0';
+	/* Opened now: the binary this process runs, whatever the path holds by the next restart,
+	 * is what a failed restart falls back to. */
+	d->exe_fd = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+	if (d->exe_fd < 0)
+		log_warn("cannot open my own binary (%s): a restart that fails after its exec will "
+			 "lose the sessions",
+			 strerror(errno));
 	d->argc = argc;
 	d->argv = argv;
+}
+
+static int
+is_pipe(int fd)
+{
+	struct stat st;
+
+	return fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
+}
+
+int
+kvtd_restart_take_watch(int *ret_ack)
+{
+	const char *v = getenv(KVTD_WATCH_ENV);
+	long fd, ack = -1;
+	char *end;
+
+	*ret_ack = -1;
+	if (!v)
+		return -1;
+	fd = strtol(v, &end, 10);
+	if (*end == ',')
+		ack = strtol(end + 1, &end, 10);
+	unsetenv(KVTD_WATCH_ENV);
+	/* Pipes only: a variable left over (an older kvtierd between two restarts kept it in its
+	 * environment) may name a descriptor that is now a client's socket. */
+	if (*end || fd < 3 || fd > INT_MAX || !is_pipe((int)fd) ||
+	    fcntl((int)fd, F_SETFD, FD_CLOEXEC) < 0)
+		return -1;
+	if (ack >= 3 && ack <= INT_MAX && is_pipe((int)ack) &&
+	    fcntl((int)ack, F_SETFD, FD_CLOEXEC) == 0)
+		*ret_ack = (int)ack;
+	return (int)fd;
+}
+
+char *
+kvtd_restart_take_fallback(void)
+{
+	const char *v = getenv(KVTD_FALLBACK_ENV);
+	char *why = v ? strdup(v) : NULL;
+
+	unsetenv(KVTD_FALLBACK_ENV);
+	return why;
+}
+
+void
+kvtd_restart_give_up(struct kvtd *d, const char *why)
+{
+	char msg[400];
+	int n;
+
+	if (d->watch_fd < 0)
+		return;
+	n = snprintf(msg, sizeof(msg), "F%s", why);
+	if (n > (int)sizeof(msg) - 1)
+		n = (int)sizeof(msg) - 1;
+	log_err("restart: this process %s: the previous binary takes the sessions back", why);
+	if (write(d->watch_fd, msg, (size_t)n) < 0)
+		log_err("restart: telling the watcher: %s", strerror(errno));
+	/* Nothing shared has been changed yet: no cleanup, which could. */
+	_exit(1);
+}
+
+/* The point of no return of a process started by a restart: it serves the sessions now. */
+static void
+took_over(struct kvtd *d)
+{
+	if (d->watch_fd < 0)
+		return;
+	if (write(d->watch_fd, "R", 1) != 1)
+		log_warn("restart: telling the watcher it may go: %s", strerror(errno));
+	close(d->watch_fd);
+	d->watch_fd = -1;
+}
+
+void
+kvtd_restart_await_main(struct kvtd *d)
+{
+	struct pollfd pf = {.fd = d->watch_ack_fd, .events = POLLIN};
+	char c;
+
+	if (d->watch_ack_fd < 0)
+		return;
+	/* The watcher hands the main pid back (and waits until the service manager has it), then
+	 * closes its end: READY=1 from here on is the main pid's. The pollers serve meanwhile. */
+	if (poll(&pf, 1, 10000) <= 0 || read(d->watch_ack_fd, &c, 1) != 0)
+		log_warn("restart: the watcher did not hand the main pid back in 10 s");
+	close(d->watch_ack_fd);
+	d->watch_ack_fd = -1;
+}
+
+/* $NOTIFY_SOCKET as an address ("@name": abstract), or -ENOENT when not under systemd. */
+static int
+notify_addr(struct sockaddr_un *sa, socklen_t *ret_len)
+{
+	const char *e = getenv("NOTIFY_SOCKET");
+	size_t n = e ? strlen(e) : 0;
+
+	if (!n || n >= sizeof(sa->sun_path) || (e[0] != '/' && e[0] != '@'))
+		return -ENOENT;
+	memset(sa, 0, sizeof(*sa));
+	sa->sun_family = AF_UNIX;
+	memcpy(sa->sun_path, e, n);
+	if (e[0] == '@')
+		sa->sun_path[0] = '\0';
+	*ret_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + (e[0] == '/'));
+	return 0;
 }
 
 int
 kvtd_restart(struct kvtd *d)
 {
+	/* read by the watcher after the exec, in the old address space: never freed then */
+	static struct watch wt;
 	struct wbuf w = {0};
 	struct fdlist fds = {0};
-	char fdarg[16], **argv = NULL;
-	int r, img_fd = -1, twfd = -1;
+	char fdarg[16], watch_env[48], **argv = NULL, **envp = NULL, **fb_envp = NULL;
+	int r, img_fd = -1, twfd = -1, vp[2] = {-1, -1}, ap[2] = {-1, -1}, verdict = 0;
+	size_t n_env = 0;
 	pid_t tpid;
 
 	d->restart_why[0] = '\0';
@@ -1097,7 +1433,7 @@ kvtd_restart(struct kvtd *d)
 	}
 	/* Before anything is stopped: a restart the new binary or configuration would fail is
 	 * refused here, every session kept. */
-	r = preflight(d);
+	r = preflight(d, &verdict);
 	if (r < 0) {
 		if (!d->restart_why[0])
 			snprintf(d->restart_why, sizeof(d->restart_why), "pre-flight of %.120s: %s",
@@ -1148,16 +1484,90 @@ kvtd_restart(struct kvtd *d)
 	snprintf(fdarg, sizeof(fdarg), "%d", img_fd);
 	argv[d->argc] = "--restore-fd";
 	argv[d->argc + 1] = fdarg;
+	/* The new process's environment names the verdict pipe; the fallback's names the reason
+	 * (the watcher writes it into wt.why_env). */
+	while (environ[n_env])
+		n_env++;
+	envp = calloc(n_env + 2, sizeof(*envp));
+	fb_envp = calloc(n_env + 2, sizeof(*fb_envp));
+	if (!envp || !fb_envp) {
+		r = -ENOMEM;
+		goto err;
+	}
+	memcpy(envp, environ, n_env * sizeof(*envp));
+	memcpy(fb_envp, environ, n_env * sizeof(*fb_envp));
+	wt.rd = -1;
+	wt.ack_w = -1;
+	wt.notify_len = 0;
+	if (d->exe_fd >= 0 && pipe2(vp, O_CLOEXEC) == 0) {
+		snprintf(watch_env, sizeof(watch_env), "%s=%d", KVTD_WATCH_ENV, vp[1]);
+		/* Under systemd the watcher is the main pid while the new process may still fail
+		 * (its death then stops nothing), and hands it back before letting go: the new
+		 * process waits for that (the end of the ack pipe) before its READY=1. */
+		if (notify_addr(&wt.notify_addr, &wt.notify_len) == 0 &&
+		    pipe2(ap, O_CLOEXEC) == 0) {
+			snprintf(watch_env, sizeof(watch_env), "%s=%d,%d", KVTD_WATCH_ENV, vp[1],
+				 ap[0]);
+			snprintf(wt.mainpid_msg, sizeof(wt.mainpid_msg), "MAINPID=%d",
+				 (int)getpid());
+			wt.ack_w = ap[1];
+		} else {
+			wt.notify_len = 0;
+		}
+		envp[n_env] = watch_env;
+		snprintf(wt.why_env, sizeof(wt.why_env), "%s=%.200s ", KVTD_FALLBACK_ENV, d->exe);
+		fb_envp[n_env] = wt.why_env;
+		wt.rd = vp[0];
+		wt.kill = verdict;
+		wt.exe_fd = d->exe_fd;
+		wt.parent = getpid();
+		wt.argv = argv;
+		wt.envp = fb_envp;
+	} else {
+		log_warn("restart: no fallback to this binary if the new one fails (%s)",
+			 d->exe_fd < 0 ? "it could not be opened at start" : strerror(errno));
+	}
+	if (fds.err) {
+		r = -ENOMEM;
+		goto err;
+	}
 	log_notice("restart %u: re-executing %s with %u descriptors, image %zu KiB", d->restarts,
 		   d->exe, fds.n, w.len >> 10);
 	sd_notify(0, "RELOADING=1\nSTATUS=restarting in place");
-	tpid = teardown_start(&twfd);
+	/* Before the watcher copies them: it may have to execute the old binary with them. */
 	set_cloexec(&fds, 0);
-	execv(d->exe, argv);
+	tpid = teardown_start(&wt, &fds, &twfd);
+	if (tpid < 0 && wt.rd >= 0) {
+		log_warn("restart: no watcher (%s): no fallback if the new binary fails",
+			 strerror(errno));
+		envp[n_env] = NULL; /* nobody to give up to: the new process must not try */
+	} else if (wt.rd >= 0) {
+		fcntl(vp[1], F_SETFD, 0); /* the watcher has no copy: its end means the exec's */
+		if (ap[0] >= 0)
+			fcntl(ap[0], F_SETFD, 0);
+		if (wt.notify_len) {
+			/* the watcher is the main pid until the new process has taken over */
+			sd_notifyf(0, "MAINPID=%d", (int)tpid);
+			r = sd_notify_barrier(0, 5000000);
+			if (r < 0)
+				log_warn("restart: handing the main pid to the watcher: %s",
+					 strerror(-r));
+		}
+	}
+	execve(d->exe, argv, envp);
 	r = -errno;
+	if (vp[1] >= 0)
+		fcntl(vp[1], F_SETFD, FD_CLOEXEC);
+	if (ap[0] >= 0)
+		fcntl(ap[0], F_SETFD, FD_CLOEXEC);
 	if (tpid > 0) {
+		/* not the exec's EOF: the watcher exits rather than take over */
+		if (write(twfd, "x", 1) != 1)
+			log_warn("restart: stopping the watcher: %s", strerror(errno));
 		close(twfd);
 		waitpid(tpid, NULL, 0);
+		free(wt.keep);
+		wt.keep = NULL;
 	}
 	set_cloexec(&fds, 1);
 	log_err("restart: exec %s: %s (still serving)", d->exe, strerror(-r));
@@ -1166,7 +1576,15 @@ err:
 	d->restarts--;
 	if (img_fd >= 0)
 		close(img_fd);
+	for (int i = 0; i < 2; i++) {
+		if (vp[i] >= 0)
+			close(vp[i]);
+		if (ap[i] >= 0)
+			close(ap[i]);
+	}
 	free(argv);
+	free(envp);
+	free(fb_envp);
 	free(w.p);
 	free(fds.fd);
 	for (unsigned i = 0; i < d->n_pollers; i++)
@@ -1402,10 +1820,21 @@ session_restore(struct kvtd *d, struct kvtd_image *img, struct img_conn *c)
 		if (!h->ns)
 			return -EBADMSG;
 		kvtd_prefix_ns_hold(&d->prefix, h->ns);
+		/* its row size's class, counted among the uid's when the session joins it */
+		r = kvtd_pool_class_get_for(&d->pool, h->ns->token_bytes, NULL);
+		if (r < 0)
+			return r;
+		h->uid_cls = r + 1;
 		h->pins = calloc(ih->n_pins ? ih->n_pins : 1, sizeof(*h->pins));
 		if (!h->pins)
 			return -ENOMEM;
 		h->cap_pins = ih->n_pins;
+		/* the pin array is the session's memory, charged as a LOOKUP charges it (the uid's
+		 * share follows with the session's bytes in kvtd_loop_adopt()); never refused */
+		h->pins_bytes = (uint64_t)h->cap_pins * sizeof(*h->pins);
+		pthread_mutex_lock(&d->pool.lock);
+		s->acct.bytes += h->pins_bytes;
+		pthread_mutex_unlock(&d->pool.lock);
 		for (uint32_t k = 0; k < ih->n_pins; k++) {
 			if (ih->pins[k] >= img->n_blk || img->blocks[ih->pins[k]]->ns != h->ns)
 				return -EBADMSG;
@@ -1483,7 +1912,7 @@ kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
 		}
 	}
 	d->next_session_id = img->next_session_id;
-	d->restarts = img->restarts;
+	d->restarts = img->restarts - (d->fell_back ? 1 : 0); /* counted by the old process */
 	d->start_ns = img->start_ns;
 	d->restart_started_ns = img->restart_started_ns;
 	atomic_store(&d->cnt.ops, img->cnt[0]);
@@ -1540,8 +1969,15 @@ kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
 			}
 		s->acct.limit = limit;
 	}
-	if (r < 0)
+	if (r < 0) {
+		char why[160];
+
+		snprintf(why, sizeof(why), "could not restore the sessions: %s", strerror(-r));
+		kvtd_restart_give_up(d, why); /* with a watcher, the old binary takes them back */
 		goto err_abandon;
+	}
+	/* Nothing shared has changed so far: from here on the sessions are served. */
+	took_over(d);
 	/* 3: serve them; adopting prepends, so the last first keeps the list's order */
 	for (i = img->n_conns; i-- > 0;) {
 		struct img_conn *c = &img->conns[i];
@@ -1572,6 +2008,20 @@ kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
 	for (unsigned p = 0; p < d->n_pollers; p++)
 		eventfd_write(d->pollers[p]->wake_efd, 1);
 	pause_ms = (double)(kvtd_now_ns() - img->restart_started_ns) / 1e6;
+	if (d->fell_back) {
+		char msg[640];
+
+		snprintf(msg, sizeof(msg),
+			 "restart failed: %s; the previous binary took back %u session(s), pid %d",
+			 d->fell_back, n_sessions, (int)getpid());
+		log_err(
+		    "restart failed after the exec: %s; the previous binary (this process, pid "
+		    "%d) took every session back: %u session(s), %u sequence(s), paused %.1f ms",
+		    d->fell_back, (int)getpid(), n_sessions, n_seqs, pause_ms);
+		if (asker)
+			kvtd_loop_reply(d, asker, img->restart_req_id, -ECANCELED, msg);
+		return 0;
+	}
 	log_notice("restart %u: serving again, %u session(s) and %u sequence(s) kept "
 		   "(image of kvtierd %s), paused %.1f ms",
 		   d->restarts, n_sessions, n_seqs, img->version, pause_ms);

@@ -26,6 +26,25 @@
  *
  * Not carried: the CUDA backend's registrations, IPC mappings and events (restart is refused
  * there, -EOPNOTSUPP, and the daemon keeps running), the /metrics listener (opened again).
+ *
+ * The fallback: a new process that fails before it takes the sessions over (a binary that exits
+ * or crashes at start, a configuration or image it refuses, a restore that fails, or no verdict
+ * within KVTD_TAKEOVER_S) never costs a session. Before the exec the old process clones a
+ * watcher (the teardown child) that keeps a copy of every carried descriptor, the image and the
+ * old binary (opened at start, so a binary since replaced on disk is still the one run). The new
+ * process is handed a pipe (KVTD_WATCH_ENV) on which it writes 'R' once it has restored
+ * everything and before any session is served (the point of no return: until then it has
+ * changed nothing a client or the image depends on), or 'F' and a reason before it exits. On
+ * 'R' the watcher lets go; on 'F', or the pipe's end without a verdict (the process died), it
+ * executes the old binary from its descriptor with the same image and KVTD_FALLBACK_ENV set to
+ * the reason: that process restores every session (at the watcher's pid), answers the RESTART
+ * with -ECANCELED naming the cause, and logs it. A new binary whose pre-flight did not say it
+ * writes the verdict (an older kvtierd) is watched only for dying: no verdict in time lets go.
+ * Under systemd (NotifyAccess=main) the watcher is the main pid from before the exec until it
+ * lets go: the old process hands it over (MAINPID=, then a barrier), and the watcher hands it
+ * back to the restarted pid before it lets go, which the new process, serving already, waits
+ * for (the end of a second pipe) before its READY=1. The death of a failed new process is then not
+ * the main process's, and a fallback is the main pid already.
  */
 #ifndef KVTD_RESTART_H
 #define KVTD_RESTART_H
@@ -58,6 +77,23 @@ int kvtd_restart_take_fd(int *argc, char **argv);
  * version it reads, exiting 0 (kvtd_restart()'s pre-flight). */
 int kvtd_restart_take_check(int *argc, char **argv);
 #define KVTD_RESTART_READY "kvtierd-restart-ready image"
+/* After the image version on the readiness line: this binary writes the takeover verdict. */
+#define KVTD_RESTART_VERDICT "verdict"
+#define KVTD_WATCH_ENV	     "KVTIERD_RESTART_WATCH"	/* the verdict pipe's descriptor */
+#define KVTD_FALLBACK_ENV    "KVTIERD_RESTART_FALLBACK" /* why the new binary failed */
+#define KVTD_TAKEOVER_S	     120 /* the longest a new process may take to take over */
+/* At start: the verdict pipe named in KVTD_WATCH_ENV (close-on-exec from here on), or -1, with
+ * the pipe whose end says the watcher handed systemd's main pid back (*ret_ack, -1: none), and
+ * the fallback reason in KVTD_FALLBACK_ENV (a copy, or NULL); both variables are removed. */
+int kvtd_restart_take_watch(int *ret_ack);
+char *kvtd_restart_take_fallback(void);
+/* A process started by a restart with a watcher that cannot take over: writes 'F' and @why to
+ * the watcher and exits, so the old binary takes over with every session. Returns (having
+ * done nothing) when there is no watcher. */
+void kvtd_restart_give_up(struct kvtd *d, const char *why);
+/* A process started by a restart, under systemd, before its READY=1: waits (10 s at most) until
+ * the watcher has handed the main pid back. Returns at once otherwise. */
+void kvtd_restart_await_main(struct kvtd *d);
 /* At start: remember the binary (/proc/self/exe) and the arguments to execute again. */
 void kvtd_restart_record(struct kvtd *d, int argc, char **argv);
 

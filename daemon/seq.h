@@ -185,12 +185,13 @@ int kvtd_seq_fetch(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, unsigned fl
 		   uint32_t layer0, uint32_t nlayers, uint32_t stage_row, uint32_t *list,
 		   uint32_t list_cap, uint32_t count);
 
-/* TOPK (see KVT_TOPK_F_* in kvt_abi.h). @probe: the SQE's (0: off; needs KVT_TOPK_F_FAST).
- * @query: @q_len floats in the arena; @out: @out_len bytes in the arena. Returns the stride or
- * -errno; @ret_n: the retrieval keys N. */
-int kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t layer, uint32_t k,
-		  unsigned flags, uint32_t probe, const float *query, uint64_t q_len, void *out,
-		  uint64_t out_len, uint64_t *ret_n);
+/* TOPK (kvt_abi.h) for request @r, which ops.c checked (kvtd_topk_req_check(): mode, flags,
+ * probe, k > 0, reserved fields; its offsets are not read here). @query: r->query_len bytes in
+ * the arena; @out: r->out_len bytes in the arena. Checks what depends on the sequence (layer,
+ * query length, k against the zone, output and staging room). Returns the stride or -errno;
+ * @ret_n: the retrieval keys N. */
+int kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const struct kvt_topk_req *r,
+		  const float *query, void *out, uint64_t *ret_n);
 
 /*
  * A sequence as a restart hands it over (restart.c): its SEQ_OPEN parameters, the tier state of

@@ -267,13 +267,14 @@ seq_retrieval_rekey(struct kvtd_seq *q, const uint32_t *pos, uint32_t n)
 }
 
 int
-kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t layer, uint32_t k,
-	      unsigned flags, uint32_t probe, const float *query, uint64_t q_len, void *out,
-	      uint64_t out_len, uint64_t *ret_n)
+kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const struct kvt_topk_req *req,
+	      const float *query, void *out, uint64_t *ret_n)
 {
 	const struct kvt_seq_params *p = &q->p;
-	/* Exact refine of the 4k best estimates from the pool's keys (paris_seq.h): recall@100
-	 * 0.97-0.98 instead of 0.81-0.84 on the benchmark sets (docs/bench-retrieval.md). */
+	const uint32_t layer = req->layer, k = req->k, flags = req->flags, probe = req->probe;
+	const uint64_t q_len = req->query_len / sizeof(float), out_len = req->out_len;
+	/* Exact refine of the 4k best estimates from the pool's keys (paris_seq.h; why 4k:
+	 * docs/retrieval.md, "Final selection"). */
 	const struct kvt_paris_seq_keys keys = {topk_key, q, topk_key_prefetch};
 	/* ... or, for a zone small enough (KVT_PARIS_EXACT_BYTES), every key scored exactly
 	 * straight from the pool's rows */
@@ -296,39 +297,39 @@ kvtd_seq_topk(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, uint32_t layer, 
 				     "sequence %u has no retrieval (open it with "
 				     "ret_update > 0)",
 				     q->id);
-	if (layer >= p->layers || !k ||
-	    (flags &
-	     ~(KVT_TOPK_F_UNION | KVT_TOPK_F_FETCH | KVT_TOPK_F_ESTIMATE | KVT_TOPK_F_FAST)))
+	if (layer >= p->layers)
+		return kvtd_seq_fail(x, -EINVAL, "layer %u out of range (sequence %u has %u)",
+				     layer, q->id, p->layers);
+	if (req->query_len != (uint64_t)qh * p->head_dim * sizeof(float))
 		return kvtd_seq_fail(x, -EINVAL,
-				     "layer %u (of %u), k %u (must be > 0), op_flags %#x", layer,
-				     p->layers, k, flags);
-	if (q_len != (uint64_t)qh * p->head_dim)
-		return kvtd_seq_fail(x, -EINVAL, "query of %llu f32, needs q_heads x head_dim = %u",
-				     (unsigned long long)q_len, qh * p->head_dim);
-	if ((flags & KVT_TOPK_F_ESTIMATE) && (flags & KVT_TOPK_F_FAST))
-		return kvtd_seq_fail(x, -EINVAL,
-				     "KVT_TOPK_F_ESTIMATE and KVT_TOPK_F_FAST exclude each other "
-				     "(pick one)");
-	if (probe && !(flags & KVT_TOPK_F_FAST))
-		return kvtd_seq_fail(
-		    x, -EINVAL,
-		    "probe %u without KVT_TOPK_F_FAST (the probe picks the keys the "
-		    "fast path scans: set both, or probe 0)",
-		    probe);
-	if (flags & KVT_TOPK_F_ESTIMATE)
+				     "query of %u bytes, needs q_heads x head_dim = %u f32 (%u "
+				     "bytes)",
+				     req->query_len, qh * p->head_dim,
+				     qh * p->head_dim * (unsigned)sizeof(float));
+	switch (req->mode) {
+	case KVT_TOPK_EXACT:
+		break;
+	case KVT_TOPK_ESTIMATE:
 		opts.refine = 0; /* the spec's pipeline and schedule, estimated scores */
-	/* the sketch's 2-bit level picks 16k keys to score exactly (engine/sketch.h); without
-	 * sketches ([retrieval] sketch = no) the default path serves it */
-	if (flags & KVT_TOPK_F_FAST)
+		break;
+	case KVT_TOPK_FAST:
+		/* the sketch's 2-bit level picks 16k keys to score exactly (engine/sketch.h);
+		 * without sketches ([retrieval] sketch = no) the default path serves it */
 		opts.fast = k > UINT32_MAX / KVT_TOPK_FAST_X ? UINT32_MAX : KVT_TOPK_FAST_X * k;
-	/* probing: the best groups holding @probe live keys, their C best estimates scored
-	 * (engine/sketch.h): C = 4k by the 2-bit level at head_dim 128; k by the int8 level at 64,
-	 * where more rows found no more (BENCHMARKS.md, probing). A probe under C counts as C. */
-	if (probe) {
+		break;
+	case KVT_TOPK_PROBE: {
+		/* the best groups holding @probe live keys, their C best estimates scored
+		 * (engine/sketch.h): C = 4k by the 2-bit level at head_dim 128; k by the int8
+		 * level at 64, where more rows found no more (docs/retrieval.md, "Probing"). A
+		 * probe under C counts as C. */
 		uint32_t per = p->head_dim == 64 ? 1 : KVT_TOPK_PROBE_X; /* keys scored a result */
 
 		opts.fast = k > UINT32_MAX / per ? UINT32_MAX : per * k;
 		opts.probe = probe > opts.fast ? probe : opts.fast;
+		break;
+	}
+	default: /* ops.c refused it: only a caller that skipped kvtd_topk_req_check() */
+		return kvtd_seq_fail(x, -EINVAL, "mode %u unknown", req->mode);
 	}
 	if (flags & KVT_TOPK_F_UNION)
 		opts.flags = KVT_PARIS_F_UNION;

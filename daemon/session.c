@@ -230,6 +230,78 @@ kvtd_session_destroy(struct kvtd_session *s)
 	free(s);
 }
 
+/* Every class reference the session's sequences and namespace handles hold, into @cls (room
+ * for 5 a sequence and KVT_MAX_NS); returns the count. */
+static unsigned
+session_classes(const struct kvtd_session *s, int *cls)
+{
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < s->max_seqs; i++) {
+		const struct kvtd_seq *q = s->seqs[i];
+
+		if (!q)
+			continue;
+		cls[n++] = q->cls;
+		cls[n++] = q->cls_q;
+		cls[n++] = q->cls_kb;
+		cls[n++] = q->cls_pg;
+		cls[n++] = q->cls_sk;
+	}
+	for (int i = 0; i < KVT_MAX_NS; i++)
+		if (s->ns[i].ns && s->ns[i].uid_cls)
+			cls[n++] = s->ns[i].uid_cls - 1;
+	return n;
+}
+
+static void
+session_uid_cls(struct kvtd_session *s, struct kvtd_cls_use *use, int add)
+{
+	int *cls = malloc(((size_t)s->max_seqs * 5 + KVT_MAX_NS) * sizeof(*cls));
+
+	if (!cls) { /* counted one at a time, without the array */
+		for (unsigned i = 0; i < s->max_seqs; i++) {
+			struct kvtd_seq *q = s->seqs[i];
+			int c[5];
+
+			if (!q)
+				continue;
+			c[0] = q->cls, c[1] = q->cls_q, c[2] = q->cls_kb, c[3] = q->cls_pg;
+			c[4] = q->cls_sk;
+			kvtd_pool_class_use(&s->d->pool, c, 5, use, add);
+			q->cls_use = add > 0 ? use : NULL;
+		}
+		for (int i = 0; i < KVT_MAX_NS; i++)
+			if (s->ns[i].ns && s->ns[i].uid_cls) {
+				int c = s->ns[i].uid_cls - 1;
+
+				kvtd_pool_class_use(&s->d->pool, &c, 1, use, add);
+			}
+		return;
+	}
+	kvtd_pool_class_use(&s->d->pool, cls, session_classes(s, cls), use, add);
+	for (unsigned i = 0; i < s->max_seqs; i++)
+		if (s->seqs[i])
+			s->seqs[i]->cls_use = add > 0 ? use : NULL;
+	free(cls);
+}
+
+void
+kvtd_session_uid_join(struct kvtd_session *s, struct kvtd_uid *u)
+{
+	s->uid_ent = u;
+	session_uid_cls(s, &u->cls, 1);
+}
+
+void
+kvtd_session_uid_leave(struct kvtd_session *s)
+{
+	if (!s->uid_ent)
+		return;
+	session_uid_cls(s, &s->uid_ent->cls, -1);
+	s->uid_ent = NULL;
+}
+
 const struct kvtd_seq_ctx *
 kvtd_session_ctx(struct kvtd_session *s)
 {

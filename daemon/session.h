@@ -108,6 +108,15 @@ int kvtd_session_create(struct kvtd *d, uint32_t sq_entries, uint32_t cq_entries
 int kvtd_session_adopt(struct kvtd *d, int memfd, int sq_efd, int cq_efd, uint32_t sq_entries,
 		       uint32_t cq_entries, uint64_t arena_size, struct kvtd_session **ret_s);
 
+/*
+ * kvtd_session_uid_join() - a restored session joins @u (main thread, before any poller runs
+ * it): the pool classes its sequences and namespace handles hold count among the uid's
+ * (classes_per_uid, past a lowered limit too) and go back there when they close.
+ * kvtd_session_uid_leave() undoes it (the session is then not served).
+ */
+void kvtd_session_uid_join(struct kvtd_session *s, struct kvtd_uid *u);
+void kvtd_session_uid_leave(struct kvtd_session *s);
+
 /* Frees every sequence, buffer, slot, mapping and fd the session holds. The session must be
  * detached from its poller. NULL is fine. */
 void kvtd_session_destroy(struct kvtd_session *s);

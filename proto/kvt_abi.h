@@ -26,8 +26,8 @@
 
 #define KVT_ABI_MAJOR 1 /* bumped only on incompatible change */
 #define KVT_ABI_MINOR                                                                              \
-	4 /* bumped on compatible additions (1: kvt_region_hdr.err_off, 2: prefix blocks,          \
-	     3: KVT_TOPK_F_FAST, 4: TOPK's probe) */
+	5 /* bumped on compatible additions (1: kvt_region_hdr.err_off, 2: prefix blocks,          \
+	     3: KVT_TOPK_F_FAST, 4: TOPK's probe, 5: struct kvt_topk_req) */
 
 /* The control socket kvtierd listens on and clients connect to unless told otherwise; the one
  * definition (kvtier.h, kvtierd's config and kvtierctl take it from here). */
@@ -190,7 +190,7 @@ struct kvt_sqe {
 	uint32_t stamp;	 /* ring index + 1, stored last (release) by the producer */
 	union {
 		uint32_t arg3;	   /* generic name: zero unless the opcode reads it (ABI 1.4) */
-		uint32_t probe;	   /* TOPK with KVT_TOPK_F_FAST: live keys to scan, 0 = all */
+		uint32_t probe;	   /* TOPK's SQE form with KVT_TOPK_F_FAST: keys to scan */
 		uint32_t reserved; /* its name before ABI 1.4 */
 	};
 };
@@ -365,56 +365,98 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
 
 /*
  * TOPK: the positions most likely to matter to a query, per kv head (ParisKV retrieval over the
- * keys that left the dense window). Needs ret_update > 0 and head_dim 64 or 128.
- *   arena_off, arena_len: the query, q_heads * head_dim f32 (post-RoPE), 4-byte aligned.
- *   layer: the layer.  k: results per kv head (per query head with KVT_TOPK_F_UNION).
- *   out_off: arena offset of the output (8-byte aligned), out_len: its length in bytes,
- *   KVT_TOPK_OUT_SIZE(kv_heads, stride):
- *     u32 n[kv_heads], then u32 pos[kv_heads][stride], then f32 score[kv_heads][stride],
- *     stride = k, or k * q_heads / kv_heads with KVT_TOPK_F_UNION; positions absolute,
- *     in descending score; n[h] <= stride, fewer when positions evicted since they were
- *     encoded (never returned) leave fewer live candidates. The positions are the exact top-k
- *     at any zone length: the daemon scores every key of a zone whose rows take at most
- *     16 MiB, and beyond bounds every key through an int8 sketch of the stored keys and scores
- *     only those that can reach the k-th (daemon/engine/sketch.h); scores are the exact
- *     <key, q> in f32 (q: the group's mean query, or the query head with KVT_TOPK_F_UNION),
- *     int8 (T2) keys dequantized.
+ * keys that left the dense window, docs/retrieval.md). Needs ret_update > 0 and head_dim 64 or
+ * 128.
+ *
+ * The request (ABI 1.5): SQE op_flags KVT_TOPK_F_REQ, (arena_off, arena_len) a struct
+ * kvt_topk_req in the arena (8-byte aligned), every other SQE field but seq zero. The daemon
+ * copies the request once, then checks it: @size at least KVT_TOPK_REQ_SIZE0 and at most
+ * arena_len; bytes past the struct this kvtierd knows must be zero (else -E2BIG: a field it
+ * cannot honour), fields a shorter @size leaves out read as zero.
+ *
+ * The SQE form (ABI 1.0-1.4, still accepted): op_flags KVT_TOPK_F_UNION, _FETCH, _ESTIMATE
+ * (mode ESTIMATE), _FAST (mode FAST; with the SQE's probe > 0, mode PROBE); the query at
+ * (arena_off, arena_len), k in count, the layer in arg0, out_off in arg1, out_len in arg2.
+ * ESTIMATE with FAST, or probe without FAST, is -EINVAL.
+ *
+ * The query: q_heads * head_dim f32 (post-RoPE), finite, 4-byte aligned. The output at out_off
+ * (8-byte aligned), out_len bytes, KVT_TOPK_OUT_SIZE(kv_heads, stride): u32 n[kv_heads], then
+ * u32 pos[kv_heads][stride], then f32 score[kv_heads][stride], stride = k, or
+ * k * q_heads / kv_heads with KVT_TOPK_F_UNION; positions absolute, in descending score;
+ * n[h] <= stride, fewer when positions evicted since they were encoded (never returned) leave
+ * fewer live candidates. Positions do not depend on the query's scale.
+ *
+ * Modes (kvt_topk_req.mode):
+ *   KVT_TOPK_EXACT: the exact top-k at any zone length; scores are the exact <key, q> in f32
+ *     (q: the group's mean query, or the query head with KVT_TOPK_F_UNION), int8 (T2) keys
+ *     dequantized.
+ *   KVT_TOPK_ESTIMATE: ParisKV's own pipeline (its ratio schedule, no exact refine): not the
+ *     exact top-k; scores are the 4-bit RSQ-IP estimates.
+ *   KVT_TOPK_FAST: the sketch's 2-bit level ranks every live key and the KVT_TOPK_FAST_X * k
+ *     best are scored exactly: positions are those keys' exact top-k (not always the zone's),
+ *     scores exact; a zone of at most 512 k keys gets the exact top-k. A sequence opened with
+ *     [retrieval] sketch = no answers as KVT_TOPK_EXACT.
+ *   KVT_TOPK_PROBE: sublinear, @probe > 0 live keys to scan. The keys come in groups of
+ *     consecutive positions (64 at head_dim 128, 16 at 64), each summarised by its mean; only
+ *     the groups whose means score best are scanned until they hold @probe live keys, and
+ *     their C best keys by estimate are scored exactly (C = KVT_TOPK_PROBE_X * k by the 2-bit
+ *     level at head_dim 128, C = k by the int8 level at 64; a probe under C counts as C).
+ *     Positions are those keys' exact top-k, scores exact: every true top-k key outside the
+ *     probed groups is missed. Groups with no live key are passed over; a group holding a
+ *     non-finite key is always scanned.
+ *   Recall and time of each mode: docs/retrieval.md and BENCHMARKS.md (measurements, not
+ *   guarantees).
+ * Flags (kvt_topk_req.flags):
+ *   KVT_TOPK_F_UNION: one search per query head, k results each, merged per kv head.
  *   KVT_TOPK_F_FETCH: also stage the rows (all heads) of those positions for this layer into the
  *     staging region, kv head h's i-th position at staging row h * stride + i.
- *   KVT_TOPK_F_ESTIMATE: ParisKV's own pipeline only (its ratio schedule, no exact refine):
- *     about half the time at 128K-1M keys, recall@100 0.80-0.84 instead of 0.97-0.98 on the
- *     benchmark sets (docs/bench-retrieval.md); scores are the 4-bit RSQ-IP estimates.
- *   KVT_TOPK_F_FAST: not exact, faster: the sketch's 2-bit level ranks every live key and
- *     the KVT_TOPK_FAST_X * k best are scored exactly; positions are those keys' exact top-k,
- *     scores exact (a zone of at most 512 k keys, where that costs no more, gets the exact
- *     top-k). Measured at k = 100 (BENCHMARKS.md, retrieval): recall@100 0.995-0.997 (p5
- *     0.97-0.99) in 0.62-0.64x the exact path's time on 128K synthetic keys and 0.99 (p5
- *     0.94-0.95) in 0.62-0.67x at 1M; on real SmolLM2 keys (head_dim 64, 131K) 0.92-0.97
- *     (p5 0.71-0.85) in 0.51-0.66x. With a sequence opened without sketches
- *     ([retrieval] sketch = no) the default path answers. Not with KVT_TOPK_F_ESTIMATE.
- *   probe (ABI 1.4; only with KVT_TOPK_F_FAST, 0 = off): sublinear. The keys come in
- *     groups of consecutive positions (64 at head_dim 128, 16 at 64), each summarised by its
- *     mean; only the groups whose means score best are scanned, until they hold probe live
- *     keys, and their C best keys by estimate are scored exactly: C = KVT_TOPK_PROBE_X * k by
- *     the 2-bit level at head_dim 128, C = k by the int8 level at 64 (a probe under C counts
- *     as C). Positions are those keys' exact top-k, scores exact. It pays where the keys that
- *     matter come in runs (a passage on one topic): recall is the share of the true top-k
- *     inside the probed groups, so measure it on your model (BENCHMARKS.md, "Probing,
- *     leaner": at 1M synthetic keys recall 0.81-0.82 in 0.15-0.22 ms from probes of 0.5 %,
- *     against 3.6-4.1 ms for FAST alone; on 33K real keys 0.81-0.84 from 5-15 % of the zone;
- *     where the top keys are scattered it stays low, use FAST alone there). Groups with no live
- *     key are passed over; a group holding a non-finite key is always scanned.
  * CQE res: stride. aux[0]: retrieval keys N. Errors: -EINVAL (k = 0, query length, a query
- * value NaN or infinite, flags, layer out of range, no retrieval, probe without
- * KVT_TOPK_F_FAST), -ERANGE (k larger than the retrieval zone, or nothing encoded yet: attend
- * densely), -ENOSPC (output or staging too small).
+ * value NaN or infinite, flags, mode, probe with a mode other than PROBE or 0 with it, layer
+ * out of range, no retrieval, a reserved field not zero), -E2BIG (a request longer than this
+ * kvtierd knows with a non-zero byte past it), -ERANGE (k larger than the retrieval zone, or
+ * nothing encoded yet: attend densely), -ENOSPC (output or staging too small).
  */
 #define KVT_TOPK_F_UNION    (1u << 0)
 #define KVT_TOPK_F_FETCH    (1u << 1)
-#define KVT_TOPK_F_ESTIMATE (1u << 2)
-#define KVT_TOPK_F_FAST	    (1u << 3) /* ABI 1.3 */
-#define KVT_TOPK_FAST_X	    16u	      /* KVT_TOPK_F_FAST scores this many keys per result */
-#define KVT_TOPK_PROBE_X    4u	      /* ... this many with a probe at head_dim 128 (ABI 1.4) */
+#define KVT_TOPK_F_ESTIMATE (1u << 2) /* SQE form only: mode KVT_TOPK_ESTIMATE */
+#define KVT_TOPK_F_FAST	    (1u << 3) /* SQE form only: mode KVT_TOPK_FAST (ABI 1.3) */
+#define KVT_TOPK_F_REQ	    (1u << 4) /* SQE op_flags: the arena holds a kvt_topk_req (ABI 1.5) */
+#define KVT_TOPK_FAST_X	    16u	      /* KVT_TOPK_FAST scores this many keys per result */
+#define KVT_TOPK_PROBE_X    4u	      /* ... KVT_TOPK_PROBE at head_dim 128 (ABI 1.4) */
+
+/* TOPK modes (kvt_topk_req.mode): which keys are scored, see TOPK above. */
+enum kvt_topk_mode {
+	KVT_TOPK_EXACT = 0,
+	KVT_TOPK_ESTIMATE = 1,
+	KVT_TOPK_FAST = 2,
+	KVT_TOPK_PROBE = 3,
+	KVT_TOPK__MODES
+};
+
+/*
+ * struct kvt_topk_req - one TOPK request, in the arena (ABI 1.5). Later minor versions may
+ * append fields: a client sets @size to the sizeof() it was built with, and a field past an
+ * older daemon's struct must be zero for that daemon to accept the request.
+ */
+struct kvt_topk_req {
+	uint32_t size;	      /* sizeof(struct kvt_topk_req) as the client knows it */
+	uint32_t mode;	      /* enum kvt_topk_mode */
+	uint32_t flags;	      /* KVT_TOPK_F_UNION, KVT_TOPK_F_FETCH */
+	uint32_t layer;	      /* 0..layers - 1 */
+	uint32_t k;	      /* results per kv head (per query head with KVT_TOPK_F_UNION), > 0 */
+	uint32_t probe;	      /* KVT_TOPK_PROBE: live keys to scan, > 0; otherwise zero */
+	uint64_t query_off;   /* arena offset of the query, 4-byte aligned */
+	uint32_t query_len;   /* bytes: q_heads * head_dim * 4 */
+	uint32_t out_len;     /* bytes of the output, KVT_TOPK_OUT_SIZE() */
+	uint64_t out_off;     /* arena offset of the output, 8-byte aligned */
+	uint64_t reserved[2]; /* zero */
+};
+KVT_STATIC_ASSERT(sizeof(struct kvt_topk_req) == 64, "kvt_topk_req ABI");
+KVT_STATIC_ASSERT(offsetof(struct kvt_topk_req, query_off) == 24, "kvt_topk_req query_off");
+KVT_STATIC_ASSERT(offsetof(struct kvt_topk_req, out_off) == 40, "kvt_topk_req out_off");
+
+/* The shortest struct kvt_topk_req a kvtierd accepts: the ABI 1.5 one. */
+#define KVT_TOPK_REQ_SIZE0 64u
 
 /* TOPK output bytes: n[kv_heads], pos[kv_heads][stride], score[kv_heads][stride]. */
 #define KVT_TOPK_OUT_SIZE(kv_heads, stride)                                                        \

@@ -195,6 +195,92 @@ _Static_assert(sizeof(struct kvt_ctl_event) == 96, "kvt_ctl_event ABI");
 #define KVT_CTL_SCHEMA 1
 
 /*
+ * How kvtierctl and `python -m kvtier` print the documents: described once, here (kvtierctl's
+ * ctl_fmt.c expands these tables; the Python package's are generated from them by
+ * tools/gen-pyabi.py). Every key is optional: absent or of the wrong type, it prints as "-".
+ *
+ * STATUS, one "label  value" line each: X(label, key, kind), the key a path ("pool.size").
+ * Kinds: STR (control characters replaced), NUM, BYTES (binary units), SECS (a duration),
+ * OPTSTR (STR, the line left out when the key is absent), ABI ("major.minor" of an object),
+ * USED (BYTES and the share of the sibling "size"), CHUNKS ("N free, SIZE each" from the
+ * object's "chunks_free" and "chunk_size"), PAGES ("N KiB", a hint at 4 KiB or less; left out
+ * when absent), NUMA (NUM, "any" below 0), YESNO (a boolean), COUNTERS ("key N, ..." of an
+ * object), TIERS ("T0 N  T1 N ..." of an array).
+ */
+#define KVT_CTL_STATUS_LINES(X)                                                                    \
+	X("version", "version", STR)                                                               \
+	X("abi", "abi", ABI)                                                                       \
+	X("backend", "backend", STR)                                                               \
+	X("metrics", "metrics_url", OPTSTR)                                                        \
+	X("pid", "pid", NUM)                                                                       \
+	X("uptime", "uptime_s", SECS)                                                              \
+	X("pollers", "pollers", NUM)                                                               \
+	X("pool size", "pool.size", BYTES)                                                         \
+	X("pool used", "pool.used", USED)                                                          \
+	X("pool free", "pool.free", BYTES)                                                         \
+	X("pool chunks", "pool", CHUNKS)                                                           \
+	X("pool classes", "pool.classes", NUM)                                                     \
+	X("pool backing", "pool.backing", STR)                                                     \
+	X("pool pages", "pool.page_kib", PAGES)                                                    \
+	X("pool numa", "pool.numa_node", NUMA)                                                     \
+	X("pool locked", "pool.locked", YESNO)                                                     \
+	X("sessions", "sessions", NUM)                                                             \
+	X("seqs", "seqs", NUM)                                                                     \
+	X("ops", "ops", NUM)                                                                       \
+	X("errors", "errors", NUM)                                                                 \
+	X("refused", "refused", COUNTERS)                                                          \
+	X("tiers", "tiers", TIERS)
+
+/*
+ * CLIENTS, SEQS and BLOCKS, one table row per element of the document's array, one column per
+ * X(heading, key, kind, index). Kinds: INT, STR (left-aligned), BYTES, SECS, PCT (a 0..1 ratio),
+ * TIER (element @index of the key's array), SCOPE ("uid N" or "shared"), MIB (bytes in MiB),
+ * HITS ("hit_blocks" over "hit_blocks" + "miss_blocks"). Numbers right-aligned, widths fit the
+ * widest cell.
+ */
+#define KVT_CTL_CLIENTS_COLS(X)                                                                    \
+	X("SESSION", "session", INT, 0)                                                            \
+	X("PID", "pid", INT, 0)                                                                    \
+	X("UID", "uid", INT, 0)                                                                    \
+	X("GID", "gid", INT, 0)                                                                    \
+	X("SEQS", "seqs", INT, 0)                                                                  \
+	X("POOL", "pool_bytes", BYTES, 0)                                                          \
+	X("OPS", "ops", INT, 0)                                                                    \
+	X("ERRORS", "errors", INT, 0)                                                              \
+	X("SQ", "sq_entries", INT, 0)                                                              \
+	X("ARENA", "arena_size", BYTES, 0)                                                         \
+	X("UPTIME", "uptime_s", SECS, 0)                                                           \
+	X("NAME", "name", STR, 0)
+
+#define KVT_CTL_SEQS_COLS(X)                                                                       \
+	X("SESSION", "session", INT, 0)                                                            \
+	X("SEQ", "seq", INT, 0)                                                                    \
+	X("TOKENS", "tokens", INT, 0)                                                              \
+	X("LAYERS", "layers", INT, 0)                                                              \
+	X("HEADS", "kv_heads", INT, 0)                                                             \
+	X("DIM", "head_dim", INT, 0)                                                               \
+	X("DTYPE", "dtype", STR, 0)                                                                \
+	X("POLICY", "policy", STR, 0)                                                              \
+	X("T2KEYS", "t2_keys", STR, 0)                                                             \
+	X("T0", "tiers", TIER, 0)                                                                  \
+	X("T1", "tiers", TIER, 1)                                                                  \
+	X("T2", "tiers", TIER, 2)                                                                  \
+	X("T3", "tiers", TIER, 3)                                                                  \
+	X("EVICTED", "evicted_ratio", PCT, 0)                                                      \
+	X("POOL", "pool_bytes", BYTES, 0)
+
+#define KVT_CTL_BLOCKS_COLS(X)                                                                     \
+	X("ID", "id", INT, 0)                                                                      \
+	X("NAME", "name", STR, 0)                                                                  \
+	X("SCOPE", "scope", SCOPE, 0)                                                              \
+	X("BLOCKS", "blocks", INT, 0)                                                              \
+	X("REF", "referenced", INT, 0)                                                             \
+	X("MiB", "bytes", MIB, 0)                                                                  \
+	X("HITRATE", "hit_blocks", HITS, 0)                                                        \
+	X("PUBLISHED", "published", INT, 0)                                                        \
+	X("EVICTED", "evicted", INT, 0)
+
+/*
  * METRICS: the daemon's metrics. Without flags the reply is KVT_CTL_TEXT, the Prometheus text
  * exposition (version 0.0.4) that /metrics serves; KVT_CTL_METRICS_F_JSON asks for the same
  * families as a KVT_CTL_JSON document (above); KVT_CTL_METRICS_F_SESSIONS adds the

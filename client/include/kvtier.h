@@ -223,8 +223,16 @@ int kvt_op_error(struct kvt_client *c, uint64_t user_data, char *buf, size_t len
  * caller's) and stamp (kvt_submit()'s), as liburing's io_uring_prep_*() do; payloads live in
  * the arena (kvt_arena()) at offsets the caller manages. Field meanings and errors: kvt_abi.h.
  * The blocking wrappers below are these plus kvt_submit() and a wait for the one CQE.
+ *
+ * For C they are static inline. libkvtier also exports an out-of-line copy of each under the
+ * same name (client/ffi.c compiles this header with KVT_INLINE defined to nothing, as
+ * liburing-ffi does) for callers that cannot inline C: the Python package calls those, so the
+ * helpers exist once, here.
  */
-static inline void
+#ifndef KVT_INLINE
+#define KVT_INLINE static inline
+#endif
+KVT_INLINE void
 kvt_prep_rw(struct kvt_sqe *e, uint8_t opcode, uint32_t seq, unsigned op_flags, uint64_t arena_off,
 	    uint32_t arena_len, uint32_t count, uint64_t arg0, uint64_t arg1, uint32_t arg2)
 {
@@ -242,28 +250,28 @@ kvt_prep_rw(struct kvt_sqe *e, uint8_t opcode, uint32_t seq, unsigned op_flags, 
 	e->arg3 = 0;
 }
 
-static inline void
+KVT_INLINE void
 kvt_prep_nop(struct kvt_sqe *e)
 {
 	kvt_prep_rw(e, KVT_OP_NOP, 0, 0, 0, 0, 0, 0, 0, 0);
 }
 
 /* @params_off: a struct kvt_seq_params in the arena. CQE res: the sequence id. */
-static inline void
+KVT_INLINE void
 kvt_prep_seq_open(struct kvt_sqe *e, uint64_t params_off)
 {
 	kvt_prep_rw(e, KVT_OP_SEQ_OPEN, 0, 0, params_off, sizeof(struct kvt_seq_params), 0, 0, 0,
 		    0);
 }
 
-static inline void
+KVT_INLINE void
 kvt_prep_seq_close(struct kvt_sqe *e, uint32_t seq)
 {
 	kvt_prep_rw(e, KVT_OP_SEQ_CLOSE, seq, 0, 0, 0, 0, 0, 0, 0);
 }
 
 /* @ntok tokens' rows, @rows_len bytes at @rows_off. CQE res: new n; aux[0]: first position. */
-static inline void
+KVT_INLINE void
 kvt_prep_append(struct kvt_sqe *e, uint32_t seq, uint64_t rows_off, uint32_t rows_len,
 		uint32_t ntok)
 {
@@ -271,7 +279,7 @@ kvt_prep_append(struct kvt_sqe *e, uint32_t seq, uint64_t rows_off, uint32_t row
 }
 
 /* @ntok tokens the client wrote into T0 slots, whose u32 ids are at @slots_off. */
-static inline void
+KVT_INLINE void
 kvt_prep_append_t0(struct kvt_sqe *e, uint32_t seq, uint64_t slots_off, uint32_t ntok)
 {
 	kvt_prep_rw(e, KVT_OP_APPEND, seq, KVT_APPEND_F_T0, slots_off,
@@ -279,7 +287,7 @@ kvt_prep_append_t0(struct kvt_sqe *e, uint32_t seq, uint64_t slots_off, uint32_t
 }
 
 /* score[first_pos + i] += values[i], @n f32 values at @values_off. */
-static inline void
+KVT_INLINE void
 kvt_prep_score_add(struct kvt_sqe *e, uint32_t seq, uint64_t first_pos, uint64_t values_off,
 		   uint32_t n)
 {
@@ -288,14 +296,14 @@ kvt_prep_score_add(struct kvt_sqe *e, uint32_t seq, uint64_t first_pos, uint64_t
 }
 
 /* struct kvt_seq_stat written at @out_off. */
-static inline void
+KVT_INLINE void
 kvt_prep_seq_stat(struct kvt_sqe *e, uint32_t seq, uint64_t out_off)
 {
 	kvt_prep_rw(e, KVT_OP_SEQ_STAT, seq, 0, out_off, sizeof(struct kvt_seq_stat), 0, 0, 0, 0);
 }
 
 /* Output at @out_off, @out_len bytes (KVT_RETIER_OUT_SIZE(t0_slots) always suffices). */
-static inline void
+KVT_INLINE void
 kvt_prep_retier(struct kvt_sqe *e, uint32_t seq, uint64_t out_off, uint32_t out_len)
 {
 	kvt_prep_rw(e, KVT_OP_RETIER, seq, 0, out_off, out_len, 0, 0, 0, 0);
@@ -306,7 +314,7 @@ kvt_prep_retier(struct kvt_sqe *e, uint32_t seq, uint64_t out_off, uint32_t out_
  * positions in the arena, @npos of them: the list to stage with KVT_FETCH_F_LIST, else room
  * for the staged positions the daemon writes there.
  */
-static inline void
+KVT_INLINE void
 kvt_prep_fetch(struct kvt_sqe *e, uint32_t seq, unsigned flags, uint32_t layer0, uint32_t nlayers,
 	       uint32_t stage_row, uint64_t pos_off, uint32_t npos)
 {
@@ -315,23 +323,22 @@ kvt_prep_fetch(struct kvt_sqe *e, uint32_t seq, unsigned flags, uint32_t layer0,
 }
 
 /*
- * Top-@k of layer @layer for the query of @q_len f32 at @query_off; output at @out_off (8-byte
- * aligned), @out_len bytes (KVT_TOPK_OUT_SIZE(kv_heads, stride)). For a probe (ABI 1.4) set
- * e->probe after it.
+ * TOPK (ABI 1.5): the struct kvt_topk_req at @req_off in the arena (8-byte aligned) says
+ * everything, the mode and every knob included; it names the query's and the output's places
+ * in the arena (kvt_abi.h, TOPK). Set its size to sizeof(struct kvt_topk_req).
  */
-static inline void
-kvt_prep_topk(struct kvt_sqe *e, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
-	      uint64_t query_off, uint32_t q_len, uint64_t out_off, uint32_t out_len)
+KVT_INLINE void
+kvt_prep_topk(struct kvt_sqe *e, uint32_t seq, uint64_t req_off)
 {
-	kvt_prep_rw(e, KVT_OP_TOPK, seq, flags, query_off, q_len * (uint32_t)sizeof(float), k,
-		    layer, out_off, out_len);
+	kvt_prep_rw(e, KVT_OP_TOPK, seq, KVT_TOPK_F_REQ, req_off, sizeof(struct kvt_topk_req), 0, 0,
+		    0, 0);
 }
 
 /*
  * SEQ_OPEN in namespace @ns (kvt_prep_ns_open()'s id; 0: none) starting with @prefix_blocks
  * blocks pinned there by the last kvt_prep_lookup() with KVT_LOOKUP_F_PIN.
  */
-static inline void
+KVT_INLINE void
 kvt_prep_seq_open_prefix(struct kvt_sqe *e, uint64_t params_off, uint32_t ns,
 			 uint32_t prefix_blocks)
 {
@@ -340,20 +347,20 @@ kvt_prep_seq_open_prefix(struct kvt_sqe *e, uint64_t params_off, uint32_t ns,
 }
 
 /* Namespace from the struct kvt_ns_params at @params_off. */
-static inline void
+KVT_INLINE void
 kvt_prep_ns_open(struct kvt_sqe *e, uint64_t params_off)
 {
 	kvt_prep_rw(e, KVT_OP_NS_OPEN, 0, 0, params_off, sizeof(struct kvt_ns_params), 0, 0, 0, 0);
 }
 
-static inline void
+KVT_INLINE void
 kvt_prep_ns_close(struct kvt_sqe *e, uint32_t ns)
 {
 	kvt_prep_rw(e, KVT_OP_NS_CLOSE, 0, 0, 0, 0, 0, ns, 0, 0);
 }
 
 /* How many of the @nkeys block keys at @keys_off (8-byte aligned) lead in @ns. */
-static inline void
+KVT_INLINE void
 kvt_prep_lookup(struct kvt_sqe *e, uint32_t ns, unsigned flags, uint64_t keys_off, uint32_t nkeys)
 {
 	kvt_prep_rw(e, KVT_OP_LOOKUP, 0, flags, keys_off,
@@ -361,7 +368,7 @@ kvt_prep_lookup(struct kvt_sqe *e, uint32_t ns, unsigned flags, uint64_t keys_of
 }
 
 /* Offer the first @nkeys blocks of @seq, keyed by the keys at @keys_off, to its namespace. */
-static inline void
+KVT_INLINE void
 kvt_prep_publish(struct kvt_sqe *e, uint32_t seq, uint64_t keys_off, uint32_t nkeys)
 {
 	kvt_prep_rw(e, KVT_OP_PUBLISH, seq, 0, keys_off,
@@ -464,40 +471,35 @@ int kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer
  */
 
 /*
- * kvt_topk() - ParisKV top-k over the keys that left the dense window (the sequence was opened
- * with ret_update > 0). @query: @q_len floats, q_heads * head_dim. @k per kv head (per query
- * head with KVT_TOPK_F_UNION). @out receives u32 n[kv_heads], u32 pos[kv_heads][stride],
- * f32 score[kv_heads][stride] (kvt_abi.h, KVT_OP_TOPK); with KVT_TOPK_F_FETCH the rows are also
- * staged. n[h] is min(k, live keys): evicted positions are never candidates nor returned.
- * Positions do not depend on the query's scale. By default the positions are the exact top-k
- * at any zone length (int8 keys as they dequantize): a zone whose key rows take at most 16 MiB
- * (64K keys at head_dim 128 in f16, 128K at 64) is scored whole from the pool; beyond, an int8
- * sketch of the keys bounds every score and only keys that can reach the k-th are read.
- * KVT_TOPK_F_ESTIMATE
- * trades recall for time (ParisKV's pipeline without the exact refine, estimated scores, about
- * half the time) and is much weaker on the same sets: 0.78-0.85 for one head (p5 0.19-0.41),
- * 0.34-0.57 for 8 averaged heads (p5 0.11-0.41), head_dim 64 lowest (an 8-block vote has half
- * the collision tests); use it only where such misses are acceptable. KVT_TOPK_F_FAST (ABI 1.3)
- * is the better trade: the sketch's 2-bit level ranks every key and the 16k best are scored
- * exactly, so scores stay exact; recall@100 was 0.995-0.997 (p5 0.97-0.99) in 0.62-0.64x the
- * default's time at 128K synthetic keys and 0.92-0.97 (p5 0.71-0.85) on real head_dim-64 keys
- * (BENCHMARKS.md); a zone of at most 512k keys gets the exact top-k. A kvtierd older than 1.3
- * refuses the flag with -EINVAL. Returns the stride, -ERANGE (k larger than the retrieval zone:
- * attend densely), -ENOSPC (@out or staging too small), -EINVAL, or the errors above.
+ * kvt_topk_run() - TOPK as @req says (kvt_abi.h, struct kvt_topk_req): mode
+ * (KVT_TOPK_EXACT, _ESTIMATE, _FAST, _PROBE with @req->probe), flags (KVT_TOPK_F_UNION,
+ * KVT_TOPK_F_FETCH), layer, k. @query: @req->query_len bytes, q_heads * head_dim f32; @out
+ * receives @req->out_len bytes: u32 n[kv_heads], u32 pos[kv_heads][stride], f32
+ * score[kv_heads][stride]. @req->query_off and out_off are not read: libkvtier places both in
+ * the arena. The sequence was opened with ret_update > 0. n[h] is min(k, live keys): evicted
+ * positions are never candidates nor returned. KVT_TOPK_EXACT returns the exact top-k at any
+ * zone length (int8 keys as they dequantize) with exact scores; FAST and PROBE return the exact
+ * top-k of the keys they score, with exact scores; ESTIMATE returns estimated scores. What each
+ * mode scores: kvt_abi.h; its recall and time: docs/retrieval.md. A kvtierd older than ABI 1.5
+ * gets the same request in TOPK's SQE form (modes it does not know refuse it with -EINVAL).
+ * Returns the stride, -ERANGE (k larger than the retrieval zone: attend densely), -ENOSPC
+ * (@out or staging too small), -EINVAL (the daemon's checks, or @req->size not
+ * sizeof(struct kvt_topk_req)), -E2BIG (the query and output do not fit the arena),
+ * -EOPNOTSUPP (a field an old kvtierd cannot be told), or the errors above.
+ */
+int kvt_topk_run(struct kvt_client *c, uint32_t seq, const struct kvt_topk_req *req,
+		 const float *query, void *out);
+
+/*
+ * kvt_topk() - kvt_topk_run() with the knobs as arguments, as before ABI 1.5: @flags
+ * KVT_TOPK_F_UNION, KVT_TOPK_F_FETCH, and KVT_TOPK_F_ESTIMATE or KVT_TOPK_F_FAST for those
+ * modes (not both: -EINVAL); @q_len floats of @query; @out_len bytes of @out.
  */
 int kvt_topk(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
 	     const float *query, uint32_t q_len, void *out, uint64_t out_len);
 
-/*
- * kvt_topk_probe() - kvt_topk() with KVT_TOPK_F_FAST's sublinear form (ABI 1.4): only the
- * groups of consecutive positions (64, or 16 at head_dim 64) whose means best match the query
- * are scanned, until they hold @probe live keys, and their best keys by estimate (4k at
- * head_dim 128, k at 64) are scored exactly (kvt_abi.h, TOPK's probe). @flags must hold
- * KVT_TOPK_F_FAST when @probe is not 0; @probe 0 is kvt_topk(). Recall is the share of the true
- * top-k inside the probed groups: high where the keys that matter come in runs of positions,
- * low where they are scattered one by one (BENCHMARKS.md, "Probing"). A kvtierd older than 1.4
- * refuses @probe with -EINVAL.
- */
+/* kvt_topk_probe() - kvt_topk() in mode KVT_TOPK_PROBE when @probe > 0 (then @flags must hold
+ * KVT_TOPK_F_FAST, else -EINVAL); @probe 0 is kvt_topk(). Kept for ABI 1.4 callers. */
 int kvt_topk_probe(struct kvt_client *c, uint32_t seq, uint32_t layer, uint32_t k, unsigned flags,
 		   uint32_t probe, const float *query, uint32_t q_len, void *out, uint64_t out_len);
 

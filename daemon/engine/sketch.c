@@ -36,10 +36,9 @@ kvt_sketch_int8_bytes(unsigned int dim, unsigned int page_keys)
 
 /*
  * Keys a group-level summary covers: 64 at D = 128, 16 at D = 64. Real head_dim-64 keys cluster
- * in shorter runs: in a numpy model of 33K SmolLM2 keys the best 16-key groups holding a tenth
- * of the zone held 0.84-0.89 of the top 100 (layers 1, 15), the best 64-key groups 0.70-0.84;
- * at D = 128 four times the summaries would cost more to score than the 2-bit scan they save.
- * A power of two dividing SB_GROUP and every page.
+ * in shorter runs, so shorter groups hold more of the top k there; at D = 128 four times the
+ * summaries would cost more to score than the 2-bit scan they save (the measurements:
+ * docs/retrieval.md, "Probing"). A power of two dividing SB_GROUP and every page.
  */
 static inline uint32_t
 sk_gkeys(unsigned int dim)
@@ -1198,12 +1197,11 @@ kvt_sketch_topk(const struct kvt_sketch *sk, const struct kvt_paris_index *ix,
  * tab[b][c] = round(s * sum_j l_j(c) y'_j), l_j(c) = (bit j of c ? 1 : -1) (bit 4 + j ? 3 : 1),
  * with one scale s = 31 / max_b 3 sum_j |y'_j|, so four entries sum in a signed byte (the
  * kernel widens once per four blocks) and a key's D / 4 entries in an int16. The estimate of
- * key i is then f_i * (acc_i / s) + <m_p, x>. (Five-bit tables cost nothing measurable next to
- * the 2-bit codes' error: a numpy model of the drift set gave recall 0.937 at C = 2k with
- * exact tables and with these.) The sums are formed in fixed point (y'_j s with SB_FRAC
- * fraction bits): integer sums are exact in any order, so every SIMD level builds the same
- * tables, and the AVX-512 builder does 16 entries an instruction (the scalar loop's 8,192
- * entries at D = 128 took ~25 us, a tenth of a search at 128K keys).
+ * key i is then f_i * (acc_i / s) + <m_p, x>. (Five-bit tables lose nothing measurable next to
+ * the 2-bit codes' error: docs/retrieval.md, "The fast path".) The sums are formed in fixed
+ * point (y'_j s with SB_FRAC fraction bits): integer sums are exact in any order, so every SIMD
+ * level builds the same tables, and the AVX-512 builder does 16 entries an instruction (the
+ * scalar loop's 8,192 entries at D = 128 were a tenth of a search at 128K keys).
  */
 #define SB_FRAC 16
 
@@ -1326,9 +1324,8 @@ sb_group_scalar(const struct kvt_sketch *sk, uint32_t p, uint32_t off, uint32_t 
 	uint64_t pass = 0;
 
 	/* a block's codes for every key, then the next block's: each row read in order. Key by key
-	 * (a key's blocks lie page_keys bytes apart) a probe of 13K keys at D = 128 took 1.36 ms at
-	 * the AVX2 level, this way 0.42-0.49 ms; the fast path at C = 4k of 128K keys took 12 ms,
-	 * this way 3.6-6 ms. */
+	 * (a key's blocks lie page_keys bytes apart) took about three times as long
+	 * (docs/retrieval.md, "The fast path"). */
 	for (unsigned int b = 0; b < SB_BLOCKS(sk->dim); b++) {
 		const uint8_t *row = bits + (size_t)b * sk->page_keys;
 		const int8_t *t = bq->tab[b];
@@ -1396,10 +1393,9 @@ sb_group_avx512(const struct kvt_sketch *sk, uint32_t p, uint32_t off, uint32_t 
  * The same for a probing search, from the int8 level: estimates e = s_x s <x^, c> (the bound's
  * centre, within its tolerance t of the exact score; t of a key that is not finite is +inf, and
  * so is its estimate). Used at head_dim 64 only, where the 2-bit code is 16 bytes and ranks
- * poorly: on real SmolLM2 keys a probe of a tenth of 33K keys (64-key groups) found 0.827 of
- * the top 100 with C = k this way in 32 us, 0.825 with the 2-bit level at C = 8k in 61. At
- * 128 the 2-bit level reaches the probe's ceiling at C = 2-4k, and the int8 codes (D + 8 bytes
- * a key against D / 4 + 4) cost more than those rows save.
+ * poorly: on real keys this way at C = k finds as much as the 2-bit level at C = 8k in half the
+ * time (docs/retrieval.md, "Probing"). At 128 the 2-bit level reaches the probe's ceiling at C =
+ * 2-4k, and the int8 codes (D + 8 bytes a key against D / 4 + 4) cost more than those rows save.
  */
 static uint64_t
 sb_group_int8(const struct kvt_sketch *sk, uint32_t p, uint32_t off, uint32_t cnt,

@@ -269,6 +269,8 @@ static size_t
 gen_request(struct kvt_sqe *e, uint8_t *pay)
 {
 	static const uint16_t odd16[] = {0x7c00, 0xfc00, 0x7e00, 0x8000, 0x7bff};
+	uint32_t req_len =
+	    0; /* TOPK's request form: arena_len is the request's, not the payload's */
 	size_t len = 0;
 
 	memset(e, 0, sizeof(*e));
@@ -426,6 +428,33 @@ gen_request(struct kvt_sqe *e, uint8_t *pay)
 		e->arg0 = rnd() % 3;
 		e->arg1 = 1024;
 		e->arg2 = rnd() % 4 ? 8192 : rnd() % 512;
+		if (rnd() % 2) { /* ABI 1.5's form: a struct kvt_topk_req, query after it */
+			struct kvt_topk_req r = {
+			    .size = rnd() % 8 ? sizeof(r) : (uint32_t)num(),
+			    .mode = rnd() % 8 ? rnd() % KVT_TOPK__MODES : (uint32_t)num(),
+			    .flags = rnd() % 4 ? rnd() % 4 : (uint32_t)num(),
+			    .layer = rnd() % 3,
+			    .k = rnd() % 16 ? 1 + rnd() % 48 : (uint32_t)num(),
+			    .query_off = 64,
+			    .query_len = rnd() % 8 ? 1024 : (uint32_t)num(),
+			    .out_len = rnd() % 4 ? 8192 : rnd() % 512,
+			    .out_off = rnd() % 8 ? 1088 : num(),
+			};
+
+			if (r.mode == KVT_TOPK_PROBE || !(rnd() % 8))
+				r.probe = rnd() % 4 ? 1 + rnd() % 256 : (uint32_t)num();
+			if (!(rnd() % 8))
+				r.reserved[rnd() % 2] = num();
+			memmove(pay + 64, pay, 1024);
+			memcpy(pay, &r, sizeof(r));
+			len = 1088;
+			e->op_flags = KVT_TOPK_F_REQ;
+			e->count = 0;
+			e->arg0 = e->arg1 = e->arg2 = 0;
+			req_len = rnd() % 8 ? (uint32_t)sizeof(r) : rnd() % 128;
+			if (!(rnd() % 8)) /* a newer client's longer request, its tail maybe set */
+				pay[64 + rnd() % 8] = (uint8_t)(rnd() % 2);
+		}
 		break;
 	}
 	case KVT_OP_SEQ_STAT:
@@ -435,7 +464,7 @@ gen_request(struct kvt_sqe *e, uint8_t *pay)
 		break;
 	}
 	if (len)
-		e->arena_len = (uint32_t)len;
+		e->arena_len = req_len ? req_len : (uint32_t)len;
 	/* one request in four gets one field from the edge-case list */
 	if (!(rnd() % 4)) {
 		uint64_t v = num();

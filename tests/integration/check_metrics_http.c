@@ -421,5 +421,78 @@ START_TEST(t_metrics_per_uid)
 }
 END_TEST
 
+/* uid @uid's ?sessions=1 scrape (a child process): the reply, into @out. */
+static void
+scrape_as(uid_t uid, unsigned port, char *out, size_t len)
+{
+	int p[2], st;
+	size_t got = 0;
+	ssize_t n;
+	pid_t pid;
+
+	ck_assert_int_eq(pipe(p), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		static char reply[1 << 16];
+
+		close(p[0]);
+		if (setgroups(0, NULL) < 0 || setgid(uid) < 0 || setuid(uid) < 0)
+			_exit(3);
+		child_get(port, "GET /metrics?sessions=1 HTTP/1.0\r\n\r\n", reply, sizeof(reply));
+		_exit(write(p[1], reply, strlen(reply) + 1) > 0 ? 0 : 4);
+	}
+	close(p[1]);
+	while (got + 1 < len && (n = read(p[0], out + got, len - 1 - got)) > 0)
+		got += (size_t)n;
+	out[got] = '\0';
+	close(p[0]);
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "scraper status %d", st);
+	ck_assert_msg(!strncmp(out, "HTTP/1.0 200 OK\r\n", 17), "uid %u's scrape: %.200s",
+		      (unsigned)uid, out);
+}
+
+/*
+ * admin_gids on /metrics as on the control socket: with admin_gids = 65534, uid 65534 (whose
+ * primary group that is) sees root's session in ?sessions=1, twice (the second from its groups
+ * as looked up); uid 65533, which the user database does not know, does not.
+ */
+START_TEST(t_metrics_admin_gids)
+{
+	static char reply[1 << 16];
+	const char *extra[] = {"--metrics-listen", "127.0.0.1:0", "--config", NULL, NULL};
+	char conf[200];
+	struct kvt_opts o = {.size = sizeof(o), .name = "root-secret"};
+	struct kvt_client *c;
+	unsigned port;
+	FILE *f;
+
+	ck_assert_msg(geteuid() == 0, "t_metrics_admin_gids needs root: it acts as uid %d", NOBODY);
+	daemon_prepare(&D);
+	snprintf(conf, sizeof(conf), "%s/kvtierd.conf", D.dir);
+	f = fopen(conf, "we");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "[daemon]\nadmin_gids = %d\n", NOBODY);
+	fclose(f);
+	extra[3] = conf;
+	daemon_spawn(&D, extra);
+	daemon_wait_ready(&D);
+	port = metrics_port();
+	ck_assert_int_eq(kvt_connect(D.sock, &o, &c), 0);
+	for (int i = 0; i < 2; i++) {
+		scrape_as(NOBODY, port, reply, sizeof(reply));
+		ck_assert_msg(strstr(reply, "root-secret"),
+			      "uid %d (group %d, in admin_gids): ?sessions=1 misses root's session",
+			      NOBODY, NOBODY);
+	}
+	scrape_as(NOBODY - 1, port, reply, sizeof(reply));
+	ck_assert_msg(!strstr(reply, "root-secret"),
+		      "uid %d (no admin group): ?sessions=1 shows root's session", NOBODY - 1);
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&D), 0);
+}
+END_TEST
+
 KVT_CHECK_MAIN("metrics_http", 120, NULL, NULL, t_metrics_http, t_metrics_not_loopback,
-	       t_metrics_per_uid)
+	       t_metrics_per_uid, t_metrics_admin_gids)

@@ -872,6 +872,38 @@ START_TEST(t_restart)
 }
 END_TEST
 
+/* The pin array a LOOKUP charged to its session stays charged across a restart in place (it
+ * was restored uncharged, until the session's next pinning LOOKUP) and goes with NS_CLOSE. */
+START_TEST(t_restart_pins_charged)
+{
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10, .name = "pinner"};
+	struct kvt_ns_params np = nsp("model-q");
+	struct kvt_block_key keys[NBLK];
+	struct kvt_client *c;
+	struct client a;
+	uint32_t tok[NTOK], ns;
+
+	start();
+	client_open(&a, "model-q");
+	tokens_of(tok, NTOK, 0);
+	ck_assert_int_eq(kvt_block_keys(&np, NULL, tok, NTOK, keys, NBLK), NBLK);
+	publish_prompt(&a, keys, NTOK);
+	ck_assert_int_eq(kvt_connect(Dm.sock, &o, &c), 0);
+	ck_assert_int_eq(kvt_ns_open(c, &np, &ns), 0);
+	ck_assert_int_eq(kvt_lookup(c, ns, keys, NBLK, KVT_LOOKUP_F_PIN), NBLK);
+	ck_assert_int_eq(session_pool_bytes("pinner"), NBLK * (int64_t)sizeof(void *));
+	for (int round = 0; round < 2; round++) {
+		restart_daemon();
+		ck_assert_int_eq(session_pool_bytes("pinner"), NBLK * (int64_t)sizeof(void *));
+	}
+	ck_assert_int_eq(kvt_ns_close(c, ns), 0);
+	ck_assert_int_eq(session_pool_bytes("pinner"), 0);
+	kvt_disconnect(c);
+	kvt_disconnect(a.c);
+	stop();
+}
+END_TEST
+
 KVT_CHECK_MAIN("prefix_share", 120, NULL, NULL, t_share, t_publisher_killed, t_namespaces,
 	       t_uid_scope, t_copy_on_write, t_dedupe, t_bad_input, t_fuzz, t_concurrent, t_restart,
-	       t_pins_bounded, t_uid_share)
+	       t_pins_bounded, t_uid_share, t_restart_pins_charged)

@@ -24,13 +24,16 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -282,6 +285,17 @@ restart(struct kvtd_proc *d, int sessions)
 {
 	struct json_object *o = admin_request(d->sock, KVT_CTL_RESTART), *v;
 
+	if (!o && getenv("KVT_RESTART_SOAK")) {
+		/* the long run: what the daemon (and its children) are doing, for the report */
+		char cmd[256];
+
+		snprintf(cmd, sizeof(cmd),
+			 "for p in %d $(cat /proc/%d/task/*/children 2>/dev/null); do "
+			 "gdb -p $p -batch -ex 'thread apply all bt' >&2 2>&1; done",
+			 (int)d->pid, (int)d->pid);
+		if (system(cmd) < 0)
+			perror("gdb");
+	}
 	ck_assert_msg(o, "no reply to RESTART (log %s)", d->log);
 	ck_assert_msg(json_object_object_get_ex(o, "restarted", &v) && json_object_get_boolean(v),
 		      "RESTART: %s", json_object_to_json_string(o));
@@ -376,7 +390,7 @@ refused_image(const void *img, size_t len)
 {
 	struct kvtd_proc d;
 	int sp[2], mfd, st;
-	char fdarg[16], *log = NULL;
+	char fdarg[16], env[16], *log = NULL;
 	struct pollfd pfd;
 	char b;
 	FILE *f;
@@ -394,6 +408,10 @@ refused_image(const void *img, size_t len)
 
 		dup2(fd, 2);
 		close(sp[0]);
+		/* a verdict variable left over, naming what is now a client's socket: never
+		 * written to (not a pipe), the image refused as without it */
+		snprintf(env, sizeof(env), "%d", sp[1]);
+		setenv("KVTIERD_RESTART_WATCH", env, 1);
 		execl(getenv("KVTIERD"), "kvtierd", "--config", "/dev/null", "--socket", d.sock,
 		      "--pool-size", "64M", "--backend", "host", "--restore-fd", fdarg,
 		      (char *)NULL);
@@ -1125,14 +1143,443 @@ START_TEST(t_restart_preflight)
 }
 END_TEST
 
+/* Replaces @bin with a program that passes the pre-flight (it runs @good for
+ * --check-restart) and, run for real, says so and exits 3 at once: the exec goes ahead and the
+ * new process dies before it takes anything over. */
+static void
+replace_bin_exits_at_start(const char *bin, const char *good)
+{
+	char script[512];
+	int n = snprintf(script, sizeof(script),
+			 "#!/bin/sh\n"
+			 "case \"$*\" in *--check-restart) exec '%s' \"$@\";; esac\n"
+			 "echo 'a kvtierd that exits at start' >&2\n"
+			 "exit 3\n",
+			 good);
+
+	ck_assert_int_lt(n, (int)sizeof(script));
+	replace_bin(bin, script, (size_t)n);
+}
+
 /*
- * The restart soak: 4 clients run workload() over and over (APPEND, SCORE_ADD, RETIER, FETCH
- * with every T1 row compared bit for bit, TOPK), with metrics_listen set, while the daemon
+ * A service manager's notification socket for NotifyAccess=main (as kvtierd.service sets it):
+ * a thread takes each datagram with its sender's pid, refuses (counts) one from any pid but the
+ * main pid, follows MAINPID=, and closes a BARRIER=1's descriptor (from anyone) once what came
+ * before is taken, as systemd does.
+ */
+struct fake_sd {
+	int fd, stop;
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pid_t main_pid;	  /* 0: the first sender */
+	unsigned refused; /* notifications from a pid that was not the main pid */
+	unsigned handoffs;
+	char log[16384];
+};
+
+static void *
+fake_sd_main(void *arg)
+{
+	struct fake_sd *f = arg;
+
+	while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
+		union {
+			struct cmsghdr h;
+			char buf[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(4 * sizeof(int))];
+		} u;
+		char text[512];
+		struct iovec iov = {text, sizeof(text) - 1};
+		struct msghdr mh = {.msg_iov = &iov,
+				    .msg_iovlen = 1,
+				    .msg_control = u.buf,
+				    .msg_controllen = sizeof(u.buf)};
+		struct pollfd pf = {.fd = f->fd, .events = POLLIN};
+		pid_t pid = 0;
+		ssize_t n;
+		size_t len;
+		const char *mp;
+
+		if (poll(&pf, 1, 50) <= 0)
+			continue;
+		n = recvmsg(f->fd, &mh, MSG_DONTWAIT);
+		if (n < 0)
+			continue;
+		text[n] = '\0';
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+			if (c->cmsg_type == SCM_CREDENTIALS) {
+				struct ucred cr;
+
+				memcpy(&cr, CMSG_DATA(c), sizeof(cr));
+				pid = cr.pid;
+			} else if (c->cmsg_type == SCM_RIGHTS) {
+				int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+
+				for (int i = 0; i < k; i++) {
+					int fd;
+
+					memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(fd));
+					close(fd); /* the barrier: processed */
+				}
+			}
+		}
+		pthread_mutex_lock(&f->lock);
+		if (!f->main_pid)
+			f->main_pid = pid;
+		len = strlen(f->log);
+		if (!strcmp(text, "BARRIER=1")) {
+			/* taken from anyone, before any unit's rules (systemd's manager.c) */
+		} else if (pid != f->main_pid) {
+			f->refused++;
+			snprintf(f->log + len, sizeof(f->log) - len, "REFUSED from %d: %s|",
+				 (int)pid, text);
+		} else {
+			snprintf(f->log + len, sizeof(f->log) - len, "%d: %s|", (int)pid, text);
+			mp = strstr(text, "MAINPID=");
+			if (mp) {
+				f->main_pid = atoi(mp + 8);
+				f->handoffs++;
+			}
+		}
+		pthread_mutex_unlock(&f->lock);
+	}
+	return NULL;
+}
+
+/* Listens at @path (NOTIFY_SOCKET is set to it for the daemons started after). */
+static void
+fake_sd_start(struct fake_sd *f, const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int one = 1;
+
+	memset(f, 0, sizeof(*f));
+	pthread_mutex_init(&f->lock, NULL);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	f->fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_ge(f->fd, 0);
+	ck_assert_int_eq(setsockopt(f->fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)), 0);
+	ck_assert_int_eq(bind(f->fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(pthread_create(&f->thread, NULL, fake_sd_main, f), 0);
+	setenv("NOTIFY_SOCKET", path, 1);
+}
+
+static void
+fake_sd_stop(struct fake_sd *f)
+{
+	unsetenv("NOTIFY_SOCKET");
+	__atomic_store_n(&f->stop, 1, __ATOMIC_RELEASE);
+	pthread_join(f->thread, NULL);
+	close(f->fd);
+}
+
+/* The main pid the manager knows, once everything sent so far is taken (a moment's wait). */
+static pid_t
+fake_sd_main_pid(struct fake_sd *f)
+{
+	pid_t pid;
+
+	usleep(200000);
+	pthread_mutex_lock(&f->lock);
+	pid = f->main_pid;
+	pthread_mutex_unlock(&f->lock);
+	return pid;
+}
+
+/* The daemon's pid from STATUS. */
+static pid_t
+status_pid(const struct kvtd_proc *d)
+{
+	struct json_object *st = admin_request(d->sock, KVT_CTL_STATUS);
+	pid_t pid;
+
+	ck_assert_ptr_nonnull(st);
+	pid = (pid_t)json_get_i64(st, "pid");
+	json_object_put(st);
+	return pid;
+}
+
+/*
+ * The fallback: the binary passes the pre-flight but exits at start when executed for real.
+ * The old binary (kept open since its start) takes every session back: two clients paused
+ * mid-workload go on and end with an uninterrupted run's rows, positions, tiers and TOPK
+ * answers; RESTART gets -ECANCELED naming the cause; the log says why; STATUS counts no restart.
+ * Then the good binary is back and restarts go ahead from the process that took over.
+ */
+START_TEST(t_restart_fallback)
+{
+	char dir[] = "/tmp/kvt-restart-bin-XXXXXX", bin[64], cmd[256], sdpath[80], *log = NULL;
+	struct fake_sd sd;
+	const char *var = getenv("KVT_EXEC") ? "KVT_EXEC" : "KVTIERD";
+	char *orig = strdup(getenv(var));
+	struct kvtd_proc d1, d2;
+	struct child c[2];
+	struct digest got[2], want[2];
+	struct json_object *st;
+	const char *why;
+	size_t loglen = 0;
+	pid_t old_pid;
+	FILE *f;
+	int ws;
+
+	/* the process that takes over is the watcher, whose parent dies: it becomes ours */
+	ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	/* as under systemd, NotifyAccess=main: the pid that dies is never the main pid */
+	snprintf(sdpath, sizeof(sdpath), "%s/notify", dir);
+	fake_sd_start(&sd, sdpath);
+	snprintf(bin, sizeof(bin), "%s/kvtierd", dir);
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", orig, bin);
+	ck_assert_int_eq(system(cmd), 0);
+	setenv(var, bin, 1);
+	daemon_start(&d1, NULL);
+	setenv(var, orig, 1);
+	child_start(&c[0], d1.sock, 0, 1);
+	child_start(&c[1], d1.sock, 1, 1);
+	child_until(&c[0], PAUSE_AT, 's');
+	child_until(&c[1], PAUSE_AT, 's');
+
+	replace_bin_exits_at_start(bin, orig);
+	old_pid = d1.pid;
+	why = restart_refused(&d1);
+	ck_assert_msg(why, "the restart into a binary that exits at start was not refused");
+	ck_assert_msg(strstr(why, "ended before it took the sessions over") && strstr(why, bin),
+		      "reason: %s", why);
+	ck_assert_msg(strstr(why, "took back 2 session(s)"), "reason: %s", why);
+	/* the process that exec'd the bad binary is gone (exit 3); the watcher serves on */
+	ck_assert_int_eq(waitpid(old_pid, &ws, 0), old_pid);
+	ck_assert_msg(WIFEXITED(ws) && WEXITSTATUS(ws) == 3, "exec'd binary: status %d", ws);
+	d1.pid = status_pid(&d1);
+	ck_assert_int_ne(d1.pid, old_pid);
+	ck_assert(daemon_alive(&d1));
+	ck_assert_msg(fake_sd_main_pid(&sd) == d1.pid, "main pid %d, daemon %d: %s",
+		      (int)fake_sd_main_pid(&sd), (int)d1.pid, sd.log);
+	st = admin_request(d1.sock, KVT_CTL_STATUS);
+	ck_assert_int_eq(json_get_i64(st, "restarts"), 0);
+	ck_assert_int_eq(json_get_i64(st, "sessions"), 2);
+	json_object_put(st);
+	f = fopen(d1.log, "r");
+	ck_assert_ptr_nonnull(f);
+	ck_assert(getdelim(&log, &loglen, '\0', f) > 0);
+	fclose(f);
+	ck_assert_msg(strstr(log, "a kvtierd that exits at start") &&
+			  strstr(log, "restart failed after the exec: ") &&
+			  strstr(log, "ended before it took the sessions over"),
+		      "log: %s", log);
+	free(log);
+
+	/* the clients go on; then the good binary back, and a restart from the new pid */
+	wbyte(c[0].go, 'g');
+	wbyte(c[1].go, 'g');
+	child_until(&c[0], 10, 's');
+	replace_bin(bin, "", 0);
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", orig, bin);
+	ck_assert_int_eq(system(cmd), 0);
+	restart(&d1, 2);
+	ck_assert_msg(fake_sd_main_pid(&sd) == d1.pid, "main pid %d, daemon %d: %s",
+		      (int)fake_sd_main_pid(&sd), (int)d1.pid, sd.log);
+	child_until(&c[0], STEPS - PAUSE_AT - 10, 's');
+	child_until(&c[0], 1, 'e');
+	child_until(&c[1], STEPS - PAUSE_AT, 's');
+	child_until(&c[1], 1, 'e');
+	wbyte(c[0].go, 'g');
+	wbyte(c[1].go, 'g');
+	got[0] = child_finish(&c[0]);
+	got[1] = child_finish(&c[1]);
+	ck_assert_int_eq(daemon_stop(&d1), 0);
+	fake_sd_stop(&sd);
+	/* the manager took every notification: each came from the main pid of the moment; the
+	 * main pid went to the watcher for good at the fallback, and to the watcher and back at
+	 * the good restart */
+	ck_assert_msg(sd.refused == 0 && sd.handoffs == 3, "%u refused, %u handoffs: %s",
+		      sd.refused, sd.handoffs, sd.log);
+
+	daemon_start(&d2, NULL);
+	child_start(&c[0], d2.sock, 0, 0);
+	child_start(&c[1], d2.sock, 1, 0);
+	want[0] = child_finish(&c[0]);
+	want[1] = child_finish(&c[1]);
+	ck_assert_int_eq(daemon_stop(&d2), 0);
+	digest_eq(&got[0], &want[0], 0);
+	digest_eq(&got[1], &want[1], 1);
+	unlink(bin);
+	rmdir(dir);
+	free(orig);
+}
+END_TEST
+
+enum { PX_BT = 16, PX_NBLK = 4, PX_NTOK = PX_NBLK * PX_BT + 5, PX_STAGE = 128, PX_PROMPTS = 3 };
+
+/* The rows of position @i of prompt @prompt: the same for every client (the "model"). */
+static void
+px_rows(uint32_t prompt, uint32_t i, float *out)
+{
+	uint64_t rng = 0xb10c + prompt * 100003ull + i;
+
+	for (int k = 0; k < TOK; k++)
+		out[k] = rndf(&rng);
+}
+
+/*
+ * One prefix round of a soak client (no ck_assert: it runs in a child): NS_OPEN of the shared
+ * namespace, a pinning LOOKUP of prompt @prompt's blocks, a sequence opened from what matched,
+ * the rest appended, its full blocks published, and every T1 row fetched and compared bit for
+ * bit with px_rows(). 0, or the step that failed (20-29).
+ */
+static int
+prefix_round(const char *sock, uint32_t prompt)
+{
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_ns_params np = {.size = sizeof(np),
+				   .layers = L,
+				   .kv_heads = H,
+				   .head_dim = D,
+				   .dtype = KVT_DTYPE_F32,
+				   .block_tokens = PX_BT};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	struct kvt_block_key keys[PX_NBLK];
+	static float rows[PX_NTOK * TOK], ref[TOK];
+	uint32_t tok[PX_NTOK], pos[PX_STAGE], ns, seq, n_new;
+	struct kvt_client *c = NULL;
+	struct kvt_buf *stage = NULL;
+	int err = 0, m, f;
+
+	snprintf(np.name, sizeof(np.name), "soak-model");
+	for (uint32_t i = 0; i < PX_NTOK; i++)
+		tok[i] = 1000 * prompt + i;
+	if (kvt_connect(sock, &o, &c) < 0)
+		return 20;
+	if (kvt_buf_alloc(c, (size_t)L * 2 * PX_STAGE * ROW * 4, &stage) < 0 ||
+	    kvt_ns_open(c, &np, &ns) < 0 ||
+	    kvt_block_keys(&np, NULL, tok, PX_NTOK, keys, PX_NBLK) != PX_NBLK) {
+		err = 21;
+		goto out;
+	}
+	m = kvt_lookup(c, ns, keys, PX_NBLK, KVT_LOOKUP_F_PIN);
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_TIERED;
+	p.delta = 4;
+	p.stage_buf_id = kvt_buf_id(stage);
+	p.stage_slots = PX_STAGE;
+	p.stage_slot_stride = ROW * 4;
+	p.stage_kv_stride = (uint64_t)PX_STAGE * ROW * 4;
+	p.stage_layer_stride = 2ull * PX_STAGE * ROW * 4;
+	if (m < 0 || kvt_seq_open_prefix(c, &p, ns, (uint32_t)m, &seq) < 0) {
+		err = 22;
+		goto out;
+	}
+	for (uint32_t i = (uint32_t)m * PX_BT; i < PX_NTOK; i++)
+		px_rows(prompt, i, rows + (size_t)(i - (uint32_t)m * PX_BT) * TOK);
+	if (kvt_append(c, seq, rows, (uint64_t)(PX_NTOK - (uint32_t)m * PX_BT) * TOK * 4,
+		       PX_NTOK - (uint32_t)m * PX_BT, NULL) != PX_NTOK) {
+		err = 23;
+		goto out;
+	}
+	if (kvt_publish(c, seq, keys, PX_NBLK, &n_new) != PX_NBLK) {
+		err = 24;
+		goto out;
+	}
+	f = kvt_fetch(c, seq, KVT_FETCH_F_T1, 0, L, 0, pos, PX_STAGE);
+	if (f != PX_NTOK) {
+		err = 25;
+		goto out;
+	}
+	for (int i = 0; i < f && !err; i++) {
+		px_rows(prompt, pos[i], ref);
+		for (uint32_t l = 0; l < L; l++)
+			for (uint32_t kv = 0; kv < 2; kv++)
+				if (memcmp((const float *)kvt_buf_ptr(stage) +
+					       ((size_t)(l * 2 + kv) * PX_STAGE + i) * ROW,
+					   ref + (l * 2 + kv) * ROW, ROW * 4))
+					err = 26;
+	}
+	if (!err && (kvt_seq_close(c, seq) < 0 || kvt_ns_close(c, ns) < 0))
+		err = 27;
+out:
+	kvt_disconnect(c);
+	return err;
+}
+
+/*
+ * The fallback on the new process's word: a kvtierd that passes the pre-flight but is run for
+ * real with an option it refuses gives up to the watcher with its reason ('F'), and the old
+ * binary takes the session back; RESTART's error carries that reason.
+ */
+START_TEST(t_restart_fallback_gave_up)
+{
+	char dir[] = "/tmp/kvt-restart-bin-XXXXXX", bin[64], cmd[256], script[768];
+	const char *var = getenv("KVT_EXEC") ? "KVT_EXEC" : "KVTIERD";
+	char *orig = strdup(getenv(var));
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	static float rows[2 * TOK];
+	struct kvt_client *c;
+	struct kvtd_proc d;
+	const char *why;
+	pid_t old_pid;
+	uint32_t seq;
+	int n;
+
+	ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(bin, sizeof(bin), "%s/kvtierd", dir);
+	snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", orig, bin);
+	ck_assert_int_eq(system(cmd), 0);
+	setenv(var, bin, 1);
+	daemon_start(&d, NULL);
+	setenv(var, orig, 1);
+	ck_assert_int_eq(kvt_connect(d.sock, &o, &c), 0);
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_FULL;
+	p.delta = 16;
+	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 2, NULL), 2);
+	/* the real kvtierd, with "--backend bogus" slipped in before "--restore-fd N" */
+	n = snprintf(
+	    script, sizeof(script),
+	    "#!/bin/sh\n"
+	    "case \"$*\" in *--check-restart) exec '%s' \"$@\";; esac\n"
+	    "n=$#; eval \"fd=\\${$n}\"; i=0\n"
+	    "for a in \"$@\"; do i=$((i + 1)); [ $i -le $((n - 2)) ] && set -- \"$@\" \"$a\"; "
+	    "done\n"
+	    "shift $n\n"
+	    "exec '%s' \"$@\" --backend bogus --restore-fd \"$fd\"\n",
+	    orig, orig);
+	ck_assert_int_lt(n, (int)sizeof(script));
+	replace_bin(bin, script, (size_t)n);
+	old_pid = d.pid;
+	why = restart_refused(&d);
+	ck_assert_msg(why && strstr(why, "refused its configuration") && strstr(why, "bogus") &&
+			  strstr(why, "took back 1 session(s)"),
+		      "reason: %s", why);
+	ck_assert_int_eq(waitpid(old_pid, NULL, 0), old_pid);
+	d.pid = status_pid(&d);
+	ck_assert_int_ne(d.pid, old_pid);
+	ck_assert_int_eq(kvt_append(c, seq, rows, sizeof(rows), 2, NULL), 4);
+	kvt_disconnect(c);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	unlink(bin);
+	rmdir(dir);
+	free(orig);
+}
+END_TEST
+
+/*
+ * The restart soak: 4 clients run workload() and prefix_round() over and over (APPEND,
+ * SCORE_ADD, RETIER, FETCH with every T1 row compared bit for bit, TOPK; NS_OPEN, a pinning
+ * LOOKUP, SEQ_OPEN from the shared blocks, PUBLISH), with metrics_listen set, while the daemon
  * restarts in place $KVT_RESTART_SOAK times (6 in CI; restart_soak.sh runs 500); every
- * $KVT_RESTART_SOAK_BAD-th time (3 in CI, 50 in the long run) a configuration with an unknown key
- * and then a truncated binary are tried first and must be refused. No client may lose its
- * session or see a wrong row, and afterwards the daemon holds the descriptors, mappings and pool
- * bytes it held before.
+ * $KVT_RESTART_SOAK_BAD-th time (3 in CI, 50 in the long run) a configuration with an unknown
+ * key, a truncated binary and a foreign executable are tried first and must be refused, and
+ * then a binary that passes the pre-flight but exits at start must fall back to the old binary
+ * (every session kept; the daemon's pid is then the watcher's). No client may lose its session
+ * or see a wrong row, and afterwards the daemon holds the descriptors, mappings and pool bytes
+ * (the prefix store's cached blocks) it held before.
  */
 START_TEST(t_restart_soak)
 {
@@ -1141,9 +1588,11 @@ START_TEST(t_restart_soak)
 	const char *var = getenv("KVT_EXEC") ? "KVT_EXEC" : "KVTIERD", *orig = getenv(var);
 	const char *env_n = getenv("KVT_RESTART_SOAK"), *env_bad = getenv("KVT_RESTART_SOAK_BAD");
 	unsigned n = env_n ? (unsigned)atoi(env_n) : 6, bad = env_bad ? (unsigned)atoi(env_bad) : 3;
-	unsigned port = free_port(), refused = 0;
+	static const char foreign[] = "#!/bin/sh\necho 'some other program'\nexit 3\n";
+	unsigned port = free_port(), refused = 0, fell_back = 0;
 	struct kvtd_usage u0, u1;
 	struct kvtd_proc d;
+	int64_t cached, published;
 	pid_t kids[4];
 	int stop[2], fd;
 	struct stat sb;
@@ -1151,6 +1600,8 @@ START_TEST(t_restart_soak)
 
 	ck_assert_ptr_nonnull(orig);
 	ck_assert_uint_gt(bad, 0);
+	/* a fallback's daemon is the watcher, whose parent dies: it becomes ours */
+	ck_assert_int_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	snprintf(bin, sizeof(bin), "%s/kvtierd", dir);
 	snprintf(cfgpath, sizeof(cfgpath), "%s/kvtierd.conf", dir);
@@ -1168,11 +1619,12 @@ START_TEST(t_restart_soak)
 	setenv(var, bin, 1);
 	daemon_start(&d, extra);
 	setenv(var, orig, 1);
-	free((void *)orig);
 	/* the baseline is a restarted process's that has served a workload (its poller's malloc
-	 * arena made) */
+	 * arena made) and holds the prefix store's blocks of every prompt */
 	restart(&d, 0);
 	ck_assert_int_eq(workload(d.sock, 1, -1, -1).err, 0);
+	for (uint32_t pr = 0; pr < PX_PROMPTS; pr++)
+		ck_assert_int_eq(prefix_round(d.sock, pr), 0);
 	usleep(500000); /* a steadier baseline: the restart's short-lived threads gone */
 	u0 = daemon_usage(&d);
 	ck_assert_int_eq(pipe(stop), 0);
@@ -1186,8 +1638,13 @@ START_TEST(t_restart_soak)
 				struct digest dg = workload(d.sock, k % 2, -1, -1);
 				char c;
 
+				int e;
+
 				if (dg.err)
 					_exit(dg.err % 200 + 1);
+				e = prefix_round(d.sock, (round + (unsigned)k) % PX_PROMPTS);
+				if (e)
+					_exit(200 + e);
 				if (read(stop[0], &c, 1) == 0) /* EOF: the parent is done */
 					_exit(0);
 			}
@@ -1210,12 +1667,27 @@ START_TEST(t_restart_soak)
 			replace_bin(bin, good, loaded_end(good) / 2);
 			why = restart_refused(&d);
 			ck_assert_msg(why, "restart %u: a truncated binary was not refused", i);
+			replace_bin(bin, foreign, sizeof(foreign) - 1);
+			why = restart_refused(&d);
+			ck_assert_msg(why && strstr(why, "exited 3"),
+				      "restart %u: a foreign executable was not refused: %s", i,
+				      why);
+			refused += 3;
+			/* past the pre-flight, exiting at start: the old binary takes over */
+			replace_bin_exits_at_start(bin, orig);
+			why = restart_refused(&d);
+			ck_assert_msg(why && strstr(why, "ended before it took the sessions over"),
+				      "restart %u: no fallback: %s", i, why);
+			ck_assert_int_eq(waitpid(d.pid, NULL, 0), d.pid);
+			d.pid = status_pid(&d);
+			ck_assert(daemon_alive(&d));
+			fell_back++;
 			replace_bin(bin, good, (size_t)sb.st_size);
-			refused += 2;
 		}
 		restart(&d, -1);
 		if (env_n && i % 50 == 0)
-			fprintf(stderr, "restart soak: %u restarts, %u refused\n", i, refused);
+			fprintf(stderr, "restart soak: %u restarts, %u refused, %u fell back\n", i,
+				refused, fell_back);
 	}
 	close(stop[1]);
 	for (int k = 0; k < 4; k++) {
@@ -1230,6 +1702,8 @@ START_TEST(t_restart_soak)
 	 * pool bytes are carried by every restart; a mapping of the old process is not) */
 	restart(&d, 0);
 	ck_assert_int_eq(workload(d.sock, 1, -1, -1).err, 0);
+	for (uint32_t pr = 0; pr < PX_PROMPTS; pr++)
+		ck_assert_int_eq(prefix_round(d.sock, pr), 0);
 	/* a restart's short-lived threads (the pool's populate, the reaper) come and go: waited
 	 * for, boundedly. Mappings are compared by what they map (files, the pool's memfd): two
 	 * processes' anonymous mappings merge differently as randomisation places them */
@@ -1239,17 +1713,31 @@ START_TEST(t_restart_soak)
 			break;
 		usleep(20000);
 	}
-	printf("restart soak: %u restarts in place, %u bad ones refused, 4 clients; daemon fds "
-	       "%ld -> %ld, named maps %ld -> %ld (all maps %ld -> %ld), RSS %ld -> %ld kB, "
-	       "pool bytes %lld\n",
-	       n, refused, u0.fds, u1.fds, u0.named_maps, u1.named_maps, u0.maps, u1.maps,
-	       u0.rss_kb, u1.rss_kb, (long long)pool_used(d.sock));
+	{
+		struct json_object *bl = admin_request(d.sock, KVT_CTL_BLOCKS);
+
+		ck_assert_ptr_nonnull(bl);
+		cached = json_get_i64(bl, "bytes");
+		published = json_get_i64(bl, "published");
+		ck_assert_int_eq(json_get_i64(bl, "referenced"), 0);
+		json_object_put(bl);
+	}
+	printf("restart soak: %u restarts in place, %u bad ones refused, %u fell back to the old "
+	       "binary, 4 clients (%lld blocks published); daemon fds %ld -> %ld, named maps "
+	       "%ld -> %ld (all maps %ld -> %ld), RSS %ld -> %ld kB, pool bytes %lld (cached "
+	       "blocks %lld)\n",
+	       n, refused, fell_back, (long long)published, u0.fds, u1.fds, u0.named_maps,
+	       u1.named_maps, u0.maps, u1.maps, u0.rss_kb, u1.rss_kb, (long long)pool_used(d.sock),
+	       (long long)cached);
 	ck_assert_int_eq(u1.fds, u0.fds);
 	if (!u1.sanitized)
 		ck_assert_int_eq(u1.named_maps, u0.named_maps);
-	ck_assert_int_eq(pool_used(d.sock), 0);
+	/* every sequence gone: only the prefix store's cached blocks, all of every prompt */
+	ck_assert_int_eq(cached, (int64_t)PX_PROMPTS * PX_NBLK * PX_BT * TOK * 4);
+	ck_assert_int_eq(pool_used(d.sock), cached);
 	ck_assert_int_eq(daemon_stop(&d), 0);
 	free(good);
+	free((void *)orig);
 	unlink(bin);
 	unlink(cfgpath);
 	rmdir(dir);
@@ -1260,4 +1748,4 @@ KVT_CHECK_MAIN("restart", 300, NULL, NULL, t_restart_lossless, t_restart_refused
 	       t_restart_keeps_quota, t_restart_lowered_limits, t_restart_twice_pipelined,
 	       t_restart_op_err_gen, t_restart_not_admin, t_restart_metrics_listen,
 	       t_restart_fails_asker_gone, t_restart_lowered_quota, t_restart_seq_stats_kept,
-	       t_restart_preflight, t_restart_soak)
+	       t_restart_preflight, t_restart_fallback, t_restart_fallback_gave_up, t_restart_soak)

@@ -326,6 +326,185 @@ START_TEST(t_evicted)
 }
 END_TEST
 
+/* One raw SQE, as a client that writes the ring itself: its CQE res, and the daemon's reason
+ * in @msg when it refused it. */
+static int
+raw_op(struct kvt_client *c, const struct kvt_sqe *tmpl, char *msg, size_t len)
+{
+	static uint64_t ud = 1000;
+	struct kvt_sqe *e = kvt_get_sqe(c);
+	struct kvt_cqe cqe;
+
+	ck_assert_ptr_nonnull(e);
+	memcpy(e, tmpl, sizeof(*e));
+	e->user_data = ++ud;
+	ck_assert_int_eq(kvt_submit(c), 1);
+	ck_assert_int_eq(kvt_wait_cqe(c, &cqe), 0);
+	ck_assert_uint_eq(cqe.user_data, ud);
+	msg[0] = '\0';
+	if (cqe.res < 0)
+		ck_assert_int_eq(kvt_op_error(c, ud, msg, len), 0);
+	return cqe.res;
+}
+
+/* A request in the arena at offset 0 (its query at 128, output at 2048): the SQE to send. */
+static void
+req_sqe(struct kvt_client *c, uint32_t seq, const struct kvt_topk_req *r, size_t len,
+	struct kvt_sqe *e)
+{
+	uint8_t *arena = kvt_arena(c, NULL);
+
+	memset(arena, 0, 128);
+	memcpy(arena, r, len < sizeof(*r) ? len : sizeof(*r));
+	memset(e, 0, sizeof(*e));
+	kvt_prep_topk(e, seq, 0);
+	e->arena_len = (uint32_t)len;
+}
+
+#define REFUSED(res_, frag_)                                                                       \
+	do {                                                                                       \
+		int r_ = raw_op(f.c, &e, msg, sizeof(msg));                                        \
+		ck_assert_msg(r_ == (res_), "%s: res %d", frag_, r_);                              \
+		ck_assert_msg(strstr(msg, frag_), "reason '%s' lacks '%s'", msg, frag_);           \
+	} while (0)
+
+/*
+ * ABI 1.5: struct kvt_topk_req carries the mode and every knob; the SQE form of ABI 1.0-1.4
+ * is still accepted and gives the same answer for the same knobs; each malformed request is
+ * refused alone with its reason, and the next one is served.
+ */
+START_TEST(t_topk_req)
+{
+	static const struct {
+		uint32_t mode, probe;
+		unsigned sqe_flags;
+	} modes[] = {
+	    {KVT_TOPK_EXACT, 0, 0},
+	    {KVT_TOPK_ESTIMATE, 0, KVT_TOPK_F_ESTIMATE},
+	    {KVT_TOPK_FAST, 0, KVT_TOPK_F_FAST},
+	    {KVT_TOPK_PROBE, 512, KVT_TOPK_F_FAST},
+	};
+	const uint32_t qlen = QH * D * 4, olen = H * 4 + H * K * 8;
+	static float q[QH * D];
+	static uint8_t a[H * 4 + H * K * 8], b[H * 4 + H * K * 8];
+	struct kvt_topk_req r = {.size = sizeof(r),
+				 .layer = 1,
+				 .k = K,
+				 .query_off = 128,
+				 .query_len = qlen,
+				 .out_off = 2048,
+				 .out_len = olen};
+	struct fixture f;
+	struct kvt_sqe e;
+	uint8_t *arena;
+	uint64_t rng = 5;
+	char msg[KVT_OP_ERR_MSG_LEN];
+
+	open_seq(&f, 1);
+	arena = kvt_arena(f.c, NULL);
+	query_near(&f, 1, 2000, 0.1f, &rng, q);
+	for (unsigned m = 0; m < sizeof(modes) / sizeof(modes[0]); m++) {
+		memcpy(arena + 128, q, qlen); /* kvt_topk_run() below uses the arena too */
+		/* the request form */
+		r.mode = modes[m].mode;
+		r.probe = modes[m].probe;
+		req_sqe(f.c, f.seq, &r, sizeof(r), &e);
+		ck_assert_int_eq(raw_op(f.c, &e, msg, sizeof(msg)), K);
+		memcpy(a, arena + 2048, olen);
+		/* the SQE form, the same knobs */
+		memset(arena + 2048, 0, olen);
+		kvt_prep_rw(&e, KVT_OP_TOPK, f.seq, modes[m].sqe_flags, 128, qlen, K, 1, 2048,
+			    olen);
+		e.probe = modes[m].probe;
+		ck_assert_int_eq(raw_op(f.c, &e, msg, sizeof(msg)), K);
+		ck_assert_msg(!memcmp(a, arena + 2048, olen), "mode %u: the two forms differ", m);
+		/* the blocking call */
+		ck_assert_int_eq(kvt_topk_run(f.c, f.seq, &r, q, b), K);
+		ck_assert_msg(!memcmp(a, b, olen), "mode %u: kvt_topk_run differs", m);
+	}
+	r.mode = KVT_TOPK_EXACT;
+	r.probe = 0;
+	memcpy(arena + 128, q, qlen);
+
+	/* the request form's refusals */
+	r.mode = KVT_TOPK__MODES;
+	req_sqe(f.c, f.seq, &r, sizeof(r), &e);
+	REFUSED(-EINVAL, "mode 4 unknown");
+	r.mode = KVT_TOPK_EXACT;
+	r.probe = 64;
+	req_sqe(f.c, f.seq, &r, sizeof(r), &e);
+	REFUSED(-EINVAL, "probe 64 with mode EXACT");
+	r.mode = KVT_TOPK_PROBE;
+	r.probe = 0;
+	req_sqe(f.c, f.seq, &r, sizeof(r), &e);
+	REFUSED(-EINVAL, "KVT_TOPK_PROBE needs");
+	r.mode = KVT_TOPK_EXACT;
+	r.flags = KVT_TOPK_F_FAST;
+	req_sqe(f.c, f.seq, &r, sizeof(r), &e);
+	REFUSED(-EINVAL, "request flags 0x8");
+	r.flags = 0;
+	r.reserved[1] = 3;
+	req_sqe(f.c, f.seq, &r, sizeof(r), &e);
+	REFUSED(-EINVAL, "reserved[1] is 0x3");
+	r.reserved[1] = 0;
+	r.k = 0;
+	req_sqe(f.c, f.seq, &r, sizeof(r), &e);
+	REFUSED(-EINVAL, "k is 0");
+	r.k = K;
+	r.layer = L;
+	req_sqe(f.c, f.seq, &r, sizeof(r), &e);
+	REFUSED(-EINVAL, "layer 2 out of range");
+	r.layer = 1;
+	r.out_off = 2044;
+	req_sqe(f.c, f.seq, &r, sizeof(r), &e);
+	REFUSED(-EINVAL, "not 8-byte aligned");
+	r.out_off = 2048;
+	r.query_len = qlen - 4;
+	req_sqe(f.c, f.seq, &r, sizeof(r), &e);
+	REFUSED(-EINVAL, "needs q_heads x head_dim");
+	r.query_len = qlen;
+	r.size = 32;
+	req_sqe(f.c, f.seq, &r, sizeof(r), &e);
+	REFUSED(-EINVAL, "request size 32");
+	r.size = 72; /* longer than arena_len */
+	req_sqe(f.c, f.seq, &r, sizeof(r), &e);
+	REFUSED(-EINVAL, "request size 72");
+	/* a newer client's request: a longer struct is fine while its extra bytes are zero */
+	req_sqe(f.c, f.seq, &r, 72, &e);
+	ck_assert_int_eq(raw_op(f.c, &e, msg, sizeof(msg)), K);
+	arena[70] = 1;
+	REFUSED(-E2BIG, "request byte 70 is not zero");
+	r.size = sizeof(r);
+	req_sqe(f.c, f.seq, &r, 40, &e); /* arena_len under the struct */
+	REFUSED(-EINVAL, "arena_len 40 is shorter");
+	req_sqe(f.c, f.seq, &r, sizeof(r), &e);
+	e.k = K; /* a knob in the SQE as well */
+	REFUSED(-EINVAL, "the request carries them");
+	req_sqe(f.c, f.seq, &r, sizeof(r), &e);
+	e.op_flags |= KVT_TOPK_F_FAST;
+	REFUSED(-EINVAL, "op_flags must be KVT_TOPK_F_REQ alone");
+
+	/* the SQE form's refusals, as ABI 1.4 made them */
+	kvt_prep_rw(&e, KVT_OP_TOPK, f.seq, KVT_TOPK_F_FAST | KVT_TOPK_F_ESTIMATE, 128, qlen, K, 1,
+		    2048, olen);
+	REFUSED(-EINVAL, "exclude each other");
+	kvt_prep_rw(&e, KVT_OP_TOPK, f.seq, 0, 128, qlen, K, 1, 2048, olen);
+	e.probe = 64;
+	REFUSED(-EINVAL, "probe 64 without KVT_TOPK_F_FAST");
+	kvt_prep_rw(&e, KVT_OP_TOPK, f.seq, 0, 128, qlen, 0, 1, 2048, olen);
+	REFUSED(-EINVAL, "k is 0");
+	kvt_prep_rw(&e, KVT_OP_TOPK, f.seq, 0, 128, qlen, K, 1ull << 32, 2048, olen);
+	REFUSED(-EINVAL, "layer 4294967296 out of range");
+
+	/* the blocking call checks its own argument; the session still serves */
+	r.size = 8;
+	ck_assert_int_eq(kvt_topk_run(f.c, f.seq, &r, q, b), -EINVAL);
+	r.size = sizeof(r);
+	ck_assert_int_eq(kvt_topk_run(f.c, f.seq, &r, q, b), K);
+	close_seq(&f);
+}
+END_TEST
+
 static void
 up(void)
 {
@@ -340,4 +519,5 @@ down(void)
 	ck_assert_int_eq(daemon_stop(&Dm), 0);
 }
 
-KVT_CHECK_MAIN("topk", 120, up, down, t_recall_and_fetch, t_estimate, t_evicted, t_bad_topk)
+KVT_CHECK_MAIN("topk", 120, up, down, t_recall_and_fetch, t_estimate, t_evicted, t_bad_topk,
+	       t_topk_req)

@@ -539,5 +539,106 @@ START_TEST(t_cached_blocks_give_way)
 }
 END_TEST
 
+/* Opens sequences geom(1), geom(2), ... in @c until one is refused: how many opened (their ids
+ * in @seq), the refusal in *@ret_r. */
+static unsigned
+open_until_refused(struct kvt_client *c, uint32_t *seq, int64_t *ret_r)
+{
+	struct kvt_seq_params p;
+	unsigned k;
+
+	for (k = 0; k < 64; k++) {
+		p = geom(k + 1);
+		*ret_r = kvt_seq_open(c, &p, &seq[k]);
+		if (*ret_r < 0)
+			break;
+	}
+	return k;
+}
+
+/*
+ * classes_per_uid across a restart in place: the classes uid 65534's restored sequences and
+ * namespace hold still count (they counted for nothing until they closed, so the uid could
+ * take as many again), a new row size past the limit is still -EDQUOT, and closing them gives
+ * the classes back to the uid.
+ */
+START_TEST(t_classes_kept_by_restart)
+{
+	struct result r;
+	int rep[2], go[2];
+	char x;
+	pid_t pid;
+
+	start_with_config("[pool]\nchunk_size = 64K\n[limits]\nclasses_per_uid = 6\n");
+	ck_assert_int_eq(pipe(rep), 0);
+	ck_assert_int_eq(pipe(go), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct kvt_ns_params np = {.size = sizeof(np),
+					   .layers = 40,
+					   .kv_heads = 1,
+					   .head_dim = 8,
+					   .dtype = KVT_DTYPE_F32,
+					   .block_tokens = 8};
+		struct kvt_seq_params p;
+		struct kvt_client *c;
+		uint32_t seq[64], ns;
+		unsigned before, after;
+
+		close(rep[0]);
+		close(go[1]);
+		become(NOBODY);
+		memset(&r, 0, sizeof(r));
+		snprintf(np.name, sizeof(np.name), "classes");
+		c = connect_as("classes");
+		if (!c || kvt_ns_open(c, &np, &ns) < 0)
+			_exit(6);
+		before = open_until_refused(c, seq, &r.r);
+		if (r.r != -EDQUOT || !before)
+			_exit(7);
+		if (write(rep[1], &r, sizeof(r)) != sizeof(r) || read(go[0], &x, 1) != 1)
+			_exit(4);
+		/* restarted: the next row size is still one too many */
+		p = geom(before + 1);
+		r.r = kvt_seq_open(c, &p, &seq[before]);
+		snprintf(r.last_msg, sizeof(r.last_msg), "%s", kvt_last_error());
+		r.answered = (int)before;
+		/* everything closed: the classes are the uid's again, as many as before (more:
+		 * the namespace's is free) */
+		for (unsigned k = 0; k < before + (r.r >= 0); k++)
+			kvt_seq_close(c, seq[k]);
+		kvt_ns_close(c, ns);
+		after = open_until_refused(c, seq, &r.bytes);
+		r.other = (int)after;
+		kvt_disconnect(c);
+		report(rep[1], &r);
+	}
+	close(rep[1]);
+	close(go[0]);
+	ck_assert_int_eq(read(rep[0], &r, sizeof(r)), (ssize_t)sizeof(r));
+	{
+		struct json_object *o = admin_request(D.sock, KVT_CTL_RESTART), *v;
+
+		ck_assert_msg(o && json_object_object_get_ex(o, "restarted", &v) &&
+				  json_object_get_boolean(v),
+			      "RESTART: %s", o ? json_object_to_json_string(o) : "no reply");
+		json_object_put(o);
+	}
+	ck_assert_int_eq(write(go[1], "g", 1), 1);
+	close(go[1]);
+	r = collect(pid, rep[0]);
+	ck_assert_msg(r.r == -EDQUOT && strstr(r.last_msg, "classes_per_uid") &&
+			  strstr(r.last_msg, "use 6"),
+		      "after the restart, with %d sequences and a namespace restored: %lld, %s",
+		      r.answered, (long long)r.r, r.last_msg);
+	ck_assert_msg(r.other > r.answered && r.bytes == -EDQUOT,
+		      "after closing all: %d opened (%d before), then %lld", r.other, r.answered,
+		      (long long)r.bytes);
+	stop();
+}
+END_TEST
+
 KVT_CHECK_MAIN("uid_limits", 120, NULL, NULL, t_connections_per_uid, t_pool_share_per_uid,
-	       t_quota_reasons, t_classes_per_uid, t_cached_blocks_give_way)
+	       t_quota_reasons, t_classes_per_uid, t_cached_blocks_give_way,
+	       t_classes_kept_by_restart)

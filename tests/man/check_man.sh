@@ -30,6 +30,13 @@ for o in $("$kvtierd" --help | long_opts); do
 	n=$((n + 1))
 done
 [ "$n" -ge 15 ] || fail "only $n options in kvtierd --help: is the parse right?"
+# and the options a restart in place uses, which --help leaves out (daemon/restart.c)
+n=0
+for o in $(grep -oE -- '"--[a-z][a-z0-9-]*"' "$src/daemon/restart.c" | tr -d '"' | sort -u); do
+	has_term kvtierd.8 "$o" "kvtierd restart option"
+	n=$((n + 1))
+done
+[ "$n" -ge 2 ] || fail "only $n restart options found in daemon/restart.c"
 
 n=0
 for o in $("$kvtierctl" --help | long_opts); do

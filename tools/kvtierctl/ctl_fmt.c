@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "ctl_fmt.h"
+#include "kvt_ctl.h"
 #include "kvt_json_text.h"
 
 #define CELL_MAX 72 /* a session name is at most 31 bytes, a namespace's 63 (KVT_NS_NAME_LEN) */
@@ -306,17 +307,13 @@ print_table(FILE *out, struct json_object *doc, const char *key, const struct co
 	return finish(out);
 }
 
+/* A column of kvt_ctl.h's tables (KVT_CTL_*_COLS), the one description of them. */
+#define COL_ROW(head_, key_, kind_, idx_) {head_, key_, COL_##kind_, idx_},
+
 int
 kvtctl_fmt_clients(FILE *out, struct json_object *doc)
 {
-	static const struct col cols[] = {
-	    {"SESSION", "session", COL_INT, 0},	 {"PID", "pid", COL_INT, 0},
-	    {"UID", "uid", COL_INT, 0},		 {"GID", "gid", COL_INT, 0},
-	    {"SEQS", "seqs", COL_INT, 0},	 {"POOL", "pool_bytes", COL_BYTES, 0},
-	    {"OPS", "ops", COL_INT, 0},		 {"ERRORS", "errors", COL_INT, 0},
-	    {"SQ", "sq_entries", COL_INT, 0},	 {"ARENA", "arena_size", COL_BYTES, 0},
-	    {"UPTIME", "uptime_s", COL_SECS, 0}, {"NAME", "name", COL_STR, 0},
-	};
+	static const struct col cols[] = {KVT_CTL_CLIENTS_COLS(COL_ROW)};
 
 	return print_table(out, doc, "clients", cols, sizeof(cols) / sizeof(cols[0]),
 			   "no clients connected");
@@ -325,16 +322,7 @@ kvtctl_fmt_clients(FILE *out, struct json_object *doc)
 int
 kvtctl_fmt_seqs(FILE *out, struct json_object *doc)
 {
-	static const struct col cols[] = {
-	    {"SESSION", "session", COL_INT, 0},	  {"SEQ", "seq", COL_INT, 0},
-	    {"TOKENS", "tokens", COL_INT, 0},	  {"LAYERS", "layers", COL_INT, 0},
-	    {"HEADS", "kv_heads", COL_INT, 0},	  {"DIM", "head_dim", COL_INT, 0},
-	    {"DTYPE", "dtype", COL_STR, 0},	  {"POLICY", "policy", COL_STR, 0},
-	    {"T2KEYS", "t2_keys", COL_STR, 0},	  {"T0", "tiers", COL_TIER, 0},
-	    {"T1", "tiers", COL_TIER, 1},	  {"T2", "tiers", COL_TIER, 2},
-	    {"T3", "tiers", COL_TIER, 3},	  {"EVICTED", "evicted_ratio", COL_PCT, 0},
-	    {"POOL", "pool_bytes", COL_BYTES, 0},
-	};
+	static const struct col cols[] = {KVT_CTL_SEQS_COLS(COL_ROW)};
 
 	return print_table(out, doc, "seqs", cols, sizeof(cols) / sizeof(cols[0]),
 			   "no open sequences");
@@ -382,17 +370,7 @@ blocks_totals(FILE *out, struct json_object *doc)
 int
 kvtctl_fmt_blocks(FILE *out, struct json_object *doc)
 {
-	static const struct col cols[] = {
-	    {"ID", "id", COL_INT, 0},
-	    {"NAME", "name", COL_STR, 0},
-	    {"SCOPE", "scope", COL_SCOPE, 0},
-	    {"BLOCKS", "blocks", COL_INT, 0},
-	    {"REF", "referenced", COL_INT, 0},
-	    {"MiB", "bytes", COL_MIB, 0},
-	    {"HITRATE", "hit_blocks", COL_HITS, 0},
-	    {"PUBLISHED", "published", COL_INT, 0},
-	    {"EVICTED", "evicted", COL_INT, 0},
-	};
+	static const struct col cols[] = {KVT_CTL_BLOCKS_COLS(COL_ROW)};
 	int r = print_table(out, doc, "namespaces", cols, sizeof(cols) / sizeof(cols[0]),
 			    "no prefix namespaces");
 
@@ -479,81 +457,139 @@ kv_tiers(FILE *out, const char *key, struct json_object *arr)
 	kv_line(out, key, line[0] ? line : "-");
 }
 
-int
-kvtctl_fmt_status(FILE *out, struct json_object *st)
+/* A STATUS line's kind (KVT_CTL_STATUS_LINES in kvt_ctl.h). */
+enum line_kind {
+	LINE_STR,
+	LINE_NUM,
+	LINE_BYTES,
+	LINE_SECS,
+	LINE_OPTSTR,
+	LINE_ABI,
+	LINE_USED,
+	LINE_CHUNKS,
+	LINE_PAGES,
+	LINE_NUMA,
+	LINE_YESNO,
+	LINE_COUNTERS,
+	LINE_TIERS,
+};
+
+struct status_line {
+	const char *label;
+	const char *path; /* "pool.size": keys of nested objects */
+	enum line_kind kind;
+};
+
+/* The value at @path ("a.b") in @o, or NULL; *@ret_parent: the object holding it. */
+static struct json_object *
+get_path(struct json_object *o, const char *path, struct json_object **ret_parent)
 {
-	struct json_object *abi, *pool, *v;
+	char key[64];
+	const char *dot;
+
+	while ((dot = strchr(path, '.'))) {
+		snprintf(key, sizeof(key), "%.*s", (int)(dot - path), path);
+		o = get(o, key);
+		path = dot + 1;
+	}
+	*ret_parent = o;
+	return get(o, path);
+}
+
+static void
+status_line(FILE *out, const struct status_line *l, struct json_object *st)
+{
+	struct json_object *parent, *v = get_path(st, l->path, &parent);
 	char buf[128], b1[32], b2[32];
 	double a, b;
 
-	if (!json_object_is_type(st, json_type_object))
-		return -EINVAL;
-	abi = get(st, "abi");
-	pool = get(st, "pool");
-
-	kv_str(out, "version", get(st, "version"));
-	if (as_num(get(abi, "major"), &a) && as_num(get(abi, "minor"), &b))
-		snprintf(buf, sizeof(buf), "%.0f.%.0f", a, b);
-	else
-		snprintf(buf, sizeof(buf), "-");
-	kv_line(out, "abi", buf);
-	kv_str(out, "backend", get(st, "backend"));
-	if (get(st, "metrics_url")) /* only when the daemon serves it */
-		kv_str(out, "metrics", get(st, "metrics_url"));
-	kv_num(out, "pid", get(st, "pid"));
-	if (as_num(get(st, "uptime_s"), &a))
-		kvtctl_fmt_duration(buf, sizeof(buf), a);
-	else
-		snprintf(buf, sizeof(buf), "-");
-	kv_line(out, "uptime", buf);
-	kv_num(out, "pollers", get(st, "pollers"));
-
-	kv_bytes(out, "pool size", get(pool, "size"));
-	if (as_num(get(pool, "used"), &a)) {
+	switch (l->kind) {
+	case LINE_OPTSTR:
+		if (!v) /* only when the daemon has it */
+			return;
+		/* fall through */
+	case LINE_STR:
+		kv_str(out, l->label, v);
+		return;
+	case LINE_NUM:
+		kv_num(out, l->label, v);
+		return;
+	case LINE_BYTES:
+		kv_bytes(out, l->label, v);
+		return;
+	case LINE_SECS:
+		if (as_num(v, &a))
+			kvtctl_fmt_duration(buf, sizeof(buf), a);
+		else
+			snprintf(buf, sizeof(buf), "-");
+		break;
+	case LINE_ABI:
+		if (as_num(get(v, "major"), &a) && as_num(get(v, "minor"), &b))
+			snprintf(buf, sizeof(buf), "%.0f.%.0f", a, b);
+		else
+			snprintf(buf, sizeof(buf), "-");
+		break;
+	case LINE_USED:
+		if (!as_num(v, &a)) {
+			snprintf(buf, sizeof(buf), "-");
+			break;
+		}
 		kvtctl_fmt_bytes(b1, sizeof(b1), a);
-		if (as_num(get(pool, "size"), &b) && b > 0)
+		if (as_num(get(parent, "size"), &b) && b > 0)
 			snprintf(buf, sizeof(buf), "%s (%.1f%%)", b1, 100 * a / b);
 		else
 			snprintf(buf, sizeof(buf), "%s", b1);
-		kv_line(out, "pool used", buf);
-	} else {
-		kv_line(out, "pool used", "-");
-	}
-	kv_bytes(out, "pool free", get(pool, "free"));
-	if (!kvt_json_num_text(get(pool, "chunks_free"), b1, sizeof(b1)))
-		snprintf(b1, sizeof(b1), "-");
-	if (as_num(get(pool, "chunk_size"), &a))
-		kvtctl_fmt_bytes(b2, sizeof(b2), a);
-	else
-		snprintf(b2, sizeof(b2), "-");
-	snprintf(buf, sizeof(buf), "%s free, %s each", b1, b2);
-	kv_line(out, "pool chunks", buf);
-	kv_num(out, "pool classes", get(pool, "classes"));
-	kv_str(out, "pool backing", get(pool, "backing"));
-	if (as_num(get(pool, "page_kib"), &a)) {
+		break;
+	case LINE_CHUNKS:
+		if (!kvt_json_num_text(get(v, "chunks_free"), b1, sizeof(b1)))
+			snprintf(b1, sizeof(b1), "-");
+		if (as_num(get(v, "chunk_size"), &a))
+			kvtctl_fmt_bytes(b2, sizeof(b2), a);
+		else
+			snprintf(b2, sizeof(b2), "-");
+		snprintf(buf, sizeof(buf), "%s free, %s each", b1, b2);
+		break;
+	case LINE_PAGES:
+		if (!as_num(v, &a))
+			return;
 		/* What the backing costs: on 4 KiB pages a random row gather misses the TLB. */
 		snprintf(buf, sizeof(buf), "%.0f KiB%s", a,
 			 a <= 4
 			     ? " (no huge pages: row gathers miss the TLB; kvtierd.conf(5) hugetlb)"
 			     : "");
-		kv_line(out, "pool pages", buf);
+		break;
+	case LINE_NUMA:
+		if (as_num(v, &a) && a < 0)
+			kv_line(out, l->label, "any");
+		else
+			kv_num(out, l->label, v);
+		return;
+	case LINE_YESNO:
+		kv_line(out, l->label,
+			json_object_is_type(v, json_type_boolean)
+			    ? (json_object_get_boolean(v) ? "yes" : "no")
+			    : "-");
+		return;
+	case LINE_COUNTERS:
+		kv_counters(out, l->label, v);
+		return;
+	case LINE_TIERS:
+		kv_tiers(out, l->label, v);
+		return;
 	}
-	v = get(pool, "numa_node");
-	if (as_num(v, &a) && a < 0)
-		kv_line(out, "pool numa", "any");
-	else
-		kv_num(out, "pool numa", v);
-	v = get(pool, "locked");
-	kv_line(out, "pool locked",
-		json_object_is_type(v, json_type_boolean)
-		    ? (json_object_get_boolean(v) ? "yes" : "no")
-		    : "-");
+	kv_line(out, l->label, buf);
+}
 
-	kv_num(out, "sessions", get(st, "sessions"));
-	kv_num(out, "seqs", get(st, "seqs"));
-	kv_num(out, "ops", get(st, "ops"));
-	kv_num(out, "errors", get(st, "errors"));
-	kv_counters(out, "refused", get(st, "refused"));
-	kv_tiers(out, "tiers", get(st, "tiers"));
+#define STATUS_ROW(label_, path_, kind_) {label_, path_, LINE_##kind_},
+
+int
+kvtctl_fmt_status(FILE *out, struct json_object *st)
+{
+	static const struct status_line lines[] = {KVT_CTL_STATUS_LINES(STATUS_ROW)};
+
+	if (!json_object_is_type(st, json_type_object))
+		return -EINVAL;
+	for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
+		status_line(out, &lines[i], st);
 	return finish(out);
 }

@@ -3,7 +3,7 @@
 
 Lookup order: $KVTIER_LIB (that file only), then a build tree ($KVT_BUILD_DIR, then build/ of
 the checkout this package sits in), then the system's ``libkvtier.so.0``. The library's ABI
-major must equal the one the struct mirrors in _abi.py follow.
+major must equal the one the struct mirrors in abi.py (generated from the headers) follow.
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from ctypes import (
     c_void_p,
 )
 from pathlib import Path
+from typing import Any
 
-from . import _abi
+from . import abi as _abi
 
 SONAME = "libkvtier.so.0"
 
@@ -109,7 +110,13 @@ def _declare(lib: ctypes.CDLL) -> None:
         # ABI 1.4: TOPK's probe
         "kvt_topk_probe": (c_int, [P, c_uint32, c_uint32, c_uint32, c_uint, c_uint32, P,
                                    c_uint32, P, c_uint64]),
+        # ABI 1.5: struct kvt_topk_req
+        "kvt_topk_run": (c_int, [P, c_uint32, POINTER(_abi.TopkReq), P, P]),
     }
+    # The prep helpers, exported out of line (client/ffi.c, ABI 1.5): their prototypes come
+    # from kvtier.h through the generated abi.py.
+    for name, args in _abi.PREP_ARGTYPES.items():
+        optional[name] = (None, args)
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
         fn.restype = res
@@ -148,8 +155,30 @@ def check_abi(lib: ctypes.CDLL, path: str) -> None:
         )
 
 
+_LOADED: tuple[ctypes.CDLL, str] | None = None
+
+
+def prep_function(name: str) -> Any:
+    """libkvtier's exported copy of the kvtier.h prep helper @name, declared; LibraryError
+    where the library predates them (ABI 1.5)."""
+    lib, path = load()
+    fn = getattr(lib, name, None)
+    if fn is None:
+        raise LibraryError(f"{path} does not export {name}(): it predates the exported prep "
+                           "helpers (ABI 1.5); rebuild libkvtier from this checkout")
+    return fn
+
+
 def load() -> tuple[ctypes.CDLL, str]:
-    """Load libkvtier (see the module docstring); returns the library and the path used."""
+    """Load libkvtier once (see the module docstring); returns the library and the path
+    used."""
+    global _LOADED
+    if _LOADED is None:
+        _LOADED = _load()
+    return _LOADED
+
+
+def _load() -> tuple[ctypes.CDLL, str]:
     tried: list[str] = []
     for cand in candidates():
         bare = os.sep not in cand

@@ -23,7 +23,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _abi, _lib
+from . import _lib
+from . import abi as _abi
 
 _LIB, LIBRARY_PATH = _lib.load()
 """The loaded libkvtier and the path it came from."""
@@ -59,6 +60,9 @@ POLICIES: dict[str, int] = {
 """Names accepted for kvt_seq_params.policy."""
 
 SCORE_MODES: dict[str, int] = {"sum": _abi.SCORE_SUM, "mean": _abi.SCORE_MEAN}
+TOPK_MODES: dict[str, int] = {"exact": _abi.TOPK_EXACT, "estimate": _abi.TOPK_ESTIMATE,
+                              "fast": _abi.TOPK_FAST, "probe": _abi.TOPK_PROBE}
+"""Sequence.topk()'s mode names -> enum kvt_topk_mode."""
 """Names accepted for kvt_seq_params.score_mode."""
 
 PARAM_FIELDS: tuple[str, ...] = tuple(name for name, _ in _abi.SeqParams._fields_)
@@ -719,33 +723,56 @@ class Sequence:
         return FetchResult(r, pos[:r].copy() if positions is None else pos)
 
     @_locked
-    def topk(self, layer: int, k: int, query: Any, flags: int = 0,
-             probe: int = 0) -> TopkResult:
+    def topk(self, layer: int, k: int, query: Any, flags: int = 0, probe: int = 0, *,
+             mode: int | str | None = None) -> TopkResult:
         """TOPK: the @k positions per kv head (per query head with TOPK_F_UNION) most likely
-        to matter to @query (q_heads * head_dim floats, post-RoPE) at @layer. Needs a sequence
-        opened with ret_update > 0. @probe (with TOPK_F_FAST, ABI 1.4): scan only the groups
-        of consecutive positions (64, or 16 at head_dim 64) whose means best match the query,
-        until they hold @probe live keys, and score their best keys by estimate exactly
-        (TOPK_PROBE_X * k at head_dim 128, k at 64): sublinear, its recall depends on the keys
-        that matter coming in runs. KvtierError(ERANGE): k exceeds the retrieval zone, attend
-        densely; EINVAL: probe without TOPK_F_FAST."""
+        to matter to @query (q_heads * head_dim floats, post-RoPE) at @layer, as one
+        struct kvt_topk_req (ABI 1.5). Needs a sequence opened with ret_update > 0.
+        @mode: "exact" (the default: the exact top-k), "estimate" (ParisKV's estimates),
+        "fast" (the exact top-k of the keys a 2-bit sketch ranks best) or "probe" (only the
+        groups of consecutive positions whose means best match the query, until they hold
+        @probe live keys: sublinear, its recall depends on the keys that matter coming in
+        runs), or a TOPK_* mode number. @flags: TOPK_F_UNION, TOPK_F_FETCH; without @mode,
+        TOPK_F_ESTIMATE or TOPK_F_FAST pick those modes and a @probe with TOPK_F_FAST mode
+        "probe", as before ABI 1.5. What each mode scores: kvt_abi.h; its recall:
+        docs/retrieval.md. KvtierError(ERANGE): k exceeds the retrieval zone, attend densely;
+        EINVAL: a probe outside mode "probe", or none with it."""
         c, s = self._ids("kvt_topk")
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
         k = _uint("k", k)
         probe = _uint("probe", probe)
+        flags = _uint("flags", flags)
         _uint("len(query)", q.size)
         H = self.kv_heads
         stride = k * self.q_heads // H if flags & _abi.TOPK_F_UNION else k
         out = np.empty(_abi.topk_out_size(H, stride), dtype=np.uint8)
-        if probe and not _lib.has(_LIB, "kvt_topk_probe"):
-            raise KvtierError(_errno.EOPNOTSUPP, "kvt_topk_probe",
-                              f"{LIBRARY_PATH} predates TOPK's probe (ABI 1.4)")
-        if probe:
-            r = _LIB.kvt_topk_probe(c, s, _uint("layer", layer), k, _uint("flags", flags),
-                                    probe, q.ctypes.data, q.size, out.ctypes.data, out.nbytes)
+        if mode is None:
+            if flags & _abi.TOPK_F_ESTIMATE and flags & _abi.TOPK_F_FAST:
+                raise KvtierError(_errno.EINVAL, "kvt_topk", "TOPK_F_ESTIMATE and TOPK_F_FAST "
+                                  "exclude each other: pick one, or pass mode=")
+            if probe and not flags & _abi.TOPK_F_FAST:
+                raise KvtierError(_errno.EINVAL, "kvt_topk", f"probe {probe} without "
+                                  "TOPK_F_FAST (or pass mode='probe')")
+            m = (_abi.TOPK_PROBE if probe else _abi.TOPK_FAST if flags & _abi.TOPK_F_FAST
+                 else _abi.TOPK_ESTIMATE if flags & _abi.TOPK_F_ESTIMATE else _abi.TOPK_EXACT)
+        elif isinstance(mode, str):
+            if mode not in TOPK_MODES:
+                raise ValueError(f"mode {mode!r}: one of {', '.join(TOPK_MODES)}")
+            m = TOPK_MODES[mode]
         else:
-            r = _LIB.kvt_topk(c, s, _uint("layer", layer), k, _uint("flags", flags),
-                              q.ctypes.data, q.size, out.ctypes.data, out.nbytes)
+            m = _uint("mode", mode)
+        if mode is not None and flags & (_abi.TOPK_F_ESTIMATE | _abi.TOPK_F_FAST):
+            raise KvtierError(_errno.EINVAL, "kvt_topk", "TOPK_F_ESTIMATE / TOPK_F_FAST with "
+                              "mode=: the mode alone picks the scoring")
+        req = _abi.TopkReq(size=ctypes.sizeof(_abi.TopkReq), mode=m,
+                           flags=flags & ~(_abi.TOPK_F_ESTIMATE | _abi.TOPK_F_FAST),
+                           layer=_uint("layer", layer), k=k, probe=probe,
+                           query_len=_uint("query bytes", q.nbytes),
+                           out_len=_uint("output bytes", out.nbytes))
+        if not _lib.has(_LIB, "kvt_topk_run"):
+            raise KvtierError(_errno.EOPNOTSUPP, "kvt_topk_run",
+                              f"{LIBRARY_PATH} predates struct kvt_topk_req (ABI 1.5)")
+        r = _LIB.kvt_topk_run(c, s, ctypes.byref(req), q.ctypes.data, out.ctypes.data)
         stride = _check_op(r, "kvt_topk")
         counts = np.frombuffer(out, np.uint32, H, 0).copy()
         pos = np.frombuffer(out, np.uint32, H * stride, H * 4).reshape(H, stride).copy()

@@ -3,8 +3,10 @@
 
 The control socket is AF_UNIX SOCK_SEQPACKET (proto/kvt_ctl.h): an admin client sends a bare
 struct kvt_ctl_hdr (STATUS, CLIENTS, SEQS or BLOCKS, no HELLO) and gets one message back,
-KVT_CTL_JSON with NUL-terminated JSON, or KVT_CTL_ERROR. The formatters reproduce
-tools/kvtierctl/ctl_fmt.c line for line; every key is optional ("-" when absent). Nothing here
+KVT_CTL_JSON with NUL-terminated JSON, or KVT_CTL_ERROR. The formatters render the documents
+from the one description kvtierctl's ctl_fmt.c expands too: the lines and columns of
+proto/kvt_ctl.h (KVT_CTL_STATUS_LINES, KVT_CTL_*_COLS), generated into kvtier.abi; what is
+here is how each kind of value prints. Every key is optional ("-" when absent). Nothing here
 needs libkvtier.
 """
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import socket as _socket
 from typing import Any, TextIO
 
-from . import _abi
+from . import abi as _abi
 
 __all__ = ["CtlError", "FORMATTERS", "default_socket", "fmt_blocks", "fmt_bytes", "fmt_clients",
            "fmt_duration", "fmt_seqs", "fmt_status", "main", "request"]
@@ -166,103 +168,80 @@ def _get(o: Any, key: str) -> Any:
     return o.get(key) if isinstance(o, dict) else None
 
 
-def fmt_status(st: dict[str, Any]) -> str:
-    """The STATUS document as kvtierctl status prints it."""
-    lines: list[str] = []
+def _get_path(o: Any, path: str) -> tuple[Any, Any]:
+    """The value at @path ("pool.size") in @o and the object holding it."""
+    *parents, key = path.split(".")
+    for k in parents:
+        o = _get(o, k)
+    return _get(o, key), o
 
-    def line(k: str, v: str) -> None:
-        lines.append("%-14s %s" % (k, v))
 
-    def num(k: str, v: Any) -> None:
+def _status_line(kind: str, v: Any, parent: Any) -> str | None:
+    """The value column of a STATUS line of @kind (kvt_ctl.h); None: the line is left out."""
+    if kind in ("str", "optstr"):
+        if kind == "optstr" and v is None:
+            return None
+        return _safe(v, 128) if isinstance(v, str) else "-"
+    if kind == "num":
         t = _num_text(v)
-        line(k, t if t is not None else "-")
-
-    def string(k: str, v: Any) -> None:
-        line(k, _safe(v, 128) if isinstance(v, str) else "-")
-
-    def nbytes(k: str, v: Any) -> None:
-        line(k, fmt_bytes(v) if _is_num(v) else "-")
-
-    abi, pool = _get(st, "abi"), _get(st, "pool")
-    string("version", _get(st, "version"))
-    ma, mi = _get(abi, "major"), _get(abi, "minor")
-    line("abi", "%.0f.%.0f" % (ma, mi) if _is_num(ma) and _is_num(mi) else "-")
-    string("backend", _get(st, "backend"))
-    if _get(st, "metrics_url") is not None:
-        string("metrics", _get(st, "metrics_url"))
-    num("pid", _get(st, "pid"))
-    up = _get(st, "uptime_s")
-    line("uptime", fmt_duration(up) if _is_num(up) else "-")
-    num("pollers", _get(st, "pollers"))
-    nbytes("pool size", _get(pool, "size"))
-    used, size = _get(pool, "used"), _get(pool, "size")
-    if _is_num(used):
+        return t if t is not None else "-"
+    if kind == "bytes":
+        return fmt_bytes(v) if _is_num(v) else "-"
+    if kind == "secs":
+        return fmt_duration(v) if _is_num(v) else "-"
+    if kind == "abi":
+        ma, mi = _get(v, "major"), _get(v, "minor")
+        return "%.0f.%.0f" % (ma, mi) if _is_num(ma) and _is_num(mi) else "-"
+    if kind == "used":
+        if not _is_num(v):
+            return "-"
+        size = _get(parent, "size")
         if _is_num(size) and size > 0:
-            line("pool used", "%s (%.1f%%)" % (fmt_bytes(used), 100 * used / size))
-        else:
-            line("pool used", fmt_bytes(used))
-    else:
-        line("pool used", "-")
-    nbytes("pool free", _get(pool, "free"))
-    cf = _num_text(_get(pool, "chunks_free"))
-    cs = _get(pool, "chunk_size")
-    line("pool chunks", "%s free, %s each" % (cf if cf is not None else "-",
-                                              fmt_bytes(cs) if _is_num(cs) else "-"))
-    num("pool classes", _get(pool, "classes"))
-    string("pool backing", _get(pool, "backing"))
-    pk = _get(pool, "page_kib")
-    if _is_num(pk):
-        line("pool pages", "%.0f KiB%s" % (pk, " (no huge pages: row gathers miss the TLB; "
-                                                "kvtierd.conf(5) hugetlb)" if pk <= 4 else ""))
-    numa = _get(pool, "numa_node")
-    if _is_num(numa) and numa < 0:
-        line("pool numa", "any")
-    else:
-        num("pool numa", numa)
-    lk = _get(pool, "locked")
-    line("pool locked", ("yes" if lk else "no") if isinstance(lk, bool) else "-")
-    num("sessions", _get(st, "sessions"))
-    num("seqs", _get(st, "seqs"))
-    num("ops", _get(st, "ops"))
-    num("errors", _get(st, "errors"))
-    ref = _get(st, "refused")
-    parts = []
-    if isinstance(ref, dict):
-        for k, v in ref.items():
-            t = _num_text(v)
-            parts.append("%s %s" % (_safe(k, 48), t if t is not None else "-"))
-    line("refused", ", ".join(parts)[:511] if parts else "-")
-    tiers = _get(st, "tiers")
-    tp = []
-    if isinstance(tiers, list):
-        for i, v in enumerate(tiers[:8]):
-            t = _num_text(v)
-            tp.append("T%d %s" % (i, t if t is not None else "-"))
-    line("tiers", "  ".join(tp)[:255] if tp else "-")
+            return "%s (%.1f%%)" % (fmt_bytes(v), 100 * v / size)
+        return fmt_bytes(v)
+    if kind == "chunks":
+        cf = _num_text(_get(v, "chunks_free"))
+        cs = _get(v, "chunk_size")
+        return "%s free, %s each" % (cf if cf is not None else "-",
+                                     fmt_bytes(cs) if _is_num(cs) else "-")
+    if kind == "pages":
+        if not _is_num(v):
+            return None
+        return "%.0f KiB%s" % (v, " (no huge pages: row gathers miss the TLB; "
+                                  "kvtierd.conf(5) hugetlb)" if v <= 4 else "")
+    if kind == "numa":
+        if _is_num(v) and v < 0:
+            return "any"
+        t = _num_text(v)
+        return t if t is not None else "-"
+    if kind == "yesno":
+        return ("yes" if v else "no") if isinstance(v, bool) else "-"
+    if kind == "counters":
+        parts = []
+        if isinstance(v, dict):
+            for k, n in v.items():
+                t = _num_text(n)
+                parts.append("%s %s" % (_safe(k, 48), t if t is not None else "-"))
+        return ", ".join(parts)[:511] if parts else "-"
+    if kind == "tiers":
+        tp = []
+        if isinstance(v, list):
+            for i, n in enumerate(v[:8]):
+                t = _num_text(n)
+                tp.append("T%d %s" % (i, t if t is not None else "-"))
+        return "  ".join(tp)[:255] if tp else "-"
+    raise ValueError(f"kvt_ctl.h STATUS line kind {kind!r} unknown to this package")
+
+
+def fmt_status(st: dict[str, Any]) -> str:
+    """The STATUS document as kvtierctl status prints it (KVT_CTL_STATUS_LINES)."""
+    lines: list[str] = []
+    for label, path, kind in _abi.CTL_STATUS_LINES:
+        v, parent = _get_path(st, path)
+        text = _status_line(kind, v, parent)
+        if text is not None:
+            lines.append("%-14s %s" % (label, text))
     return "\n".join(lines) + "\n"
-
-
-_CLIENT_COLS = [
-    ("SESSION", "session", "int"), ("PID", "pid", "int"), ("UID", "uid", "int"),
-    ("GID", "gid", "int"), ("SEQS", "seqs", "int"), ("POOL", "pool_bytes", "bytes"),
-    ("OPS", "ops", "int"), ("ERRORS", "errors", "int"), ("SQ", "sq_entries", "int"),
-    ("ARENA", "arena_size", "bytes"), ("UPTIME", "uptime_s", "secs"), ("NAME", "name", "str"),
-]
-_SEQ_COLS = [
-    ("SESSION", "session", "int"), ("SEQ", "seq", "int"), ("TOKENS", "tokens", "int"),
-    ("LAYERS", "layers", "int"), ("HEADS", "kv_heads", "int"), ("DIM", "head_dim", "int"),
-    ("DTYPE", "dtype", "str"), ("POLICY", "policy", "str"), ("T2KEYS", "t2_keys", "str"),
-    ("T0", "tiers", 0), ("T1", "tiers", 1), ("T2", "tiers", 2), ("T3", "tiers", 3),
-    ("EVICTED", "evicted_ratio", "pct"), ("POOL", "pool_bytes", "bytes"),
-]
-
-
-_BLOCK_COLS = [
-    ("ID", "id", "int"), ("NAME", "name", "str"), ("SCOPE", "scope", "scope"),
-    ("BLOCKS", "blocks", "int"), ("REF", "referenced", "int"), ("MiB", "bytes", "mib"),
-    ("HITRATE", "hit_blocks", "hits"), ("PUBLISHED", "published", "int"),
-    ("EVICTED", "evicted", "int"),
-]
 
 
 def _hit_rate(o: Any) -> float | None:
@@ -273,7 +252,7 @@ def _hit_rate(o: Any) -> float | None:
     return hit / (hit + miss)
 
 
-def _cell(kind: Any, v: Any, row: Any = None) -> str:
+def _cell(kind: str, idx: int, v: Any, row: Any = None) -> str:
     if kind == "scope":
         uid = _num_text(_get(row, "uid"))
         if v == "uid" and uid is not None:
@@ -284,8 +263,8 @@ def _cell(kind: Any, v: Any, row: Any = None) -> str:
     if kind == "hits":
         r = _hit_rate(row)
         return "%.1f%%" % (r * 100) if r is not None else "-"
-    if isinstance(kind, int):
-        v = v[kind] if isinstance(v, list) and kind < len(v) else None
+    if kind == "tier":
+        v = v[idx] if isinstance(v, list) and idx < len(v) else None
         kind = "int"
     if kind == "str":
         return _safe(v, 48) if isinstance(v, str) else "-"
@@ -300,23 +279,26 @@ def _cell(kind: Any, v: Any, row: Any = None) -> str:
         return fmt_bytes(v)
     if kind == "secs":
         return fmt_duration(v)
-    return "%.1f%%" % (v * 100)  # pct
+    if kind == "pct":
+        return "%.1f%%" % (v * 100)
+    raise ValueError(f"kvt_ctl.h column kind {kind!r} unknown to this package")
 
 
-def _table(doc: dict[str, Any], key: str, cols: list[tuple[str, str, Any]], none: str) -> str:
+def _table(doc: dict[str, Any], key: str, cols: list[tuple[str, str, str, int]],
+           none: str) -> str:
     rows = doc.get(key) if isinstance(doc, dict) else None
     if rows is not None and not isinstance(rows, list):
         raise ValueError(f'"{key}" is not an array')
     if not rows:
         return none + "\n"
-    cells = [[h for h, _, _ in cols]]
+    cells = [[h for h, _, _, _ in cols]]
     for r in rows:
-        cells.append([_cell(kind, _get(r, k), r) for _, k, kind in cols])
+        cells.append([_cell(kind, idx, _get(r, k), r) for _, k, kind, idx in cols])
     width = [max(len(row[c]) for row in cells) for c in range(len(cols))]
     out = []
     for row in cells:
         parts = []
-        for c, (_, _, kind) in enumerate(cols):
+        for c, (_, _, kind, _) in enumerate(cols):
             last = c + 1 == len(cols)
             text = kind in ("str", "scope")
             if text and last:
@@ -331,17 +313,17 @@ def _table(doc: dict[str, Any], key: str, cols: list[tuple[str, str, Any]], none
 
 def fmt_clients(doc: dict[str, Any]) -> str:
     """The CLIENTS document as kvtierctl clients prints it."""
-    return _table(doc, "clients", _CLIENT_COLS, "no clients connected")
+    return _table(doc, "clients", _abi.CTL_COLUMNS["clients"], "no clients connected")
 
 
 def fmt_seqs(doc: dict[str, Any]) -> str:
     """The SEQS document as kvtierctl seqs prints it."""
-    return _table(doc, "seqs", _SEQ_COLS, "no open sequences")
+    return _table(doc, "seqs", _abi.CTL_COLUMNS["seqs"], "no open sequences")
 
 
 def fmt_blocks(doc: dict[str, Any]) -> str:
     """The BLOCKS document as kvtierctl blocks prints it: the namespaces, then the totals."""
-    out = _table(doc, "namespaces", _BLOCK_COLS, "no prefix namespaces")
+    out = _table(doc, "namespaces", _abi.CTL_COLUMNS["blocks"], "no prefix namespaces")
     blocks = _num_text(_get(doc, "blocks")) or "-"
     ref = _num_text(_get(doc, "referenced")) or "-"
     used = _get(doc, "bytes")

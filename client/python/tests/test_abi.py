@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import kvtier
-from kvtier import _abi
+from kvtier import abi as _abi
 from conftest import PYTHON, REPO, build_dir
 
 CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
@@ -117,29 +117,41 @@ PREP_CALLS = [
     ("retier", (3, 1024, 8264)), ("fetch", (3, _abi.FETCH_F_T1 | _abi.FETCH_F_T2, 1, 2, 4,
                                              64, 30)),
     ("fetch", (3, _abi.FETCH_F_LIST, 0, 3, 0, 64, 7)),
-    ("topk", (3, 5, 10, _abi.TOPK_F_UNION, 0, 256, 1024, 968)),
+    ("topk", (3, 256)),
     ("seq_open_prefix", (4096, 2, 7)), ("ns_open", (512,)), ("ns_close", (3,)),
     ("lookup", (2, _abi.LOOKUP_F_PIN, 64, 9)), ("publish", (5, 128, 4)),
 ]
 
 
+def every_prep_call() -> list[tuple[str, tuple[int, ...]]]:
+    """PREP_CALLS, plus each prep helper kvtier.h has (PREP_ARGTYPES, generated) with distinct
+    small arguments: a helper added later is compared without an entry here."""
+    auto = []
+    for cname, argtypes in _abi.PREP_ARGTYPES.items():
+        args = tuple(3 + 5 * i for i in range(len(argtypes) - 1))
+        auto.append((cname.removeprefix("kvt_prep_"), args))
+    return PREP_CALLS + auto
+
+
 def test_prep_helpers_fill_what_kvtier_h_fills(tmp_path):
-    """Each Sqe.prep_*() leaves the 64 bytes kvt_prep_*() leaves (user_data and stamp aside),
-    starting from an entry full of garbage."""
+    """Each Sqe.prep_*() (libkvtier's exported copy) leaves the 64 bytes the inline
+    kvt_prep_*() leaves (user_data and stamp aside), starting from an entry full of garbage."""
+    calls = every_prep_call()
+    assert {n for n, _ in calls} >= {c.removeprefix("kvt_prep_") for c in _abi.PREP_ARGTYPES}
     lines = ['#include <stdio.h>', '#include <string.h>', '#include "kvtier.h"',
              "static void dump(const struct kvt_sqe *e) {",
              "const unsigned char *b = (const void *)e;",
              'for (size_t i = 0; i < sizeof(*e); i++) printf("%02x", b[i]);',
              'printf("\\n"); }', "int main(void) { struct kvt_sqe e;"]
-    for name, args in PREP_CALLS:
+    for name, args in calls:
         a = "".join(f", {x}" for x in args)
         lines.append(f"memset(&e, 0xa5, sizeof(e)); e.user_data = 0; e.stamp = 0; "
                      f"kvt_prep_{name}(&e{a}); dump(&e);")
     lines += ["return 0; }"]
     exe = compile_c(tmp_path, "prep_probe", "\n".join(lines) + "\n")
     want = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
-    assert len(want) == len(PREP_CALLS)
-    for (name, args), hexdump in zip(PREP_CALLS, want):
+    assert len(want) == len(calls)
+    for (name, args), hexdump in zip(calls, want):
         e = _abi.Sqe.from_buffer_copy(b"\xa5" * 64)
         e.user_data = e.stamp = 0
         getattr(e, f"prep_{name}")(*args)
@@ -232,3 +244,45 @@ def test_lookup_falls_back_to_the_checkout_build(python_env):
             if v is not None:
                 os.environ[k] = v
     assert cands == [str(REPO / "build" / "client" / "libkvtier.so.0"), "libkvtier.so.0"]
+
+
+def test_abi_py_is_generated_from_the_headers():
+    """kvtier/abi.py is what tools/gen-pyabi.py derives from the headers now: an opcode, flag,
+    constant, struct field or prep helper added to the C side reaches Python by rerunning it,
+    and a stale mirror fails here."""
+    r = subprocess.run([PYTHON, str(REPO / "tools" / "gen-pyabi.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_constants_are_enums_and_flags():
+    from enum import IntEnum, IntFlag
+
+    assert isinstance(_abi.OP_TOPK, IntEnum) and _abi.OP_TOPK is _abi.Op.TOPK
+    assert _abi.Op(7) is _abi.Op.TOPK and _abi.Op.TOPK.name == "TOPK"
+    assert isinstance(_abi.TOPK_F_UNION, IntFlag)
+    both = _abi.TopkFlag.UNION | _abi.TopkFlag.FETCH
+    assert both == 3 and _abi.TopkFlag.FETCH in both
+    assert _abi.TopkMode.PROBE == 3 and _abi.Dtype.F32 == 2 and _abi.Policy.FULL == 3
+    # the raw names stay reachable where they were, outside the public surface
+    assert kvtier.TOPK_F_FAST is _abi.TopkFlag.FAST and "TOPK_F_FAST" not in kvtier.__all__
+    from kvtier import _abi as old
+
+    assert old.Sqe is _abi.Sqe and old.OP_TOPK is _abi.Op.TOPK
+
+
+def test_gen_pyabi_refuses_what_it_cannot_mirror(tmp_path):
+    """A header construct the generator does not understand stops it with a reason, never a
+    silently wrong mirror."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_pyabi", REPO / "tools" / "gen-pyabi.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    h = tmp_path / "x.h"
+    h.write_text("struct kvt_x {\n\tvoid *p;\n};\n")
+    with pytest.raises(gen.ParseError, match="kvt_x.p"):
+        gen.Abi().parse(h)
+    h.write_text("struct kvt_y {\n\talignas(64) uint32_t a;\n};\n")
+    with pytest.raises(gen.ParseError, match="kvt_y"):
+        gen.Abi().parse(h)

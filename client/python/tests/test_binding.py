@@ -283,7 +283,7 @@ def test_closed_sequence_and_daemon_enoent(kvtierd):
         s2 = c.open_sequence(**geometry())
         # Closed behind the Sequence's back (async SEQ_CLOSE): the daemon answers ENOENT.
         e = c.get_sqe()
-        e.opcode, e.seq, e.user_data = kvtier.OP_SEQ_CLOSE, s2.id, 7
+        e.opcode, e.seq, e.user_data = kvtier.abi.Op.SEQ_CLOSE, s2.id, 7
         c.submit()
         assert c.wait_cqe().res == 0
         raises(errno.ENOENT, s2.stat)
@@ -318,18 +318,18 @@ def test_retier_moves_rows_into_t0_and_fetch_stages_t1(kvtierd):
             np.testing.assert_array_equal(t0[:, :, slot], data[pos])
         assert not set(r.free_slots) & set(live["slot"].tolist())
         # every T1 position, ascending, staged in that order
-        f = s.fetch(kvtier.FETCH_F_T1)
+        f = s.fetch(kvtier.FetchFlag.T1)
         assert f.rows == r.tier_count[1] == len(f.positions)
         assert list(f.positions) == sorted(set(range(48)) - set(live["pos"].tolist()))
         for row, pos in enumerate(f.positions):
             np.testing.assert_array_equal(st[:, :, row], data[pos])
         assert s.stat().bytes_out > 0
         # one layer only, from a later staging row
-        f1 = s.fetch(kvtier.FETCH_F_T1, layer0=1, nlayers=1, stage_row=S - f.rows)
+        f1 = s.fetch(kvtier.FetchFlag.T1, layer0=1, nlayers=1, stage_row=S - f.rows)
         assert f1.rows == f.rows
-        raises(errno.ENOSPC, s.fetch, kvtier.FETCH_F_T1, stage_row=S - 1, capacity=S)
-        raises(errno.ENOSPC, s.fetch, kvtier.FETCH_F_T1, capacity=1)
-        raises(errno.EINVAL, s.fetch, kvtier.FETCH_F_T1, layer0=L)
+        raises(errno.ENOSPC, s.fetch, kvtier.FetchFlag.T1, stage_row=S - 1, capacity=S)
+        raises(errno.ENOSPC, s.fetch, kvtier.FetchFlag.T1, capacity=1)
+        raises(errno.EINVAL, s.fetch, kvtier.FetchFlag.T1, layer0=L)
         raises(errno.EINVAL, s.fetch, positions=[48])
         raises(errno.EINVAL, s.fetch, 0)  # no tier named
         s.close()
@@ -384,9 +384,9 @@ def test_topk_probe_scans_the_best_groups(kvtierd):
                                         ret_update=U)) as s:
             s.append(keys)
             e = s.topk(1, k, q)
-            f = s.topk(1, k, q, kvtier.TOPK_F_FAST)
-            p = s.topk(1, k, q, kvtier.TOPK_F_FAST, probe=16)
-            whole = s.topk(1, k, q, kvtier.TOPK_F_FAST, probe=1 << 20)  # past the zone
+            f = s.topk(1, k, q, kvtier.TopkFlag.FAST)
+            p = s.topk(1, k, q, kvtier.TopkFlag.FAST, probe=16)
+            whole = s.topk(1, k, q, kvtier.TopkFlag.FAST, probe=1 << 20)  # past the zone
             for h in range(H):
                 assert e.positions[h][0] == f.positions[h][0] == whole.positions[h][0] == 3000
                 pos, score = p.head(h)
@@ -400,7 +400,23 @@ def test_topk_probe_scans_the_best_groups(kvtierd):
                 np.testing.assert_allclose(score, np.sort(exact)[::-1][:k], rtol=1e-4,
                                            atol=1e-3)
             raises(errno.EINVAL, s.topk, 1, k, q, 0, 64)  # probe without TOPK_F_FAST
-            raises(errno.EINVAL, s.topk, 1, k, q, kvtier.TOPK_F_FAST, -1)
+            raises(errno.EINVAL, s.topk, 1, k, q, kvtier.TopkFlag.FAST, -1)
+            # the same requests by mode (ABI 1.5's struct kvt_topk_req): the same answers
+            for r, kw in ((e, dict(mode="exact")), (f, dict(mode="fast")),
+                          (p, dict(mode="probe", probe=16)), (p, dict(mode=3, probe=16))):
+                m = s.topk(1, k, q, **kw)
+                np.testing.assert_array_equal(m.positions, r.positions)
+                np.testing.assert_array_equal(m.scores, r.scores)
+            # kvtierd's own refusals, with its reason
+            err = raises(errno.EINVAL, s.topk, 1, k, q, mode="exact", probe=64)
+            assert "probe 64 with mode EXACT" in err.daemon_message
+            err = raises(errno.EINVAL, s.topk, 1, k, q, mode="probe")
+            assert "KVT_TOPK_PROBE needs" in err.daemon_message
+            err = raises(errno.EINVAL, s.topk, 1, k, q, mode=7)
+            assert "mode 7 unknown" in err.daemon_message
+            raises(errno.EINVAL, s.topk, 1, k, q, kvtier.TopkFlag.FAST, mode="fast")
+            with pytest.raises(ValueError):
+                s.topk(1, k, q, mode="sloppy")
 
 
 def test_topk_scores_are_exact_dot_products(kvtierd):
@@ -422,15 +438,15 @@ def test_topk_scores_are_exact_dot_products(kvtierd):
                 exact = keys[pos, 1, 0, h].astype(np.float32) @ qm
                 np.testing.assert_allclose(score, exact, rtol=1e-4, atol=1e-4)
                 assert ((4 <= pos) & (pos < n - 32)).all()  # retrieval zone only
-            u = s.topk(0, 4, q, kvtier.TOPK_F_UNION)
+            u = s.topk(0, 4, q, kvtier.TopkFlag.UNION)
             assert u.stride == 8
             # TOPK_F_FAST scores the 16k keys of the best 1-bit estimates; with 16k past the
             # zone (256 keys here) that is every key: the exact answer, the same as the default
             for layer, k in ((0, 16), (1, 20)):
-                e, f = s.topk(layer, k, q), s.topk(layer, k, q, kvtier.TOPK_F_FAST)
+                e, f = s.topk(layer, k, q), s.topk(layer, k, q, kvtier.TopkFlag.FAST)
                 np.testing.assert_array_equal(f.positions, e.positions)
                 np.testing.assert_array_equal(f.scores, e.scores)
-            raises(errno.EINVAL, s.topk, 0, 4, q, kvtier.TOPK_F_FAST | kvtier.TOPK_F_ESTIMATE)
+            raises(errno.EINVAL, s.topk, 0, 4, q, kvtier.TopkFlag.FAST | kvtier.TopkFlag.ESTIMATE)
             raises(errno.ERANGE, s.topk, 0, n, q)  # k beyond the zone: attend densely
             raises(errno.EINVAL, s.topk, 0, 0, q)
             raises(errno.EINVAL, s.topk, 0, 4, q[:1])  # query length
@@ -452,9 +468,9 @@ def test_async_ring(kvtierd):
         for ud in (11, 12, 13):
             e = c.get_sqe()
             assert e.opcode == 0 and e.user_data == 0  # handed out zeroed
-            e.opcode, e.user_data = kvtier.OP_NOP, ud
+            e.opcode, e.user_data = kvtier.abi.Op.NOP, ud
         bad = c.get_sqe()
-        bad.opcode, bad.user_data, bad.flags = kvtier.OP_NOP, 14, 0x80  # unknown SQE flag
+        bad.opcode, bad.user_data, bad.flags = kvtier.abi.Op.NOP, 14, 0x80  # unknown SQE flag
         assert c.submit() == 4 and c.inflight == 4
         got = {}
         while len(got) < 4:
@@ -466,10 +482,10 @@ def test_async_ring(kvtierd):
         s = c.open_sequence(**geometry())
         s.append(tokens(3))
         e = c.get_sqe()
-        e.opcode, e.seq, e.arena_off, e.arena_len = kvtier.OP_SEQ_STAT, s.id, 4096, 112
+        e.opcode, e.seq, e.arena_off, e.arena_len = kvtier.abi.Op.SEQ_STAT, s.id, 4096, 112
         c.submit()
         assert c.wait_cqe().res == 112
-        st = kvtier.core._abi.SeqStatC.from_buffer_copy(c.arena()[4096:4096 + 112].tobytes())
+        st = kvtier.abi.SeqStatC.from_buffer_copy(c.arena()[4096:4096 + 112].tobytes())
         assert (st.seq, st.n_tokens) == (s.id, 3)
         # a pipeline built with the prep helpers: APPEND 2 tokens, SCORE_ADD, SEQ_STAT
         arena = c.arena()
@@ -485,18 +501,18 @@ def test_async_ring(kvtierd):
         res = sorted((cqe.user_data, cqe.res, cqe.aux[0]) for cqe in
                      (c.wait_cqe() for _ in ops))
         assert res == [(100, 5, 3), (101, 0, 0), (102, 112, 0)]
-        st = kvtier.core._abi.SeqStatC.from_buffer_copy(arena[:112].tobytes())
+        st = kvtier.abi.SeqStatC.from_buffer_copy(arena[:112].tobytes())
         assert (st.n_tokens, st.score_total) == (5, 4.0)
         # SQ full: get_sqe() says so with None
         sqes = [c.get_sqe() for _ in range(8)]
         assert all(x is not None for x in sqes) and c.get_sqe() is None
         for x in sqes:
-            x.opcode = kvtier.OP_NOP
+            x.opcode = kvtier.abi.Op.NOP
         c.submit()
         for _ in sqes:
             c.wait_cqe()
         # a blocking call with payload refuses while async ops are in flight
-        c.get_sqe().opcode = kvtier.OP_NOP
+        c.get_sqe().opcode = kvtier.abi.Op.NOP
         c.submit()
         raises(errno.EBUSY, s.append, tokens(1))
         c.wait_cqe()

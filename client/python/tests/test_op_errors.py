@@ -37,7 +37,7 @@ def debug_kvtierd(kvtierd_factory):
 def test_blocking_ops_carry_the_reason(debug_kvtierd):
     with kvtier.connect(debug_kvtierd.socket) as c:
         s = c.open_sequence(**geometry())
-        e = refused(errno.EINVAL, s.fetch, kvtier.FETCH_F_T1)
+        e = refused(errno.EINVAL, s.fetch, kvtier.FetchFlag.T1)
         assert e.daemon_message == ("FETCH: sequence 1 has no staging region (open the "
                                     "sequence with stage_buf_id)")
         row = np.zeros((1, L, 2, H, D), np.float32)

@@ -51,7 +51,7 @@ def open_seq(c, stage, ns=None, prefix_blocks=0):
 
 def staged(stage, seq):
     """FETCH every T1 row; (positions, rows as (n, layers, K|V, heads, dim))."""
-    f = seq.fetch(kvtier.FETCH_F_T1)
+    f = seq.fetch(kvtier.FetchFlag.T1)
     a = stage.array(np.float16, shape=(L, 2, S, H, D))[:, :, : f.rows]
     return f.positions, np.ascontiguousarray(a.transpose(2, 0, 1, 3, 4))
 
