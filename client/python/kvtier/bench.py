@@ -449,7 +449,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="model directory (tools/vllm-env.sh prints SmolLM2's)")
     v.add_argument("--socket", default=None,
                    help="kvtierd socket (default: start a private kvtierd)")
-    v.add_argument("--pool-size", default="1G", help="pool of the private kvtierd")
+    v.add_argument("--pool-size", default="4G",
+                   help="pool of the private kvtierd (4G: its prefix store, 25%% of it, holds "
+                        "every prompt of the run; 8K tokens of SmolLM2 are 180 MiB)")
     v.add_argument("--sizes", default="2048,8000", help="prompt tokens (2048,8000)")
     v.add_argument("--reps", type=int, default=3, help="prompts per size (3)")
     v.add_argument("--max-model-len", type=int, default=8192)
