@@ -7,7 +7,8 @@
 #                            then unit, integration and fuzz tests again under ASan + UBSan,
 #                            again under TSan, and a few suites under valgrind; then the
 #                            Python package's tests (pytest, transformers included) in a cached
-#                            virtual environment (~/.cache/kvtier/venv).
+#                            virtual environment (~/.cache/kvtier/venv), and the vLLM
+#                            connector's tests in another (tools/vllm-env.sh).
 #
 # Debian 12 (bookworm). Needs root or sudo for apt-get the first time. Environment:
 #   KVT_BUILD_DIR  build directory (default: build/ in the checkout)
@@ -25,7 +26,7 @@ die() { printf 'quickstart: %s\n' "$*" >&2; exit 1; }
 case "$mode" in
 run | test) ;;
 -h | --help)
-	sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+	sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
 	exit 0
 	;;
 *) die "unknown mode '$mode' (expected nothing or 'test')" ;;
@@ -113,7 +114,17 @@ if [ "$mode" = test ]; then
 	fi
 	KVTIER_LIB="$build/client/libkvtier.so.0" KVT_BUILD_DIR="$build" \
 		PYTHONPATH="$root/client/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 \
-		"$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/client/python/tests"
+		"$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/client/python/tests" \
+		--ignore-glob='*/test_vllm*.py'
+	# The vLLM connector's tests in their own cached venv (vLLM's CPU build pins another
+	# torch) with SmolLM2 converted to safetensors: tools/vllm-env.sh (about 6 GB, once).
+	log "vLLM connector tests (client/python/tests/test_vllm*.py)"
+	vllm_env=$("$root/tools/vllm-env.sh") || die "tools/vllm-env.sh failed"
+	vpy=$(sed -n 's/^KVT_VLLM_PYTHON=//p' <<<"$vllm_env")
+	KVT_VLLM_MODEL=$(sed -n 's/^KVT_VLLM_MODEL=//p' <<<"$vllm_env") \
+		KVTIER_LIB="$build/client/libkvtier.so.0" KVT_BUILD_DIR="$build" \
+		PYTHONPATH="$root/client/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 \
+		"$vpy" -m pytest -q -p no:cacheprovider "$root"/client/python/tests/test_vllm*.py
 	exit 0
 fi
 

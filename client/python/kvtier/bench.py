@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: MIT
 """``python -m kvtier.bench transformers [--json]``: decode speed of a transformers model
 through KvtierCache against DynamicCache and DynamicCache(offloading=True), side by side.
+``python -m kvtier.bench vllm [--json]`` (in a vLLM venv): time to first token of vLLM
+processes with KvtierConnector against cold prefill, ExampleConnector and vLLM's in-process
+prefix cache (bench_vllm()).
 
 Each repetition generates the same greedy tokens with each cache in turn (the order rotates
 between repetitions so none always runs first on a warm or cold machine). A stopping
@@ -285,6 +288,123 @@ def bench_transformers(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def _vllm_proc(spec: dict[str, Any], env: dict[str, str]) -> list[dict[str, Any]]:
+    """One vLLM process (kvtier.vllm_run): its JSON line per prompt."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fp:
+        json.dump(spec, fp)
+    try:
+        r = subprocess.run([sys.executable, "-m", "kvtier.vllm_run", "@" + fp.name],
+                           capture_output=True, text=True, env=env, timeout=3600)
+    finally:
+        os.unlink(fp.name)
+    if r.returncode != 0:
+        raise SystemExit(f"kvtier.bench vllm: vLLM exited {r.returncode}:\n{r.stderr[-4000:]}")
+    return [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+
+
+def bench_vllm(args: argparse.Namespace) -> dict[str, Any]:
+    """TTFT (the wall time of a 1-token generate) of prompts of --sizes tokens in separate
+    vLLM processes: cold (no connector), a hit served by kvtier to a second process, vLLM's
+    ExampleConnector (disk) to a second process, and vLLM's in-process prefix cache; the miss
+    path's cost; a multi-round conversation with and without kvtier."""
+    import random
+
+    from . import core
+
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4"),
+               VLLM_LOGGING_LEVEL="ERROR", TOKENIZERS_PARALLELISM="false",
+               KVTIER_LIB=core.LIBRARY_PATH)
+    daemon = None
+    sock = args.socket
+    if sock is None:
+        daemon = _Daemon(core.LIBRARY_PATH, args.pool_size)
+        sock = daemon.socket
+    tmp = tempfile.mkdtemp(prefix="kvtbench-vllm.")
+    stats_path = os.path.join(tmp, "stats.json")
+    rng = random.Random(7)
+    sizes = [int(x) for x in args.sizes.split(",")]
+    base = {"model": args.model, "max_tokens": 1, "max_model_len": args.max_model_len,
+            "max_num_batched_tokens": args.max_model_len, "prefix_caching": False}
+    kv = dict(base, connector="kvtier", socket=sock)
+    ex = dict(base, connector="example", storage=os.path.join(tmp, "example"))
+    os.makedirs(ex["storage"])
+    res: dict[str, Any] = {"sizes": sizes, "reps": args.reps, "model": args.model,
+                           "host": platform.node(), "cpus": os.cpu_count()}
+    try:
+        for n in sizes:
+            # One warm-up prompt per process; then reps distinct prompts of n tokens.
+            warm = [rng.randrange(100, 40000) for _ in range(256)]
+            ps = [[rng.randrange(100, 40000) for _ in range(n)] for _ in range(args.reps)]
+            cold = _vllm_proc(dict(base, prompts=[warm] + ps), env)[1:]
+            inproc = _vllm_proc(dict(base, prefix_caching=True,
+                                     prompts=[warm] + [p for p in ps for _ in (0, 1)]), env)[1:]
+            miss = _vllm_proc(dict(kv, prompts=[warm] + ps), dict(env))[1:]
+            hit = _vllm_proc(dict(kv, prompts=[warm] + ps),
+                             dict(env, KVTIER_VLLM_STATS=stats_path))[1:]
+            _vllm_proc(dict(ex, prompts=[warm] + ps), env)
+            exh = _vllm_proc(dict(ex, prompts=[warm] + ps), env)[1:]
+            med = lambda rows: float(np.median([r["wall_s"] for r in rows])) * 1e3  # noqa: E731
+            worst = lambda rows: round(max(r["wall_s"] for r in rows) * 1e3, 1)  # noqa: E731
+            st = hit[-1].get("stats") or {}
+            same = all(a["tokens"] == b["tokens"] for a, b in zip(cold, hit))
+            res[str(n)] = {
+                "ttft_cold_ms": round(med(cold), 1),
+                "ttft_kvtier_ms": round(med(hit), 1),
+                "ttft_example_ms": round(med(exh), 1),
+                "ttft_inproc_ms": round(med(inproc[1::2]), 1),
+                "ttft_kvtier_miss_ms": round(med(miss), 1),
+                "worst_ms": {"cold": worst(cold), "kvtier": worst(hit), "example": worst(exh),
+                             "inproc": worst(inproc[1::2]), "kvtier_miss": worst(miss)},
+                "miss_overhead_pct": round((med(miss) / med(cold) - 1) * 100, 1),
+                "cached_tokens_kvtier": hit[0]["num_cached_tokens"],
+                "cached_tokens_example": exh[0]["num_cached_tokens"],
+                "load_ms_per_block": round(st.get("load_s", 0.0) * 1e3 /
+                                           max(st.get("loaded_blocks", 0), 1), 3),
+                "same_tokens_as_cold": same,
+                "cold_over_kvtier": round(med(cold) / med(hit), 2),
+                "example_over_kvtier": round(med(exh) / med(hit), 2),
+            }
+        # Multi-round QA (LMCache's shape): --mr-users users share a system prompt of
+        # --mr-first tokens; each round, every user asks a question of --mr-turn tokens about
+        # the conversation so far and gets --mr-tokens tokens of answer. Each round is served
+        # by a new vLLM process (a conversation moving between serving replicas), all users'
+        # requests at once; prefix caching on in both runs (the users share the system prompt
+        # in-process). Throughput: answer tokens over the generate() wall time.
+        def rounds(spec: dict[str, Any]) -> tuple[float, list[int]]:
+            r2 = random.Random(11)
+            system = [r2.randrange(100, 40000) for _ in range(args.mr_first)]
+            convs = [list(system) for _ in range(args.mr_users)]
+            toks, t, cached = 0, 0.0, []
+            for _ in range(args.mr_rounds):
+                for c in convs:
+                    c.extend(r2.randrange(100, 40000) for _ in range(args.mr_turn))
+                outs = _vllm_proc(dict(spec, prompts=convs, max_tokens=args.mr_tokens,
+                                       prefix_caching=True, batch=True), env)
+                toks += sum(len(o["tokens"]) for o in outs)
+                t += outs[0]["wall_s"]
+                cached.append(sum(o["num_cached_tokens"] for o in outs))
+                for c, o in zip(convs, outs):
+                    c.extend(o["tokens"])
+            return toks / t, cached
+        res["multiround_tok_s_kvtier"], res["multiround_cached_kvtier"] = rounds(kv)
+        res["multiround_tok_s_cold"], res["multiround_cached_cold"] = rounds(base)
+        res["multiround_tok_s_kvtier"] = round(res["multiround_tok_s_kvtier"], 2)
+        res["multiround_tok_s_cold"] = round(res["multiround_tok_s_cold"], 2)
+        res["multiround_shape"] = {"users": args.mr_users, "rounds": args.mr_rounds,
+                                   "system_tokens": args.mr_first,
+                                   "question_tokens": args.mr_turn,
+                                   "answer_tokens": args.mr_tokens}
+    finally:
+        if daemon is not None:
+            daemon.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    top = res[str(max(sizes))]
+    for k in ("ttft_cold_ms", "ttft_kvtier_ms", "ttft_example_ms", "ttft_inproc_ms",
+              "load_ms_per_block", "miss_overhead_pct"):
+        res[k] = top[k]
+    return res
+
+
 def _print_table(res: dict[str, Any]) -> None:
     print(f"{res['model']}: {res['prompt_tokens']} prompt tokens, {res['new_tokens']} new, "
           f"{res['reps']} runs each, {res['threads']} torch thread(s), "
@@ -323,7 +443,31 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--window", type=int, default=32, help="KvtierCache window (32)")
     t.add_argument("--threads", type=int, default=1, help="torch threads (1; 0: torch's)")
     t.add_argument("--prompt", default=PROMPT)
+    v = sub.add_parser("vllm", help="vLLM TTFT: cold, kvtier hit, ExampleConnector, in-process")
+    v.add_argument("--json", action="store_true", help="print one JSON object")
+    v.add_argument("--model", default=os.environ.get("KVT_VLLM_MODEL", ""),
+                   help="model directory (tools/vllm-env.sh prints SmolLM2's)")
+    v.add_argument("--socket", default=None,
+                   help="kvtierd socket (default: start a private kvtierd)")
+    v.add_argument("--pool-size", default="4G",
+                   help="pool of the private kvtierd (4G: its prefix store, 25%% of it, holds "
+                        "every prompt of the run; 8K tokens of SmolLM2 are 180 MiB)")
+    v.add_argument("--sizes", default="2048,8000", help="prompt tokens (2048,8000)")
+    v.add_argument("--reps", type=int, default=3, help="prompts per size (3)")
+    v.add_argument("--max-model-len", type=int, default=8192)
+    v.add_argument("--mr-users", type=int, default=4, help="multi-round: users (4)")
+    v.add_argument("--mr-rounds", type=int, default=4, help="multi-round: rounds (4)")
+    v.add_argument("--mr-first", type=int, default=1024,
+                   help="multi-round: shared system prompt tokens (1024)")
+    v.add_argument("--mr-turn", type=int, default=256, help="multi-round: tokens per question")
+    v.add_argument("--mr-tokens", type=int, default=32, help="multi-round: tokens per answer")
     a = ap.parse_args(argv)
+    if a.cmd == "vllm":
+        if not a.model:
+            ap.error("--model (or $KVT_VLLM_MODEL): a model directory")
+        res = bench_vllm(a)
+        print(json.dumps(res, indent=2) if a.json else json.dumps(res))
+        return 0
     if a.tokens < 2 or a.reps < 1:
         ap.error("--tokens must be >= 2 and --reps >= 1")
     res = bench_transformers(a)
