@@ -39,6 +39,7 @@ seq_batch_start(const struct kvtd_seq_ctx *x, const struct kvtd_seq *q, struct k
 	b->buf = buf;
 	b->tmp = (uint8_t *)b + head;
 	b->n = 0;
+	b->last_t1 = false;
 	b->bytes = b->bytes_t2 = 0;
 	return b;
 }
@@ -58,6 +59,7 @@ batch_submit(struct row_batch *b)
 		    : kvt_dev_copy_h2d(b->x->dev, b->buf, b->rows, b->n);
 
 	b->n = 0;
+	b->last_t1 = false;
 	return r;
 }
 
@@ -76,7 +78,20 @@ seq_batch_add(struct row_batch *b, const struct kvtd_seq *q, uint32_t pos, uint3
 	      uint64_t dst_off)
 {
 	struct kvt_dev_copy *c = &b->rows[b->n];
+	bool t1 = !(q->ts.tier[pos] & KVT_TIER_F_INT8);
 
+	if (t1 && b->last_t1) {
+		struct kvt_dev_copy *prev = c - 1;
+		const uint8_t *src = (const uint8_t *)q->slot[pos] + (2 * l + kv) * q->row_bytes;
+
+		if ((const uint8_t *)prev->host + prev->len == src &&
+		    prev->buf_off + prev->len == dst_off) {
+			prev->len += q->row_bytes;
+			b->bytes += q->row_bytes;
+			return 0;
+		}
+	}
+	b->last_t1 = t1;
 	c->buf_off = dst_off;
 	c->scale = NULL;
 	if ((q->ts.tier[pos] & KVT_TIER_F_INT8) && kvt_dev_dequant_ok(b->x->dev) &&
@@ -257,11 +272,17 @@ kvtd_seq_fetch(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, unsigned flags,
 	if (!b)
 		return -ENOMEM;
 	r = 0;
+	/* In the region's order: where it keeps a row's K and V adjacent (a paged-cache block
+	 * layout), K then V of each position, so each pair is one copy from its slot; else each
+	 * of K and V as a run of positions. */
+	bool kv_inner = p->stage_kv_stride == q->row_bytes;
+
 	for (uint32_t l = layer0; l < layer0 + nlayers && r == 0; l++)
-		for (uint32_t kv = 0; kv < 2 && r == 0; kv++)
-			for (uint32_t i = 0; i < m && r == 0; i++)
-				r = seq_batch_add(b, q, pos[i], l, kv,
-						  stage_off(p, stage_row + i, l, kv));
+		for (uint32_t o = 0; o < 2 * m && r == 0; o++) {
+			uint32_t i = kv_inner ? o / 2 : o % m, kv = kv_inner ? o % 2 : o / m;
+
+			r = seq_batch_add(b, q, pos[i], l, kv, stage_off(p, stage_row + i, l, kv));
+		}
 	if (r == 0)
 		r = seq_batch_flush(b);
 	q->bytes_out += b->bytes;

@@ -142,6 +142,7 @@ struct row_batch {
 	struct kvt_dev_copy rows[COPY_BATCH];
 	uint8_t *tmp; /* COPY_BATCH rows */
 	unsigned n;
+	bool last_t1; /* rows[n - 1] reads a T1 pool slot: a following row may extend it */
 	uint64_t bytes, bytes_t2; /* rows added; of them, dequantized from T2 */
 };
 /* An empty batch of rows to @buf in x->scr (valid until the op's next seq_batch_start()).
@@ -149,6 +150,9 @@ struct row_batch {
 struct row_batch *seq_batch_start(const struct kvtd_seq_ctx *x, const struct kvtd_seq *q,
 				  struct kvt_dev_buf *buf);
 int seq_batch_flush(struct row_batch *b);
+/* Queue the row (@pos, @l, @kv) to @dst_off. A T1 row that continues the previous one on both
+ * sides (the same slot's next row to the next bytes of the buffer: K then V of a layer, where
+ * the region keeps them adjacent) extends that copy instead of taking an entry. */
 int seq_batch_add(struct row_batch *b, const struct kvtd_seq *q, uint32_t pos, uint32_t l,
 		  uint32_t kv, uint64_t dst_off);
 

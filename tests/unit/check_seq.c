@@ -369,6 +369,72 @@ START_TEST(t_retier_int8_fetch)
 }
 END_TEST
 
+/*
+ * A region that keeps each row's K and V adjacent, [layer][row][K|V] as a paged-cache block
+ * lays them out: FETCH copies each T1 position's K and V as one run from its slot, and T1 and
+ * T2 rows land where the strides say (T1 bit for bit, T2 within half a step), nothing before.
+ */
+START_TEST(t_fetch_kv_adjacent)
+{
+	struct kvt_seq_params p = params();
+	static uint8_t out[KVT_RETIER_OUT_SIZE(T0)];
+	static uint32_t list[NMAX];
+	static float score[300];
+	uint32_t changes = 0, n_t1 = 0, n_t2 = 0;
+	struct kvtd_seq *q;
+	int m;
+
+	params_tiered(&p, 0.1f, 0.5f);
+	p.stage_slot_stride = 2 * ROW;
+	p.stage_kv_stride = ROW;
+	p.stage_layer_stride = 2ull * NMAX * ROW;
+	q = open_seq(&p);
+	append(q, 300);
+	for (int i = 0; i < 300; i++)
+		score[i] = (float)(kvt_test_lcg(&Rng) >> 40) / 16777216.0f;
+	ck_assert_int_eq(kvtd_seq_score_add(&X, q, 0, 300, score), 0);
+	ck_assert_int_gt(kvtd_seq_retier(&X, q, out, sizeof(out), &changes), 0);
+	memset(Stage.map, 0xa5, Stage.size);
+	m = kvtd_seq_fetch(&X, q, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, L, 3, list, NMAX, 0);
+	ck_assert_int_gt(m, 0);
+	for (int i = 0; i < m; i++) {
+		bool t2 = q->ts.tier[list[i]] & KVT_TIER_F_INT8;
+
+		t2 ? n_t2++ : n_t1++;
+		for (uint32_t l = 0; l < L; l++)
+			for (uint32_t kv = 0; kv < 2; kv++) {
+				const float *a = appended(list[i], l, kv);
+				const float *b =
+				    (const float *)(Stage.map + l * p.stage_layer_stride +
+						    (3ull + i) * p.stage_slot_stride +
+						    kv * p.stage_kv_stride);
+
+				for (uint32_t h = 0; h < H; h++) {
+					float amax = 0, tol;
+
+					for (int j = 0; j < D; j++)
+						amax = fmaxf(amax, fabsf(a[h * D + j]));
+					tol = t2 ? amax / 127.0f * 0.5f * 1.0001f : 0.0f;
+					for (int j = 0; j < D; j++)
+						ck_assert_msg(fabsf(a[h * D + j] - b[h * D + j]) <=
+								  tol,
+							      "row %d (pos %u, %s) l %u kv %u h %u "
+							      "[%d]: %g vs %g",
+							      i, list[i], t2 ? "T2" : "T1", l, kv,
+							      h, j, a[h * D + j], b[h * D + j]);
+				}
+			}
+	}
+	ck_assert_uint_gt(n_t1, 0);
+	ck_assert_uint_gt(n_t2, 0);
+	/* the rows before staging row 3 are untouched */
+	for (uint32_t l = 0; l < L; l++)
+		ck_assert_uint_eq(Stage.map[l * p.stage_layer_stride + 3 * p.stage_slot_stride - 1],
+				  0xa5);
+	kvtd_seq_destroy(&X, q);
+}
+END_TEST
+
 /* SCORE_ADD refuses the whole add (nothing changes) for a bad value or range, with a reason. */
 START_TEST(t_score_add_invalid)
 {
@@ -974,5 +1040,6 @@ START_TEST(t_steady_no_alloc)
 END_TEST
 
 KVT_CHECK_MAIN("seq", 60, setup, teardown, t_append_fetch_t1, t_retier_int8_fetch,
-	       t_score_add_invalid, t_open_invalid, t_quota, t_topk_exact, t_steady_no_alloc,
-	       t_sketch_follows_int8, t_sketch_follows_publish, t_flush_no_room, t_no_sketch)
+	       t_fetch_kv_adjacent, t_score_add_invalid, t_open_invalid, t_quota, t_topk_exact,
+	       t_steady_no_alloc, t_sketch_follows_int8, t_sketch_follows_publish, t_flush_no_room,
+	       t_no_sketch)
