@@ -20,8 +20,10 @@ fixed, so two vLLM processes would never agree on it). The namespace is one per 
   request, its token ids and block ids once, the blocks to load and how many prompt blocks
   are computed at the end of the step.
 - Worker: at a request's first step, a pinning LOOKUP and SEQ_OPEN from the held blocks
-  (shared rows, no copy), then one FETCH stages the blocks to load into a host buffer shared
-  with kvtierd and one copy per layer puts them in vLLM's paged cache. ``save_kv_layer``
+  (shared rows, no copy), then FETCH stages the blocks to load into a window shared with
+  kvtierd (``stage_mib``, 64 MiB by default: allocated and touched once per session, so no
+  request pays for its pages, and bounded whatever the prompt's length), and one copy per
+  layer puts each window's blocks in vLLM's paged cache. ``save_kv_layer``
   gathers, per layer, the rows of the prompt blocks computed this step that the sequence does
   not hold yet (``wait_for_save`` gathers the layers whose hook did not come: vLLM's CPU runner
   calls none); ``wait_for_save`` APPENDs them and PUBLISHes the prompt's full blocks.
@@ -320,13 +322,22 @@ class KvtierConnector(KVConnectorBase_V1):
         self._wreqs: dict[str, _WorkerReq] = {}
         self._stage: Any = None
         self._stage_epoch = -1
-        self._stage_rows = 0
+        # The staging window: as many whole blocks (every layer) as fit in stage_mib.
+        blk_bytes = (self.geo.layers * 2 * self.bt * self.geo.kv_heads * self.geo.head_dim *
+                     torch.empty((), dtype=self.geo.dtype).element_size())
+        stage_mib = extra.get("stage_mib", 64)
+        if not isinstance(stage_mib, (int, float)) or stage_mib <= 0:
+            raise ValueError(f"KvtierConnector: stage_mib={stage_mib!r}: a positive number of "
+                             "MiB for the staging window")
+        self.stage_blocks = max(1, int(stage_mib * 2**20) // blk_bytes)
+        self._stage_rows = self.stage_blocks * self.bt
         self._save: list[tuple[_WorkerReq, int, int, torch.Tensor]] = []
         self._gathered: set[int] = set()
         self._save_steps = 0
         self._load_errors: set[int] = set()
         self.stats = {"lookups": 0, "hit_blocks": 0, "loaded_blocks": 0, "saved_blocks": 0,
-                      "published_new": 0, "load_errors": 0, "load_s": 0.0, "save_s": 0.0}
+                      "published_new": 0, "load_errors": 0, "fetches": 0, "load_s": 0.0,
+                      "save_s": 0.0}
 
     # ---- scheduler side -----------------------------------------------------------------
 
@@ -431,21 +442,23 @@ class KvtierConnector(KVConnectorBase_V1):
         # each layer as [num_blocks, one block's elements]: a block is what kvtier stores
         self._kv = [kv_caches[n].view(kv_caches[n].shape[0], -1) for n in names]
         self._layer_of = {n: i for i, n in enumerate(names)}
+        if self.link.get() is not None:
+            self._staging()  # the window's pages are touched here, not in a request's TTFT
 
-    def _staging(self, rows: int) -> Any:
-        """The host buffer shared with kvtierd that FETCH stages into, [layer][row][K,V]
-        [kv_head][head_dim] (so a layer's rows of a block are the vLLM block's bytes), grown
-        to @rows rows."""
+    def _staging(self) -> Any:
+        """The window shared with kvtierd that FETCH stages into, [layer][row][K,V][kv_head]
+        [head_dim] (so a layer's rows of a block are the vLLM block's bytes, and each row's
+        K and V cross as one copy), ``stage_blocks`` blocks, one per session: written once
+        when allocated, so that its pages exist before a request needs them."""
         link = self.link
-        if self._stage is not None and self._stage_epoch == link.epoch and \
-                self._stage_rows >= rows:
+        if self._stage is not None and self._stage_epoch == link.epoch:
             return self._stage
         g = self.geo
-        rows = max(rows, self._stage_rows, g.block_tokens)
         esz = torch.empty((), dtype=g.dtype).element_size()
-        self._stage = link.client.alloc_buffer(g.layers * 2 * rows * g.kv_heads * g.head_dim
-                                               * esz)
-        self._stage_rows, self._stage_epoch = rows, link.epoch
+        size = g.layers * 2 * self._stage_rows * g.kv_heads * g.head_dim * esz
+        self._stage = link.client.alloc_buffer(size)
+        self._stage.torch(torch.uint8, (size,)).zero_()
+        self._stage_epoch = link.epoch
         return self._stage
 
     def _open(self, w: _WorkerReq, want_blocks: int) -> int:
@@ -455,8 +468,7 @@ class KvtierConnector(KVConnectorBase_V1):
             return 0
         g = self.geo
         m = ns.lookup(w.keys[:want_blocks], pin=True) if want_blocks else 0
-        rows = max(m * g.block_tokens, 1)  # at most the loaded rows are staged
-        stage = self._staging(rows)
+        stage = self._staging()
         esz = torch.empty((), dtype=g.dtype).element_size()
         row = g.kv_heads * g.head_dim * esz
         R = self._stage_rows
@@ -470,20 +482,23 @@ class KvtierConnector(KVConnectorBase_V1):
         return m
 
     def _load(self, w: _WorkerReq, lo: int, hi: int) -> int:
-        """FETCH the sequence's first @hi blocks and copy blocks [@lo, @hi) into vLLM's
-        cache. Returns the blocks loaded."""
+        """Copy the sequence's blocks [@lo, @hi) into vLLM's cache, a staging window at a
+        time: one FETCH, then one contiguous copy per layer. Returns the blocks loaded."""
         g = self.geo
-        a, b = lo * g.block_tokens, hi * g.block_tokens
-        n = b - a
-        f = w.seq.fetch(positions=np.arange(a, b, dtype=np.uint32))
-        if f.rows != n:
-            raise KvtierError(_errno.EPROTO, "kvt_fetch", f"{f.rows} rows staged of {n}")
         R = self._stage_rows
         st = self._stage.torch(g.dtype, (g.layers, R * 2 * g.kv_heads * g.head_dim))
-        idx = torch.tensor(w.block_ids[lo:hi], dtype=torch.long)
         blk = self._kv[0].shape[1]
-        for li, kv in enumerate(self._kv):  # one contiguous copy per layer
-            kv.index_copy_(0, idx, st[li, : (hi - lo) * blk].view(hi - lo, blk))
+        for s in range(lo, hi, self.stage_blocks):
+            e = min(s + self.stage_blocks, hi)
+            n = (e - s) * g.block_tokens
+            f = w.seq.fetch(positions=np.arange(s * g.block_tokens, e * g.block_tokens,
+                                                dtype=np.uint32))
+            if f.rows != n:
+                raise KvtierError(_errno.EPROTO, "kvt_fetch", f"{f.rows} rows staged of {n}")
+            self.stats["fetches"] += 1
+            idx = torch.tensor(w.block_ids[s:e], dtype=torch.long)
+            for li, kv in enumerate(self._kv):
+                kv.index_copy_(0, idx, st[li, : (e - s) * blk].view(e - s, blk))
         return hi - lo
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:

@@ -68,16 +68,22 @@ def cold(tmp_path_factory) -> list[dict]:
     return r
 
 
-def test_second_process_loads_prefix(kvtierd: Kvtierd, python_env, cold) -> None:
+def test_second_process_loads_prefix(kvtierd: Kvtierd, python_env, cold, tmp_path) -> None:
     """A second vLLM process loads P1's 4 full blocks from kvtier and generates the cold
-    run's tokens; P2, matching P1's first 2 blocks, loads those 2 and also matches."""
+    run's tokens; P2, matching P1's first 2 blocks, loads those 2 and also matches. The
+    second process's staging window holds one block (stage_mib 3: SmolLM2's block is 2.9 MB
+    over its 30 layers), so P1's load takes 4 FETCHes through it and P2's 2."""
     a = run_vllm(python_env, [P1], socket=kvtierd.socket)
     assert a[0]["tokens"] == cold[0]["tokens"]
     blocks = kvtierd.doc("blocks")
     assert sum(n["blocks"] for n in blocks["namespaces"]) == 4, blocks
-    b = run_vllm(python_env, [P1, P2], socket=kvtierd.socket, prefix_caching=False)
+    stats = str(tmp_path / "stats.json")
+    b = run_vllm(dict(python_env, KVTIER_VLLM_STATS=stats), [P1, P2], socket=kvtierd.socket,
+                 prefix_caching=False, extra={"stage_mib": 3})
     assert b[0]["num_cached_tokens"] >= 4 * BT, b[0]
     assert b[0]["tokens"] == cold[0]["tokens"]
+    assert b[0]["stats"]["loaded_blocks"] == 4 and b[0]["stats"]["fetches"] == 4, b[0]
+    assert b[1]["stats"]["loaded_blocks"] == 6 and b[1]["stats"]["fetches"] == 6, b[1]
     assert b[1]["num_cached_tokens"] >= 2 * BT, b[1]
     assert b[1]["tokens"] == cold[1]["tokens"]
 
