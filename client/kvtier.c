@@ -1103,6 +1103,34 @@ kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer0, u
 	return r;
 }
 
+KVT_EXPORT int
+kvt_fetch_rows(struct kvt_client *c, uint32_t seq, uint32_t layer0, uint32_t nlayers,
+	       const struct kvt_buf *buf, const uint32_t *pos, const uint32_t *rows, uint32_t count)
+{
+	uint64_t len = (uint64_t)count * 2 * sizeof(uint32_t);
+	struct kvt_sqe *e;
+	int r;
+
+	if (c->abi_minor < 6) {
+		kvtc_set_error("FETCH to listed rows needs kvtierd of ABI %d.6; this one is %d.%u",
+			       KVT_ABI_MAJOR, KVT_ABI_MAJOR, c->abi_minor);
+		return -EOPNOTSUPP;
+	}
+	if (len > c->arena_size) {
+		kvtc_set_error(
+		    "%u positions and their rows are more than the %llu-byte arena holds", count,
+		    (unsigned long long)c->arena_size);
+		return -E2BIG;
+	}
+	e = sync_sqe(c, 1, &r);
+	if (!e)
+		return r;
+	memcpy(c->arena, pos, (size_t)count * sizeof(uint32_t));
+	memcpy((uint32_t *)c->arena + count, rows, (size_t)count * sizeof(uint32_t));
+	kvt_prep_fetch_rows(e, seq, layer0, nlayers, buf ? kvt_buf_id(buf) : 0, 0, count);
+	return run_one(c, e, NULL);
+}
+
 /* The op_flags of TOPK's SQE form (ABI 1.0-1.4) for a mode, or -1 where it has none. */
 static int
 topk_sqe_flags(uint32_t mode)

@@ -171,7 +171,10 @@ static int
 op_fetch(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_sqe *e,
 	 struct kvtd_seq *q, struct kvt_cqe *c)
 {
-	void *list;
+	/* u32 positions, and with F_ROWS as many u32 staging rows after them */
+	uint64_t per = (e->op_flags & KVT_FETCH_F_ROWS) ? 8 : 4;
+	struct kvtd_fetch f;
+	uint32_t *list;
 
 	if (e->layer0 > UINT32_MAX || e->nlayers > UINT32_MAX)
 		return kvtd_op_fail(s, -EINVAL, "layer0 %llu or nlayers %llu is not a layer count",
@@ -180,17 +183,31 @@ op_fetch(struct kvtd_session *s, const struct kvtd_seq_ctx *x, const struct kvt_
 		return kvtd_op_fail(s, -EINVAL,
 				    "arena_len %u is not a multiple of 4 (u32 positions)",
 				    e->arena_len);
-	if ((e->op_flags & KVT_FETCH_F_LIST) ? e->arena_len != (uint64_t)e->npos * 4 : e->npos != 0)
-		return kvtd_op_fail(s, -EINVAL,
-				    (e->op_flags & KVT_FETCH_F_LIST)
-					? "arena_len %u must be npos (%u) x 4 bytes with F_LIST"
-					: "arena_len %u, npos %u: npos must be 0 without F_LIST",
-				    e->arena_len, e->npos);
+	if ((e->op_flags & KVT_FETCH_F_LIST) ? e->arena_len != (uint64_t)e->npos * per
+					     : e->npos != 0)
+		return kvtd_op_fail(
+		    s, -EINVAL,
+		    !(e->op_flags & KVT_FETCH_F_LIST)
+			? "arena_len %u, npos %u: npos must be 0 without F_LIST"
+		    : per == 8 ? "arena_len %u must be npos (%u) x 8 bytes with F_ROWS (u32 "
+				 "positions, then their u32 staging rows)"
+			       : "arena_len %u must be npos (%u) x 4 bytes with F_LIST",
+		    e->arena_len, e->npos);
 	list = arena_range(s, e->arena_off, e->arena_len, 4);
 	if (!list)
 		return arena_fail(s, e->arena_off, e->arena_len, 4);
-	return kvtd_seq_fetch(x, q, e->op_flags, (uint32_t)e->layer0, (uint32_t)e->nlayers,
-			      e->stage_row, list, e->arena_len / 4, e->npos);
+	f = (struct kvtd_fetch){
+	    .flags = e->op_flags,
+	    .layer0 = (uint32_t)e->layer0,
+	    .nlayers = (uint32_t)e->nlayers,
+	    .stage_row = e->stage_row,
+	    .buf_id = e->buf_id,
+	    .list = list,
+	    .list_cap = (uint32_t)(e->arena_len / per),
+	    .count = e->npos,
+	    .rows = (e->op_flags & KVT_FETCH_F_ROWS) ? list + e->npos : NULL,
+	};
+	return kvtd_seq_fetch(x, q, &f);
 }
 
 /* The SQE fields TOPK's SQE form uses and its request form must leave zero. */
@@ -529,8 +546,9 @@ static const struct kvtd_op_def kvtd_op_defs[] = {
     [KVT_OP_APPEND] = OP("append", F_ARENA | F_COUNT, KVT_APPEND_F_T0, true, op_append),
     [KVT_OP_SCORE_ADD] = OP("score_add", F_ARENA | F_COUNT | F_ARG0, 0, true, op_score_add),
     [KVT_OP_RETIER] = OP("retier", F_ARENA, 0, true, op_retier),
-    [KVT_OP_FETCH] = OP("fetch", F_ARENA | F_COUNT | F_ARG0 | F_ARG1 | F_ARG2,
-			KVT_FETCH_F_T1 | KVT_FETCH_F_T2 | KVT_FETCH_F_LIST, true, op_fetch),
+    [KVT_OP_FETCH] =
+	OP("fetch", F_ARENA | F_COUNT | F_ARG0 | F_ARG1 | F_ARG2 | F_BUF,
+	   KVT_FETCH_F_T1 | KVT_FETCH_F_T2 | KVT_FETCH_F_LIST | KVT_FETCH_F_ROWS, true, op_fetch),
     [KVT_OP_TOPK] = OP("topk", F_ARENA | F_COUNT | F_ARG0 | F_ARG1 | F_ARG2 | F_ARG3,
 		       TOPK_SQE_FORM_FLAGS | KVT_TOPK_F_REQ, true, op_topk),
     [KVT_OP_SEQ_STAT] = OP("seq_stat", F_ARENA, 0, true, op_seq_stat),

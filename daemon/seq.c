@@ -116,10 +116,10 @@ params_check(const struct kvt_seq_params *p, const char **why)
 	return *why ? -EINVAL : 0;
 }
 
-static struct kvt_dev_buf *
-region_get(const struct kvtd_seq_ctx *x, uint32_t id, uint64_t base, const struct kvt_seq_params *p,
-	   uint64_t layer_stride, uint64_t kv_stride, uint32_t slots, uint64_t slot_stride,
-	   uint64_t row_bytes, int *ret_err)
+struct kvt_dev_buf *
+seq_region_get(const struct kvtd_seq_ctx *x, uint32_t id, uint64_t base,
+	       const struct kvt_seq_params *p, uint64_t layer_stride, uint64_t kv_stride,
+	       uint32_t slots, uint64_t slot_stride, uint64_t row_bytes, int *ret_err)
 {
 	struct kvt_dev_buf *b = id && id <= x->n_bufs ? x->bufs[id - 1] : NULL;
 
@@ -199,8 +199,8 @@ int
 seq_ensure_ws(struct kvtd_seq *q)
 {
 	size_t need = kvt_tier_ws_bytes(q->ts.n, q->cfg.t0_slots, q->cfg.delta);
-	/* FETCH keeps its private position list there too. */
-	size_t list = (size_t)q->ts.n * sizeof(uint32_t) + 64;
+	/* FETCH keeps its private position list and staging rows there too. */
+	size_t list = 2 * (size_t)q->ts.n * sizeof(uint32_t) + 64;
 	void *ws;
 
 	if (list > need)
@@ -262,16 +262,16 @@ seq_new(const struct kvtd_seq_ctx *x, const struct kvt_seq_params *p, struct kvt
 	else
 		q->q_bytes = (uint64_t)p->layers * 2 * p->kv_heads * (p->head_dim + sizeof(float));
 	if (p->t0_buf_id) {
-		q->t0_buf =
-		    region_get(x, p->t0_buf_id, p->t0_base_off, p, p->t0_layer_stride,
-			       p->t0_kv_stride, p->t0_slots, p->t0_slot_stride, q->row_bytes, &r);
+		q->t0_buf = seq_region_get(x, p->t0_buf_id, p->t0_base_off, p, p->t0_layer_stride,
+					   p->t0_kv_stride, p->t0_slots, p->t0_slot_stride,
+					   q->row_bytes, &r);
 		if (!q->t0_buf)
 			goto err_free;
 	}
 	if (p->stage_buf_id) {
-		q->stage_buf = region_get(x, p->stage_buf_id, p->stage_base_off, p,
-					  p->stage_layer_stride, p->stage_kv_stride, p->stage_slots,
-					  p->stage_slot_stride, q->row_bytes, &r);
+		q->stage_buf = seq_region_get(
+		    x, p->stage_buf_id, p->stage_base_off, p, p->stage_layer_stride,
+		    p->stage_kv_stride, p->stage_slots, p->stage_slot_stride, q->row_bytes, &r);
 		if (!q->stage_buf)
 			goto err_free;
 	}

@@ -179,11 +179,22 @@ uint64_t kvtd_seq_pool_bytes(const struct kvtd_pool *pool, const struct kvtd_seq
 int kvtd_seq_retier(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, void *out, uint64_t out_len,
 		    uint32_t *ret_changes);
 
-/* FETCH (see KVT_FETCH_F_* in kvt_abi.h). @list: the arena (positions in or out), @list_cap
- * entries. Returns rows staged per (layer, K|V) or -errno. */
-int kvtd_seq_fetch(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, unsigned flags,
-		   uint32_t layer0, uint32_t nlayers, uint32_t stage_row, uint32_t *list,
-		   uint32_t list_cap, uint32_t count);
+/* A FETCH (see KVT_FETCH_F_* in kvt_abi.h). */
+struct kvtd_fetch {
+	unsigned flags; /* KVT_FETCH_F_* */
+	uint32_t layer0, nlayers;
+	uint32_t stage_row;   /* the first staging row written (0 with F_ROWS) */
+	uint32_t buf_id;      /* 0: the sequence's staging region; else this session buffer,
+			       * laid out as that region */
+	uint32_t *list;	      /* the arena: positions in (F_LIST) or out */
+	uint32_t list_cap;    /* entries @list has room for */
+	uint32_t count;	      /* F_LIST: the positions listed */
+	const uint32_t *rows; /* F_ROWS: each listed position's staging row (the arena) */
+};
+
+/* FETCH: rows staged per (layer, K|V) or -errno. What @f points to may be client memory: it is
+ * copied before it is checked. */
+int kvtd_seq_fetch(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const struct kvtd_fetch *f);
 
 /* TOPK (kvt_abi.h) for request @r, which ops.c checked (kvtd_topk_req_check(): mode, flags,
  * probe, k > 0, reserved fields; its offsets are not read here). @query: r->query_len bytes in

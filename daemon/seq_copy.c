@@ -212,13 +212,15 @@ err_qs:
 }
 
 int
-kvtd_seq_fetch(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, unsigned flags, uint32_t layer0,
-	       uint32_t nlayers, uint32_t stage_row, uint32_t *list, uint32_t list_cap,
-	       uint32_t count)
+kvtd_seq_fetch(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const struct kvtd_fetch *f)
 {
 	const struct kvt_seq_params *p = &q->p;
+	unsigned flags = f->flags;
+	uint32_t layer0 = f->layer0, nlayers = f->nlayers, stage_row = f->stage_row;
+	uint32_t *list = f->list, list_cap = f->list_cap, count = f->count;
+	struct kvt_dev_buf *buf;
 	struct row_batch *b;
-	uint32_t *pos, m;
+	uint32_t *pos, *dst = NULL, m;
 	int r;
 
 	if (!q->stage_buf)
@@ -229,12 +231,19 @@ kvtd_seq_fetch(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, unsigned flags,
 	if (!nlayers || layer0 >= p->layers || nlayers > p->layers - layer0)
 		return kvtd_seq_fail(x, -EINVAL, "layers %u..+%u outside the sequence's %u layers",
 				     layer0, nlayers, p->layers);
-	if (!flags || flags & ~(KVT_FETCH_F_T1 | KVT_FETCH_F_T2 | KVT_FETCH_F_LIST) ||
-	    ((flags & KVT_FETCH_F_LIST) && flags != KVT_FETCH_F_LIST))
+	if (!flags ||
+	    flags & ~(KVT_FETCH_F_T1 | KVT_FETCH_F_T2 | KVT_FETCH_F_LIST | KVT_FETCH_F_ROWS) ||
+	    ((flags & KVT_FETCH_F_LIST) && (flags & ~(KVT_FETCH_F_LIST | KVT_FETCH_F_ROWS))) ||
+	    ((flags & KVT_FETCH_F_ROWS) && !(flags & KVT_FETCH_F_LIST)))
 		return kvtd_seq_fail(x, -EINVAL,
 				     "op_flags %#x: give F_T1 and/or F_T2, or F_LIST "
-				     "alone",
+				     "(alone or with F_ROWS)",
 				     flags);
+	if ((flags & KVT_FETCH_F_ROWS) && stage_row)
+		return kvtd_seq_fail(x, -EINVAL,
+				     "stage_row %u with F_ROWS: each position's staging row is "
+				     "listed; give 0",
+				     stage_row);
 	r = seq_ensure_ws(q);
 	if (r < 0)
 		return r;
@@ -244,6 +253,16 @@ kvtd_seq_fetch(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, unsigned flags,
 			return kvtd_seq_fail(x, -EINVAL, "npos %u: F_LIST needs 1..%llu positions",
 					     count, (unsigned long long)q->ts.n);
 		memcpy(pos, list, count * sizeof(uint32_t));
+		if (flags & KVT_FETCH_F_ROWS) {
+			dst = pos + q->ts.n; /* private too: validated, then used as offsets */
+			memcpy(dst, f->rows, count * sizeof(uint32_t));
+			for (uint32_t i = 0; i < count; i++)
+				if (dst[i] >= p->stage_slots)
+					return kvtd_seq_fail(x, -EINVAL,
+							     "staging row %u (entry %u) >= the "
+							     "region's %u rows",
+							     dst[i], i, p->stage_slots);
+		}
 		for (uint32_t i = 0; i < count; i++) {
 			if (pos[i] >= q->ts.n)
 				return kvtd_seq_fail(x, -EINVAL,
@@ -265,12 +284,25 @@ kvtd_seq_fetch(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, unsigned flags,
 			return kvtd_seq_fail(x, -ENOSPC, "%u positions, the arena holds %u", m,
 					     list_cap);
 	}
-	if (stage_row > p->stage_slots || m > p->stage_slots - stage_row)
+	if (!dst && (stage_row > p->stage_slots || m > p->stage_slots - stage_row))
 		return kvtd_seq_fail(x, -ENOSPC, "%u rows from staging row %u pass its %u rows", m,
 				     stage_row, p->stage_slots);
-	b = seq_batch_start(x, q, q->stage_buf);
-	if (!b)
-		return -ENOMEM;
+	buf = q->stage_buf;
+	if (f->buf_id) {
+		/* Another registered buffer, in the region's layout: checked to hold it, and held
+		 * until the copies are queued (the device layer drains a buffer's copies before
+		 * its last reference goes). */
+		buf = seq_region_get(x, f->buf_id, p->stage_base_off, p, p->stage_layer_stride,
+				     p->stage_kv_stride, p->stage_slots, p->stage_slot_stride,
+				     q->row_bytes, &r);
+		if (!buf)
+			return r;
+	}
+	b = seq_batch_start(x, q, buf);
+	if (!b) {
+		r = -ENOMEM;
+		goto out;
+	}
 	r = 0;
 	/* In the region's order: where it keeps a row's K and V adjacent (a paged-cache block
 	 * layout), K then V of each position, so each pair is one copy from its slot; else each
@@ -281,15 +313,17 @@ kvtd_seq_fetch(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, unsigned flags,
 		for (uint32_t o = 0; o < 2 * m && r == 0; o++) {
 			uint32_t i = kv_inner ? o / 2 : o % m, kv = kv_inner ? o % 2 : o / m;
 
-			r = seq_batch_add(b, q, pos[i], l, kv, stage_off(p, stage_row + i, l, kv));
+			r = seq_batch_add(b, q, pos[i], l, kv,
+					  stage_off(p, dst ? dst[i] : stage_row + i, l, kv));
 		}
 	if (r == 0)
 		r = seq_batch_flush(b);
 	q->bytes_out += b->bytes;
 	q->bytes_out_t2 += b->bytes_t2;
-	if (r < 0)
-		return r;
-	if (!(flags & KVT_FETCH_F_LIST))
+	if (r == 0 && !(flags & KVT_FETCH_F_LIST))
 		memcpy(list, pos, m * sizeof(uint32_t));
-	return (int)m;
+out:
+	if (f->buf_id)
+		kvt_dev_buf_put(buf);
+	return r < 0 ? r : (int)m;
 }

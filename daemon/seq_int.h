@@ -85,6 +85,13 @@ stage_off(const struct kvt_seq_params *p, uint32_t row, uint32_t l, uint32_t kv)
 
 /* seq.c */
 int seq_ensure_ws(struct kvtd_seq *q);
+/* Session buffer @id with a reference taken, once checked to hold a region of the sequence's
+ * layers at @base with these strides and @slots rows; else NULL and *@ret_err (-ENOENT: not
+ * registered, -ERANGE: too small), the reason set. */
+struct kvt_dev_buf *seq_region_get(const struct kvtd_seq_ctx *x, uint32_t id, uint64_t base,
+				   const struct kvt_seq_params *p, uint64_t layer_stride,
+				   uint64_t kv_stride, uint32_t slots, uint64_t slot_stride,
+				   uint64_t row_bytes, int *ret_err);
 /* Return the pool slots of @n positions (T1 or T2 each, by their tier flag). */
 void seq_free_positions(const struct kvtd_seq_ctx *x, struct kvtd_seq *q, const uint32_t *pos,
 			uint32_t n);

@@ -26,8 +26,9 @@
 
 #define KVT_ABI_MAJOR 1 /* bumped only on incompatible change */
 #define KVT_ABI_MINOR                                                                              \
-	5 /* bumped on compatible additions (1: kvt_region_hdr.err_off, 2: prefix blocks,          \
-	     3: KVT_TOPK_F_FAST, 4: TOPK's probe, 5: struct kvt_topk_req) */
+	6 /* bumped on compatible additions (1: kvt_region_hdr.err_off, 2: prefix blocks,          \
+	     3: KVT_TOPK_F_FAST, 4: TOPK's probe, 5: struct kvt_topk_req, 6: FETCH's buf_id and    \
+	     KVT_FETCH_F_ROWS) */
 
 /* The control socket kvtierd listens on and clients connect to unless told otherwise; the one
  * definition (kvtier.h, kvtierd's config and kvtierctl take it from here). */
@@ -186,7 +187,7 @@ struct kvt_sqe {
 		uint32_t stage_row; /* FETCH: first staging row written */
 		uint32_t out_len;   /* TOPK: output length in bytes */
 	};
-	uint32_t buf_id; /* registered device buffer, per opcode (none uses it yet) */
+	uint32_t buf_id; /* FETCH: the buffer staged into (0: the staging region) */
 	uint32_t stamp;	 /* ring index + 1, stored last (release) by the producer */
 	union {
 		uint32_t arg3;	   /* generic name: zero unless the opcode reads it (ABI 1.4) */
@@ -355,13 +356,22 @@ KVT_STATIC_ASSERT(sizeof(struct kvt_retier_result) == 72, "kvt_retier_result ABI
  *   KVT_FETCH_F_T1 and/or KVT_FETCH_F_T2: every T1 and/or T2 position, ascending (T2 rows
  *     dequantized); their positions are written to the arena (u32 each).
  *   KVT_FETCH_F_LIST: the @npos positions the arena holds, in that order (any live tier).
+ *   KVT_FETCH_F_ROWS (ABI 1.6, with F_LIST): the arena holds @npos u32 staging rows after the
+ *     positions (arena_len = 8 npos); position i lands at row rows[i] instead of stage_row + i
+ *     (stage_row 0). A paged cache's blocks, wherever they are.
+ * buf_id (ABI 1.6): 0, the sequence's staging region; else a buffer this session registered,
+ *   written in the staging region's layout (base offset, strides, stage_slots rows) instead,
+ *   which must fit in it: one region per layer where a serving engine allocates each layer's
+ *   cache on its own (the sequence still needs a staging region, which sets the layout).
  * CQE res: rows staged per (layer, K|V). Errors: -ENOSPC (staging region or arena too small:
- * nothing staged), -EINVAL (no staging region, layers out of range, a position >= n),
- * -ENOENT (a listed position was evicted).
+ * nothing staged), -EINVAL (no staging region, layers out of range, a position >= n, a row
+ * >= stage_slots), -ENOENT (a listed position was evicted; buf_id not registered), -ERANGE
+ * (buf_id too small for the layout).
  */
 #define KVT_FETCH_F_T1	 (1u << 0)
 #define KVT_FETCH_F_T2	 (1u << 1)
 #define KVT_FETCH_F_LIST (1u << 2)
+#define KVT_FETCH_F_ROWS (1u << 3)
 
 /*
  * TOPK: the positions most likely to matter to a query, per kv head (ParisKV retrieval over the

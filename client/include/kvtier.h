@@ -323,6 +323,20 @@ kvt_prep_fetch(struct kvt_sqe *e, uint32_t seq, unsigned flags, uint32_t layer0,
 }
 
 /*
+ * FETCH (ABI 1.6) of the @npos positions at @pos_off in the arena, each to the staging row the
+ * @npos u32 after them give (KVT_FETCH_F_ROWS), into registered buffer @buf_id (0: the
+ * sequence's staging region) laid out as the staging region: a paged cache's blocks.
+ */
+KVT_INLINE void
+kvt_prep_fetch_rows(struct kvt_sqe *e, uint32_t seq, uint32_t layer0, uint32_t nlayers,
+		    uint32_t buf_id, uint64_t pos_off, uint32_t npos)
+{
+	kvt_prep_rw(e, KVT_OP_FETCH, seq, KVT_FETCH_F_LIST | KVT_FETCH_F_ROWS, pos_off,
+		    npos * 2 * (uint32_t)sizeof(uint32_t), npos, layer0, nlayers, 0);
+	e->buf_id = buf_id;
+}
+
+/*
  * TOPK (ABI 1.5): the struct kvt_topk_req at @req_off in the arena (8-byte aligned) says
  * everything, the mode and every knob included; it names the query's and the output's places
  * in the arena (kvt_abi.h, TOPK). Set its size to sizeof(struct kvt_topk_req).
@@ -430,6 +444,20 @@ int kvt_retier(struct kvt_client *c, uint32_t seq, void *out, uint64_t out_len);
  */
 int kvt_fetch(struct kvt_client *c, uint32_t seq, unsigned flags, uint32_t layer0, uint32_t nlayers,
 	      uint32_t stage_row, uint32_t *pos, uint32_t count);
+
+/*
+ * kvt_fetch_rows() - stage rows of layers [@layer0, @layer0 + @nlayers) of the @count positions
+ * @pos, position i at staging row @rows[i], into @buf (NULL: the sequence's staging region)
+ * laid out as the sequence's staging region (kvt_abi.h, FETCH: KVT_FETCH_F_ROWS and buf_id).
+ * With one @buf per layer, a serving engine's paged cache, each layer a registration of its
+ * own, takes its blocks straight from the pool: one call per layer. Needs a daemon of ABI 1.6.
+ * Returns @count, -EOPNOTSUPP (an older daemon), -E2BIG (the lists pass the arena), or
+ * kvt_fetch()'s errors; -EINVAL also for a row >= stage_slots, -ENOENT for a @buf not
+ * registered, -ERANGE for one too small for the layout.
+ */
+int kvt_fetch_rows(struct kvt_client *c, uint32_t seq, uint32_t layer0, uint32_t nlayers,
+		   const struct kvt_buf *buf, const uint32_t *pos, const uint32_t *rows,
+		   uint32_t count);
 
 /*
  * Layer-pipelined staging (CUDA backend). kvtierd posts a FETCH's CQE as soon as its copies are

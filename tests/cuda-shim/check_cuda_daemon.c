@@ -168,6 +168,101 @@ START_TEST(cuda_daemon_append_fetch_bit_exact)
 END_TEST
 
 /*
+ * A serving engine's paged cache on the device, each layer a cudaMalloc of its own laid out
+ * [K|V][block][token in block][row] (vLLM's FlashAttention layout): kvt_fetch_rows() puts a
+ * sequence's two blocks into blocks 3 and 1 of every layer's cache, one call per layer into
+ * that layer's registration (FETCH's buf_id and KVT_FETCH_F_ROWS, ABI 1.6), bit for bit, with
+ * the other blocks untouched, through row-copy launches; every IPC handle is closed once.
+ */
+#define NB 4 /* blocks in the cache */
+#define BS 4 /* tokens per block */
+START_TEST(cuda_daemon_fetch_rows_into_layer_caches)
+{
+	struct kvt_opts o = {.size = sizeof(o)};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	size_t layer_len = 2ull * NB * BS * ROW;
+	static float rows_in[2 * BS][L][2][D];
+	uint32_t pos[2 * BS], row[2 * BS], seq;
+	struct kvt_buf *lb[L];
+	struct kvt_client *c;
+	uint8_t *cache[L];
+	cudaStream_t s;
+
+	start();
+	ck_assert_int_eq(kvt_connect(Dm.sock, &o, &c), 0);
+	for (unsigned l = 0; l < L; l++) {
+		ck_assert_int_eq(cudaMalloc((void **)&cache[l], layer_len), cudaSuccess);
+		memset(cache[l], 0, layer_len);
+		ck_assert_int_eq(kvt_buf_register_cuda(c, cache[l], layer_len, &lb[l]), 0);
+	}
+	p.layers = L;
+	p.kv_heads = 1;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_FULL;
+	p.delta = 2;
+	p.hbm_frac = 1.0f;
+	p.stage_buf_id = kvt_buf_id(lb[0]); /* the layout: one layer's cache */
+	p.stage_slots = NB * BS;
+	p.stage_slot_stride = ROW;
+	p.stage_kv_stride = (uint64_t)NB * BS * ROW;
+	p.stage_layer_stride = 0;
+	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+	for (unsigned t = 0; t < 2 * BS; t++)
+		for (unsigned l = 0; l < L; l++)
+			for (unsigned kv = 0; kv < 2; kv++)
+				for (unsigned d = 0; d < D; d++)
+					rows_in[t][l][kv][d] =
+					    (float)(t * 1000 + l * 100 + kv * 10) +
+					    (float)d / 64.0f;
+	ck_assert_int_eq(kvt_append(c, seq, rows_in, sizeof(rows_in), 2 * BS, NULL), 2 * BS);
+	/* the sequence's block 0 goes to cache block 3, its block 1 to cache block 1 */
+	for (unsigned i = 0; i < 2 * BS; i++) {
+		pos[i] = i;
+		row[i] = (i < BS ? 3 : 1) * BS + i % BS;
+	}
+	for (unsigned l = 0; l < L; l++)
+		ck_assert_int_eq(kvt_fetch_rows(c, seq, l, 1, lb[l], pos, row, 2 * BS), 2 * BS);
+	ck_assert_int_eq(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+	ck_assert_int_eq(kvt_cuda_stream_wait(c, s), 0);
+	ck_assert_int_eq(cudaStreamSynchronize(s), cudaSuccess);
+	cudaStreamDestroy(s);
+	for (unsigned l = 0; l < L; l++)
+		for (unsigned kv = 0; kv < 2; kv++) {
+			const uint8_t *plane = cache[l] + kv * p.stage_kv_stride;
+
+			for (unsigned i = 0; i < 2 * BS; i++)
+				ck_assert_msg(
+				    !memcmp(plane + (uint64_t)row[i] * ROW, rows_in[i][l][kv], ROW),
+				    "layer %u kv %u position %u at row %u", l, kv, i, row[i]);
+			for (unsigned b = 0; b < NB; b += 2) /* blocks 0 and 2: never written */
+				for (size_t k = 0; k < (size_t)BS * ROW; k++)
+					ck_assert_uint_eq(plane[(size_t)b * BS * ROW + k], 0);
+		}
+	ck_assert_uint_ge(log_count("cudaLaunchKernel kvt_rows_copy"), L);
+	/* a buffer one row too small for the layout is refused, and nothing moves */
+	{
+		struct kvt_buf *small;
+		uint8_t *sp;
+
+		ck_assert_int_eq(cudaMalloc((void **)&sp, layer_len - ROW), cudaSuccess);
+		ck_assert_int_eq(kvt_buf_register_cuda(c, sp, layer_len - ROW, &small), 0);
+		ck_assert_int_eq(kvt_fetch_rows(c, seq, 0, 1, small, pos, row, 2 * BS), -ERANGE);
+		ck_assert_int_eq(kvt_buf_free(c, small), 0);
+		cudaFree(sp);
+	}
+	kvt_disconnect(c);
+	ck_assert(wait_log("cudaIpcCloseMemHandle", L + 1));
+	for (unsigned l = 0; l < L; l++)
+		cudaFree(cache[l]);
+	stop();
+	ck_assert_uint_eq(log_count("cudaIpcOpenMemHandle"), L + 1);
+	ck_assert_uint_eq(log_count("cudaIpcCloseMemHandle"), L + 1);
+	unlink(shim_log);
+}
+END_TEST
+
+/*
  * FETCH of T2 rows: on the CUDA backend the codes cross as int8 and the row kernel dequantizes
  * them; the staged bytes equal those of a host-backend daemon (CPU dequantization) fed the same
  * rows, for per-head scales and for per-channel key scales, f16 and bf16.
@@ -650,4 +745,5 @@ KVT_CHECK_MAIN("cuda_daemon", 60, NULL, NULL, cuda_daemon_append_fetch_bit_exact
 	       cuda_daemon_t2_fetch_equals_host,
 	       cuda_daemon_fetch_does_not_wait_and_slots_wait_for_it,
 	       cuda_daemon_kill9_with_copies_queued, cuda_daemon_ipc_closed_once,
-	       cuda_daemon_host_buffer_refused, cuda_daemon_restart_refused)
+	       cuda_daemon_host_buffer_refused, cuda_daemon_restart_refused,
+	       cuda_daemon_fetch_rows_into_layer_caches)

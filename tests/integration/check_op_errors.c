@@ -65,6 +65,20 @@ p_fetch_no_stage(struct kvt_sqe *e, uint32_t seq, uint8_t *arena)
 	e->nlayers = 1;
 }
 
+/* F_ROWS names a row per position after the positions: 8 bytes each, not 4. */
+static void
+p_fetch_rows_short(struct kvt_sqe *e, uint32_t seq, uint8_t *arena)
+{
+	memset(arena, 0, 8);
+	e->opcode = KVT_OP_FETCH;
+	e->seq = seq;
+	e->op_flags = KVT_FETCH_F_LIST | KVT_FETCH_F_ROWS;
+	e->npos = 2;
+	e->arena_len = 8;
+	e->nlayers = 1;
+	e->buf_id = 1;
+}
+
 static void
 p_topk_no_retrieval(struct kvt_sqe *e, uint32_t seq, uint8_t *arena)
 {
@@ -207,6 +221,8 @@ p_arena_outside(struct kvt_sqe *e, uint32_t seq, uint8_t *arena)
 
 static const struct refusal Cases[] = {
     {"FETCH without a staging region", p_fetch_no_stage, -EINVAL, "FETCH", "no staging region"},
+    {"FETCH F_ROWS without the rows", p_fetch_rows_short, -EINVAL, "FETCH",
+     "x 8 bytes with F_ROWS"},
     {"TOPK without retrieval", p_topk_no_retrieval, -EINVAL, "TOPK", "no retrieval"},
     {"APPEND of the wrong length", p_append_len, -EINVAL, "APPEND", "arena_len 4 must be ntok"},
     {"an unknown opcode", p_unknown_opcode, -EINVAL, "OPCODE 200", "unknown opcode 200"},

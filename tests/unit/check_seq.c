@@ -239,6 +239,22 @@ append(struct kvtd_seq *q, uint32_t n)
 	ck_assert_int_eq(kvtd_seq_append_rows(&X, q, Rows + first * TOK, n), first + n);
 }
 
+/* FETCH into the sequence's staging region (struct kvtd_fetch without F_ROWS or buf_id). */
+static int
+fetch(struct kvtd_seq *q, unsigned flags, uint32_t layer0, uint32_t nlayers, uint32_t stage_row,
+      uint32_t *list, uint32_t list_cap, uint32_t count)
+{
+	struct kvtd_fetch f = {.flags = flags,
+			       .layer0 = layer0,
+			       .nlayers = nlayers,
+			       .stage_row = stage_row,
+			       .list = list,
+			       .list_cap = list_cap,
+			       .count = count};
+
+	return kvtd_seq_fetch(&X, q, &f);
+}
+
 /* Row (layer l, K|V kv) of staging row i, and of appended position pos. */
 static const float *
 staged(uint32_t i, uint32_t l, uint32_t kv)
@@ -267,7 +283,7 @@ START_TEST(t_append_fetch_t1)
 	append(q, 57);
 	ck_assert_uint_eq(q->bytes_in, 157ull * TOK);
 	memset(Stage.map, 0xa5, Stage.size);
-	m = kvtd_seq_fetch(&X, q, KVT_FETCH_F_T1, 0, L, 0, list, NMAX, 0);
+	m = fetch(q, KVT_FETCH_F_T1, 0, L, 0, list, NMAX, 0);
 	ck_assert_int_eq(m, 157);
 	for (uint32_t i = 0; i < 157; i++) {
 		ck_assert_uint_eq(list[i], i);
@@ -281,7 +297,7 @@ START_TEST(t_append_fetch_t1)
 	memset(Stage.map, 0, Stage.size);
 	list[0] = 150;
 	list[1] = 3;
-	m = kvtd_seq_fetch(&X, q, KVT_FETCH_F_LIST, 1, 1, 5, list, 2, 2);
+	m = fetch(q, KVT_FETCH_F_LIST, 1, 1, 5, list, 2, 2);
 	ck_assert_int_eq(m, 2);
 	ck_assert(!memcmp(staged(5, 1, 0), appended(150, 1, 0), ROW));
 	ck_assert(!memcmp(staged(6, 1, 1), appended(3, 1, 1), ROW));
@@ -331,7 +347,7 @@ START_TEST(t_retier_int8_fetch)
 						      (uint64_t)ch[i].slot * p.t0_slot_stride,
 						  appended((uint32_t)ch[i].pos, l, kv), ROW));
 	}
-	m = kvtd_seq_fetch(&X, q, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, L, 0, list, NMAX, 0);
+	m = fetch(q, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, L, 0, list, NMAX, 0);
 	ck_assert_int_gt(m, 0);
 	for (int i = 0; i < m; i++) {
 		uint32_t pos = list[i];
@@ -395,7 +411,7 @@ START_TEST(t_fetch_kv_adjacent)
 	ck_assert_int_eq(kvtd_seq_score_add(&X, q, 0, 300, score), 0);
 	ck_assert_int_gt(kvtd_seq_retier(&X, q, out, sizeof(out), &changes), 0);
 	memset(Stage.map, 0xa5, Stage.size);
-	m = kvtd_seq_fetch(&X, q, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, L, 3, list, NMAX, 0);
+	m = fetch(q, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, L, 3, list, NMAX, 0);
 	ck_assert_int_gt(m, 0);
 	for (int i = 0; i < m; i++) {
 		bool t2 = q->ts.tier[list[i]] & KVT_TIER_F_INT8;
@@ -432,6 +448,92 @@ START_TEST(t_fetch_kv_adjacent)
 		ck_assert_uint_eq(Stage.map[l * p.stage_layer_stride + 3 * p.stage_slot_stride - 1],
 				  0xa5);
 	kvtd_seq_destroy(&X, q);
+}
+END_TEST
+
+/*
+ * FETCH with F_ROWS into another registered buffer (ABI 1.6): each listed position lands at the
+ * row listed for it, in buffer 2, laid out as the sequence's staging region; the region itself
+ * is untouched. Rows past the region, F_ROWS without F_LIST, a stage_row with F_ROWS, a buffer
+ * not registered and one too small for the layout are refused, with nothing staged.
+ */
+START_TEST(t_fetch_rows_to_buffer)
+{
+	struct kvt_seq_params p = params();
+	static uint32_t list[2 * NMAX];
+	const uint32_t pos[4] = {10, 99, 0, 57}, rows[4] = {T0 - 1, 0, 17, 18};
+	struct kvtd_fetch f = {.flags = KVT_FETCH_F_LIST | KVT_FETCH_F_ROWS,
+			       .nlayers = L,
+			       .buf_id = 2,
+			       .list = list,
+			       .list_cap = 4,
+			       .count = 4,
+			       .rows = list + 4};
+	struct kvtd_seq *q, *big;
+
+	/* a T0-slot region: it fits buffer 2 (the T0 buffer) as well as buffer 1 */
+	p.stage_slots = T0;
+	p.stage_kv_stride = (uint64_t)T0 * ROW;
+	p.stage_layer_stride = 2ull * T0 * ROW;
+	q = open_seq(&p);
+	append(q, 100);
+	memcpy(list, pos, sizeof(pos));
+	memcpy(list + 4, rows, sizeof(rows));
+	memset(Stage.map, 0xa5, Stage.size);
+	memset(T0buf.map, 0, T0buf.size);
+	ck_assert_int_eq(kvtd_seq_fetch(&X, q, &f), 4);
+	for (uint32_t i = 0; i < 4; i++)
+		for (uint32_t l = 0; l < L; l++)
+			for (uint32_t kv = 0; kv < 2; kv++)
+				ck_assert_msg(!memcmp(T0buf.map + l * p.stage_layer_stride +
+							  kv * p.stage_kv_stride +
+							  (uint64_t)rows[i] * ROW,
+						      appended(pos[i], l, kv), ROW),
+					      "position %u at row %u, layer %u kv %u", pos[i],
+					      rows[i], l, kv);
+	ck_assert_uint_eq(Stage.map[0], 0xa5);
+	ck_assert_uint_eq(Stage.map[Stage.size - 1], 0xa5);
+	/* one layer, into the sequence's own region (buf_id 0) */
+	f.buf_id = 0;
+	f.layer0 = 1;
+	f.nlayers = 1;
+	ck_assert_int_eq(kvtd_seq_fetch(&X, q, &f), 4);
+	ck_assert(!memcmp(Stage.map + p.stage_layer_stride + p.stage_kv_stride + 17ull * ROW,
+			  appended(0, 1, 1), ROW));
+	ck_assert_uint_eq(Stage.map[17ull * ROW], 0xa5); /* layer 0 not staged */
+
+	memset(T0buf.map, 0, T0buf.size);
+	f.buf_id = 2;
+	f.layer0 = 0;
+	f.nlayers = L;
+	list[4 + 2] = T0; /* a row past the region */
+	ck_assert_int_eq(kvtd_seq_fetch(&X, q, &f), -EINVAL);
+	ck_assert_msg(strstr(Why.msg, "staging row 64 (entry 2)"), "%s", Why.msg);
+	list[4 + 2] = 17;
+	f.flags = KVT_FETCH_F_ROWS;
+	ck_assert_int_eq(kvtd_seq_fetch(&X, q, &f), -EINVAL);
+	f.flags = KVT_FETCH_F_LIST | KVT_FETCH_F_ROWS;
+	f.stage_row = 1;
+	ck_assert_int_eq(kvtd_seq_fetch(&X, q, &f), -EINVAL);
+	ck_assert_msg(strstr(Why.msg, "F_ROWS"), "%s", Why.msg);
+	f.stage_row = 0;
+	f.buf_id = 3;
+	ck_assert_int_eq(kvtd_seq_fetch(&X, q, &f), -ENOENT);
+	ck_assert_msg(strstr(Why.msg, "buffer 3 is not registered"), "%s", Why.msg);
+	for (size_t i = 0; i < T0buf.size; i++)
+		ck_assert_msg(!T0buf.map[i], "byte %zu written by a refused FETCH", i);
+	/* a sequence whose region (NMAX rows) does not fit buffer 2 */
+	p = params();
+	big = open_seq(&p);
+	append(big, 8);
+	for (uint32_t i = 0; i < 4; i++)
+		list[i] = list[4 + i] = i;
+	f.buf_id = 2;
+	ck_assert_int_eq(kvtd_seq_fetch(&X, big, &f), -ERANGE);
+	ck_assert_msg(strstr(Why.msg, "runs past"), "%s", Why.msg);
+	kvtd_seq_destroy(&X, big);
+	kvtd_seq_destroy(&X, q);
+	ck_assert_uint_eq(Acct.bytes, 0);
 }
 END_TEST
 
@@ -723,8 +825,7 @@ START_TEST(t_no_sketch)
 	ck_assert_uint_gt(n_int8, zone / 4);
 	for (uint32_t i = 0; i < zone; i++)
 		list[i] = S + i;
-	ck_assert_int_eq(kvtd_seq_fetch(&X, q, KVT_FETCH_F_LIST, 0, L, 0, list, NMAX, zone),
-			 (int)zone);
+	ck_assert_int_eq(fetch(q, KVT_FETCH_F_LIST, 0, L, 0, list, NMAX, zone), (int)zone);
 	for (int i = 0; i < H * D; i++)
 		qv[i] = kvt_test_lcg_gauss(&Rng);
 	for (uint32_t l = 0; l < L; l++) {
@@ -846,8 +947,7 @@ START_TEST(t_sketch_follows_int8)
 		/* what the exact stage reads: the rows FETCH stages, T2 ones dequantized */
 		for (uint32_t i = 0; i < zone; i++)
 			list[i] = S + i;
-		ck_assert_int_eq(kvtd_seq_fetch(&X, q, KVT_FETCH_F_LIST, 0, L, 0, list, NMAX, zone),
-				 (int)zone);
+		ck_assert_int_eq(fetch(q, KVT_FETCH_F_LIST, 0, L, 0, list, NMAX, zone), (int)zone);
 		for (uint32_t l = 0; l < L; l++)
 			for (uint32_t h = 0; h < H; h++)
 				sketch_same(&q->paris->sk[l * H + h],
@@ -1018,7 +1118,7 @@ START_TEST(t_steady_no_alloc)
 		/* Check allocates in its asserts: nothing between the counter reads */
 		a0 = n_alloc;
 		r1 = kvtd_seq_retier(&X, q, out, sizeof(out), &changes);
-		r2 = kvtd_seq_fetch(&X, q, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, L, 0, list, NMAX, 0);
+		r2 = fetch(q, KVT_FETCH_F_T1 | KVT_FETCH_F_T2, 0, L, 0, list, NMAX, 0);
 		a1 = n_alloc;
 		r3 = seq_topk(&X, q, 1, 16, KVT_TOPK_F_FETCH, 0, qv, H * D, tout, sizeof(tout), &n);
 		a2 = n_alloc;
@@ -1040,6 +1140,6 @@ START_TEST(t_steady_no_alloc)
 END_TEST
 
 KVT_CHECK_MAIN("seq", 60, setup, teardown, t_append_fetch_t1, t_retier_int8_fetch,
-	       t_fetch_kv_adjacent, t_score_add_invalid, t_open_invalid, t_quota, t_topk_exact,
-	       t_steady_no_alloc, t_sketch_follows_int8, t_sketch_follows_publish, t_flush_no_room,
-	       t_no_sketch)
+	       t_fetch_kv_adjacent, t_fetch_rows_to_buffer, t_score_add_invalid, t_open_invalid,
+	       t_quota, t_topk_exact, t_steady_no_alloc, t_sketch_follows_int8,
+	       t_sketch_follows_publish, t_flush_no_room, t_no_sketch)

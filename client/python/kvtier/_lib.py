@@ -122,6 +122,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         # ABI 1.4: TOPK's probe
         "kvt_topk_probe": (c_int, [P, c_uint32, c_uint32, c_uint32, c_uint, c_uint32, P,
                                    c_uint32, P, c_uint64]),
+        # ABI 1.6: FETCH to listed rows of any registered buffer
+        "kvt_fetch_rows": (c_int, [P, c_uint32, c_uint32, c_uint32, P, P, P, c_uint32]),
         # ABI 1.5: struct kvt_topk_req
         "kvt_topk_run": (c_int, [P, c_uint32, POINTER(_abi.TopkReq), P, P]),
     }

@@ -124,6 +124,7 @@ class FetchFlag(IntFlag):
     T1 = 1
     T2 = 2
     LIST = 4
+    ROWS = 8
 
 
 class TopkFlag(IntFlag):
@@ -152,7 +153,7 @@ class CtlMetricsFlag(IntFlag):
 # ---- constants (every KVT_ name, prefix dropped) ----
 
 ABI_MAJOR = 1
-ABI_MINOR = 5
+ABI_MINOR = 6
 FEAT_NEED_WAKEUP = 1
 FEAT_ALL = 1
 RING_NEED_WAKEUP = 1
@@ -193,6 +194,7 @@ APPEND_F_T0 = AppendFlag.T0
 FETCH_F_T1 = FetchFlag.T1
 FETCH_F_T2 = FetchFlag.T2
 FETCH_F_LIST = FetchFlag.LIST
+FETCH_F_ROWS = FetchFlag.ROWS
 TOPK_F_UNION = TopkFlag.UNION
 TOPK_F_FETCH = TopkFlag.FETCH
 TOPK_F_ESTIMATE = TopkFlag.ESTIMATE
@@ -399,6 +401,18 @@ class Sqe(ctypes.Structure):
     ) -> None:
         """kvt_prep_fetch() (kvtier.h), libkvtier's exported copy."""
         _prep('kvt_prep_fetch')(self, seq, flags, layer0, nlayers, stage_row, pos_off, npos)
+
+    def prep_fetch_rows(
+        self,
+        seq: int,
+        layer0: int,
+        nlayers: int,
+        buf_id: int,
+        pos_off: int,
+        npos: int,
+    ) -> None:
+        """kvt_prep_fetch_rows() (kvtier.h), libkvtier's exported copy."""
+        _prep('kvt_prep_fetch_rows')(self, seq, layer0, nlayers, buf_id, pos_off, npos)
 
     def prep_topk(self, seq: int, req_off: int) -> None:
         """kvt_prep_topk() (kvtier.h), libkvtier's exported copy."""
@@ -745,6 +759,7 @@ PREP_ARGTYPES: dict[str, list[Any]] = {
     'kvt_prep_seq_stat': [ctypes.POINTER(Sqe), c_uint32, c_uint64],
     'kvt_prep_retier': [ctypes.POINTER(Sqe), c_uint32, c_uint64, c_uint32],
     'kvt_prep_fetch': [ctypes.POINTER(Sqe), c_uint32, c_uint, c_uint32, c_uint32, c_uint32, c_uint64, c_uint32],
+    'kvt_prep_fetch_rows': [ctypes.POINTER(Sqe), c_uint32, c_uint32, c_uint32, c_uint32, c_uint64, c_uint32],
     'kvt_prep_topk': [ctypes.POINTER(Sqe), c_uint32, c_uint64],
     'kvt_prep_seq_open_prefix': [ctypes.POINTER(Sqe), c_uint64, c_uint32, c_uint32],
     'kvt_prep_ns_open': [ctypes.POINTER(Sqe), c_uint64],
@@ -848,6 +863,7 @@ CONSTANTS: dict[str, int] = {
     'KVT_FETCH_F_T1': FETCH_F_T1,
     'KVT_FETCH_F_T2': FETCH_F_T2,
     'KVT_FETCH_F_LIST': FETCH_F_LIST,
+    'KVT_FETCH_F_ROWS': FETCH_F_ROWS,
     'KVT_TOPK_F_UNION': TOPK_F_UNION,
     'KVT_TOPK_F_FETCH': TOPK_F_FETCH,
     'KVT_TOPK_F_ESTIMATE': TOPK_F_ESTIMATE,

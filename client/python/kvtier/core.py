@@ -723,6 +723,31 @@ class Sequence:
         return FetchResult(r, pos[:r].copy() if positions is None else pos)
 
     @_locked
+    def fetch_rows(self, positions: Any, rows: Any, *, layer0: int = 0,
+                   nlayers: int | None = None, buf: Buffer | None = None) -> int:
+        """FETCH @positions, position i to staging row @rows[i], of layers [@layer0, @layer0 +
+        @nlayers) (default: all from @layer0), into @buf (default: the staging region) laid
+        out as the staging region: a paged cache's blocks, one call per layer where each
+        layer is a registration of its own (ABI 1.6, kvt_fetch_rows). Returns the positions
+        staged."""
+        c, s = self._ids("kvt_fetch_rows")
+        if not _lib.has(_LIB, "kvt_fetch_rows"):
+            raise KvtierError(_errno.EOPNOTSUPP, "kvt_fetch_rows",
+                              "this libkvtier predates FETCH to listed rows (ABI 1.6)")
+        pos = _u32_array("positions", positions)
+        dst = _u32_array("rows", rows)
+        if pos.size != dst.size:
+            raise KvtierError(_errno.EINVAL, "kvt_fetch_rows",
+                              f"{pos.size} positions but {dst.size} rows: give one row each")
+        if nlayers is None:
+            nlayers = max(self.layers - int(layer0), 0)
+        h = buf._live() if buf is not None else None
+        r = _LIB.kvt_fetch_rows(c, s, _uint("layer0", layer0), _uint("nlayers", nlayers), h,
+                                pos.ctypes.data, dst.ctypes.data, pos.size)
+        _check_op(r, "kvt_fetch_rows")
+        return r
+
+    @_locked
     def topk(self, layer: int, k: int, query: Any, flags: int = 0, probe: int = 0, *,
              mode: int | str | None = None) -> TopkResult:
         """TOPK: the @k positions per kv head (per query head with TOPK_F_UNION) most likely

@@ -146,6 +146,33 @@ def test_buffer_is_zero_copy_both_ways(kvtierd):
         t0buf.free()
 
 
+def test_fetch_rows_into_another_buffer(kvtierd):
+    """fetch_rows() (ABI 1.6) stages each position at the row listed for it, into a second
+    registered buffer laid out as the staging region (a paged cache's layer), leaving the
+    staging region alone; one layer at a time; bad lists are refused with a reason."""
+    data = tokens(12)
+    with kvtier.connect(kvtierd.socket) as c:
+        stbuf, cache = c.alloc_buffer(2 * L * S * ROW), c.alloc_buffer(2 * L * S * ROW)
+        st, cv = region(stbuf), region(cache)
+        st[...] = 1.0
+        s = c.open_sequence(**geometry(policy="full", delta=4, window=4),
+                            **region_params("stage", stbuf))
+        assert s.append(data) == (12, 0)
+        pos, rows = [0, 1, 2, 3, 8, 9], [60, 61, 62, 63, 4, 5]
+        assert s.fetch_rows(pos, rows, buf=cache) == 6
+        for p_, r in zip(pos, rows):
+            np.testing.assert_array_equal(cv[:, :, r], data[p_])
+        assert (st == 1.0).all()
+        cv[...] = 0
+        assert s.fetch_rows([11], [7], layer0=1, nlayers=1, buf=cache) == 1
+        np.testing.assert_array_equal(cv[1, :, 7], data[11][1])
+        assert not cv[0].any()
+        e = raises(errno.EINVAL, s.fetch_rows, [0], [S], buf=cache)
+        assert f"staging row {S} (entry 0)" in str(e)
+        raises(errno.EINVAL, s.fetch_rows, [0, 1], [0], buf=cache)
+        s.close()
+
+
 def test_buffer_free_while_in_use_is_ebusy(kvtierd):
     with kvtier.connect(kvtierd.socket) as c:
         b = c.alloc_buffer(2 * L * S * ROW)
