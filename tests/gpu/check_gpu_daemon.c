@@ -347,6 +347,86 @@ START_TEST(gpu_client_driver_api)
 }
 END_TEST
 
+/*
+ * A serving engine's paged cache on the device, each layer a cudaMalloc of its own laid out
+ * [K|V][block][token in block][heads][dim] (vLLM's FlashAttention layout): kvt_fetch_rows()
+ * (ABI 1.6) puts a sequence's blocks into scattered cache blocks of every layer, one call per
+ * layer into that layer's registration; the cache then holds the appended rows bit for bit and
+ * nothing else.
+ */
+#define PC_NB 64 /* cache blocks */
+#define PC_BS 16 /* tokens per block */
+#define PC_N  5	 /* the sequence's blocks */
+START_TEST(gpu_fetch_rows_paged_cache)
+{
+	static const char *const dev[] = {"--backend", "cuda", NULL};
+	struct kvt_opts o = {.size = sizeof(o), .spin_us = 10};
+	struct kvt_seq_params p = {.size = sizeof(p)};
+	size_t layer_len = 2ull * PC_NB * PC_BS * ROW, n = (size_t)PC_N * PC_BS;
+	const uint32_t blocks[PC_N] = {17, 3, 63, 40, 4};
+	uint32_t pos[PC_N * PC_BS], row[PC_N * PC_BS], seq;
+	float *rows_in = malloc(n * L * 2 * H * D * sizeof(float));
+	uint8_t *got = calloc(1, layer_len), *want = calloc(1, layer_len);
+	struct kvt_buf *lb[L];
+	uint8_t *cache[L];
+	struct kvtd_proc d;
+	struct kvt_client *c;
+	uint64_t rs = 99;
+
+	ck_assert(rows_in && got && want);
+	daemon_start(&d, dev);
+	ck_assert_int_eq(kvt_connect(d.sock, &o, &c), 0);
+	for (unsigned l = 0; l < L; l++) {
+		ck_assert_int_eq(cudaMalloc((void **)&cache[l], layer_len), cudaSuccess);
+		ck_assert_int_eq(cudaMemset(cache[l], 0, layer_len), cudaSuccess);
+		ck_assert_int_eq(kvt_buf_register_cuda(c, cache[l], layer_len, &lb[l]), 0);
+	}
+	p.layers = L;
+	p.kv_heads = H;
+	p.head_dim = D;
+	p.dtype = KVT_DTYPE_F32;
+	p.policy = KVT_POLICY_FULL;
+	p.delta = 8;
+	p.hbm_frac = 1.0f;
+	p.stage_buf_id = kvt_buf_id(lb[0]);
+	p.stage_slots = PC_NB * PC_BS;
+	p.stage_slot_stride = ROW;
+	p.stage_kv_stride = (uint64_t)PC_NB * PC_BS * ROW;
+	p.stage_layer_stride = 0;
+	ck_assert_int_eq(kvt_seq_open(c, &p, &seq), 0);
+	for (size_t i = 0; i < n * L * 2 * H * D; i++)
+		rows_in[i] = (float)(int64_t)(rnd(&rs) % 2000001) / 1000.0f - 1000.0f;
+	ck_assert_int_eq(kvt_append(c, seq, rows_in, n * L * 2 * ROW, (uint32_t)n, NULL),
+			 (int64_t)n);
+	for (uint32_t i = 0; i < n; i++) {
+		pos[i] = i;
+		row[i] = blocks[i / PC_BS] * PC_BS + i % PC_BS;
+	}
+	for (unsigned l = 0; l < L; l++)
+		ck_assert_int_eq(kvt_fetch_rows(c, seq, l, 1, lb[l], pos, row, (uint32_t)n),
+				 (int)n);
+	ck_assert_int_eq(kvt_cuda_stream_wait(c, NULL), 0);
+	for (unsigned l = 0; l < L; l++) {
+		memset(want, 0, layer_len);
+		for (size_t i = 0; i < n; i++)
+			for (unsigned kv = 0; kv < 2; kv++)
+				memcpy(want + kv * p.stage_kv_stride + (uint64_t)row[i] * ROW,
+				       rows_in + ((i * L + l) * 2 + kv) * H * D, ROW);
+		ck_assert_int_eq(cudaMemcpy(got, cache[l], layer_len, cudaMemcpyDeviceToHost),
+				 cudaSuccess);
+		ck_assert_msg(!memcmp(got, want, layer_len), "layer %u's cache differs", l);
+	}
+	ck_assert_int_eq(kvt_seq_close(c, seq), 0);
+	kvt_disconnect(c);
+	for (unsigned l = 0; l < L; l++)
+		cudaFree(cache[l]);
+	ck_assert_int_eq(daemon_stop(&d), 0);
+	free(rows_in);
+	free(got);
+	free(want);
+}
+END_TEST
+
 int
 main(void)
 {
@@ -363,6 +443,7 @@ main(void)
 	tcase_add_test(t, gpu_matches_host_backend);
 	tcase_add_test(t, gpu_session_event_orders_stream);
 	tcase_add_test(t, gpu_client_driver_api);
+	tcase_add_test(t, gpu_fetch_rows_paged_cache);
 	suite_add_tcase(su, t);
 	sr = srunner_create(su);
 	/* No fork: a CUDA context does not survive fork(); each test uses its own daemons. */
