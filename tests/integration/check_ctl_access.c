@@ -39,30 +39,13 @@ static struct kvtd_proc D;
 static void
 start_with_config(const char *conf)
 {
-	char path[200];
-	const char *extra[] = {"--config", path, NULL};
-	FILE *f;
-
 	ck_assert_msg(geteuid() == 0, "check_ctl_access needs root: it connects as uid %d", NOBODY);
-	daemon_prepare(&D);
-	/* the other uid must reach the socket: traverse the directory, socket_mode 0666 */
-	ck_assert_int_eq(chmod(D.dir, 0711), 0);
-	snprintf(path, sizeof(path), "%s/kvtierd.conf", D.dir);
-	f = fopen(path, "we");
-	ck_assert_ptr_nonnull(f);
-	fprintf(f, "[daemon]\nsocket_mode = 0666\n%s", conf);
-	fclose(f);
-	daemon_spawn(&D, extra);
-	daemon_wait_ready(&D);
+	daemon_start_conf(&D, conf, DAEMON_SHARED, NULL);
 }
 
 static void
 stop(void)
 {
-	char path[200];
-
-	snprintf(path, sizeof(path), "%s/kvtierd.conf", D.dir);
-	unlink(path);
 	ck_assert_int_eq(daemon_stop(&D), 0);
 }
 

@@ -37,30 +37,17 @@ static struct kvtd_proc D;
 static void
 start(const char *conf, const char *pool_size)
 {
-	char path[200];
-	const char *extra[] = {"--pool-size", pool_size, conf ? "--config" : NULL, path, NULL};
-	FILE *f;
+	const char *extra[] = {"--pool-size", pool_size, NULL};
 
-	daemon_prepare(&D);
-	if (conf) {
-		ck_assert_int_eq(chmod(D.dir, 0711), 0);
-		snprintf(path, sizeof(path), "%s/kvtierd.conf", D.dir);
-		f = fopen(path, "we");
-		ck_assert_ptr_nonnull(f);
-		fprintf(f, "[daemon]\nsocket_mode = 0666\n%s", conf);
-		fclose(f);
-	}
-	daemon_spawn(&D, extra);
-	daemon_wait_ready(&D);
+	if (conf)
+		daemon_start_conf(&D, conf, DAEMON_SHARED, extra);
+	else
+		daemon_start(&D, extra);
 }
 
 static void
 stop(void)
 {
-	char path[200];
-
-	snprintf(path, sizeof(path), "%s/kvtierd.conf", D.dir);
-	unlink(path);
 	ck_assert_int_eq(daemon_stop(&D), 0);
 }
 

@@ -34,27 +34,12 @@ static uint8_t buf[KVT_CTL_MAX_MSG];
 static void
 start_with_config(const char *conf)
 {
-	char path[200];
-	const char *extra[] = {"--config", path, NULL};
-	FILE *f;
-
-	daemon_prepare(&D);
-	snprintf(path, sizeof(path), "%s/kvtierd.conf", D.dir);
-	f = fopen(path, "we");
-	ck_assert_ptr_nonnull(f);
-	fputs(conf, f);
-	fclose(f);
-	daemon_spawn(&D, extra);
-	daemon_wait_ready(&D);
+	daemon_start_conf(&D, conf, 0, NULL);
 }
 
 static void
 stop(void)
 {
-	char path[200];
-
-	snprintf(path, sizeof(path), "%s/kvtierd.conf", D.dir);
-	unlink(path);
 	ck_assert_int_eq(daemon_stop(&D), 0);
 }
 

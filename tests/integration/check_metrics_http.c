@@ -311,31 +311,17 @@ child_get(unsigned port, const char *req, char *out, size_t len)
 
 START_TEST(t_metrics_per_uid)
 {
-	static const char *const extra_base[] = {"--metrics-listen", "127.0.0.1:0", "--config",
-						 NULL, NULL};
+	static const char *const extra[] = {"--metrics-listen", "127.0.0.1:0", NULL};
 	static char reply[1 << 16];
-	const char *extra[5];
-	char conf[200];
 	struct kvt_opts o = {.size = sizeof(o), .name = "root-secret"};
 	struct kvt_client *c;
 	int go[2], rep[2], st, refused = 0;
 	unsigned port;
 	pid_t pid;
 	char *r, x;
-	FILE *f;
 
 	ck_assert_msg(geteuid() == 0, "t_metrics_per_uid needs root: it acts as uid %d", NOBODY);
-	memcpy(extra, extra_base, sizeof(extra));
-	daemon_prepare(&D);
-	ck_assert_int_eq(chmod(D.dir, 0711), 0); /* uid 65534 connects to the socket too */
-	snprintf(conf, sizeof(conf), "%s/kvtierd.conf", D.dir);
-	f = fopen(conf, "we");
-	ck_assert_ptr_nonnull(f);
-	fputs("[daemon]\nsocket_mode = 0666\n", f);
-	fclose(f);
-	extra[3] = conf;
-	daemon_spawn(&D, extra);
-	daemon_wait_ready(&D);
+	daemon_start_conf(&D, NULL, DAEMON_SHARED, extra); /* uid 65534 connects too */
 	port = metrics_port();
 	ck_assert_int_eq(kvt_connect(D.sock, &o, &c), 0);
 
@@ -461,23 +447,15 @@ scrape_as(uid_t uid, unsigned port, char *out, size_t len)
 START_TEST(t_metrics_admin_gids)
 {
 	static char reply[1 << 16];
-	const char *extra[] = {"--metrics-listen", "127.0.0.1:0", "--config", NULL, NULL};
-	char conf[200];
+	static const char *const extra[] = {"--metrics-listen", "127.0.0.1:0", NULL};
 	struct kvt_opts o = {.size = sizeof(o), .name = "root-secret"};
 	struct kvt_client *c;
 	unsigned port;
-	FILE *f;
+	char conf[64];
 
 	ck_assert_msg(geteuid() == 0, "t_metrics_admin_gids needs root: it acts as uid %d", NOBODY);
-	daemon_prepare(&D);
-	snprintf(conf, sizeof(conf), "%s/kvtierd.conf", D.dir);
-	f = fopen(conf, "we");
-	ck_assert_ptr_nonnull(f);
-	fprintf(f, "[daemon]\nadmin_gids = %d\n", NOBODY);
-	fclose(f);
-	extra[3] = conf;
-	daemon_spawn(&D, extra);
-	daemon_wait_ready(&D);
+	snprintf(conf, sizeof(conf), "[daemon]\nadmin_gids = %d\n", NOBODY);
+	daemon_start_conf(&D, conf, 0, extra);
 	port = metrics_port();
 	ck_assert_int_eq(kvt_connect(D.sock, &o, &c), 0);
 	for (int i = 0; i < 2; i++) {

@@ -51,18 +51,7 @@ now_s(void)
 static void
 start_conf(const char *conf)
 {
-	char path[200];
-	const char *extra[] = {"--config", path, NULL};
-	FILE *f;
-
-	daemon_prepare(&Dm);
-	snprintf(path, sizeof(path), "%s/kvtierd.conf", Dm.dir);
-	f = fopen(path, "we");
-	ck_assert_ptr_nonnull(f);
-	fprintf(f, "%s", conf);
-	fclose(f);
-	daemon_spawn(&Dm, extra);
-	daemon_wait_ready(&Dm);
+	daemon_start_conf(&Dm, conf, 0, NULL);
 }
 
 static struct kvt_client *

@@ -48,19 +48,7 @@ start(void)
 static void
 start_conf(const char *conf)
 {
-	char path[200];
-	const char *extra[] = {"--config", path, NULL};
-	FILE *f;
-
-	daemon_prepare(&Dm);
-	ck_assert_int_eq(chmod(Dm.dir, 0711), 0);
-	snprintf(path, sizeof(path), "%s/kvtierd.conf", Dm.dir);
-	f = fopen(path, "we");
-	ck_assert_ptr_nonnull(f);
-	fprintf(f, "[daemon]\nsocket_mode = 0666\n%s", conf);
-	fclose(f);
-	daemon_spawn(&Dm, extra);
-	daemon_wait_ready(&Dm);
+	daemon_start_conf(&Dm, conf, DAEMON_SHARED, NULL);
 }
 
 static void

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -83,6 +84,32 @@ daemon_start(struct kvtd_proc *p, const char *const *extra)
 }
 
 void
+daemon_start_conf(struct kvtd_proc *p, const char *conf, unsigned flags, const char *const *extra)
+{
+	char path[sizeof(p->dir) + 16];
+	const char *args[16] = {"--config", path};
+	unsigned n = 2;
+	FILE *f;
+
+	daemon_prepare(p);
+	if (flags & DAEMON_SHARED)
+		ck_assert_int_eq(chmod(p->dir, 0711), 0);
+	snprintf(path, sizeof(path), "%s/kvtierd.conf", p->dir);
+	f = fopen(path, "we");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "%s%s", flags & DAEMON_SHARED ? "[daemon]\nsocket_mode = 0666\n" : "",
+		conf ? conf : "");
+	ck_assert_int_eq(fclose(f), 0);
+	for (; extra && *extra; extra++) {
+		ck_assert_uint_lt(n, sizeof(args) / sizeof(args[0]) - 1);
+		args[n++] = *extra;
+	}
+	args[n] = NULL;
+	daemon_spawn(p, args);
+	daemon_wait_ready(p);
+}
+
+void
 daemon_wait_ready(struct kvtd_proc *p)
 {
 	for (int i = 0; i < 500; i++) {
@@ -130,8 +157,12 @@ daemon_stop(struct kvtd_proc *p)
 {
 	int r;
 
+	char path[sizeof(p->dir) + 16];
+
 	kill(p->pid, SIGTERM);
 	r = daemon_wait(p, 30000);
+	snprintf(path, sizeof(path), "%s/kvtierd.conf", p->dir);
+	unlink(path); /* daemon_start_conf()'s, if any */
 	if (getenv("KVT_TEST_KEEP_LOG") == NULL) {
 		unlink(p->log);
 		rmdir(p->dir);

@@ -20,6 +20,13 @@ struct kvtd_proc {
 /* Starts kvtierd with "--socket <dir>/kvtierd.sock --pool-size 64M" plus @extra (NULL-ended)
  * and waits until it answers STATUS. Aborts the test on failure. */
 void daemon_start(struct kvtd_proc *p, const char *const *extra);
+/* daemon_start() with a config file <dir>/kvtierd.conf holding @conf (NULL: none) and "--config"
+ * it before @extra (may be NULL). With DAEMON_SHARED, other uids reach the daemon: the directory
+ * is 0711 and the file starts with "[daemon] socket_mode = 0666" (@conf may go on in [daemon]).
+ * daemon_stop() removes the file. */
+#define DAEMON_SHARED 1u
+void daemon_start_conf(struct kvtd_proc *p, const char *conf, unsigned flags,
+		       const char *const *extra);
 /* The parts of daemon_start(): a temp dir with the socket and log paths; fork and exec kvtierd
  * with the same arguments, without waiting for it to answer. */
 void daemon_prepare(struct kvtd_proc *p);
