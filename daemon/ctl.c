@@ -9,6 +9,8 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <json-c/json.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,30 +47,32 @@ kvtd_ctl_reply_json(struct kvtd_conn *c, uint64_t id, struct json_object *o)
 }
 
 /* METRICS: the text exposition (KVT_CTL_TEXT) or its JSON document (metrics_format.h). */
-static void
-handle_metrics(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_metrics *m, size_t len)
+static int
+ctl_metrics(struct kvtd *d, struct kvtd_conn *c, const void *msg, size_t len, int fd)
 {
+	const struct kvt_ctl_metrics *m = msg;
 	struct json_object *doc = NULL;
 	struct kvt_ctl_hdr h = {.type = KVT_CTL_TEXT, .id = m->hdr.id};
 	char *text = NULL;
 	size_t tlen = 0;
 	int r;
 
-	if (len != sizeof(*m) || (m->flags & ~KVT_CTL_METRICS_F_ALL) || m->reserved0) {
-		kvtd_conn_error(c->fd, m->hdr.id, -EINVAL,
-				"malformed METRICS request: want %zu bytes, flags within 0x%x and "
-				"reserved0 zero",
-				sizeof(*m), KVT_CTL_METRICS_F_ALL);
-		return;
+	if ((m->flags & ~KVT_CTL_METRICS_F_ALL) || m->reserved0) {
+		kvtd_conn_error(
+		    c->fd, m->hdr.id, -EINVAL,
+		    "malformed METRICS request: flags 0x%x not within 0x%x, or reserved0 "
+		    "%u not zero",
+		    m->flags, KVT_CTL_METRICS_F_ALL, m->reserved0);
+		return 0;
 	}
 	r = kvtd_prom_render(d, m->flags, c->privileged ? NULL : &c->uid, &text, &tlen, &doc);
 	if (r < 0) {
 		kvtd_conn_error(c->fd, m->hdr.id, r, "metrics unavailable: %s", strerror(-r));
-		return;
+		return 0;
 	}
 	if (doc) {
 		kvtd_ctl_reply_json(c, m->hdr.id, doc);
-		return;
+		return 0;
 	}
 	if (sizeof(h) + tlen + 1 > KVT_CTL_MAX_MSG) {
 		kvtd_conn_error(
@@ -78,25 +82,27 @@ handle_metrics(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_metrics
 		    tlen, KVT_CTL_MAX_MSG);
 	} else {
 		struct iovec iov[2] = {{&h, sizeof(h)}, {text, tlen + 1}};
-		struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
+		struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
 
 		h.len = (uint32_t)(sizeof(h) + tlen + 1);
-		sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+		sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
 	}
 	free(text);
+	return 0;
 }
 
 static int
-handle_buf_register(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_buf_register *m,
-		    size_t len, int fd)
+ctl_buf_register(struct kvtd *d, struct kvtd_conn *c, const void *msg, size_t len, int fd)
 {
+	const struct kvt_ctl_buf_register *m = msg;
 	struct kvt_ctl_buf_registered ok;
 	struct kvt_dev_import imp;
 	struct kvt_dev_buf *buf;
 	int r;
 
-	if (len < sizeof(*m) || m->flags || m->reserved[0] || m->reserved[1]) {
-		kvtd_conn_error(c->fd, m->hdr.id, -EINVAL, "malformed BUF_REGISTER");
+	if (m->flags || m->reserved[0] || m->reserved[1]) {
+		kvtd_conn_error(c->fd, m->hdr.id, -EINVAL,
+				"malformed BUF_REGISTER: flags and reserved must be zero");
 		return 0;
 	}
 	if (m->kind == KVT_BUF_HOST_MEMFD && fd < 0) {
@@ -149,15 +155,17 @@ handle_buf_register(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_bu
 	return 0;
 }
 
-static void
-handle_buf_unregister(struct kvtd_conn *c, const struct kvt_ctl_buf_unregister *m, size_t len)
+static int
+ctl_buf_unregister(struct kvtd *d, struct kvtd_conn *c, const void *msg, size_t len, int fd)
 {
+	const struct kvt_ctl_buf_unregister *m = msg;
 	struct kvt_ctl_hdr ok = {.type = KVT_CTL_OK, .len = sizeof(ok), .id = m->hdr.id};
 	int r;
 
-	if (len < sizeof(*m) || m->reserved0) {
-		kvtd_conn_error(c->fd, m->hdr.id, -EINVAL, "malformed BUF_UNREGISTER");
-		return;
+	if (m->reserved0) {
+		kvtd_conn_error(c->fd, m->hdr.id, -EINVAL,
+				"malformed BUF_UNREGISTER: reserved0 must be zero");
+		return 0;
 	}
 	kvtd_poller_lock(c->s->poller);
 	r = kvtd_session_buf_unregister(c->s, m->buf_id);
@@ -169,19 +177,22 @@ handle_buf_unregister(struct kvtd_conn *c, const struct kvt_ctl_buf_unregister *
 				m->buf_id);
 	else
 		send(c->fd, &ok, sizeof(ok), MSG_NOSIGNAL | MSG_DONTWAIT);
+	return 0;
 }
 
-static void
-handle_event_get(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_event_get *m, size_t len)
+static int
+ctl_event_get(struct kvtd *d, struct kvtd_conn *c, const void *msg, size_t len, int fd)
 {
+	const struct kvt_ctl_event_get *m = msg;
 	struct kvt_ctl_event ev = {
 	    .hdr = {.type = KVT_CTL_EVENT, .len = sizeof(ev), .id = m->hdr.id}};
 	struct kvtd_session *s = c->s;
 	int r = 0;
 
-	if (len < sizeof(*m) || m->reserved[0] || m->reserved[1]) {
-		kvtd_conn_error(c->fd, m->hdr.id, -EINVAL, "malformed EVENT_GET");
-		return;
+	if (m->reserved[0] || m->reserved[1]) {
+		kvtd_conn_error(c->fd, m->hdr.id, -EINVAL,
+				"malformed EVENT_GET: reserved must be zero");
+		return 0;
 	}
 	if (!s->dev_event) {
 		struct kvt_dev_event *e;
@@ -207,10 +218,11 @@ handle_event_get(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_event
 				      "when the CQE is posted"
 				    : "no event on the %s backend: %s",
 				kvt_dev_name(d->dev), strerror(-r));
-		return;
+		return 0;
 	}
 	memcpy(ev.ipc_handle, s->event_handle, sizeof(ev.ipc_handle));
 	send(c->fd, &ev, sizeof(ev), MSG_NOSIGNAL | MSG_DONTWAIT);
+	return 0;
 }
 
 /* An admin request: the connection is an admin one, idle from now. */
@@ -258,31 +270,135 @@ keep_visible(struct kvtd *d, const struct kvtd_conn *c, struct json_object *doc,
 /* BLOCKS: a peer that is not privileged sees the namespaces of its own uid's scope, and of the
  * shared scope when it is in it (the scope its sessions get at HELLO), not what other users'
  * models and prompts are. */
-static void
-handle_blocks(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hdr *h, size_t len)
+static int
+ctl_blocks(struct kvtd *d, struct kvtd_conn *c, const void *msg, size_t len, int fd)
 {
+	const struct kvt_ctl_hdr *h = msg;
 	const struct kvtd_config *cfg = &d->cfg;
 	uint64_t scopes[2] = {(uint64_t)c->uid + 1, 0};
 	unsigned n = 1;
 
-	if (len != sizeof(*h)) {
-		kvtd_conn_error(c->fd, h->id, -EINVAL,
-				"malformed BLOCKS request: %zu bytes, want %zu", len, sizeof(*h));
-		return;
-	}
 	for (unsigned i = 0; i < cfg->n_prefix_share_uids; i++)
 		if (cfg->prefix_share_uids[i] == c->uid)
 			n = 2;
 	if (kvtd_peer_in_groups(c->fd, c->gid, cfg->prefix_share_gids, cfg->n_prefix_share_gids))
 		n = 2;
 	kvtd_ctl_reply_json(c, h->id, kvtd_stats_blocks(d, c->privileged ? NULL : scopes, n));
+	return 0;
 }
 
-/* One message. Returns < 0 to drop the connection. */
+static int
+ctl_hello(struct kvtd *d, struct kvtd_conn *c, const void *msg, size_t len, int fd)
+{
+	return kvtd_listen_hello(d, c, msg);
+}
+
+static int
+ctl_status(struct kvtd *d, struct kvtd_conn *c, const void *msg, size_t len, int fd)
+{
+	kvtd_ctl_reply_json(c, ((const struct kvt_ctl_hdr *)msg)->id, kvtd_stats_status(d));
+	return 0;
+}
+
+static int
+ctl_clients(struct kvtd *d, struct kvtd_conn *c, const void *msg, size_t len, int fd)
+{
+	kvtd_ctl_reply_json(c, ((const struct kvt_ctl_hdr *)msg)->id,
+			    keep_visible(d, c, kvtd_stats_clients(d), "clients"));
+	return 0;
+}
+
+static int
+ctl_seqs(struct kvtd *d, struct kvtd_conn *c, const void *msg, size_t len, int fd)
+{
+	kvtd_ctl_reply_json(c, ((const struct kvt_ctl_hdr *)msg)->id,
+			    keep_visible(d, c, kvtd_stats_seqs(d), "seqs"));
+	return 0;
+}
+
+static int
+ctl_restart(struct kvtd *d, struct kvtd_conn *c, const void *msg, size_t len, int fd)
+{
+	const struct kvt_ctl_hdr *h = msg;
+
+	if (d->restart_pending) {
+		kvtd_conn_error(c->fd, h->id, -EALREADY,
+				"a restart is already under way; the request that asked first "
+				"gets its answer");
+		return 0;
+	}
+	/* At the end of this turn of the loop; the reply comes from the new process. */
+	d->restart_pending = 1;
+	d->restart_conn = c;
+	d->restart_req_id = h->id;
+	return 0;
+}
+
+#define CTL(n, len_lo, len_hi, nd, adm, only, f)                                                   \
+	{                                                                                          \
+		.name = n, .min_len = len_lo, .max_len = len_hi, .needs = nd, .admin = adm,        \
+		.admin_only = only, .fn = f                                                        \
+	}
+#define HDR sizeof(struct kvt_ctl_hdr)
+#define ANY KVT_CTL_MAX_MSG
+
+/* One row per request type; a type without one is refused (-EINVAL). */
+static const struct kvtd_ctl_def ctl_defs[] = {
+    [KVT_CTL_HELLO] = CTL("HELLO", sizeof(struct kvt_ctl_hello), ANY, KVTD_CTL_NEEDS_NEW, false,
+			  false, ctl_hello),
+    [KVT_CTL_BUF_REGISTER] = CTL("BUF_REGISTER", sizeof(struct kvt_ctl_buf_register), ANY,
+				 KVTD_CTL_NEEDS_SESSION, false, false, ctl_buf_register),
+    [KVT_CTL_BUF_UNREGISTER] = CTL("BUF_UNREGISTER", sizeof(struct kvt_ctl_buf_unregister), ANY,
+				   KVTD_CTL_NEEDS_SESSION, false, false, ctl_buf_unregister),
+    [KVT_CTL_EVENT_GET] = CTL("EVENT_GET", sizeof(struct kvt_ctl_event_get), ANY,
+			      KVTD_CTL_NEEDS_SESSION, false, false, ctl_event_get),
+    [KVT_CTL_STATUS] = CTL("STATUS", HDR, ANY, KVTD_CTL_NEEDS_NONE, true, false, ctl_status),
+    [KVT_CTL_CLIENTS] = CTL("CLIENTS", HDR, ANY, KVTD_CTL_NEEDS_NONE, true, false, ctl_clients),
+    [KVT_CTL_SEQS] = CTL("SEQS", HDR, ANY, KVTD_CTL_NEEDS_NONE, true, false, ctl_seqs),
+    [KVT_CTL_RESTART] = CTL("RESTART", HDR, ANY, KVTD_CTL_NEEDS_NONE, true, true, ctl_restart),
+    [KVT_CTL_METRICS] =
+	CTL("METRICS", sizeof(struct kvt_ctl_metrics), sizeof(struct kvt_ctl_metrics),
+	    KVTD_CTL_NEEDS_NONE, true, false, ctl_metrics),
+    [KVT_CTL_BLOCKS] = CTL("BLOCKS", HDR, HDR, KVTD_CTL_NEEDS_NONE, true, false, ctl_blocks),
+};
+
+#undef CTL
+#undef HDR
+#undef ANY
+
+const struct kvtd_ctl_def *
+kvtd_ctl_def(uint32_t type)
+{
+	if (type >= sizeof(ctl_defs) / sizeof(ctl_defs[0]) || !ctl_defs[type].fn)
+		return NULL;
+	return &ctl_defs[type];
+}
+
+/* A refusal: ERROR @err with the reason. A connection still new (nothing valid said yet) is
+ * dropped after it; any other goes on. Returns what handle_msg() returns. */
+static int ctl_refuse(struct kvtd_conn *c, uint64_t id, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int
+ctl_refuse(struct kvtd_conn *c, uint64_t id, int err, const char *fmt, ...)
+{
+	char why[sizeof(((struct kvt_ctl_error *)0)->msg)];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	kvtd_conn_error(c->fd, id, err, "%s", why);
+	return c->state == CONN_NEW ? err : 0;
+}
+
+/* One message. Returns < 0 to drop the connection. Every check a row asks for is made here, in
+ * this order and with these errnos, for every type alike; the handler then checks its payload. */
 static int
 handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, int fd)
 {
 	const struct kvt_ctl_hdr *h = (const struct kvt_ctl_hdr *)buf;
+	const struct kvtd_ctl_def *def;
 
 	if (c->state == CONN_REFUSED && c->refused == -EUSERS) {
 		kvtd_conn_error(
@@ -300,81 +416,35 @@ handle_msg(struct kvtd *d, struct kvtd_conn *c, const uint8_t *buf, size_t len, 
 		    (unsigned)c->uid);
 		return -EACCES;
 	}
-	if (len < sizeof(*h) || h->len != len) {
-		kvtd_conn_error(c->fd, len >= sizeof(*h) ? h->id : 0, -EINVAL,
-				"malformed control message (%zu bytes)", len);
-		return c->state == CONN_NEW ? -EINVAL : 0;
-	}
-	switch (h->type) {
-	case KVT_CTL_HELLO:
-		if (c->state != CONN_NEW) {
-			kvtd_conn_error(c->fd, h->id, -EALREADY, "HELLO already said");
-			return 0;
-		}
-		return kvtd_listen_hello(d, c, (const void *)buf, len);
-	case KVT_CTL_STATUS:
+	if (len < sizeof(*h) || h->len != len)
+		return ctl_refuse(c, len >= sizeof(*h) ? h->id : 0, -EINVAL,
+				  "malformed control message (%zu bytes)", len);
+	def = kvtd_ctl_def(h->type);
+	if (!def)
+		return ctl_refuse(c, h->id, -EINVAL, "unknown control message type %u", h->type);
+	if (def->admin)
 		admin_touch(d, c);
-		kvtd_ctl_reply_json(c, h->id, kvtd_stats_status(d));
-		return 0;
-	case KVT_CTL_CLIENTS:
-		admin_touch(d, c);
-		kvtd_ctl_reply_json(c, h->id, keep_visible(d, c, kvtd_stats_clients(d), "clients"));
-		return 0;
-	case KVT_CTL_SEQS:
-		admin_touch(d, c);
-		kvtd_ctl_reply_json(c, h->id, keep_visible(d, c, kvtd_stats_seqs(d), "seqs"));
-		return 0;
-	case KVT_CTL_BLOCKS:
-		admin_touch(d, c);
-		handle_blocks(d, c, h, len);
-		return 0;
-	case KVT_CTL_RESTART:
-		admin_touch(d, c);
-		if (!c->privileged) {
-			kvtd_conn_error(
-			    c->fd, h->id, -EPERM,
-			    "restart is for root, kvtierd's uid or an admin_gids group");
-			return 0;
-		}
-		if (d->restart_pending) {
-			kvtd_conn_error(
-			    c->fd, h->id, -EALREADY,
-			    "a restart is already under way; the request that asked first "
-			    "gets its answer");
-			return 0;
-		}
-		/* At the end of this turn of the loop; the reply comes from the new process. */
-		d->restart_pending = 1;
-		d->restart_conn = c;
-		d->restart_req_id = h->id;
-		return 0;
-	case KVT_CTL_METRICS:
-		admin_touch(d, c);
-		handle_metrics(d, c, (const void *)buf, len);
-		return 0;
-	case KVT_CTL_BUF_REGISTER:
-	case KVT_CTL_BUF_UNREGISTER:
-		if (c->state != CONN_SESSION) {
-			kvtd_conn_error(c->fd, h->id, -ENOTCONN,
-					"buffer registration needs a session "
-					"(send HELLO first)");
-			return c->state == CONN_NEW ? -ENOTCONN : 0;
-		}
-		if (h->type == KVT_CTL_BUF_REGISTER)
-			return handle_buf_register(d, c, (const void *)buf, len, fd);
-		handle_buf_unregister(c, (const void *)buf, len);
-		return 0;
-	case KVT_CTL_EVENT_GET:
-		if (c->state != CONN_SESSION) {
-			kvtd_conn_error(c->fd, h->id, -ENOTCONN, "EVENT_GET needs a session");
-			return c->state == CONN_NEW ? -ENOTCONN : 0;
-		}
-		handle_event_get(d, c, (const void *)buf, len);
-		return 0;
-	default:
-		kvtd_conn_error(c->fd, h->id, -EINVAL, "unknown control message type %u", h->type);
-		return c->state == CONN_NEW ? -EINVAL : 0;
-	}
+	if (def->needs == KVTD_CTL_NEEDS_NEW && c->state != CONN_NEW)
+		return ctl_refuse(
+		    c, h->id, -EALREADY,
+		    "%s refused: HELLO comes first and once on a connection (this one "
+		    "has said HELLO or an admin request)",
+		    def->name);
+	if (def->admin_only && !c->privileged)
+		return ctl_refuse(c, h->id, -EPERM,
+				  "%s is for root, kvtierd's uid or an admin_gids group",
+				  def->name);
+	if (def->needs == KVTD_CTL_NEEDS_SESSION && c->state != CONN_SESSION)
+		return ctl_refuse(c, h->id, -ENOTCONN, "%s needs a session (send HELLO first)",
+				  def->name);
+	if (len < def->min_len || len > def->max_len)
+		return ctl_refuse(c, h->id, -EINVAL, "malformed %s request: %zu bytes, want %s%u",
+				  def->name, len,
+				  def->min_len == def->max_len ? ""
+				  : len < def->min_len	       ? "at least "
+							       : "at most ",
+				  len < def->min_len ? def->min_len : def->max_len);
+	return def->fn(d, c, buf, len, fd);
 }
 
 /* Readable or hung up. Returns < 0 when the connection is to be closed. */

@@ -146,7 +146,7 @@ pow2_up(uint64_t v)
 }
 
 int
-kvtd_listen_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hello *h, size_t len)
+kvtd_listen_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hello *h)
 {
 	const struct kvtd_config *cfg = &d->cfg;
 	struct kvt_ctl_welcome w;
@@ -154,10 +154,6 @@ kvtd_listen_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hell
 	uint64_t sq, cq, arena;
 	int r;
 
-	if (len < sizeof(*h)) {
-		kvtd_conn_error(c->fd, h->hdr.id, -EINVAL, "HELLO too short (%zu bytes)", len);
-		return -EINVAL;
-	}
 	if (h->abi_major != KVT_ABI_MAJOR) {
 		kvtd_conn_error(c->fd, h->hdr.id, -EPROTO,
 				"ABI mismatch: client speaks %u.%u, kvtierd speaks %u.%u",

@@ -10,7 +10,6 @@
 #ifndef KVTD_LISTEN_H
 #define KVTD_LISTEN_H
 
-#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -69,10 +68,10 @@ void kvtd_listen_resume(struct kvtd *d);
  * Returns 0 or -EBUSY (kvtd_ring_poll()). */
 int kvtd_listen_poll(struct kvtd *d, int fd, uint64_t user_data);
 
-/* HELLO on a new connection: admits a session within the limits, answers WELCOME with its three
- * descriptors. Returns 0, or -errno after answering ERROR (the caller drops the connection). */
-int kvtd_listen_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hello *h,
-		      size_t len);
+/* HELLO (@h: all sizeof(*h) bytes, ctl.c checks) on a new connection: admits a session within
+ * the limits, answers WELCOME with its three descriptors. Returns 0, or -errno after answering
+ * ERROR (the caller drops the connection). */
+int kvtd_listen_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hello *h);
 /* The account of @uid's sessions: its entry, or a free one set up with the uid's limits
  * (pool_bytes_per_uid, pool_share_per_uid, classes_per_uid); NULL when all d->n_uids are taken.
  * The caller counts its session in ->sessions. */
