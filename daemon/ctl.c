@@ -274,15 +274,9 @@ static int
 ctl_blocks(struct kvtd *d, struct kvtd_conn *c, const void *msg, size_t len, int fd)
 {
 	const struct kvt_ctl_hdr *h = msg;
-	const struct kvtd_config *cfg = &d->cfg;
 	uint64_t scopes[2] = {(uint64_t)c->uid + 1, 0};
-	unsigned n = 1;
+	unsigned n = kvtd_conn_prefix_scope(d, c) == 0 ? 2 : 1;
 
-	for (unsigned i = 0; i < cfg->n_prefix_share_uids; i++)
-		if (cfg->prefix_share_uids[i] == c->uid)
-			n = 2;
-	if (kvtd_peer_in_groups(c->fd, c->gid, cfg->prefix_share_gids, cfg->n_prefix_share_gids))
-		n = 2;
 	kvtd_ctl_reply_json(c, h->id, kvtd_stats_blocks(d, c->privileged ? NULL : scopes, n));
 	return 0;
 }

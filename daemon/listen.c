@@ -223,13 +223,7 @@ kvtd_listen_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_hell
 	s->uid = c->uid;
 	s->gid = c->gid;
 	s->uid_ent = c->uid_ent;
-	/* prefix blocks: the uid's own scope, or the shared one of prefix share_uids/gids */
-	s->prefix_scope = (uint64_t)c->uid + 1;
-	for (unsigned i = 0; i < cfg->n_prefix_share_uids; i++)
-		if (cfg->prefix_share_uids[i] == c->uid)
-			s->prefix_scope = 0;
-	if (kvtd_peer_in_groups(c->fd, c->gid, cfg->prefix_share_gids, cfg->n_prefix_share_gids))
-		s->prefix_scope = 0;
+	s->prefix_scope = kvtd_conn_prefix_scope(d, c); /* prefix.c decides */
 	memcpy(s->name, h->name, sizeof(s->name));
 	s->name[sizeof(s->name) - 1] = '\0';
 	for (char *p = s->name; *p; p++)
@@ -292,33 +286,66 @@ gid_listed(const gid_t *list, unsigned n, gid_t g)
 	return 0;
 }
 
-/* Is the peer's primary group, or one of its supplementary groups (SO_PEERGROUPS, taken at
- * connect() like SO_PEERCRED), in @list? */
-int
-kvtd_peer_in_groups(int fd, gid_t gid, const gid_t *list, unsigned n)
+/* The peer's groups: @gid, its primary one, then the supplementary ones SO_PEERGROUPS gives
+ * (taken at connect(), like SO_PEERCRED); @gid alone where the kernel cannot say (before 4.13) or
+ * memory is short. Returns the count; *@ret_gids is @small (room for @n_small) or, for more, an
+ * allocation the caller frees. */
+static size_t
+peer_groups(int fd, gid_t gid, gid_t *small, size_t n_small, gid_t **ret_gids)
 {
-	gid_t small[64], *g = small;
-	socklen_t len = sizeof(small);
+	socklen_t len = (socklen_t)((n_small - 1) * sizeof(gid_t));
+	gid_t *g = small;
+
+	*ret_gids = small;
+	small[0] = gid;
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, small + 1, &len) == 0)
+		return 1 + len / sizeof(gid_t);
+	if (errno != ERANGE) /* e.g. a kernel before 4.13: the primary group only */
+		return 1;
+	g = malloc(sizeof(gid_t) + len); /* len now says how much the peer's groups take */
+	if (!g)
+		return 1;
+	g[0] = gid;
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g + 1, &len) < 0) {
+		free(g);
+		return 1;
+	}
+	*ret_gids = g;
+	return 1 + len / sizeof(gid_t);
+}
+
+/* Is one of the peer's groups (peer_groups()) in @list? */
+static int
+peer_in_groups(int fd, gid_t gid, const gid_t *list, unsigned n)
+{
+	gid_t small[65], *g;
+	size_t ng;
 	int found = 0;
 
 	if (!n)
 		return 0;
-	if (gid_listed(list, n, gid))
-		return 1;
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) < 0) {
-		if (errno != ERANGE) /* e.g. a kernel before 4.13: the primary group only */
-			return 0;
-		g = malloc(len); /* len now says how much the peer's groups take */
-		if (!g || getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &len) < 0) {
-			free(g);
-			return 0;
-		}
-	}
-	for (size_t i = 0; i < len / sizeof(gid_t) && !found; i++)
+	ng = peer_groups(fd, gid, small, 65, &g);
+	for (size_t i = 0; i < ng && !found; i++)
 		found = gid_listed(list, n, g[i]);
 	if (g != small)
 		free(g);
 	return found;
+}
+
+uint64_t
+kvtd_conn_prefix_scope(const struct kvtd *d, const struct kvtd_conn *c)
+{
+	gid_t small[65], *g = small;
+	size_t ng = 1;
+	uint64_t scope;
+
+	small[0] = c->gid;
+	if (d->cfg.n_prefix_share_gids) /* else its groups do not matter */
+		ng = peer_groups(c->fd, c->gid, small, 65, &g);
+	scope = kvtd_prefix_scope(&d->cfg, c->uid, g, ng);
+	if (g != small)
+		free(g);
+	return scope;
 }
 
 static int
@@ -331,7 +358,7 @@ peer_allowed(const struct kvtd_config *cfg, int fd, const struct ucred *cred)
 	for (unsigned i = 0; i < cfg->n_allowed_uids; i++)
 		if (cfg->allowed_uids[i] == cred->uid)
 			return 1;
-	return kvtd_peer_in_groups(fd, cred->gid, cfg->allowed_gids, cfg->n_allowed_gids);
+	return peer_in_groups(fd, cred->gid, cfg->allowed_gids, cfg->n_allowed_gids);
 }
 
 /* May the peer see other users' sessions? */
@@ -339,7 +366,7 @@ static int
 peer_privileged(const struct kvtd_config *cfg, int fd, const struct ucred *cred)
 {
 	return cred->uid == 0 || cred->uid == geteuid() ||
-	       kvtd_peer_in_groups(fd, cred->gid, cfg->admin_gids, cfg->n_admin_gids);
+	       peer_in_groups(fd, cred->gid, cfg->admin_gids, cfg->n_admin_gids);
 }
 
 /* Connections @uid holds now, refused ones still to be answered included. */

@@ -76,9 +76,9 @@ int kvtd_listen_hello(struct kvtd *d, struct kvtd_conn *c, const struct kvt_ctl_
  * (pool_bytes_per_uid, pool_share_per_uid, classes_per_uid); NULL when all d->n_uids are taken.
  * The caller counts its session in ->sessions. */
 struct kvtd_uid *kvtd_uid_get(struct kvtd *d, uid_t uid);
-/* Is the peer's primary group @gid, or one of its supplementary groups (SO_PEERGROUPS on @fd),
- * in @list? */
-int kvtd_peer_in_groups(int fd, gid_t gid, const gid_t *list, unsigned n);
+/* The prefix scope of @c's sessions: kvtd_prefix_scope() on the peer's uid and groups (its
+ * primary and supplementary ones, SO_PEERGROUPS). */
+uint64_t kvtd_conn_prefix_scope(const struct kvtd *d, const struct kvtd_conn *c);
 
 /* Ends @c: its session (folded into the daemon's counters, then destroyed), its uid's count,
  * its descriptor; frees it and lets the listener resume. */
