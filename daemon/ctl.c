@@ -1,10 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * ctl.c - the control messages of a connection: each is read whole (SOCK_SEQPACKET, with the
- * descriptors it carries), checked and answered with exactly one reply carrying its id. Admin
- * requests (STATUS, CLIENTS, SEQS, BLOCKS, METRICS, RESTART) make a connection an admin one;
- * buffer registration and EVENT_GET need the session that HELLO (listen.c) admitted.
- * A peer that is not privileged sees only what is its own uid's.
+ * descriptors it carries), checked and answered with exactly one reply carrying its id. One
+ * table row per request type (ctl_defs, struct kvtd_ctl_def in ctl.h) says what it needs of its
+ * connection and its length; handle_msg() checks those for every type alike, then the row's
+ * handler checks its payload. Admin requests (STATUS, CLIENTS, SEQS, BLOCKS, METRICS, RESTART)
+ * make a connection an admin one; buffer registration and EVENT_GET need the session that HELLO
+ * (listen.c) admitted. A peer that is not privileged sees only what is its own uid's.
+ * To add a request: its type and struct in proto/kvt_ctl.h, one row and one handler here, its
+ * line in check_ctl_table's spec[] (the protocol the rows are held to).
  */
 #define _GNU_SOURCE
 #include <errno.h>
