@@ -17,13 +17,13 @@ struct kvtd_session;
 /* A control connection as a restart carries it across exec (restart.c). */
 struct kvtd_conn_info {
 	int fd;
-	int state; /* loop.c's CONN_* */
+	int state; /* listen.h's CONN_* */
 	pid_t pid;
 	uid_t uid;
 	gid_t gid;
 	int privileged;
 	struct kvtd_session *s; /* CONN_SESSION only */
-	void *conn;		/* loop.c's handle (compared with d->restart_conn) */
+	void *conn;		/* a struct kvtd_conn (listen.h) (compared with d->restart_conn) */
 };
 
 /* Calls @fn for every open connection but those being closed or whose session broke (they

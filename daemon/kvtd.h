@@ -72,7 +72,7 @@ struct kvtd {
 	struct kvtd_conn *conns;
 	unsigned n_conns;  /* bounded by cfg.max_connections */
 	int listen_armed;  /* a poll on listen_fd is in flight */
-	int listen_paused; /* not accepting: LISTEN_FULL or LISTEN_NOFD (loop.c) */
+	int listen_paused; /* not accepting: LISTEN_FULL or LISTEN_NOFD (listen.h) */
 	unsigned rearm;	   /* 1 << SRC_*: fixed sources whose poll awaits room in the SQ (loop.c) */
 	unsigned n_sessions;
 	uint32_t next_session_id;

@@ -794,7 +794,7 @@ kvtd_op_run(struct kvtd_session *s, const struct kvt_sqe *e, struct kvt_cqe *c, 
 	}
 	c->res = r;
 	/* Per-session counters only: the hot path touches no shared cache line. The daemon
-	 * totals fold them in when a session ends (loop.c). */
+	 * totals fold them in when a session ends (listen.c). */
 	kvtd_op_stats_add(&s->opst, e->opcode, r);
 	if (start_ns) {
 		end_ns = kvtd_now_ns();

@@ -5,7 +5,7 @@
  * Each session keeps its own struct kvtd_op_stats, written by its poller with the poller lock
  * held (kvtd_op_run), so the hot path writes no cache line another thread writes. The main
  * thread reads a session's under the same lock for /metrics and folds it into the daemon's
- * ended-sessions total when the session ends (loop.c), as it does for the ops/errors counters.
+ * ended-sessions total when the session ends (listen.c), as it does for the ops/errors counters.
  *
  * count and errors count every op. The latency histogram (timed, sum_ns, bucket) holds the
  * ops that were timed: a clock read costs about as much as a NOP, so a session alone on its

@@ -13,6 +13,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "config.h"
 #include "prefix.h"
 
 #define TAB_INIT    1024
@@ -854,6 +855,19 @@ kvtd_prefix_limits(struct kvtd_prefix *px, uint32_t ns_per_scope, uint64_t bytes
 	px->ns_per_scope = ns_per_scope;
 	px->bytes_per_scope = bytes_per_scope;
 	pthread_mutex_unlock(&px->lock);
+}
+
+uint64_t
+kvtd_prefix_scope(const struct kvtd_config *cfg, uid_t uid, const gid_t *gids, size_t n_gids)
+{
+	for (unsigned i = 0; i < cfg->n_prefix_share_uids; i++)
+		if (cfg->prefix_share_uids[i] == uid)
+			return 0;
+	for (size_t i = 0; i < n_gids; i++)
+		for (unsigned j = 0; j < cfg->n_prefix_share_gids; j++)
+			if (cfg->prefix_share_gids[j] == gids[i])
+				return 0;
+	return (uint64_t)uid + 1;
 }
 
 void

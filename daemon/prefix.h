@@ -24,11 +24,14 @@
 #define KVTD_PREFIX_H
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "kvt_abi.h"
 #include "pool.h"
 
+struct kvtd_config;
 struct kvtd_pscope;
 
 struct kvtd_pns {
@@ -111,6 +114,16 @@ int kvtd_prefix_init(struct kvtd_prefix *px, struct kvtd_pool *pool, uint64_t bu
 void kvtd_prefix_limits(struct kvtd_prefix *px, uint32_t ns_per_scope, uint64_t bytes_per_scope);
 /* Frees every block; no sequence may reference one any more. */
 void kvtd_prefix_fini(struct kvtd_prefix *px);
+
+/*
+ * kvtd_prefix_scope() - the scope a peer's sessions get at HELLO, and whose namespaces BLOCKS
+ * shows it beside its uid's own: 0, the shared scope, when @uid is in prefix share_uids or one of
+ * @gids (the peer's primary and supplementary groups, @n_gids of them) in prefix share_gids;
+ * otherwise the uid's own, @uid + 1. The peer's credentials come from the socket, never from a
+ * message, so there is nothing to refuse.
+ */
+uint64_t kvtd_prefix_scope(const struct kvtd_config *cfg, uid_t uid, const gid_t *gids,
+			   size_t n_gids);
 
 /* Checks NS_OPEN's payload (copied out of the arena); @ret_why: the reason on -EINVAL. */
 int kvtd_prefix_ns_check(const struct kvt_ns_params *np, const char **ret_why);

@@ -1900,7 +1900,7 @@ kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
 
 	reaper_start();
 	/* One uid entry per session at most: a lowered max_sessions must not leave a restored
-	 * session's uid without one (new sessions obey it: handle_hello() in loop.c). */
+	 * session's uid without one (new sessions obey it: kvtd_listen_hello() in listen.c). */
 	if (kvtd_image_sessions(img) > d->n_uids) {
 		unsigned n = kvtd_image_sessions(img);
 		struct kvtd_uid *u = realloc(d->uids, (size_t)n * sizeof(*u));

@@ -466,5 +466,33 @@ START_TEST(t_scope_limits)
 }
 END_TEST
 
+/* The scope a peer's sessions get: the shared one (0) for a uid in share_uids or a peer with
+ * any of its groups, primary or supplementary, in share_gids; its uid's own (uid + 1) otherwise,
+ * root included. */
+START_TEST(t_scope_of_peer)
+{
+	struct kvtd_config cfg;
+	gid_t own[] = {1000}, supp[] = {1000, 7, 4242}, supp_only[] = {1000, 4243, 4242};
+
+	memset(&cfg, 0, sizeof(cfg));
+	ck_assert_uint_eq(kvtd_prefix_scope(&cfg, 1000, own, 1), 1001); /* nothing shared */
+	ck_assert_uint_eq(kvtd_prefix_scope(&cfg, 0, own, 1), 1);
+	ck_assert_uint_eq(kvtd_prefix_scope(&cfg, 1000, supp, 3), 1001);
+	cfg.prefix_share_uids[0] = 2000;
+	cfg.prefix_share_uids[1] = 2001;
+	cfg.n_prefix_share_uids = 2;
+	cfg.prefix_share_gids[0] = 4242;
+	cfg.n_prefix_share_gids = 1;
+	ck_assert_uint_eq(kvtd_prefix_scope(&cfg, 2001, own, 1), 0);	/* by uid, second entry */
+	ck_assert_uint_eq(kvtd_prefix_scope(&cfg, 1000, own, 1), 1001); /* no listed group */
+	ck_assert_uint_eq(kvtd_prefix_scope(&cfg, 1000, supp, 3), 0);	/* a supplementary one */
+	ck_assert_uint_eq(kvtd_prefix_scope(&cfg, 1000, supp_only, 3), 0);
+	ck_assert_uint_eq(kvtd_prefix_scope(&cfg, 1000, supp, 2), 1001); /* only n_gids read */
+	own[0] = 4242;							 /* the primary one */
+	ck_assert_uint_eq(kvtd_prefix_scope(&cfg, 1000, own, 1), 0);
+	ck_assert_uint_eq(kvtd_prefix_scope(&cfg, 0xfffffffeu, NULL, 0), 0xffffffffull);
+}
+END_TEST
+
 KVT_CHECK_MAIN("prefix", 0, setup, teardown, t_scope_limits, t_ns_check, t_ns_identity,
-	       t_publish_lookup, t_budget_lru, t_pool_reclaim, t_random)
+	       t_publish_lookup, t_budget_lru, t_pool_reclaim, t_random, t_scope_of_peer)
