@@ -42,6 +42,7 @@
 #include "kvtier.h"
 
 #include "../../daemon/restart.h"
+#include "../../daemon/restart_image.h"
 #include "kvt_test.h"
 
 enum { L = 2, H = 2, D = 64, STEP_TOK = 16, STEPS = 90, PAUSE_AT = 40, STAGE = 2048 };

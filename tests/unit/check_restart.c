@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "kvt_abi.h"
-#include "restart.h"
+#include "restart_image.h"
 #include "kvt_test.h"
 
 struct img {
