@@ -258,6 +258,14 @@ io_array(struct img_io *io, const void *p, size_t n, int pad, void *dst, const c
 
 /* ---- the grammar (restart_image.h), one walk for both directions ---------------------------- */
 
+/* A record newer than the image: not in it, so what it counts is not either (its fields read as
+ * zeros; a writer's are left as they are and not used). */
+static int
+newer(const struct img_io *io, const struct img_rec *t)
+{
+	return t->since > io->version;
+}
+
 /* A sequence and its arrays. */
 static int
 io_seq(struct img_io *io, struct img_seq *q)
@@ -288,7 +296,7 @@ io_seq(struct img_io *io, struct img_seq *q)
 	    io_array(io, q->pos_slot, n * 4, 1, m ? m + n * 8 + a4 : NULL, "seq", "pos_slot");
 	q->slot_off = io_array(io, q->slot_off, n * 8, 0, m, "seq", "slot_off");
 	q->tier = io_array(io, q->tier, n, 1, m ? m + n * 8 + 2 * a4 : NULL, "seq", "tier");
-	if (io_rec(io, &img_rec_seq_v2, &q->v2) < 0 || !q->v2.ns_id)
+	if (io_rec(io, &img_rec_seq_v2, &q->v2) < 0 || newer(io, &img_rec_seq_v2) || !q->v2.ns_id)
 		return io->err;
 	if (!io->write) {
 		m = malloc(a4 ? a4 : 8);
@@ -330,7 +338,7 @@ io_conn(struct img_io *io, struct img_conn *c)
 		uint32_t *pins = NULL;
 		size_t n;
 
-		if (io_rec(io, &img_rec_nsh, &h->f) < 0 || img_rec_nsh.since > io->version)
+		if (io_rec(io, &img_rec_nsh, &h->f) < 0 || newer(io, &img_rec_nsh))
 			break;
 		n = (size_t)h->f.n_pins * 4;
 		if (!io->write) {
@@ -355,20 +363,24 @@ io_conn(struct img_io *io, struct img_conn *c)
 static int
 io_image(struct img_io *io, struct kvtd_image *img, const struct img_src *src)
 {
+	uint32_t n_ns, n_blk;
+
 	io_rec(io, &img_rec_daemon, &img->d);
 	io_rec(io, &img_rec_prefix, &img->px);
 	if (io->err)
 		return io->err;
+	n_ns = newer(io, &img_rec_prefix) ? 0 : img->px.n_ns;
+	n_blk = newer(io, &img_rec_prefix) ? 0 : img->px.n_blk;
 	if (!io->write) {
-		img->ns = calloc(img->px.n_ns + 1, sizeof(*img->ns));
-		img->blk = calloc(img->px.n_blk + 1, sizeof(*img->blk));
-		img->blocks = calloc(img->px.n_blk + 1, sizeof(*img->blocks));
+		img->ns = calloc(n_ns + 1, sizeof(*img->ns));
+		img->blk = calloc(n_blk + 1, sizeof(*img->blk));
+		img->blocks = calloc(n_blk + 1, sizeof(*img->blocks));
 		if (!img->ns || !img->blk || !img->blocks) {
 			io_fail(io, -ENOMEM, "prefix", "tables");
 			return io->err;
 		}
 	}
-	for (uint32_t i = 0; i < img->px.n_ns && !io->err; i++) {
+	for (uint32_t i = 0; i < n_ns && !io->err; i++) {
 		struct img_ns *n = &img->ns[i];
 
 		if (io_rec(io, &img_rec_ns, &n->f) < 0)
@@ -376,7 +388,7 @@ io_image(struct img_io *io, struct kvtd_image *img, const struct img_src *src)
 		if (!n->f.p.block_tokens || n->f.p.block_tokens > KVT_BLOCK_TOKENS_MAX)
 			io_fail(io, io->write ? -ERANGE : -EBADMSG, "ns", "p.block_tokens");
 	}
-	for (uint32_t i = 0; i < img->px.n_blk && !io->err; i++) {
+	for (uint32_t i = 0; i < n_blk && !io->err; i++) {
 		struct img_blk wb, *b = io->write ? &wb : &img->blk[i];
 		int r;
 
@@ -386,7 +398,7 @@ io_image(struct img_io *io, struct kvtd_image *img, const struct img_src *src)
 		}
 		if (io_rec(io, &img_rec_blk, &b->f) < 0)
 			break;
-		if (b->f.ns >= img->px.n_ns) {
+		if (b->f.ns >= n_ns) {
 			io_fail(io, io->write ? -ERANGE : -EBADMSG, "blk", "ns");
 			break;
 		}
