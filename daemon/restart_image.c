@@ -87,11 +87,44 @@ io_fail(struct img_io *io, int err, const char *rec, const char *field)
 	snprintf(io->what, sizeof(io->what), "%s.%s", rec, field);
 }
 
+/* Write: room for @n more bytes, returned (and counted), or NULL (io->err set). */
+static uint8_t *
+io_reserve(struct img_io *io, size_t n, const char *rec, const char *field)
+{
+	uint8_t *at;
+
+	if (io->err)
+		return NULL;
+	if (n > io->cap - io->len) {
+		size_t cap = io->cap ? io->cap : 65536;
+		uint8_t *p;
+
+		if (io->fixed) {
+			io_fail(io, -ENOSPC, rec, field);
+			return NULL;
+		}
+		while (cap - io->len < n)
+			cap *= 2;
+		p = realloc(io->p, cap);
+		if (!p) {
+			io_fail(io, -ENOMEM, rec, field);
+			return NULL;
+		}
+		io->p = p;
+		io->cap = cap;
+	}
+	at = io->p + io->len;
+	io->len += n;
+	return at;
+}
+
 /* Write: @v (@n bytes, NULL: zeros) appended. Read: *@ret_v, the next @n bytes of the image. */
 static void
 io_bytes(struct img_io *io, const void *v, size_t n, const void **ret_v, const char *rec,
 	 const char *field)
 {
+	uint8_t *at;
+
 	if (io->err)
 		return;
 	if (!io->write) {
@@ -103,29 +136,13 @@ io_bytes(struct img_io *io, const void *v, size_t n, const void **ret_v, const c
 		io->off += n;
 		return;
 	}
-	if (n > io->cap - io->len) {
-		size_t cap = io->cap ? io->cap : 65536;
-		uint8_t *p;
-
-		if (io->fixed) {
-			io_fail(io, -ENOSPC, rec, field);
-			return;
-		}
-		while (cap - io->len < n)
-			cap *= 2;
-		p = realloc(io->p, cap);
-		if (!p) {
-			io_fail(io, -ENOMEM, rec, field);
-			return;
-		}
-		io->p = p;
-		io->cap = cap;
-	}
+	at = io_reserve(io, n, rec, field);
+	if (!at)
+		return;
 	if (v)
-		memcpy(io->p + io->len, v, n);
+		memcpy(at, v, n);
 	else
-		memset(io->p + io->len, 0, n);
-	io->len += n;
+		memset(at, 0, n);
 }
 
 /* A field's value as a number, for the checks (IMG_U, IMG_FD, IMG_FLAGS: 4 or 8 bytes). */
@@ -143,17 +160,14 @@ field_val(const struct img_field *f, const void *p)
 	return v32;
 }
 
-static int
+static inline int
 field_ok(const struct img_field *f, const void *p)
 {
-	uint64_t v;
-
 	switch (f->kind) {
 	case IMG_U:
 		return !f->max || field_val(f, p) <= f->max;
 	case IMG_FD:
-		v = field_val(f, p);
-		return (int32_t)(uint32_t)v >= 3;
+		return (int32_t)(uint32_t)field_val(f, p) >= 3;
 	case IMG_FLAGS:
 		return !(field_val(f, p) & ~f->max);
 	default:
@@ -161,46 +175,82 @@ field_ok(const struct img_field *f, const void *p)
 	}
 }
 
+/* @n bytes from @src to @dst, the common sizes copied as such. */
+static inline void
+copy_field(void *dst, const void *src, uint32_t n)
+{
+	if (n == 4)
+		memcpy(dst, src, 4);
+	else if (n == 8)
+		memcpy(dst, src, 8);
+	else if (n == 16)
+		memcpy(dst, src, 16);
+	else
+		memcpy(dst, src, n);
+}
+
+/* A record newer than the image: not in it, so what it counts is not either (its fields read as
+ * zeros; a writer's are left as they are and not used). */
+static int
+newer(const struct img_io *io, const struct img_rec *t)
+{
+	return t->since > io->version;
+}
+
 /* Every field of @t between @rec and the image, in the table's order, checked either way. A
  * record newer than the image is not in it and reads as zeros. */
 static int
 io_rec(struct img_io *io, const struct img_rec *t, void *rec)
 {
-	uint8_t *base = rec;
+	uint8_t *base = rec, *at;
+	size_t bytes = 0;
 
 	if (io->err)
 		return io->err;
-	if (t->since > io->version) {
+	if (newer(io, t)) {
 		if (!io->write)
 			memset(rec, 0, t->size);
 		return 0;
 	}
-	for (unsigned i = 0; i < t->n && !io->err; i++) {
+	if (io->write) {
+		for (unsigned i = 0; i < t->n; i++) {
+			if (t->f[i].kind <= IMG_FLAGS && !field_ok(&t->f[i], base + t->f[i].off)) {
+				io_fail(io, -ERANGE, t->name, t->f[i].name);
+				return io->err;
+			}
+			bytes += t->f[i].size;
+		}
+		at = io_reserve(io, bytes, t->name, "all");
+		for (unsigned i = 0; at && i < t->n; i++) {
+			const struct img_field *f = &t->f[i];
+
+			if (f->kind == IMG_PAD)
+				memset(at, 0, f->size);
+			else
+				copy_field(at, base + f->off, f->size);
+			at += f->size;
+		}
+		return io->err;
+	}
+	for (unsigned i = 0; i < t->n; i++) {
 		const struct img_field *f = &t->f[i];
 		uint8_t *p = base + f->off;
-		const void *v = NULL;
 
-		if (io->write) {
-			if (!field_ok(f, p)) {
-				io_fail(io, -ERANGE, t->name, f->name);
-				break;
-			}
-			io_bytes(io, f->kind == IMG_PAD ? NULL : p, f->size, NULL, t->name,
-				 f->name);
-			continue;
-		}
-		io_bytes(io, NULL, f->size, &v, t->name, f->name);
-		if (io->err)
+		if (f->size > io->len - io->off) {
+			io_fail(io, -EBADMSG, t->name, f->name);
 			break;
-		if (f->kind == IMG_PAD) {
-			memset(p, 0, f->size);
-			continue;
 		}
-		memcpy(p, v, f->size);
+		if (f->kind == IMG_PAD)
+			memset(p, 0, f->size);
+		else
+			copy_field(p, io->p + io->off, f->size);
+		io->off += f->size;
 		if (f->kind == IMG_STR)
 			p[f->size - 1] = '\0';
-		if (!field_ok(f, p))
+		if (f->kind <= IMG_FLAGS && !field_ok(f, p)) {
 			io_fail(io, -EBADMSG, t->name, f->name);
+			break;
+		}
 	}
 	return io->err;
 }
@@ -257,14 +307,6 @@ io_array(struct img_io *io, const void *p, size_t n, int pad, void *dst, const c
 }
 
 /* ---- the grammar (restart_image.h), one walk for both directions ---------------------------- */
-
-/* A record newer than the image: not in it, so what it counts is not either (its fields read as
- * zeros; a writer's are left as they are and not used). */
-static int
-newer(const struct img_io *io, const struct img_rec *t)
-{
-	return t->since > io->version;
-}
 
 /* A sequence and its arrays. */
 static int

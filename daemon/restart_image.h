@@ -50,7 +50,8 @@ struct kvtd_image_hdr {
 	uint64_t checksum;	 /* FNV-1a 64 of the bytes after the header */
 };
 
-/* How a field is checked, in both directions. */
+/* How a field is checked, in both directions; the kinds with a check come first (io_rec() skips
+ * the rest by kind > IMG_FLAGS). */
 enum img_kind {
 	IMG_U,	   /* unsigned, 4 or 8 bytes, at most max (0: any) */
 	IMG_FD,	   /* int32 descriptor the exec carries: never stdio, never negative */
