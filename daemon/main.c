@@ -18,6 +18,7 @@
 #include "loop.h"
 #include "poller.h"
 #include "restart.h"
+#include "restart_image.h"
 
 int
 main(int argc, char **argv)

@@ -1,13 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * restart.c - restart in place (restart.h): the image, the exec, and the restore.
- *
- * The image is written and read by the same machine and, across an upgrade, by two builds: its
- * body is native-endian fixed-width fields, read with bounds checks; any field out of range
- * refuses the whole image. It is never shared with a client.
+ * restart.c - restart in place (restart.h), the old process's side: the pre-flight, the live
+ * state as the image's records, the exec and its watcher (the teardown child), and the verdict
+ * the new process gives it. The image's bytes are restart_image.c's; the new process's restore
+ * from the records is restart_restore.c's.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -19,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sched.h>
 #include <sys/stat.h>
@@ -30,540 +27,16 @@
 #include <unistd.h>
 
 #include "conn.h"
-#include "kvt_ctl.h"
 #include "kvt_dev.h"
 #include "kvt_ring.h"
-#include "kvt_version.h"
 #include "kvtd.h"
 #include "log.h"
 #include "poller.h"
 #include "restart.h"
+#include "restart_int.h"
+#include "restart_image.h"
 #include "seq.h"
 #include "session.h"
-
-/* ---- image buffer ------------------------------------------------------------------------ */
-
-struct wbuf {
-	uint8_t *p;
-	size_t len, cap;
-	int err;
-};
-
-static void
-put(struct wbuf *w, const void *v, size_t n)
-{
-	if (w->err)
-		return;
-	if (w->len + n > w->cap) {
-		size_t cap = w->cap ? w->cap : 65536;
-		uint8_t *p;
-
-		while (cap < w->len + n)
-			cap *= 2;
-		p = realloc(w->p, cap);
-		if (!p) {
-			w->err = -ENOMEM;
-			return;
-		}
-		w->p = p;
-		w->cap = cap;
-	}
-	memcpy(w->p + w->len, v, n);
-	w->len += n;
-}
-
-#define PUT(w, v)                                                                                  \
-	do {                                                                                       \
-		__typeof__(v) _v = (v);                                                            \
-		put((w), &_v, sizeof(_v));                                                         \
-	} while (0)
-
-struct rbuf {
-	const uint8_t *p;
-	size_t len, off;
-	int err;
-};
-
-static const void *
-get(struct rbuf *r, size_t n)
-{
-	const void *v;
-
-	if (r->err || n > r->len - r->off) {
-		r->err = -EBADMSG;
-		return NULL;
-	}
-	v = r->p + r->off;
-	r->off += n;
-	return v;
-}
-
-static uint32_t
-get32(struct rbuf *r)
-{
-	const void *v = get(r, 4);
-	uint32_t x = 0;
-
-	if (v)
-		memcpy(&x, v, 4);
-	return x;
-}
-
-static uint64_t
-get64(struct rbuf *r)
-{
-	const void *v = get(r, 8);
-	uint64_t x = 0;
-
-	if (v)
-		memcpy(&x, v, 8);
-	return x;
-}
-
-static int
-getfd(struct rbuf *r)
-{
-	int32_t fd = (int32_t)get32(r);
-
-	if (fd < 3 && !r->err)
-		r->err = -EBADMSG; /* never stdio, never negative */
-	return fd;
-}
-
-uint64_t
-kvtd_image_checksum(const void *p, size_t len)
-{
-	const uint8_t *b = p;
-	uint64_t h = 0xcbf29ce484222325ull;
-
-	for (size_t i = 0; i < len; i++) {
-		h ^= b[i];
-		h *= 0x100000001b3ull;
-	}
-	return h;
-}
-
-/* ---- parsed image ------------------------------------------------------------------------- */
-
-struct img_buf {
-	uint32_t id;
-	uint64_t size;
-	int fd;
-};
-
-struct img_seq {
-	uint32_t id;
-	struct kvt_seq_params p;
-	struct kvtd_seq_image si; /* arrays in mem */
-	void *mem;
-	uint32_t ns_id; /* 0: none */
-	uint32_t *blk_idx;
-};
-
-struct img_ns_handle {
-	uint32_t ns_id; /* 0: none */
-	uint32_t n_pins;
-	uint32_t *pins; /* block indexes */
-};
-
-struct img_ns {
-	uint32_t id;
-	uint64_t scope;
-	struct kvt_ns_params p;
-	uint64_t cnt[6];
-	struct kvtd_pns *ns; /* restored */
-};
-
-struct img_blk {
-	uint32_t ns; /* index in ns[] */
-	struct kvt_block_key key;
-	const uint8_t *off; /* block_tokens u64 pool offsets, in the image bytes */
-};
-
-struct img_conn {
-	int fd, state;
-	pid_t pid;
-	uid_t uid;
-	gid_t gid;
-	int privileged, asker, has_session;
-	/* session */
-	uint32_t id;
-	char name[32];
-	uint64_t start_ns;
-	int memfd, sq_efd, cq_efd;
-	uint32_t sq_entries, cq_entries;
-	uint64_t arena_size;
-	uint32_t sq_head, cq_tail, cq_head_seen, op_err_gen;
-	uint64_t ops, errors;
-	uint32_t n_bufs, n_seqs;
-	struct img_buf *bufs;
-	struct img_seq *seqs;
-	uint64_t prefix_scope;
-	struct img_ns_handle nsh[KVT_MAX_NS];
-	/* restore progress */
-	struct kvtd_session *s;
-	unsigned bufs_done; /* buffer fds already consumed */
-	int fds_owned;	    /* memfd and doorbells belong to s */
-};
-
-struct kvtd_image {
-	uint8_t *bytes; /* the image */
-	size_t len;
-	char version[33];
-	uint32_t next_session_id, restarts;
-	uint64_t start_ns, restart_started_ns, restart_req_id;
-	int listen_fd, lock_fd;
-	uint64_t sock_dev, sock_ino;
-	int pool_fd;
-	uint32_t pool_hugetlb;
-	uint64_t pool_size, chunk_size, pool_base;
-	uint64_t cnt[8];
-	uint32_t img_version; /* of the image */
-	uint32_t n_ns, n_blk;
-	struct img_ns *ns;
-	struct img_blk *blk;
-	struct kvtd_pblock **blocks; /* restored, index = image index */
-	uint64_t px_cnt[7];
-	struct kvtd_prefix *px; /* once prefix_restore() made its namespaces */
-	uint32_t n_conns;
-	struct img_conn *conns;
-};
-
-void
-kvtd_image_free(struct kvtd_image *img)
-{
-	if (!img)
-		return;
-	for (uint32_t i = 0; img->conns && i < img->n_conns; i++) {
-		for (uint32_t k = 0; img->conns[i].seqs && k < img->conns[i].n_seqs; k++) {
-			free(img->conns[i].seqs[k].mem);
-			free(img->conns[i].seqs[k].blk_idx);
-		}
-		for (int k = 0; k < KVT_MAX_NS; k++)
-			free(img->conns[i].nsh[k].pins);
-		free(img->conns[i].bufs);
-		free(img->conns[i].seqs);
-	}
-	free(img->conns);
-	free(img->ns);
-	free(img->blk);
-	free(img->blocks);
-	free(img->bytes);
-	free(img);
-}
-
-unsigned
-kvtd_image_sessions(const struct kvtd_image *img)
-{
-	unsigned n = 0;
-
-	for (uint32_t i = 0; i < img->n_conns; i++)
-		n += img->conns[i].has_session;
-	return n;
-}
-
-/* A sequence's flags in the image (version 2 on; older builds wrote 0 and ignore them): what it
- * keeps for life whatever the config of the build that restores it says. */
-#define IMG_SEQ_F_NO_SKETCH (1u << 0) /* opened with [retrieval] sketch = no */
-#define IMG_SEQ_F_ALL	    IMG_SEQ_F_NO_SKETCH
-
-static int
-parse_seq(struct rbuf *r, struct img_seq *q, uint32_t version)
-{
-	const void *pp;
-	uint32_t n;
-
-	q->id = get32(r);
-	pp = get(r, sizeof(q->p));
-	if (pp)
-		memcpy(&q->p, pp, sizeof(q->p));
-	n = get32(r);
-	q->si.n = n;
-	q->si.gen = get32(r);
-	q->si.bytes_in = get64(r);
-	q->si.bytes_out = get64(r);
-	{
-		const void *v = get(r, 8);
-
-		if (v)
-			memcpy(&q->si.score_total, v, 8);
-	}
-	if (r->err || n > KVT_TIER_MAX_CAP)
-		return -EBADMSG;
-	{
-		size_t a4 = ((size_t)n * 4 + 7) & ~(size_t)7, a1 = ((size_t)n + 7) & ~(size_t)7;
-		const void *score = get(r, a4), *pos_slot = get(r, a4),
-			   *off = get(r, (size_t)n * 8), *tier = get(r, a1);
-		uint8_t *m;
-
-		if (r->err)
-			return r->err;
-		/* Copied out: the image gives no alignment guarantee to arrays of floats. */
-		m = malloc(2 * a4 + (size_t)n * 8 + a1 + 8);
-		if (!m)
-			return -ENOMEM;
-		q->mem = m;
-		memcpy(m, off, (size_t)n * 8);
-		q->si.slot_off = (const uint64_t *)m;
-		m += (size_t)n * 8;
-		memcpy(m, score, a4);
-		q->si.score = (const float *)m;
-		m += a4;
-		memcpy(m, pos_slot, a4);
-		q->si.pos_slot = (const int32_t *)m;
-		m += a4;
-		memcpy(m, tier, a1);
-		q->si.tier = m;
-	}
-	if (version >= 2) {
-		uint32_t flags;
-
-		q->ns_id = get32(r);
-		flags = get32(r); /* 0 in images of builds before IMG_SEQ_F_* */
-		if (flags & ~IMG_SEQ_F_ALL)
-			return -EBADMSG;
-		q->si.no_sketch = flags & IMG_SEQ_F_NO_SKETCH;
-		if (q->ns_id) {
-			size_t a4 = ((size_t)n * 4 + 7) & ~(size_t)7;
-			const void *idx = get(r, a4);
-
-			if (r->err)
-				return r->err;
-			q->blk_idx = malloc(a4 ? a4 : 8);
-			if (!q->blk_idx)
-				return -ENOMEM;
-			memcpy(q->blk_idx, idx, a4);
-		}
-	}
-	return r->err;
-}
-
-static int
-parse_conn(struct rbuf *r, struct img_conn *c, uint32_t version)
-{
-	const void *name;
-
-	c->fd = getfd(r);
-	c->state = (int)get32(r);
-	c->pid = (pid_t)get32(r);
-	c->uid = get32(r);
-	c->gid = get32(r);
-	c->privileged = (int)get32(r);
-	c->asker = (int)get32(r);
-	c->has_session = (int)get32(r);
-	if (r->err || c->has_session > 1)
-		return -EBADMSG;
-	if (!c->has_session)
-		return 0;
-	c->id = get32(r);
-	name = get(r, sizeof(c->name));
-	if (name)
-		memcpy(c->name, name, sizeof(c->name));
-	c->name[sizeof(c->name) - 1] = '\0';
-	c->start_ns = get64(r);
-	c->memfd = getfd(r);
-	c->sq_efd = getfd(r);
-	c->cq_efd = getfd(r);
-	c->sq_entries = get32(r);
-	c->cq_entries = get32(r);
-	c->arena_size = get64(r);
-	c->sq_head = get32(r);
-	c->cq_tail = get32(r);
-	c->cq_head_seen = get32(r);
-	c->op_err_gen = get32(r);
-	c->ops = get64(r);
-	c->errors = get64(r);
-	c->n_bufs = get32(r);
-	c->n_seqs = get32(r);
-	if (r->err || c->n_bufs > 65536 || c->n_seqs > 65536)
-		return -EBADMSG;
-	c->bufs = calloc(c->n_bufs ? c->n_bufs : 1, sizeof(*c->bufs));
-	c->seqs = calloc(c->n_seqs ? c->n_seqs : 1, sizeof(*c->seqs));
-	if (!c->bufs || !c->seqs)
-		return -ENOMEM;
-	for (uint32_t i = 0; i < c->n_bufs; i++) {
-		c->bufs[i].id = get32(r);
-		c->bufs[i].size = get64(r);
-		c->bufs[i].fd = getfd(r);
-	}
-	for (uint32_t i = 0; i < c->n_seqs && !r->err; i++)
-		if (parse_seq(r, &c->seqs[i], version) < 0)
-			return r->err ? r->err : -EBADMSG;
-	if (version < 2)
-		return r->err;
-	c->prefix_scope = get64(r);
-	for (int i = 0; i < KVT_MAX_NS && !r->err; i++) {
-		struct img_ns_handle *h = &c->nsh[i];
-		const void *pins;
-
-		h->ns_id = get32(r);
-		h->n_pins = get32(r);
-		if (r->err || h->n_pins > (1u << 24))
-			return -EBADMSG;
-		pins = get(r, ((size_t)h->n_pins * 4 + 7) & ~(size_t)7);
-		if (r->err)
-			return r->err;
-		h->pins = malloc((size_t)h->n_pins * 4 + 8);
-		if (!h->pins)
-			return -ENOMEM;
-		memcpy(h->pins, pins, (size_t)h->n_pins * 4);
-	}
-	return r->err;
-}
-
-/* The prefix store's part (version 2): namespaces, counters, blocks. */
-static int
-parse_prefix(struct rbuf *r, struct kvtd_image *img)
-{
-	img->n_ns = get32(r);
-	img->n_blk = get32(r);
-	if (r->err || img->n_ns > (1u << 20) || img->n_blk > (1u << 28))
-		return -EBADMSG;
-	img->ns = calloc(img->n_ns + 1, sizeof(*img->ns));
-	img->blk = calloc(img->n_blk + 1, sizeof(*img->blk));
-	img->blocks = calloc(img->n_blk + 1, sizeof(*img->blocks));
-	if (!img->ns || !img->blk || !img->blocks)
-		return -ENOMEM;
-	for (int i = 0; i < 7; i++)
-		img->px_cnt[i] = get64(r);
-	for (uint32_t i = 0; i < img->n_ns && !r->err; i++) {
-		struct img_ns *n = &img->ns[i];
-		const void *p;
-
-		n->id = get32(r);
-		get32(r); /* pad */
-		n->scope = get64(r);
-		p = get(r, sizeof(n->p));
-		if (p)
-			memcpy(&n->p, p, sizeof(n->p));
-		for (int k = 0; k < 6; k++)
-			n->cnt[k] = get64(r);
-		if (!r->err && (!n->p.block_tokens || n->p.block_tokens > KVT_BLOCK_TOKENS_MAX))
-			return -EBADMSG;
-	}
-	for (uint32_t i = 0; i < img->n_blk && !r->err; i++) {
-		struct img_blk *b = &img->blk[i];
-		const void *k;
-
-		b->ns = get32(r);
-		get32(r); /* pad */
-		k = get(r, sizeof(b->key));
-		if (k)
-			memcpy(&b->key, k, sizeof(b->key));
-		if (r->err || b->ns >= img->n_ns)
-			return -EBADMSG;
-		b->off = get(r, (size_t)img->ns[b->ns].p.block_tokens * 8);
-	}
-	return r->err;
-}
-
-int
-kvtd_image_parse(const void *buf, size_t len, struct kvtd_image **ret_img)
-{
-	struct kvtd_image_hdr h;
-	struct kvtd_image *img;
-	struct rbuf r;
-	int e;
-
-	if (len < sizeof(h)) {
-		log_err("restart: the image is %zu bytes, shorter than its header", len);
-		return -EBADMSG;
-	}
-	memcpy(&h, buf, sizeof(h));
-	if (memcmp(h.magic, KVTD_IMAGE_MAGIC, sizeof(KVTD_IMAGE_MAGIC)) || h.version < 1 ||
-	    h.version > KVTD_IMAGE_VERSION || h.hdr_size != sizeof(h)) {
-		h.daemon_version[sizeof(h.daemon_version) - 1] = '\0';
-		log_err("restart: image version %u from kvtierd '%.31s' is not one this kvtierd %s "
-			"reads (versions 1 to %u): the previous sessions are dropped",
-			h.version, memcmp(h.magic, KVTD_IMAGE_MAGIC, 8) ? "?" : h.daemon_version,
-			KVT_VERSION, KVTD_IMAGE_VERSION);
-		return -EPROTONOSUPPORT;
-	}
-	if (h.size != len ||
-	    kvtd_image_checksum((const uint8_t *)buf + sizeof(h), len - sizeof(h)) != h.checksum) {
-		log_err("restart: the image is corrupt or truncated (%zu of %llu bytes, checksum "
-			"%s): the previous sessions are dropped",
-			len, (unsigned long long)h.size, h.size == len ? "wrong" : "not checked");
-		return -EBADMSG;
-	}
-	img = calloc(1, sizeof(*img));
-	if (!img)
-		return -ENOMEM;
-	img->bytes = malloc(len);
-	if (!img->bytes) {
-		free(img);
-		return -ENOMEM;
-	}
-	memcpy(img->bytes, buf, len);
-	img->len = len;
-	memcpy(img->version, h.daemon_version, 32);
-	img->version[32] = '\0';
-	r = (struct rbuf){img->bytes, len, sizeof(h), 0};
-	img->next_session_id = get32(&r);
-	img->restarts = get32(&r);
-	img->start_ns = get64(&r);
-	img->restart_started_ns = get64(&r);
-	img->restart_req_id = get64(&r);
-	img->listen_fd = getfd(&r);
-	img->lock_fd = getfd(&r);
-	img->sock_dev = get64(&r);
-	img->sock_ino = get64(&r);
-	img->pool_fd = getfd(&r);
-	img->pool_hugetlb = get32(&r);
-	img->pool_size = get64(&r);
-	img->chunk_size = get64(&r);
-	img->pool_base = get64(&r);
-	for (int i = 0; i < 8; i++)
-		img->cnt[i] = get64(&r);
-	img->img_version = h.version;
-	e = h.version >= 2 ? parse_prefix(&r, img) : r.err;
-	img->n_conns = get32(&r);
-	if (!e)
-		e = r.err;
-	if (!e && img->n_conns > (1u << 20))
-		e = -EBADMSG;
-	if (!e) {
-		img->conns = calloc(img->n_conns ? img->n_conns : 1, sizeof(*img->conns));
-		e = img->conns ? 0 : -ENOMEM;
-	}
-	for (uint32_t i = 0; !e && i < img->n_conns; i++)
-		e = parse_conn(&r, &img->conns[i], img->img_version);
-	if (!e && r.off != len)
-		e = -EBADMSG;
-	if (e) {
-		if (e == -EBADMSG)
-			log_err("restart: the image contradicts itself at byte %zu of %zu: the "
-				"previous sessions are dropped",
-				r.off, len);
-		kvtd_image_free(img);
-		return e;
-	}
-	*ret_img = img;
-	return 0;
-}
-
-int
-kvtd_image_load(int fd, struct kvtd_image **ret_img)
-{
-	struct stat st;
-	void *p;
-	int r;
-
-	if (fstat(fd, &st) < 0 || st.st_size <= 0) {
-		log_err("restart: --restore-fd %d is not a readable image", fd);
-		close(fd);
-		return -EBADMSG;
-	}
-	p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-	close(fd);
-	if (p == MAP_FAILED) {
-		log_err("restart: cannot map the image: %s", strerror(errno));
-		return -EBADMSG;
-	}
-	r = kvtd_image_parse(p, (size_t)st.st_size, ret_img);
-	munmap(p, (size_t)st.st_size);
-	return r;
-}
 
 /* ---- writing (old process) ---------------------------------------------------------------- */
 
@@ -592,236 +65,275 @@ fd_add(struct fdlist *l, int fd)
 	l->fd[l->n++] = fd;
 }
 
-static void
-put_pad8(struct wbuf *w, const void *v, size_t n)
-{
-	static const uint8_t zero[8];
+/* The live state as the image's records (restart_image.h's struct img_src). */
+struct write_ctx {
+	struct kvtd *d;
+	struct fdlist *fds;
+	struct kvtd_conn_info *ci; /* every connection, gathered first */
+	uint32_t n_ci, cap_ci;
+	uint64_t bucket;	      /* the block walk: the next bucket of px->tab */
+	struct kvtd_pblock *next_blk; /* and the next block in the current one */
+	uint64_t off[KVT_BLOCK_TOKENS_MAX];
+};
 
-	put(w, v, n);
-	if (n & 7)
-		put(w, zero, 8 - (n & 7));
+static int
+gather_conn(void *ctx, const struct kvtd_conn_info *ci)
+{
+	struct write_ctx *x = ctx;
+
+	if (x->n_ci == x->cap_ci) {
+		uint32_t cap = x->cap_ci ? 2 * x->cap_ci : 64;
+		struct kvtd_conn_info *p = realloc(x->ci, cap * sizeof(*p));
+
+		if (!p)
+			return -ENOMEM;
+		x->ci = p;
+		x->cap_ci = cap;
+	}
+	x->ci[x->n_ci++] = *ci;
+	return 0;
 }
 
-static void
-write_seq(struct wbuf *w, const struct kvtd *d, const struct kvtd_seq *q)
+/* The blocks in the order of the store's table: each gets the number it has in the image. */
+static int
+src_blk(void *ctx, uint32_t i, struct img_blk *b)
+{
+	struct write_ctx *x = ctx;
+	struct kvtd_prefix *px = &x->d->prefix;
+	struct kvtd_pblock *k;
+
+	while (!x->next_blk && px->tab && x->bucket <= px->tab_mask)
+		x->next_blk = px->tab[x->bucket++];
+	k = x->next_blk;
+	if (!k)
+		return -EIO; /* fewer blocks than counted */
+	x->next_blk = k->hnext;
+	k->img_idx = i;
+	memset(b, 0, sizeof(*b));
+	b->f.ns = k->ns->img_idx;
+	b->f.key = k->key;
+	for (uint32_t t = 0; t < k->ns->p.block_tokens; t++)
+		x->off[t] = (uint64_t)((uint8_t *)k->slot[t] - x->d->pool.base);
+	b->off = x->off;
+	return 0;
+}
+
+/* A sequence; its computed arrays (slot offsets, block indexes) are malloc'd. */
+static int
+seq_record(const struct kvtd *d, const struct kvtd_seq *q, struct img_seq *r)
 {
 	uint32_t n = q->ts.n;
 	uint64_t *off;
 
-	PUT(w, q->id);
-	put(w, &q->p, sizeof(q->p));
-	PUT(w, n);
-	PUT(w, q->ts.gen);
-	PUT(w, q->bytes_in);
-	PUT(w, q->bytes_out);
-	PUT(w, q->score_total);
-	/* Arrays padded to 8 bytes (the reader copies them out, aligned). */
-	put_pad8(w, q->ts.score, (size_t)n * 4);
-	put_pad8(w, q->ts.pos_slot, (size_t)n * 4);
+	r->f.id = q->id;
+	r->f.p = q->p;
+	r->f.n = n;
+	r->f.gen = q->ts.gen;
+	r->f.bytes_in = q->bytes_in;
+	r->f.bytes_out = q->bytes_out;
+	r->f.score_total = q->score_total;
+	r->score = q->ts.score;
+	r->pos_slot = q->ts.pos_slot;
+	r->tier = q->ts.tier;
 	off = malloc((size_t)(n ? n : 1) * 8);
-	if (!off) {
-		w->err = -ENOMEM;
-		return;
-	}
+	if (!off)
+		return -ENOMEM;
 	for (uint32_t i = 0; i < n; i++)
 		off[i] = q->slot[i] ? (uint64_t)((uint8_t *)q->slot[i] - d->pool.base) + 1 : 0;
-	put(w, off, (size_t)n * 8);
-	free(off);
-	put_pad8(w, q->ts.tier, n);
-	PUT(w, (uint32_t)(q->ns ? q->ns->id : 0));
-	PUT(w, (uint32_t)(q->no_sketch ? IMG_SEQ_F_NO_SKETCH : 0));
+	r->slot_off = off;
+	r->v2.ns_id = q->ns ? q->ns->id : 0;
+	r->v2.flags = q->no_sketch ? IMG_SEQ_F_NO_SKETCH : 0;
 	if (q->ns) {
 		uint32_t *idx = malloc((size_t)(n ? n : 1) * 4);
 
-		if (!idx) {
-			w->err = -ENOMEM;
-			return;
-		}
+		if (!idx)
+			return -ENOMEM;
 		for (uint32_t i = 0; i < n; i++)
 			idx[i] = q->blk[i] ? q->blk[i]->img_idx + 1 : 0;
-		put_pad8(w, idx, (size_t)n * 4);
-		free(idx);
+		r->blk_idx = idx;
 	}
+	return 0;
 }
 
-struct write_ctx {
-	struct kvtd *d;
-	struct wbuf *w;
-	struct fdlist *fds;
-	uint32_t n;
-};
-
+/* A connection and its session, the descriptors to carry noted. */
 static int
-write_conn(void *ctx, const struct kvtd_conn_info *ci)
+src_conn(void *ctx, uint32_t i, struct img_conn *c)
 {
 	struct write_ctx *x = ctx;
-	struct wbuf *w = x->w;
+	const struct kvtd_conn_info *ci = &x->ci[i];
 	struct kvtd_session *s = ci->s;
 	uint32_t nb = 0, nq = 0;
+	int r;
 
-	PUT(w, (int32_t)ci->fd);
-	PUT(w, (uint32_t)ci->state);
-	PUT(w, (uint32_t)ci->pid);
-	PUT(w, (uint32_t)ci->uid);
-	PUT(w, (uint32_t)ci->gid);
-	PUT(w, (uint32_t)ci->privileged);
-	PUT(w, (uint32_t)(ci->conn == x->d->restart_conn && ci->conn));
-	PUT(w, (uint32_t) !!s);
+	c->f.fd = ci->fd;
+	c->f.state = (uint32_t)ci->state;
+	c->f.pid = (uint32_t)ci->pid;
+	c->f.uid = (uint32_t)ci->uid;
+	c->f.gid = (uint32_t)ci->gid;
+	c->f.privileged = (uint32_t)ci->privileged;
+	c->f.asker = ci->conn == x->d->restart_conn && ci->conn;
+	c->f.has_session = !!s;
 	fd_add(x->fds, ci->fd);
-	x->n++;
 	if (!s)
-		return 0;
-	PUT(w, s->id);
-	put(w, s->name, sizeof(s->name));
-	PUT(w, s->start_ns);
-	PUT(w, (int32_t)s->memfd);
-	PUT(w, (int32_t)s->sq_efd);
-	PUT(w, (int32_t)s->cq_efd);
-	PUT(w, s->sq_entries);
-	PUT(w, s->cq_entries);
-	PUT(w, s->arena_size);
-	PUT(w, s->sq_head);
-	PUT(w, s->cq_tail);
-	PUT(w, s->cq_head_seen);
-	PUT(w, s->op_err_gen);
-	PUT(w, s->ops);
-	PUT(w, s->errors);
+		return x->fds->err;
+	c->s.id = s->id;
+	memcpy(c->s.name, s->name, sizeof(c->s.name));
+	c->s.start_ns = s->start_ns;
+	c->s.memfd = s->memfd;
+	c->s.sq_efd = s->sq_efd;
+	c->s.cq_efd = s->cq_efd;
+	c->s.sq_entries = s->sq_entries;
+	c->s.cq_entries = s->cq_entries;
+	c->s.arena_size = s->arena_size;
+	c->s.sq_head = s->sq_head;
+	c->s.cq_tail = s->cq_tail;
+	c->s.cq_head_seen = s->cq_head_seen;
+	c->s.op_err_gen = s->op_err_gen;
+	c->s.ops = s->ops;
+	c->s.errors = s->errors;
 	fd_add(x->fds, s->memfd);
 	fd_add(x->fds, s->sq_efd);
 	fd_add(x->fds, s->cq_efd);
-	for (unsigned i = 0; i < s->max_bufs; i++)
-		nb += s->bufs[i] != NULL;
-	for (unsigned i = 0; i < s->max_seqs; i++)
-		nq += s->seqs[i] != NULL;
-	PUT(w, nb);
-	PUT(w, nq);
-	for (unsigned i = 0; i < s->max_bufs; i++) {
+	for (unsigned k = 0; k < s->max_bufs; k++)
+		nb += s->bufs[k] != NULL;
+	for (unsigned k = 0; k < s->max_seqs; k++)
+		nq += s->seqs[k] != NULL;
+	c->bufs = calloc(nb ? nb : 1, sizeof(*c->bufs));
+	c->seqs = calloc(nq ? nq : 1, sizeof(*c->seqs));
+	if (!c->bufs || !c->seqs)
+		return -ENOMEM;
+	for (unsigned k = 0; k < s->max_bufs; k++) {
 		int fd;
 
-		if (!s->bufs[i])
+		if (!s->bufs[k])
 			continue;
-		fd = kvt_dev_buf_fd(s->bufs[i]);
+		fd = kvt_dev_buf_fd(s->bufs[k]);
 		if (fd < 0)
 			return fd;
-		PUT(w, (uint32_t)(i + 1));
-		PUT(w, kvt_dev_buf_size(s->bufs[i]));
-		PUT(w, (int32_t)fd);
+		c->bufs[c->s.n_bufs].id = k + 1;
+		c->bufs[c->s.n_bufs].size = kvt_dev_buf_size(s->bufs[k]);
+		c->bufs[c->s.n_bufs].fd = fd;
+		c->s.n_bufs++;
 		fd_add(x->fds, fd);
 	}
-	for (unsigned i = 0; i < s->max_seqs; i++)
-		if (s->seqs[i])
-			write_seq(w, x->d, s->seqs[i]);
-	PUT(w, s->prefix_scope);
-	for (int i = 0; i < KVT_MAX_NS; i++) {
-		const struct kvtd_ns_handle *h = &s->ns[i];
-
-		PUT(w, (uint32_t)(h->ns ? h->ns->id : 0));
-		PUT(w, (uint32_t)(h->ns ? h->n_pins : 0));
-		for (uint32_t k = 0; h->ns && k < h->n_pins; k++)
-			PUT(w, h->pins[k]->img_idx);
-		if (h->ns && (h->n_pins & 1))
-			PUT(w, (uint32_t)0);
+	for (unsigned k = 0; k < s->max_seqs; k++) {
+		if (!s->seqs[k])
+			continue;
+		r = seq_record(x->d, s->seqs[k], &c->seqs[c->s.n_seqs++]);
+		if (r < 0)
+			return r;
 	}
-	return w->err ? w->err : x->fds->err;
+	c->v2.prefix_scope = s->prefix_scope;
+	for (int k = 0; k < KVT_MAX_NS; k++) {
+		const struct kvtd_ns_handle *h = &s->ns[k];
+		uint32_t *pins;
+
+		if (!h->ns)
+			continue;
+		pins = malloc((size_t)(h->n_pins ? h->n_pins : 1) * 4);
+		if (!pins)
+			return -ENOMEM;
+		for (uint32_t p = 0; p < h->n_pins; p++)
+			pins[p] = h->pins[p]->img_idx;
+		c->nsh[k].f.ns_id = h->ns->id;
+		c->nsh[k].f.n_pins = h->n_pins;
+		c->nsh[k].pins = pins;
+	}
+	return x->fds->err;
 }
 
-/* The prefix store: namespaces, counters, then every block (numbered in the order written,
- * the numbers sequences and pins refer to) with its slots' pool offsets. */
 static void
-write_prefix(struct wbuf *w, struct kvtd *d)
+src_conn_done(void *ctx, struct img_conn *c)
+{
+	(void)ctx;
+	for (uint32_t k = 0; c->seqs && k < c->s.n_seqs; k++) {
+		free((void *)c->seqs[k].slot_off);
+		free((void *)c->seqs[k].blk_idx);
+	}
+	for (int k = 0; k < KVT_MAX_NS; k++)
+		free((void *)c->nsh[k].pins);
+	free(c->bufs);
+	free(c->seqs);
+}
+
+/* The image of @d, pollers quiesced. Returns 0 with the bytes in *@ret_buf (*@ret_len) and the
+ * descriptors to carry in @fds, or -errno. */
+static int
+image_write(struct kvtd *d, uint8_t **ret_buf, size_t *ret_len, struct fdlist *fds)
 {
 	struct kvtd_prefix *px = &d->prefix;
-	uint32_t n_ns = 0, idx = 0;
-
-	/* Linear in namespaces and blocks: the pause must not grow faster than the store. */
-	for (struct kvtd_pns *ns = px->ns_list; ns; ns = ns->next)
-		ns->img_idx = n_ns++;
-	PUT(w, n_ns);
-	PUT(w, (uint32_t)px->n_blocks);
-	PUT(w, px->lookups);
-	PUT(w, px->hit_blocks);
-	PUT(w, px->miss_blocks);
-	PUT(w, px->published);
-	PUT(w, px->deduped);
-	PUT(w, px->evicted);
-	PUT(w, px->refused_budget);
-	for (struct kvtd_pns *ns = px->ns_list; ns; ns = ns->next) {
-		PUT(w, ns->id);
-		PUT(w, (uint32_t)0);
-		PUT(w, ns->scope);
-		put(w, &ns->p, sizeof(ns->p));
-		PUT(w, ns->lookups);
-		PUT(w, ns->hit_blocks);
-		PUT(w, ns->miss_blocks);
-		PUT(w, ns->published);
-		PUT(w, ns->deduped);
-		PUT(w, ns->evicted);
-	}
-	for (uint64_t i = 0; px->tab && i <= px->tab_mask; i++)
-		for (struct kvtd_pblock *b = px->tab[i]; b; b = b->hnext) {
-			b->img_idx = idx++;
-			PUT(w, b->ns->img_idx);
-			PUT(w, (uint32_t)0);
-			put(w, &b->key, sizeof(b->key));
-			for (uint32_t t = 0; t < b->ns->p.block_tokens; t++)
-				PUT(w, (uint64_t)((uint8_t *)b->slot[t] - d->pool.base));
-		}
-}
-
-/* The image of @d, pollers quiesced. Returns 0 with the bytes in @w and the descriptors to
- * carry in @fds, or -errno. */
-static int
-image_write(struct kvtd *d, struct wbuf *w, struct fdlist *fds)
-{
-	struct kvtd_image_hdr h;
-	struct write_ctx x = {d, w, fds, 0};
-	size_t n_at;
+	struct kvtd_image img;
+	struct write_ctx x = {.d = d, .fds = fds};
+	struct img_src src = {&x, src_blk, src_conn, src_conn_done};
+	uint32_t n_ns = 0;
 	int r;
 
-	memset(&h, 0, sizeof(h));
-	put(w, &h, sizeof(h)); /* filled in last */
-	PUT(w, d->next_session_id);
-	PUT(w, d->restarts);
-	PUT(w, d->start_ns);
-	PUT(w, d->restart_started_ns);
-	PUT(w, d->restart_req_id);
-	PUT(w, (int32_t)d->listen_fd);
-	PUT(w, (int32_t)d->lock_fd);
-	PUT(w, (uint64_t)d->sock_dev);
-	PUT(w, (uint64_t)d->sock_ino);
-	PUT(w, (int32_t)d->pool.fd);
-	PUT(w, (uint32_t)d->pool.hugetlb);
-	PUT(w, d->pool.size);
-	PUT(w, d->pool.chunk_size);
-	PUT(w, (uint64_t)(uintptr_t)d->pool.base);
-	PUT(w, atomic_load(&d->cnt.ops));
-	PUT(w, atomic_load(&d->cnt.errors));
-	PUT(w, atomic_load(&d->cnt.refused_einval));
-	PUT(w, atomic_load(&d->cnt.refused_auth));
-	PUT(w, atomic_load(&d->cnt.refused_hello_timeout));
-	PUT(w, atomic_load(&d->cnt.refused_limit));
-	PUT(w, atomic_load(&d->cnt.sessions_total));
-	PUT(w, atomic_load(&d->cnt.ring_corrupt));
-	write_prefix(w, d);
-	n_at = w->len;
-	PUT(w, (uint32_t)0); /* connections, counted below */
+	memset(&img, 0, sizeof(img));
+	img.d.next_session_id = d->next_session_id;
+	img.d.restarts = d->restarts;
+	img.d.start_ns = d->start_ns;
+	img.d.restart_started_ns = d->restart_started_ns;
+	img.d.restart_req_id = d->restart_req_id;
+	img.d.listen_fd = d->listen_fd;
+	img.d.lock_fd = d->lock_fd;
+	img.d.sock_dev = (uint64_t)d->sock_dev;
+	img.d.sock_ino = (uint64_t)d->sock_ino;
+	img.d.pool_fd = d->pool.fd;
+	img.d.pool_hugetlb = (uint32_t)d->pool.hugetlb;
+	img.d.pool_size = d->pool.size;
+	img.d.chunk_size = d->pool.chunk_size;
+	img.d.pool_base = (uint64_t)(uintptr_t)d->pool.base;
+	img.d.cnt[0] = atomic_load(&d->cnt.ops);
+	img.d.cnt[1] = atomic_load(&d->cnt.errors);
+	img.d.cnt[2] = atomic_load(&d->cnt.refused_einval);
+	img.d.cnt[3] = atomic_load(&d->cnt.refused_auth);
+	img.d.cnt[4] = atomic_load(&d->cnt.refused_hello_timeout);
+	img.d.cnt[5] = atomic_load(&d->cnt.refused_limit);
+	img.d.cnt[6] = atomic_load(&d->cnt.sessions_total);
+	img.d.cnt[7] = atomic_load(&d->cnt.ring_corrupt);
+	/* The prefix store. Linear in namespaces and blocks: the pause must not grow faster than
+	 * the store. */
+	for (struct kvtd_pns *ns = px->ns_list; ns; ns = ns->next)
+		n_ns++;
+	img.ns = calloc(n_ns + 1, sizeof(*img.ns));
+	if (!img.ns)
+		return -ENOMEM;
+	n_ns = 0;
+	for (struct kvtd_pns *ns = px->ns_list; ns; ns = ns->next) {
+		struct img_ns_f *f = &img.ns[n_ns].f;
+
+		ns->img_idx = n_ns++;
+		f->id = ns->id;
+		f->scope = ns->scope;
+		f->p = ns->p;
+		f->cnt[0] = ns->lookups;
+		f->cnt[1] = ns->hit_blocks;
+		f->cnt[2] = ns->miss_blocks;
+		f->cnt[3] = ns->published;
+		f->cnt[4] = ns->deduped;
+		f->cnt[5] = ns->evicted;
+	}
+	img.px.n_ns = n_ns;
+	img.px.n_blk = (uint32_t)px->n_blocks;
+	img.px.cnt[0] = px->lookups;
+	img.px.cnt[1] = px->hit_blocks;
+	img.px.cnt[2] = px->miss_blocks;
+	img.px.cnt[3] = px->published;
+	img.px.cnt[4] = px->deduped;
+	img.px.cnt[5] = px->evicted;
+	img.px.cnt[6] = px->refused_budget;
 	fd_add(fds, d->listen_fd);
 	fd_add(fds, d->lock_fd);
 	fd_add(fds, d->pool.fd);
-	r = kvtd_loop_conns(d, write_conn, &x);
+	r = kvtd_loop_conns(d, gather_conn, &x);
+	img.nc.n_conns = x.n_ci;
 	if (r == 0)
-		r = w->err ? w->err : fds->err;
-	if (r < 0)
-		return r;
-	memcpy(w->p + n_at, &x.n, sizeof(x.n));
-	memcpy(h.magic, KVTD_IMAGE_MAGIC, sizeof(KVTD_IMAGE_MAGIC));
-	h.version = KVTD_IMAGE_VERSION;
-	h.hdr_size = sizeof(h);
-	snprintf(h.daemon_version, sizeof(h.daemon_version), "%s", KVT_VERSION);
-	h.size = w->len;
-	h.checksum = kvtd_image_checksum(w->p + sizeof(h), w->len - sizeof(h));
-	memcpy(w->p, &h, sizeof(h));
-	return 0;
+		r = kvtd_image_encode(&img, &src, KVTD_IMAGE_VERSION, ret_buf, ret_len);
+	if (r == 0 && fds->err)
+		r = fds->err;
+	free(img.ns);
+	free(x.ci);
+	return r;
 }
 
 /*
@@ -1121,8 +633,8 @@ reap_thread(void *arg)
 	return arg;
 }
 
-static void
-reaper_start(void)
+void
+kvtd_restart_reaper_start(void)
 {
 	pthread_t t;
 
@@ -1358,9 +870,8 @@ kvtd_restart_give_up(struct kvtd *d, const char *why)
 	_exit(1);
 }
 
-/* The point of no return of a process started by a restart: it serves the sessions now. */
-static void
-took_over(struct kvtd *d)
+void
+kvtd_restart_took_over(struct kvtd *d)
 {
 	if (d->watch_fd < 0)
 		return;
@@ -1409,7 +920,8 @@ kvtd_restart(struct kvtd *d)
 {
 	/* read by the watcher after the exec, in the old address space: never freed then */
 	static struct watch wt;
-	struct wbuf w = {0};
+	uint8_t *img_buf = NULL;
+	size_t img_len = 0;
 	struct fdlist fds = {0};
 	char fdarg[16], watch_env[48], **argv = NULL, **envp = NULL, **fb_envp = NULL;
 	int r, img_fd = -1, twfd = -1, vp[2] = {-1, -1}, ap[2] = {-1, -1}, verdict = 0;
@@ -1453,19 +965,19 @@ kvtd_restart(struct kvtd *d)
 			kvt_ring_set_flags(p->sessions[j]->sq, KVT_RING_NEED_WAKEUP);
 	}
 	d->restarts++;
-	r = image_write(d, &w, &fds);
+	r = image_write(d, &img_buf, &img_len, &fds);
 	if (r < 0) {
 		log_err("restart: writing the image: %s", strerror(-r));
 		goto err;
 	}
 	img_fd = memfd_create("kvtierd-restart", MFD_CLOEXEC);
-	if (img_fd < 0 || ftruncate(img_fd, (off_t)w.len) < 0) {
+	if (img_fd < 0 || ftruncate(img_fd, (off_t)img_len) < 0) {
 		r = -errno;
 		log_err("restart: image memfd: %s", strerror(-r));
 		goto err;
 	}
-	for (size_t off = 0; off < w.len;) {
-		ssize_t n = pwrite(img_fd, w.p + off, w.len - off, (off_t)off);
+	for (size_t off = 0; off < img_len;) {
+		ssize_t n = pwrite(img_fd, img_buf + off, img_len - off, (off_t)off);
 
 		if (n < 0) {
 			r = -errno;
@@ -1532,7 +1044,7 @@ kvtd_restart(struct kvtd *d)
 		goto err;
 	}
 	log_notice("restart %u: re-executing %s with %u descriptors, image %zu KiB", d->restarts,
-		   d->exe, fds.n, w.len >> 10);
+		   d->exe, fds.n, img_len >> 10);
 	sd_notify(0, "RELOADING=1\nSTATUS=restarting in place");
 	/* Before the watcher copies them: it may have to execute the old binary with them. */
 	set_cloexec(&fds, 0);
@@ -1585,476 +1097,9 @@ err:
 	free(argv);
 	free(envp);
 	free(fb_envp);
-	free(w.p);
+	free(img_buf);
 	free(fds.fd);
 	for (unsigned i = 0; i < d->n_pollers; i++)
 		kvtd_poller_unlock(d->pollers[i]);
-	return r;
-}
-
-/* ---- restore (new process) ---------------------------------------------------------------- */
-
-void
-kvtd_restart_drop_inherited(void)
-{
-	reaper_start();
-	DIR *dir = opendir("/proc/self/fd");
-	int fds[1024], n = 0;
-	struct dirent *e;
-
-	if (!dir)
-		return;
-	while ((e = readdir(dir)) && n < 1024) {
-		int fd = atoi(e->d_name);
-
-		if (fd > 2 && fd != dirfd(dir))
-			fds[n++] = fd;
-	}
-	closedir(dir);
-	for (int i = 0; i < n; i++)
-		close(fds[i]);
-	if (n == 1024)
-		kvtd_restart_drop_inherited();
-}
-
-static int
-fd_valid(int fd)
-{
-	return fcntl(fd, F_GETFD) >= 0;
-}
-
-int
-kvtd_restart_listener(struct kvtd *d, const struct kvtd_image *img)
-{
-	d->listen_fd = d->signal_fd = d->timer_fd = d->metrics_fd = d->lock_fd = -1;
-	d->restoring = 1;
-	if (!fd_valid(img->listen_fd) || !fd_valid(img->lock_fd)) {
-		log_err("restart: the listening socket or its lock did not cross the exec");
-		return -EBADF;
-	}
-	d->listen_fd = img->listen_fd;
-	d->lock_fd = img->lock_fd;
-	d->sock_dev = (dev_t)img->sock_dev;
-	d->sock_ino = (ino_t)img->sock_ino;
-	fcntl(d->listen_fd, F_SETFD, FD_CLOEXEC);
-	fcntl(d->lock_fd, F_SETFD, FD_CLOEXEC);
-	return 0;
-}
-
-int
-kvtd_restart_pool(struct kvtd *d, const struct kvtd_image *img)
-{
-	int r;
-
-	if (!fd_valid(img->pool_fd))
-		return -EBADF;
-	fcntl(img->pool_fd, F_SETFD, FD_CLOEXEC);
-	if (img->pool_size != d->cfg.pool_size)
-		log_warn("restart: keeping the pool of %llu MiB (the configuration now says %llu "
-			 "MiB: a new size takes a full restart)",
-			 (unsigned long long)(img->pool_size >> 20),
-			 (unsigned long long)(d->cfg.pool_size >> 20));
-	r = kvtd_pool_adopt(&d->pool, &d->cfg, d->dev, img->pool_fd, img->pool_size,
-			    img->chunk_size, (int)img->pool_hugetlb);
-	if (r < 0)
-		close(img->pool_fd);
-	return r;
-}
-
-/* Closes what a record still owns (the restore gave up on it). */
-static void
-conn_drop_fds(struct img_conn *c)
-{
-	for (unsigned i = c->bufs_done; i < c->n_bufs; i++)
-		close(c->bufs[i].fd);
-	c->bufs_done = c->n_bufs;
-	if (c->has_session && !c->fds_owned) {
-		close(c->memfd);
-		close(c->sq_efd);
-		close(c->cq_efd);
-		c->fds_owned = 1;
-	}
-}
-
-/* A configuration read again may have lowered buffers_per_session or seqs_per_session: the
- * session keeps the ids it has (new ones obey the new limits). */
-static int
-grow_tables(struct kvtd_session *s, const struct img_conn *c)
-{
-	uint32_t nb = 0, nq = 0;
-
-	for (uint32_t i = 0; i < c->n_bufs; i++)
-		nb = c->bufs[i].id > nb ? c->bufs[i].id : nb;
-	for (uint32_t i = 0; i < c->n_seqs; i++)
-		nq = c->seqs[i].id > nq ? c->seqs[i].id : nq;
-	if (nb > 65536 || nq > 65536)
-		return -EBADMSG;
-	if (nb > s->max_bufs) {
-		void *p = realloc(s->bufs, nb * sizeof(*s->bufs));
-
-		if (!p)
-			return -ENOMEM;
-		s->bufs = p;
-		memset(s->bufs + s->max_bufs, 0, (nb - s->max_bufs) * sizeof(*s->bufs));
-		log_warn("restart: session %u keeps %u buffer ids (buffers_per_session is %u now)",
-			 s->id, nb, s->max_bufs);
-		s->max_bufs = nb;
-	}
-	if (nq > s->max_seqs) {
-		void *p = realloc(s->seqs, nq * sizeof(*s->seqs));
-
-		if (!p)
-			return -ENOMEM;
-		s->seqs = p;
-		memset(s->seqs + s->max_seqs, 0, (nq - s->max_seqs) * sizeof(*s->seqs));
-		log_warn("restart: session %u keeps %u sequence ids (seqs_per_session is %u now)",
-			 s->id, nq, s->max_seqs);
-		s->max_seqs = nq;
-	}
-	return 0;
-}
-
-/* The namespace restored with @id (prefix_restore() gave each image namespace its id), in
- * O(1): a session's handles are found without a walk of every namespace. */
-static struct kvtd_pns *
-ns_by_id(const struct kvtd_image *img, uint32_t id)
-{
-	return img->px ? kvtd_prefix_ns_by_id(img->px, id) : NULL;
-}
-
-/* The prefix store's namespaces and blocks, slots claimed for the store (no reference yet). */
-static int
-prefix_restore(struct kvtd *d, struct kvtd_image *img)
-{
-	struct kvtd_prefix *px = &d->prefix;
-	int r;
-
-	img->px = px;
-	for (uint32_t i = 0; i < img->n_ns; i++) {
-		r = kvtd_prefix_restore_ns(px, &img->ns[i].p, img->ns[i].scope, img->ns[i].id,
-					   img->ns[i].cnt, &img->ns[i].ns);
-		if (r < 0)
-			return r;
-	}
-	for (uint32_t i = 0; i < img->n_blk; i++) {
-		uint64_t off[KVT_BLOCK_TOKENS_MAX];
-		uint32_t bt = img->ns[img->blk[i].ns].p.block_tokens;
-
-		memcpy(off, img->blk[i].off, (size_t)bt * 8); /* unaligned in the image */
-		r = kvtd_prefix_restore_block(px, img->ns[img->blk[i].ns].ns, &img->blk[i].key, off,
-					      &img->blocks[i]);
-		if (r < 0)
-			return r;
-	}
-	px->lookups = img->px_cnt[0];
-	px->hit_blocks = img->px_cnt[1];
-	px->miss_blocks = img->px_cnt[2];
-	px->published = img->px_cnt[3];
-	px->deduped = img->px_cnt[4];
-	px->evicted = img->px_cnt[5];
-	px->refused_budget = img->px_cnt[6];
-	return 0;
-}
-
-/* A session rebuilt from @c: region, doorbells, indices, buffers, sequences (slots claimed). */
-static int
-session_restore(struct kvtd *d, struct kvtd_image *img, struct img_conn *c)
-{
-	struct kvtd_session *s;
-	int r;
-
-	if (!c->id || !fd_valid(c->memfd) || !fd_valid(c->sq_efd) || !fd_valid(c->cq_efd))
-		return -EBADMSG;
-	r = kvtd_session_adopt(d, c->memfd, c->sq_efd, c->cq_efd, c->sq_entries, c->cq_entries,
-			       c->arena_size, &s);
-	if (r < 0)
-		return r;
-	c->s = s;
-	c->fds_owned = 1;
-	fcntl(s->memfd, F_SETFD, FD_CLOEXEC);
-	fcntl(s->sq_efd, F_SETFD, FD_CLOEXEC);
-	fcntl(s->cq_efd, F_SETFD, FD_CLOEXEC);
-	s->id = c->id;
-	s->pid = c->pid;
-	s->uid = c->uid;
-	s->gid = c->gid;
-	memcpy(s->name, c->name, sizeof(s->name));
-	s->start_ns = c->start_ns;
-	s->sq_head = c->sq_head;
-	s->cq_tail = c->cq_tail;
-	s->cq_head_seen = c->cq_head_seen;
-	s->op_err_gen = c->op_err_gen; /* the op error record's sequence goes on where it was */
-	s->ops = c->ops;
-	s->errors = c->errors;
-	r = grow_tables(s, c);
-	if (r < 0)
-		return r;
-	/* The private CQ view must be one the drain could have left. */
-	if (kvt_ring_space(s->cq_entries, s->cq_head_seen, s->cq_tail) > s->cq_entries)
-		return -EBADMSG;
-	for (; c->bufs_done < c->n_bufs; c->bufs_done++) {
-		struct img_buf *b = &c->bufs[c->bufs_done];
-		struct kvt_dev_import imp = {
-		    .kind = KVT_BUF_HOST_MEMFD, .fd = b->fd, .size = b->size};
-		struct kvt_dev_buf *buf;
-
-		if (!b->id || b->id > s->max_bufs || s->bufs[b->id - 1]) {
-			r = -EBADMSG;
-		} else {
-			r = kvt_dev_buf_import(d->dev, &imp, &buf);
-			if (r == 0)
-				s->bufs[b->id - 1] = buf;
-		}
-		close(b->fd); /* the import keeps its own */
-		if (r < 0)
-			return r;
-	}
-	s->prefix_scope = c->prefix_scope;
-	for (int i = 0; i < KVT_MAX_NS; i++) {
-		struct img_ns_handle *ih = &c->nsh[i];
-		struct kvtd_ns_handle *h = &s->ns[i];
-
-		if (!ih->ns_id)
-			continue;
-		h->ns = ns_by_id(img, ih->ns_id);
-		if (!h->ns)
-			return -EBADMSG;
-		kvtd_prefix_ns_hold(&d->prefix, h->ns);
-		/* its row size's class, counted among the uid's when the session joins it */
-		r = kvtd_pool_class_get_for(&d->pool, h->ns->token_bytes, NULL);
-		if (r < 0)
-			return r;
-		h->uid_cls = r + 1;
-		h->pins = calloc(ih->n_pins ? ih->n_pins : 1, sizeof(*h->pins));
-		if (!h->pins)
-			return -ENOMEM;
-		h->cap_pins = ih->n_pins;
-		/* the pin array is the session's memory, charged as a LOOKUP charges it (the uid's
-		 * share follows with the session's bytes in kvtd_loop_adopt()); never refused */
-		h->pins_bytes = (uint64_t)h->cap_pins * sizeof(*h->pins);
-		pthread_mutex_lock(&d->pool.lock);
-		s->acct.bytes += h->pins_bytes;
-		pthread_mutex_unlock(&d->pool.lock);
-		for (uint32_t k = 0; k < ih->n_pins; k++) {
-			if (ih->pins[k] >= img->n_blk || img->blocks[ih->pins[k]]->ns != h->ns)
-				return -EBADMSG;
-			h->pins[k] = img->blocks[ih->pins[k]];
-			kvtd_prefix_ref(&d->prefix, h->pins[k], 1);
-			h->n_pins++;
-		}
-	}
-	for (uint32_t i = 0; i < c->n_seqs; i++) {
-		struct img_seq *q = &c->seqs[i];
-
-		if (q->ns_id) {
-			q->si.ns = ns_by_id(img, q->ns_id);
-			if (!q->si.ns)
-				return -EBADMSG;
-			q->si.blk_idx = q->blk_idx;
-			q->si.blocks = img->blocks;
-			q->si.n_blocks = img->n_blk;
-		}
-		r = kvtd_session_seq_restore(s, &q->p, q->id, &q->si);
-		if (r < 0) {
-			log_err("restart: session %u seq %u: %s", s->id, q->id, strerror(-r));
-			return r;
-		}
-	}
-	return 0;
-}
-
-/* Frees a session whose restore is being abandoned, without touching the pool: the pool is
- * made again from scratch afterwards. */
-static void
-session_abandon(struct kvtd_session *s)
-{
-	for (unsigned i = 0; i < s->max_seqs; i++)
-		if (s->seqs[i]) {
-			s->seqs[i]->ts.n = 0; /* no slot goes back */
-			s->seqs[i]->n_kblk = 0;
-		}
-	kvtd_session_destroy(s);
-}
-
-static void
-reply_asker(struct kvtd *d, void *conn, uint64_t id, unsigned sessions, unsigned seqs,
-	    double pause_ms)
-{
-	char text[256];
-
-	snprintf(text, sizeof(text),
-		 "{\"schema\":%d,\"restarted\":true,\"pid\":%d,\"restarts\":%u,\"sessions\":%u,"
-		 "\"seqs\":%u,\"pause_ms\":%.3f,\"version\":\"%s\"}",
-		 KVT_CTL_SCHEMA, (int)getpid(), d->restarts, sessions, seqs, pause_ms, KVT_VERSION);
-	kvtd_loop_reply(d, conn, id, 0, text);
-}
-
-int
-kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img)
-{
-	unsigned n_sessions = 0, n_seqs = 0;
-	void *asker = NULL;
-	double pause_ms;
-	uint32_t i;
-	int r = 0;
-
-	reaper_start();
-	/* One uid entry per session at most: a lowered max_sessions must not leave a restored
-	 * session's uid without one (new sessions obey it: kvtd_listen_hello() in listen.c). */
-	if (kvtd_image_sessions(img) > d->n_uids) {
-		unsigned n = kvtd_image_sessions(img);
-		struct kvtd_uid *u = realloc(d->uids, (size_t)n * sizeof(*u));
-
-		if (u) {
-			memset(u + d->n_uids, 0, (size_t)(n - d->n_uids) * sizeof(*u));
-			d->uids = u;
-			d->n_uids = n;
-		}
-	}
-	d->next_session_id = img->next_session_id;
-	d->restarts = img->restarts - (d->fell_back ? 1 : 0); /* counted by the old process */
-	d->start_ns = img->start_ns;
-	d->restart_started_ns = img->restart_started_ns;
-	atomic_store(&d->cnt.ops, img->cnt[0]);
-	atomic_store(&d->cnt.errors, img->cnt[1]);
-	atomic_store(&d->cnt.refused_einval, img->cnt[2]);
-	atomic_store(&d->cnt.refused_auth, img->cnt[3]);
-	atomic_store(&d->cnt.refused_hello_timeout, img->cnt[4]);
-	atomic_store(&d->cnt.refused_limit, img->cnt[5]);
-	atomic_store(&d->cnt.sessions_total, img->cnt[6]);
-	atomic_store(&d->cnt.ring_corrupt, img->cnt[7]);
-
-	/* 1: the prefix store, then sessions and their slots, nothing visible yet */
-	r = prefix_restore(d, img);
-	if (r < 0)
-		log_err("restart: the prefix store cannot be restored: %s", strerror(-r));
-	for (i = 0; i < img->n_conns && r == 0; i++) {
-		struct img_conn *c = &img->conns[i];
-
-		if (!fd_valid(c->fd)) {
-			r = -EBADMSG;
-			break;
-		}
-		fcntl(c->fd, F_SETFD, FD_CLOEXEC);
-		if (!c->has_session)
-			continue;
-		for (uint32_t k = 0; k < c->n_seqs; k++)
-			c->seqs[k].si.old_base = img->pool_base;
-		r = session_restore(d, img, c);
-		if (r < 0)
-			log_err("restart: session %u (pid %d '%s') cannot be restored: %s", c->id,
-				(int)c->pid, c->name, strerror(-r));
-	}
-	kvtd_pool_claim_done(&d->pool);
-	/* 2: retrieval indexes, which allocate pages from the pool */
-	for (i = 0; i < img->n_conns && r == 0; i++) {
-		struct kvtd_session *s = img->conns[i].s;
-
-		uint64_t limit;
-
-		if (!s)
-			continue;
-		/* Charged, but never held to a limit lowered by this restart: an account over
-		 * its new limit is only refused new work. No poller runs s yet. */
-		limit = s->acct.limit;
-		s->acct.limit = 0;
-		for (unsigned k = 0; k < s->max_seqs && r == 0; k++)
-			if (s->seqs[k]) {
-				r = kvtd_seq_restore_retrieval(kvtd_session_ctx(s), s->seqs[k]);
-				if (r < 0)
-					log_err(
-					    "restart: session %u seq %u: rebuilding its retrieval "
-					    "index: %s",
-					    s->id, k + 1, strerror(-r));
-			}
-		s->acct.limit = limit;
-	}
-	if (r < 0) {
-		char why[160];
-
-		snprintf(why, sizeof(why), "could not restore the sessions: %s", strerror(-r));
-		kvtd_restart_give_up(d, why); /* with a watcher, the old binary takes them back */
-		goto err_abandon;
-	}
-	/* Nothing shared has changed so far: from here on the sessions are served. */
-	took_over(d);
-	/* 3: serve them; adopting prepends, so the last first keeps the list's order */
-	for (i = img->n_conns; i-- > 0;) {
-		struct img_conn *c = &img->conns[i];
-		struct kvtd_conn_info ci = {c->fd,  c->state,	   c->pid, c->uid,
-					    c->gid, c->privileged, c->s,   NULL};
-		void *conn;
-
-		r = kvtd_loop_adopt(d, &ci, &conn);
-		if (r < 0) {
-			log_err("restart: connection of pid %d cannot be served again: %s: closing "
-				"it",
-				(int)c->pid, strerror(-r));
-			if (c->s)
-				kvtd_session_destroy(c->s);
-			c->s = NULL;
-			close(c->fd);
-			r = 0;
-			continue;
-		}
-		if (c->asker)
-			asker = conn;
-		if (c->s) {
-			n_sessions++;
-			n_seqs += c->s->n_seqs;
-		}
-	}
-	/* A poller asleep since before its sessions came may have doorbells already rung. */
-	for (unsigned p = 0; p < d->n_pollers; p++)
-		eventfd_write(d->pollers[p]->wake_efd, 1);
-	pause_ms = (double)(kvtd_now_ns() - img->restart_started_ns) / 1e6;
-	if (d->fell_back) {
-		char msg[640];
-
-		snprintf(msg, sizeof(msg),
-			 "restart failed: %s; the previous binary took back %u session(s), pid %d",
-			 d->fell_back, n_sessions, (int)getpid());
-		log_err(
-		    "restart failed after the exec: %s; the previous binary (this process, pid "
-		    "%d) took every session back: %u session(s), %u sequence(s), paused %.1f ms",
-		    d->fell_back, (int)getpid(), n_sessions, n_seqs, pause_ms);
-		if (asker)
-			kvtd_loop_reply(d, asker, img->restart_req_id, -ECANCELED, msg);
-		return 0;
-	}
-	log_notice("restart %u: serving again, %u session(s) and %u sequence(s) kept "
-		   "(image of kvtierd %s), paused %.1f ms",
-		   d->restarts, n_sessions, n_seqs, img->version, pause_ms);
-	if (asker)
-		reply_asker(d, asker, img->restart_req_id, n_sessions, n_seqs, pause_ms);
-	return 0;
-
-err_abandon:
-	log_err("restart: dropping every session of the previous process (their clients see "
-		"the connection reset) and starting with an empty pool");
-	for (i = 0; i < img->n_conns; i++) {
-		struct img_conn *c = &img->conns[i];
-
-		if (c->s)
-			session_abandon(c->s);
-		c->s = NULL;
-		conn_drop_fds(c);
-		if (fd_valid(c->fd))
-			close(c->fd);
-	}
-	kvtd_prefix_abandon(&d->prefix);
-	kvtd_pool_fini(&d->pool);
-	{
-		int e = kvtd_pool_init(&d->pool, &d->cfg, d->dev);
-
-		if (e == 0)
-			e = kvtd_prefix_init(&d->prefix, &d->pool,
-					     kvtd_config_prefix_bytes(&d->cfg));
-		if (e == 0)
-			kvtd_prefix_limits(&d->prefix, d->cfg.prefix_namespaces_per_uid,
-					   d->cfg.pool_bytes_per_uid);
-		if (e < 0)
-			return e;
-	}
 	return r;
 }

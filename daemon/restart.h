@@ -19,7 +19,8 @@
  * slots back (kvtd_pool_claim()), rebuilds the retrieval indexes by encoding the same keys
  * again, and serves the same connections.
  *
- * The image starts with a fixed header (magic, image version, daemon version, size, checksum).
+ * The image (restart_image.h, which describes its records once for the writer and the reader)
+ * starts with a fixed header (magic, image version, daemon version, size, checksum).
  * An image the new process does not understand, or a short or corrupt one, is refused with a
  * log line saying why, and every descriptor it inherited is closed: the old sessions end
  * (clients see ECONNRESET) and the daemon starts empty, rather than guess.
@@ -54,19 +55,6 @@
 
 struct kvtd;
 struct kvtd_image;
-
-#define KVTD_IMAGE_MAGIC   "KVTDIMG"
-#define KVTD_IMAGE_VERSION 2 /* 2: prefix blocks; version 1 images are read too */
-
-/* The fixed head of every image version. */
-struct kvtd_image_hdr {
-	char magic[8]; /* KVTD_IMAGE_MAGIC, NUL-padded */
-	uint32_t version;
-	uint32_t hdr_size;
-	char daemon_version[32]; /* KVT_VERSION of the writer, for the log */
-	uint64_t size;		 /* the whole image */
-	uint64_t checksum;	 /* FNV-1a 64 of the bytes after the header */
-};
 
 /* At start, before the options are parsed: removes a trailing "--restore-fd N" from argv and
  * returns N, or -1 when absent. */
@@ -104,18 +92,6 @@ void kvtd_restart_record(struct kvtd *d, int argc, char **argv);
  */
 int kvtd_restart(struct kvtd *d);
 
-/*
- * kvtd_image_load() - read and check the image in @fd (closed here).
- * Returns 0 and the parsed image, -EBADMSG (short, corrupt, or contradicting itself),
- * -EPROTONOSUPPORT (another image version or magic), -ENOMEM. The reason is logged.
- */
-int kvtd_image_load(int fd, struct kvtd_image **ret_img);
-/* Parse an image in memory (@buf, @len); as kvtd_image_load(). */
-int kvtd_image_parse(const void *buf, size_t len, struct kvtd_image **ret_img);
-void kvtd_image_free(struct kvtd_image *img);
-/* Counts in a parsed image, for logs and tests. */
-unsigned kvtd_image_sessions(const struct kvtd_image *img);
-
 /* A refused image: closes every descriptor above stderr that the exec left open, so the old
  * sessions' clients see their connection end. Only at start, before anything is opened. */
 void kvtd_restart_drop_inherited(void);
@@ -127,8 +103,5 @@ void kvtd_restart_drop_inherited(void);
 int kvtd_restart_listener(struct kvtd *d, const struct kvtd_image *img);
 int kvtd_restart_pool(struct kvtd *d, const struct kvtd_image *img);
 int kvtd_restart_sessions(struct kvtd *d, struct kvtd_image *img);
-
-/* Image writer and checksum, exposed for the unit test. */
-uint64_t kvtd_image_checksum(const void *p, size_t len);
 
 #endif

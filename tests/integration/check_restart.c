@@ -42,6 +42,7 @@
 #include "kvtier.h"
 
 #include "../../daemon/restart.h"
+#include "../../daemon/restart_image.h"
 #include "kvt_test.h"
 
 enum { L = 2, H = 2, D = 64, STEP_TOK = 16, STEPS = 90, PAUSE_AT = 40, STAGE = 2048 };
@@ -324,8 +325,17 @@ digest_eq(const struct digest *a, const struct digest *b, int kind)
 	ck_assert(a->score_total == b->score_total);
 }
 
+/*
+ * With $KVT_RESTART_FROM naming another kvtierd (an older build's), the daemon starts from a copy
+ * of that binary, replaced by this build's before the first restart: the restarts are an upgrade
+ * from it, and with the two swapped ($KVTIERD the older) a downgrade.
+ */
 START_TEST(t_restart_lossless)
 {
+	char dir[] = "/tmp/kvt-restart-from-XXXXXX", bin[64], cmd[512];
+	const char *from = getenv("KVT_RESTART_FROM");
+	const char *var = getenv("KVT_EXEC") ? "KVT_EXEC" : "KVTIERD";
+	char *orig = strdup(getenv(var));
 	struct kvtd_proc d1, d2;
 	struct child c[2];
 	struct digest got[2], want[2];
@@ -333,7 +343,20 @@ START_TEST(t_restart_lossless)
 	int64_t used0, used1;
 	struct json_object *st;
 
+	if (from) {
+		ck_assert_ptr_nonnull(mkdtemp(dir));
+		snprintf(bin, sizeof(bin), "%s/kvtierd", dir);
+		snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", from, bin);
+		ck_assert_int_eq(system(cmd), 0);
+		setenv(var, bin, 1);
+	}
 	daemon_start(&d1, NULL);
+	if (from) {
+		setenv(var, orig, 1);
+		snprintf(cmd, sizeof(cmd), "cp '%s' '%s.new' && mv '%s.new' '%s'", orig, bin, bin,
+			 bin);
+		ck_assert_int_eq(system(cmd), 0);
+	}
 	child_start(&c[0], d1.sock, 0, 1);
 	child_start(&c[1], d1.sock, 1, 1);
 	child_until(&c[0], PAUSE_AT, 's');
@@ -379,6 +402,11 @@ START_TEST(t_restart_lossless)
 	ck_assert_int_eq(daemon_stop(&d2), 0);
 	digest_eq(&got[0], &want[0], 0);
 	digest_eq(&got[1], &want[1], 1);
+	if (from) {
+		unlink(bin);
+		rmdir(dir);
+	}
+	free(orig);
 }
 END_TEST
 
