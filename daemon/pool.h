@@ -9,6 +9,8 @@
  * limits give -EDQUOT, an empty pool -ENOMEM.
  *
  * Thread safety: all functions may be called from any thread (one mutex; callers batch).
+ *
+ * The region is pool_region.c, the slab allocator pool.c (pool_int.h says what they share).
  */
 #ifndef KVTD_POOL_H
 #define KVTD_POOL_H

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * seq.h - per-sequence state: geometry, the pool slot of every position (full precision for
- * T1, int8 for T2), and the tier state of daemon/engine/tier.h (scores, tiers, T0 slot map).
+ * T1, int8 for T2), and the tier state of engine/tier.h (scores, tiers, T0 slot map).
  * The functions take the sequence and a struct kvtd_seq_ctx, never the session: the session
  * (session.c) keeps the table of sequences and builds the context. Implemented in seq.c,
  * seq_t2.c, seq_copy.c and seq_topk.c (seq_int.h says what each holds). Poller lock held for

@@ -3,7 +3,7 @@
  * cuda_shim.h - control interface of libkvt_cudashim, a FAULT-INJECTING FAKE CUDA RUNTIME FOR
  * TESTS ONLY. It is never installed and never used outside tests/cuda-shim/.
  *
- * The shim exports the subset of the CUDA runtime API that cuda/dev_cuda.c and
+ * The shim exports the subset of the CUDA runtime API that dev/dev_cuda.c and
  * client/kvtier_cuda.c call, with the real signatures (it is compiled against the toolkit's
  * cuda_runtime_api.h). It emulates devices in host memory:
  * - "device memory" (cudaMalloc) is a shared memfd mapping; its IPC handle names the owner's
@@ -14,7 +14,7 @@
  *   asynchronous, and an event is complete only once the work before its record has run
  *   (cudaEventQuery says cudaErrorNotReady until then). Event state lives in a shared table,
  *   so a process that opened another's event handle waits for that process's work;
- * - the one kernel it knows, kvt_rows_copy from cuda/rows.cu (found through
+ * - the one kernel it knows, kvt_rows_copy from dev/rows.cu (found through
  *   cudaLibraryGetKernel), is run on the host from its descriptors, read when it runs;
  * - releasing memory a queued copy still uses (cudaIpcCloseMemHandle, cudaHostUnregister,
  *   cudaFreeHost) is counted as a hazard (kvt_shim_hazards()).

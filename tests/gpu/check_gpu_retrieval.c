@@ -5,7 +5,7 @@
  * candidate list equals kvt_paris_select() exactly, over random inputs with many ties; RSQ-IP
  * rerank scores of a real index equal kvt_paris_rerank() to float rounding; top-k equals
  * kvt_paris_topk_select() (scores exactly, indices too where the k-th score is not tied).
- * Row gathers and int8 dequantization are the device layer's row kernel (cuda/rows.cu), checked
+ * Row gathers and int8 dequantization are the device layer's row kernel (dev/rows.cu), checked
  * through the daemon by check_gpu_daemon. Exits 77 without a device.
  */
 #define _GNU_SOURCE

@@ -6,7 +6,7 @@
  *      reps, events on the stream).
  *   2. 8192 scattered 256-byte rows from pinned host memory to the device, three ways: one
  *      cudaMemcpyAsync per row, one cudaMemcpyBatchAsync, one launch of the device layer's UVA
- *      row kernel (cuda/rows.cu, loaded from the same embedded fatbin the daemon uses).
+ *      row kernel (dev/rows.cu, loaded from the same embedded fatbin the daemon uses).
  *      Every method's result is checked byte for byte before its time is printed.
  * Exits 77 when there is no device.
  */

@@ -109,6 +109,8 @@ static const struct {
     {{"--prompt", "x", "--kv", "kvtier", "--share-prefix", "--dump-kv", "f", NULL},
      "--dump-kv records every prompt step"},
     {{"--eval", "--share-prefix", NULL}, "--eval takes no"},
+    {{"--prompt", "x", "--json=1", NULL}, "option '--json' takes no value"},
+    {{"--prompt", "x", "-j", NULL}, "option '-j' needs a value"},
 };
 
 START_TEST(test_bad_usage)

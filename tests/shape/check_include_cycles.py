@@ -21,8 +21,8 @@ import sys
 
 # Directories scanned, and the include path the CMake targets give their sources
 # (kvtd_core, kvt_engine, kvt_dev, kvt_proto, kvt_common, the client library).
-SCAN = ["daemon", "daemon/engine", "cuda", "client", "client/include", "proto", "common"]
-INCLUDE_PATH = ["daemon", "daemon/engine", "cuda", "client", "client/include", "proto", "common"]
+SCAN = ["daemon", "engine", "dev", "client", "client/include", "proto", "common"]
+INCLUDE_PATH = ["daemon", "engine", "dev", "client", "client/include", "proto", "common"]
 SUFFIXES = (".c", ".h", ".cu", ".cuh")
 # The daemon's root header: struct kvtd owns one instance of each subsystem (STYLE.md rule 10), so
 # it includes their headers, and the .c files that take a struct kvtd include it.  Those includes

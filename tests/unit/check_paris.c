@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Unit tests for the ParisKV engine (daemon/engine/paris*.c): encoding layout, the RSQ-IP
+ * Unit tests for the ParisKV engine (engine/paris*.c): encoding layout, the RSQ-IP
  * estimator, SIMD/scalar agreement, recall against exact inner-product top-k on synthetic key
  * sets (Gaussian, outlier channels + anisotropy, distribution drift), zone bookkeeping and the
  * per-sequence TOPK op, including bad input, the exact scan and its rule, and the default's

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * check_paris_seq - a sequence's retrieval state (daemon/engine/paris_seq.h) with its int8
+ * check_paris_seq - a sequence's retrieval state (engine/paris_seq.h) with its int8
  * sketches: TOPK with refine returns the exact top-k of the keys as the keys accessor returns
  * them, through the sketch (no rows offered, or more than KVT_PARIS_SKETCH_BYTES of them), also
  * after stored keys changed value (quantized) and kvt_paris_seq_sketch_set() followed, which

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Unit tests for daemon/engine/quant: conversions, int8 codes, SIMD exactness, row gather. */
+/* Unit tests for engine/quant: conversions, int8 codes, SIMD exactness, row gather. */
 #include <check.h>
 #include <errno.h>
 #include <math.h>

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Unit tests for daemon/engine/select: radix selection against a sort-based reference. */
+/* Unit tests for engine/select: radix selection against a sort-based reference. */
 #include <check.h>
 #include <errno.h>
 #include <math.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * check_sketch - the int8 sketch (daemon/engine/sketch.h): its bound holds for every key and
+ * check_sketch - the int8 sketch (engine/sketch.h): its bound holds for every key and
  * query, so its top-k is the exact top-k of the rows (the list a full scan gives, ties to the
  * lower index) at every SIMD level, with dropped keys, non-finite keys, any query scale and
  * keys whose stored value changed; and it reads few rows doing so. Its 2-bit level's fast path

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Unit tests for daemon/engine/srht.c: the fixed +-1 diagonal and the Walsh-Hadamard rotation. */
+/* Unit tests for engine/srht.c: the fixed +-1 diagonal and the Walsh-Hadamard rotation. */
 #include <check.h>
 #include <errno.h>
 #include <math.h>

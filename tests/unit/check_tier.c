@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Unit tests for daemon/engine/tier: parameter validation, budgets of every policy against a
+ * Unit tests for engine/tier: parameter validation, budgets of every policy against a
  * sort-based reference, eviction and quantization finality, the differential slot property,
  * FETCH lists, and Proposition 1 (attention over T0 slots + staged T1 rows equals attention over
  * the full cache, bit for bit).

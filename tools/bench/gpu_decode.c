@@ -27,8 +27,8 @@
 #include <cublas_api.h>
 #include <cuda_runtime_api.h>
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "kvt_cli.h"
 #include "gpu_decode_kernels.h"
 #include "kvtier.h"
 
@@ -724,36 +725,79 @@ parse_list_f(const char *s, float *out, unsigned cap)
 	return (int)n;
 }
 
-static void
-usage(FILE *f)
+static int
+opt_ctx(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
 {
-	fprintf(
-	    f,
-	    "usage: kvtier-bench gpu-decode [options]\n"
-	    "  --layers N --q-heads N --kv-heads N --head-dim N --hidden N --ffn N\n"
-	    "                     model shape (default 32, 32, 8, 128, 4096, 14336: an 8B Llama)\n"
-	    "  --ctx LIST         contexts, e.g. 8K,32K,128K (default)\n"
-	    "  --hbm LIST         shares of rows in HBM (T0), default 0.3,0.5,0.7\n"
-	    "  --t2 F             share of rows kept int8 in the pool (T2), default 0\n"
-	    "  --steps N          timed decode steps per point (default 20), --warmup N (3)\n"
-	    "  --socket PATH      use this kvtierd (CUDA backend); default: start one\n"
-	    "  --no-kvtier        all-in-HBM and the bound only\n"
-	    "  --check            compare attention and GEMV with a CPU reference and kvtier's\n"
-	    "                     staged attention with the all-in-HBM one; exit 1 if they "
-	    "differ\n");
+	struct opts *p = o;
+	int r = parse_list_u32(arg, p->ctx, 8);
+
+	if (r <= 0) {
+		fprintf(stderr, "gpu-decode: bad list '%s' for --ctx\n", arg);
+		return -EINVAL;
+	}
+	p->n_ctx = (unsigned)r;
+	return 0;
 }
+
+static int
+opt_hbm(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	struct opts *p = o;
+	int r = parse_list_f(arg, p->hbm, 8);
+
+	if (r <= 0) {
+		fprintf(stderr, "gpu-decode: bad list '%s' for --hbm\n", arg);
+		return -EINVAL;
+	}
+	p->n_hbm = (unsigned)r;
+	return 0;
+}
+
+#define OFF(m)	  offsetof(struct opts, m)
+#define SHAPE_MAX (1u << 20)
+
+static const struct kvt_cli_opt gd_opts[] = {
+    {"layers", 0, "N", "model shape: layers (default 32; the defaults are an 8B Llama)",
+     .apply = kvt_cli_u32, .off = OFF(layers), .min = 1, .max = SHAPE_MAX},
+    {"q-heads", 0, "N", "query heads (default 32)", .apply = kvt_cli_u32, .off = OFF(q_heads),
+     .min = 1, .max = SHAPE_MAX},
+    {"kv-heads", 0, "N", "KV heads (default 8)", .apply = kvt_cli_u32, .off = OFF(kv_heads),
+     .min = 1, .max = SHAPE_MAX},
+    {"head-dim", 0, "N", "head dimension (default 128)", .apply = kvt_cli_u32, .off = OFF(head_dim),
+     .min = 1, .max = SHAPE_MAX},
+    {"hidden", 0, "N", "hidden size (default 4096)", .apply = kvt_cli_u32, .off = OFF(hidden),
+     .min = 1, .max = SHAPE_MAX},
+    {"ffn", 0, "N", "FFN size (default 14336)", .apply = kvt_cli_u32, .off = OFF(ffn), .min = 1,
+     .max = SHAPE_MAX},
+    {"ctx", 0, "LIST", "contexts, e.g. 8K,32K,128K (default)", .apply = opt_ctx},
+    {"hbm", 0, "LIST", "shares of rows in HBM (T0), default 0.3,0.5,0.7", .apply = opt_hbm},
+    {"t2", 0, "F", "share of rows kept int8 in the pool (T2), default 0", .apply = kvt_cli_float,
+     .off = OFF(t2_frac), .max = 1},
+    {"steps", 0, "N", "timed decode steps per point (default 20)", .apply = kvt_cli_u32,
+     .off = OFF(steps), .min = 1, .max = SHAPE_MAX},
+    {"warmup", 0, "N", "untimed steps before them (default 3)", .apply = kvt_cli_u32,
+     .off = OFF(warmup), .max = SHAPE_MAX},
+    {"socket", 0, "PATH", "use this kvtierd (CUDA backend); default: start one",
+     .apply = kvt_cli_str, .off = OFF(socket)},
+    {"no-kvtier", 0, NULL, "all-in-HBM and the bound only", .apply = kvt_cli_flag,
+     .off = OFF(no_kvtier)},
+    {"check", 0, NULL,
+     "compare attention and GEMV with a CPU reference and kvtier's\nstaged attention with the "
+     "all-in-HBM one; exit 1 if they differ",
+     .apply = kvt_cli_flag, .off = OFF(check)},
+    {"help", 'h', NULL, "this text", .apply = kvt_cli_help},
+    {NULL},
+};
+
+static const struct kvt_cli gd_cli = {
+    .prog = "gpu-decode",
+    .intro = "usage: kvtier-bench gpu-decode [options]\n",
+    .opts = gd_opts,
+};
 
 int
 main(int argc, char **argv)
 {
-	static const struct option lo[] = {{"layers", 1, 0, 'L'},    {"q-heads", 1, 0, 'Q'},
-					   {"kv-heads", 1, 0, 'K'},  {"head-dim", 1, 0, 'D'},
-					   {"hidden", 1, 0, 'H'},    {"ffn", 1, 0, 'F'},
-					   {"ctx", 1, 0, 'c'},	     {"hbm", 1, 0, 'm'},
-					   {"t2", 1, 0, 't'},	     {"steps", 1, 0, 's'},
-					   {"warmup", 1, 0, 'w'},    {"socket", 1, 0, 'S'},
-					   {"no-kvtier", 0, 0, 'n'}, {"check", 0, 0, 'k'},
-					   {"help", 0, 0, 'h'},	     {0, 0, 0, 0}};
 	struct opts o = {.layers = 32,
 			 .q_heads = 32,
 			 .kv_heads = 8,
@@ -771,65 +815,11 @@ main(int argc, char **argv)
 	struct model m;
 	struct cudaDeviceProp prop;
 	double bw, worst = 0;
-	int opt, r, bad = 0, first = 1;
+	int r, bad = 0, first = 1;
 
-	while ((opt = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-		switch (opt) {
-		case 'L':
-			o.layers = (uint32_t)atoi(optarg);
-			break;
-		case 'Q':
-			o.q_heads = (uint32_t)atoi(optarg);
-			break;
-		case 'K':
-			o.kv_heads = (uint32_t)atoi(optarg);
-			break;
-		case 'D':
-			o.head_dim = (uint32_t)atoi(optarg);
-			break;
-		case 'H':
-			o.hidden = (uint32_t)atoi(optarg);
-			break;
-		case 'F':
-			o.ffn = (uint32_t)atoi(optarg);
-			break;
-		case 'c':
-			r = parse_list_u32(optarg, o.ctx, 8);
-			if (r <= 0)
-				goto bad_arg;
-			o.n_ctx = (unsigned)r;
-			break;
-		case 'm':
-			r = parse_list_f(optarg, o.hbm, 8);
-			if (r <= 0)
-				goto bad_arg;
-			o.n_hbm = (unsigned)r;
-			break;
-		case 't':
-			o.t2_frac = strtof(optarg, NULL);
-			break;
-		case 's':
-			o.steps = (unsigned)atoi(optarg);
-			break;
-		case 'w':
-			o.warmup = (unsigned)atoi(optarg);
-			break;
-		case 'S':
-			o.socket = optarg;
-			break;
-		case 'n':
-			o.no_kvtier = 1;
-			break;
-		case 'k':
-			o.check = 1;
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
+	if (kvt_cli_parse(&gd_cli, argc, argv, &o, NULL) < 0) {
+		fprintf(stderr, "Try 'kvtier-bench gpu-decode --help'.\n");
+		return 2;
 	}
 	if (!o.layers || !o.kv_heads || !o.q_heads || o.q_heads % o.kv_heads ||
 	    o.q_heads / o.kv_heads > KVTB_MAX_GROUP || !o.head_dim || o.head_dim % 4 ||
@@ -934,7 +924,4 @@ main(int argc, char **argv)
 		fprintf(stderr, "gpu-decode: check %s\n", bad ? "FAILED" : "passed");
 	(void)worst;
 	return bad ? 1 : 0;
-bad_arg:
-	fprintf(stderr, "gpu-decode: bad list '%s'\n", optarg);
-	return 2;
 }

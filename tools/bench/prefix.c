@@ -25,10 +25,10 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +42,7 @@
 
 #include "daemon.h"
 #include "generate.h"
+#include "kvt_cli.h"
 #include "kvt_ctl.h"
 #include "kvtier.h"
 #include "model.h"
@@ -516,100 +517,51 @@ out:
 	return r;
 }
 
-static void
-usage(FILE *f)
-{
-	fprintf(
-	    f,
-	    "usage: kvtier-bench prefix [--json] [--reps N] [--prompt-tokens N] [--gen N]\n"
-	    "                           [--lookup-reps N] [--threads N] [--model PATH]\n"
-	    "                           [--llm PATH]\n"
-	    "  Time to first token of a second kvtier-llm process on a shared prompt with\n"
-	    "  --share-prefix against without, the pool bytes of two such processes with\n"
-	    "  and without, and LOOKUP latency for a 32K-token prefix (docs/prefix.md).\n"
-	    "  --reps N           cold and shared runs each (3)\n"
-	    "  --prompt-tokens N  the prompt's length at least (2048)\n"
-	    "  --gen N            tokens each run generates (8)\n"
-	    "  --lookup-reps N    LOOKUPs timed, plain and pinning each (200)\n"
-	    "  --threads N        kvtier-llm's threads (1)\n"
-	    "  --model PATH       GGUF (default: kvtier-llm's, tools/fetch-model.sh)\n"
-	    "  --llm PATH         kvtier-llm (default: beside this program, else the build's)\n");
-}
+#define OFF(m) offsetof(struct opts, m)
+
+static const struct kvt_cli_opt prefix_opts[] = {
+    {"json", 0, NULL, "one JSON object instead of the report", .apply = kvt_cli_flag,
+     .off = OFF(json)},
+    {"reps", 0, "N", "cold and shared runs each (3)", .apply = kvt_cli_u32, .off = OFF(reps),
+     .min = 1, .max = 100000},
+    {"prompt-tokens", 0, "N", "the prompt's length at least (2048)", .apply = kvt_cli_u32,
+     .off = OFF(prompt_tokens), .min = 1, .max = 100000},
+    {"gen", 0, "N", "tokens each run generates (8)", .apply = kvt_cli_u32, .off = OFF(gen),
+     .min = 1, .max = 100000},
+    {"lookup-reps", 0, "N", "LOOKUPs timed, plain and pinning each (200)", .apply = kvt_cli_u32,
+     .off = OFF(lookup_reps), .min = 1, .max = 100000},
+    {"threads", 0, "N", "kvtier-llm's threads (1)", .apply = kvt_cli_u32, .off = OFF(threads),
+     .min = 1, .max = 64},
+    {"model", 0, "PATH", "GGUF (default: kvtier-llm's, tools/fetch-model.sh)", .apply = kvt_cli_str,
+     .off = OFF(model)},
+    {"llm", 0, "PATH", "kvtier-llm (default: beside this program, else the build's)",
+     .apply = kvt_cli_str, .off = OFF(llm)},
+    {"help", 'h', NULL, "this text", .apply = kvt_cli_help},
+    {NULL},
+};
+
+static const struct kvt_cli prefix_cli = {
+    .prog = "kvtier-bench prefix",
+    .intro = "usage: kvtier-bench prefix [options]\n"
+	     "Time to first token of a second kvtier-llm process on a shared prompt with\n"
+	     "--share-prefix against without, the pool bytes of two such processes with\n"
+	     "and without, and LOOKUP latency for a 32K-token prefix (docs/prefix.md).\n\n",
+    .opts = prefix_opts,
+};
 
 static int
 parse(int argc, char **argv, struct opts *o)
 {
-	static const struct option lo[] = {
-	    {"json", no_argument, NULL, 'J'},
-	    {"reps", required_argument, NULL, 'r'},
-	    {"prompt-tokens", required_argument, NULL, 'p'},
-	    {"gen", required_argument, NULL, 'g'},
-	    {"lookup-reps", required_argument, NULL, 'l'},
-	    {"threads", required_argument, NULL, 't'},
-	    {"model", required_argument, NULL, 'm'},
-	    {"llm", required_argument, NULL, 'L'},
-	    {"help", no_argument, NULL, 'h'},
-	    {0},
-	};
 	static char model[PATH_MAX];
-	int c;
 
 	o->prompt_tokens = 2048;
 	o->gen = 8;
 	o->reps = 3;
 	o->lookup_reps = 200;
 	o->threads = 1;
-	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-		char *end;
-		unsigned long v = 0;
-
-		if (c == 'r' || c == 'p' || c == 'g' || c == 'l' || c == 't') {
-			errno = 0;
-			v = strtoul(optarg, &end, 10);
-			if (errno || *end || !*optarg || *optarg == '-' || !v || v > 100000) {
-				fprintf(stderr,
-					"kvtier-bench prefix: a count in 1..100000 wanted, got "
-					"'%s'\n",
-					optarg);
-				return -EINVAL;
-			}
-		}
-		switch (c) {
-		case 'J':
-			o->json = 1;
-			break;
-		case 'r':
-			o->reps = (uint32_t)v;
-			break;
-		case 'p':
-			o->prompt_tokens = (uint32_t)v;
-			break;
-		case 'g':
-			o->gen = (uint32_t)v;
-			break;
-		case 'l':
-			o->lookup_reps = (uint32_t)v;
-			break;
-		case 't':
-			if (v > 64) {
-				fprintf(stderr, "kvtier-bench prefix: --threads wants 1..64\n");
-				return -EINVAL;
-			}
-			o->threads = (uint32_t)v;
-			break;
-		case 'm':
-			o->model = optarg;
-			break;
-		case 'L':
-			o->llm = optarg;
-			break;
-		case 'h':
-			usage(stdout);
-			exit(0);
-		default:
-			usage(stderr);
-			return -EINVAL;
-		}
+	if (kvt_cli_parse(&prefix_cli, argc, argv, o, NULL) < 0) {
+		fprintf(stderr, "Try 'kvtier-bench prefix --help'.\n");
+		return -EINVAL;
 	}
 	if (optind < argc) {
 		fprintf(stderr, "kvtier-bench prefix: unexpected argument '%s'\n", argv[optind]);

@@ -11,8 +11,8 @@
  * usage.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +22,7 @@
 
 #include <json-c/json.h>
 
+#include "kvt_cli.h"
 #include "kvt_ctl.h"
 #include "kvt_version.h"
 #include "ctl_conn.h"
@@ -33,8 +34,8 @@ enum { EXIT_FAIL = 1, EXIT_USAGE = 2 };
 
 struct opts {
 	const char *socket;
-	bool json;
-	bool sessions; /* metrics: the per-session and per-sequence families too */
+	int json;
+	int sessions; /* metrics: the per-session and per-sequence families too */
 	int timeout_ms;
 	double interval_s;
 	long count; /* top: refreshes, 0 = until interrupted */
@@ -48,36 +49,12 @@ struct docs {
 	struct json_object *blocks;
 };
 
+static const struct kvt_cli ctl_cli;
+
 static void
 usage(FILE *f)
 {
-	fprintf(
-	    f,
-	    "usage: kvtierctl [OPTIONS] COMMAND\n"
-	    "\n"
-	    "Inspect a running kvtierd over its control socket.\n"
-	    "\n"
-	    "Commands:\n"
-	    "  status    version, backend, pool occupancy, counters, tier totals\n"
-	    "  clients   connected sessions, one row each\n"
-	    "  seqs      open sequences with their geometry and tokens per tier\n"
-	    "  blocks    shared prefix blocks: namespaces, blocks, bytes, hit rate, totals\n"
-	    "  metrics   kvtierd's metrics in Prometheus text format (--json: as JSON)\n"
-	    "  top       redraw status, clients and seqs every --interval seconds\n"
-	    "  restart   re-execute kvtierd in place, keeping every session (admin only)\n"
-	    "\n"
-	    "Options:\n"
-	    "  -s, --socket PATH    control socket (default: $KVTIER_SOCKET, else %s)\n"
-	    "  -j, --json           print the daemon's JSON documents, pretty-printed\n"
-	    "  -S, --sessions       metrics: add per-session and per-sequence families\n"
-	    "  -t, --timeout SEC    wait at most SEC seconds for each reply (default 5)\n"
-	    "  -i, --interval SEC   top: seconds between refreshes (default 2)\n"
-	    "  -n, --count N        top: stop after N refreshes (default 0: until interrupted)\n"
-	    "  -h, --help           this text\n"
-	    "  -V, --version        print the version\n"
-	    "\n"
-	    "Exit status: 0 success, 1 kvtierd unreachable or the request failed, 2 bad usage.\n",
-	    DEFAULT_SOCKET);
+	kvt_cli_usage(&ctl_cli, f);
 }
 
 static const char *
@@ -404,89 +381,112 @@ parse_seconds(const char *s, double *ret)
 	return true;
 }
 
+static int
+opt_socket(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	if (!*arg) {
+		fprintf(stderr, "kvtierctl: --socket needs a path\n");
+		return -EINVAL;
+	}
+	((struct opts *)o)->socket = arg;
+	return 0;
+}
+
+static int
+opt_timeout(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	double secs;
+
+	if (!parse_seconds(arg, &secs) || secs < 0.001) {
+		fprintf(stderr, "kvtierctl: bad --timeout '%s': seconds, > 0\n", arg);
+		return -EINVAL;
+	}
+	((struct opts *)o)->timeout_ms = (int)(secs * 1000);
+	return 0;
+}
+
+static int
+opt_interval(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	if (!parse_seconds(arg, &((struct opts *)o)->interval_s)) {
+		fprintf(stderr, "kvtierctl: bad --interval '%s': seconds, > 0\n", arg);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int
+opt_count(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	long *count = &((struct opts *)o)->count;
+	char *end;
+
+	errno = 0;
+	*count = strtol(arg, &end, 10);
+	if (errno || end == arg || *end || *count < 0) {
+		fprintf(stderr, "kvtierctl: bad --count '%s': an integer >= 0\n", arg);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int
+opt_version(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	printf("kvtierctl %s (ABI %d.%d)\n", KVT_VERSION, KVT_ABI_MAJOR, KVT_ABI_MINOR);
+	exit(0);
+}
+
+static const struct kvt_cli_opt ctl_opts[] = {
+    {"socket", 's', "PATH", "control socket (default: $KVTIER_SOCKET, else " DEFAULT_SOCKET ")",
+     .apply = opt_socket},
+    {"json", 'j', NULL, "print the daemon's JSON documents, pretty-printed", .apply = kvt_cli_flag,
+     .off = offsetof(struct opts, json)},
+    {"sessions", 'S', NULL, "metrics: add per-session and per-sequence families",
+     .apply = kvt_cli_flag, .off = offsetof(struct opts, sessions)},
+    {"timeout", 't', "SEC", "wait at most SEC seconds for each reply (default 5)",
+     .apply = opt_timeout},
+    {"interval", 'i', "SEC", "top: seconds between refreshes (default 2)", .apply = opt_interval},
+    {"count", 'n', "N", "top: stop after N refreshes (default 0: until interrupted)",
+     .apply = opt_count},
+    {"help", 'h', NULL, "this text", .apply = kvt_cli_help},
+    {"version", 'V', NULL, "print the version", .apply = opt_version},
+    {NULL},
+};
+
+static const struct kvt_cli ctl_cli = {
+    .prog = "kvtierctl",
+    .intro = "usage: kvtierctl [OPTIONS] COMMAND\n"
+	     "\n"
+	     "Inspect a running kvtierd over its control socket.\n"
+	     "\n"
+	     "Commands:\n"
+	     "  status    version, backend, pool occupancy, counters, tier totals\n"
+	     "  clients   connected sessions, one row each\n"
+	     "  seqs      open sequences with their geometry and tokens per tier\n"
+	     "  blocks    shared prefix blocks: namespaces, blocks, bytes, hit rate, totals\n"
+	     "  metrics   kvtierd's metrics in Prometheus text format (--json: as JSON)\n"
+	     "  top       redraw status, clients and seqs every --interval seconds\n"
+	     "  restart   re-execute kvtierd in place, keeping every session (admin only)\n"
+	     "\n"
+	     "Options:\n",
+    .outro = "Exit status: 0 success, 1 kvtierd unreachable or the request failed, 2 bad usage.\n",
+    .opts = ctl_opts,
+};
+
 int
 main(int argc, char **argv)
 {
-	static const struct option longopts[] = {
-	    {"socket", required_argument, NULL, 's'},
-	    {"json", no_argument, NULL, 'j'},
-	    {"timeout", required_argument, NULL, 't'},
-	    {"interval", required_argument, NULL, 'i'},
-	    {"count", required_argument, NULL, 'n'},
-	    {"help", no_argument, NULL, 'h'},
-	    {"version", no_argument, NULL, 'V'},
-	    {"sessions", no_argument, NULL, 'S'},
-	    {NULL, 0, NULL, 0},
-	};
-	struct opts o = {.json = false, .timeout_ms = 5000, .interval_s = 2, .count = 0};
+	struct opts o = {.timeout_ms = 5000, .interval_s = 2, .count = 0};
 	const char *cmd;
-	double secs;
-	char *end;
-	int c;
 
 	o.socket = getenv("KVTIER_SOCKET");
 	if (!o.socket || !*o.socket)
 		o.socket = DEFAULT_SOCKET;
 
-	opterr = 0; /* our own messages, prefixed "kvtierctl:" */
-	while ((c = getopt_long(argc, argv, ":s:jSt:i:n:hV", longopts, NULL)) != -1) {
-		switch (c) {
-		case 's':
-			if (!*optarg) {
-				fprintf(stderr, "kvtierctl: --socket needs a path\n");
-				return EXIT_USAGE;
-			}
-			o.socket = optarg;
-			break;
-		case 'j':
-			o.json = true;
-			break;
-		case 'S':
-			o.sessions = true;
-			break;
-		case 't':
-			if (!parse_seconds(optarg, &secs) || secs < 0.001) {
-				fprintf(stderr, "kvtierctl: bad --timeout '%s': seconds, > 0\n",
-					optarg);
-				return EXIT_USAGE;
-			}
-			o.timeout_ms = (int)(secs * 1000);
-			break;
-		case 'i':
-			if (!parse_seconds(optarg, &o.interval_s)) {
-				fprintf(stderr, "kvtierctl: bad --interval '%s': seconds, > 0\n",
-					optarg);
-				return EXIT_USAGE;
-			}
-			break;
-		case 'n':
-			errno = 0;
-			o.count = strtol(optarg, &end, 10);
-			if (errno || end == optarg || *end || o.count < 0) {
-				fprintf(stderr, "kvtierctl: bad --count '%s': an integer >= 0\n",
-					optarg);
-				return EXIT_USAGE;
-			}
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		case 'V':
-			printf("kvtierctl %s (ABI %d.%d)\n", KVT_VERSION, KVT_ABI_MAJOR,
-			       KVT_ABI_MINOR);
-			return 0;
-		case ':':
-		default:
-			/* a long option is named by its argv word, a short one by optopt */
-			fprintf(stderr, "kvtierctl: %s option ",
-				c == ':' ? "value missing for" : "unknown");
-			if (!strncmp(argv[optind - 1], "--", 2))
-				fprintf(stderr, "'%s'", argv[optind - 1]);
-			else
-				fprintf(stderr, "'-%c'", optopt);
-			fprintf(stderr, "; see 'kvtierctl --help'\n");
-			return EXIT_USAGE;
-		}
+	if (kvt_cli_parse(&ctl_cli, argc, argv, &o, NULL) < 0) {
+		fprintf(stderr, "Try 'kvtierctl --help'.\n");
+		return EXIT_USAGE;
 	}
 	if (optind + 1 != argc) {
 		fprintf(stderr, "kvtierctl: %s\n",

@@ -5,7 +5,7 @@
  * tiering policy costs the model (eval.h). See docs/llm.md.
  */
 #include <errno.h>
-#include <getopt.h>
+#include <stddef.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +22,7 @@
 #include "kv.h"
 #include "kv_kvtier.h"
 #include "kvdump.h"
+#include "kvt_cli.h"
 #include "model.h"
 #include "simd.h"
 #include "tokenizer.h"
@@ -42,7 +43,7 @@ struct opts {
 	int verbose;
 	int kvtier;		  /* --kv kvtier */
 	struct kv_kvtier_opts ko; /* --socket, --policy, --hbm, ... */
-	int kvtier_opt;		  /* a kvtier-only option was given */
+	int64_t delta, window;	  /* -1: not given (the default of --kv kvtier or of --eval) */
 	uint32_t hold_s;
 	int share_prefix;		/* --share-prefix */
 	char share_ns[KVT_NS_NAME_LEN]; /* the model's identity, its namespace */
@@ -54,384 +55,206 @@ struct opts {
 	int64_t eval_prompts, eval_tokens, jobs, speed_tokens, speed_reps;
 };
 
-static void
-usage(FILE *out)
-{
-	fprintf(
-	    out,
-	    "Usage: kvtier-llm --prompt TEXT [options]\n"
-	    "Run a Llama-architecture GGUF model (SmolLM2-135M-Instruct by default) on the CPU.\n"
-	    "\n"
-	    "  -m, --model PATH      GGUF file (default: $KVT_MODEL, else\n"
-	    "                        ${KVT_MODEL_DIR:-~/.cache/kvtier/models}/%s;\n"
-	    "                        tools/fetch-model.sh puts it there)\n"
-	    "  -p, --prompt TEXT     the prompt (required)\n"
-	    "  -n, --max-tokens N    tokens to generate at most (default 128)\n"
-	    "  -s, --seed S          sampling seed (default 0)\n"
-	    "  -t, --temp T          temperature; 0 = greedy (default 0)\n"
-	    "      --top-p P         nucleus mass in (0, 1] (default 0.9)\n"
-	    "  -c, --chat            wrap the prompt in the model's chat template\n"
-	    "      --system TEXT     system turn for --chat (default: the template's own)\n"
-	    "  -j, --threads N       worker threads, 1..64 (default 1)\n"
-	    "      --json            print one JSON object instead of streaming text\n"
-	    "  -v, --verbose         print model and prompt details to stderr\n"
-	    "  -h, --help            this text\n"
-	    "\n"
-	    "KV cache:\n"
-	    "      --kv local|kvtier  in this process (default), or managed by kvtierd\n"
-	    "      --socket PATH     kvtierd socket (default $KVTIER_SOCKET, else %s)\n"
-	    "      --policy P        tiered (default), h2o, streaming or full\n"
-	    "      --hbm F           fraction of tokens kept in T0, the device tier (0.5)\n"
-	    "      --evict F         fraction of tokens evicted (0.03)\n"
-	    "      --t2 F            fraction of tokens stored int8 (0)\n"
-	    "      --t2-keys MODE    int8 key scales: head (one per token and head, default)\n"
-	    "                        or channel (one per channel per block of 32 tokens)\n"
-	    "      --delta N         re-tier every N tokens (64)\n"
-	    "      --window N        recent tokens always in T0 (128)\n"
-	    "      --sinks N         first tokens always in T0 (4)\n"
-	    "      --hold-seconds N  keep the sequence open N seconds after generating, so\n"
-	    "                        'kvtierctl seqs' can show its tiers (0)\n"
-	    "      --share-prefix    take the prompt's leading blocks other processes published\n"
-	    "                        (same model file, same user) from kvtierd instead of\n"
-	    "                        computing them, and publish this prompt's blocks after\n"
-	    "                        prefill (docs/prefix.md). Sharing leaks which prompts were\n"
-	    "                        used to the processes sharing (a hit is faster)\n"
-	    "      --block-tokens N  tokens per shared block, 1..%d (%d)\n"
-	    "      --dump-kv FILE    append this run's post-RoPE keys and queries (every layer\n"
-	    "                        and head, f16) to FILE as one sequence, for\n"
-	    "                        kvtier-bench-retrieval --data real (format: kvdump.h)\n"
-	    "\n"
-	    "Evaluation (needs kvtierd; no --prompt):\n"
-	    "      --eval            token agreement and perplexity per tiering policy and budget\n"
-	    "                        against the full cache, then decode speed kvtier vs local\n"
-	    "      --quick           fewer, shorter prompts (3 x 96 tokens instead of 10 x 512)\n"
-	    "      --eval-prompts N  --eval-tokens N   override the prompt count and length\n"
-	    "      --jobs N          processes running configurations side by side (1)\n"
-	    "      --speed-tokens N  --speed-reps N   decode steps per speed run (512, quick\n"
-	    "                        256) and runs per backend (3; the median is reported)\n"
-	    "      --json            one JSON object instead of the table\n"
-	    "\n"
-	    "Exit status: 0 ok, 1 runtime error (missing model, bad file, kvtierd lost), 2 bad\n"
-	    "usage.\n",
-	    LLM_MODEL_FILE, KVT_DEFAULT_SOCKET, KVT_BLOCK_TOKENS_MAX, KVT_BLOCK_TOKENS_DEFAULT);
-}
+/* The groups of options checked together (kvt_cli_opt.group). */
+enum {
+	G_KVTIER = 1u << 0,    /* only with --kv kvtier */
+	G_EVAL_ONLY = 1u << 1, /* only with --eval */
+};
+
+#define STR_(x) #x
+#define STR(x)	STR_(x)
 
 static int
-parse_u64(const char *s, uint64_t max, uint64_t *ret_v)
+opt_seed(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
 {
 	char *end;
 	unsigned long long v;
 
-	if (!*s || *s == '-')
-		return -EINVAL;
 	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || *end || v > max)
+	v = *arg && *arg != '-' ? strtoull(arg, &end, 10) : 0;
+	if (!*arg || *arg == '-' || errno || *end) {
+		fprintf(stderr, "kvtier-llm: --seed wants an unsigned integer, got '%s'\n", arg);
 		return -EINVAL;
-	*ret_v = v;
+	}
+	((struct opts *)o)->seed = v;
 	return 0;
 }
 
 static int
-parse_float(const char *s, float *ret_v)
+opt_top_p(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
 {
+	float *p = &((struct opts *)o)->top_p;
 	char *end;
-	float v;
 
 	errno = 0;
-	v = strtof(s, &end);
-	if (errno || !*s || *end || v != v)
+	*p = strtof(arg, &end);
+	if (errno || !*arg || *end || !(*p > 0.0f) || *p > 1.0f) {
+		fprintf(stderr, "kvtier-llm: --top-p wants a number in (0, 1], got '%s'\n", arg);
 		return -EINVAL;
-	*ret_v = v;
+	}
 	return 0;
 }
 
-/* "--name" of the long option whose getopt value is @val (for messages: argv[optind - 1] is
- * the value, not the option, when the value came as a separate word). */
-static const char *
-opt_name(const struct option *lo, int val)
+static int
+opt_kv(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
 {
-	static char buf[64];
-
-	for (; lo->name; lo++)
-		if (lo->val == val) {
-			snprintf(buf, sizeof(buf), "--%s", lo->name);
-			return buf;
-		}
-	return "option";
+	if (strcmp(arg, "local") && strcmp(arg, "kvtier")) {
+		fprintf(stderr, "kvtier-llm: --kv wants local or kvtier, got '%s'\n", arg);
+		return -EINVAL;
+	}
+	((struct opts *)o)->kvtier = !strcmp(arg, "kvtier");
+	return 0;
 }
+
+static int
+opt_policy(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	int p = kv_kvtier_policy(arg);
+
+	if (p < 0) {
+		fprintf(stderr,
+			"kvtier-llm: --policy wants tiered, h2o, streaming or full, got '%s'\n",
+			arg);
+		return -EINVAL;
+	}
+	((struct opts *)o)->ko.policy = (uint8_t)p;
+	return 0;
+}
+
+static int
+opt_t2_keys(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	if (strcmp(arg, "head") && strcmp(arg, "channel")) {
+		fprintf(stderr, "kvtier-llm: --t2-keys wants head or channel, got '%s'\n", arg);
+		return -EINVAL;
+	}
+	((struct opts *)o)->ko.t2_flags = strcmp(arg, "channel") ? 0 : KVT_T2_F_KEY_CHANNEL;
+	return 0;
+}
+
+/* kvt_cli_i64() up to the number of built-in prompts (known at link time). */
+static int
+opt_eval_prompts(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	struct kvt_cli_opt row = *d;
+
+	row.max = llm_eval_n_prompts;
+	return kvt_cli_i64(cli, &row, arg, o);
+}
+
+#define OFF(m) offsetof(struct opts, m)
+
+static const struct kvt_cli_opt llm_opts[] = {
+    {"model", 'm', "PATH",
+     "GGUF file (default: $KVT_MODEL, "
+     "else\n${KVT_MODEL_DIR:-~/.cache/kvtier/models}/" LLM_MODEL_FILE
+     ";\ntools/fetch-model.sh puts it there)",
+     .apply = kvt_cli_str, .off = OFF(model)},
+    {"prompt", 'p', "TEXT", "the prompt (required)", .apply = kvt_cli_str, .off = OFF(prompt)},
+    {"max-tokens", 'n', "N", "tokens to generate at most (default 128)", .apply = kvt_cli_u32,
+     .off = OFF(max_tokens), .max = 1u << 20},
+    {"seed", 's', "S", "sampling seed (default 0)", .apply = opt_seed},
+    {"temp", 't', "T", "temperature; 0 = greedy (default 0)", .apply = kvt_cli_float,
+     .off = OFF(temp), .max = 100},
+    {"top-p", 0, "P", "nucleus mass in (0, 1] (default 0.9)", .apply = opt_top_p},
+    {"chat", 'c', NULL, "wrap the prompt in the model's chat template", .apply = kvt_cli_flag,
+     .off = OFF(chat)},
+    {"system", 0, "TEXT", "system turn for --chat (default: the template's own)",
+     .apply = kvt_cli_str, .off = OFF(system)},
+    {"threads", 'j', "N", "worker threads, 1..64 (default 1)", .apply = kvt_cli_u32,
+     .off = OFF(threads), .min = 1, .max = 64},
+    {"json", 0, NULL,
+     "print one JSON object instead of streaming text (with --eval:\ninstead of the table)",
+     .apply = kvt_cli_flag, .off = OFF(json)},
+    {"verbose", 'v', NULL, "print model and prompt details to stderr", .apply = kvt_cli_flag,
+     .off = OFF(verbose)},
+    {"help", 'h', NULL, "this text", .apply = kvt_cli_help},
+
+    {"kv", 0, "local|kvtier", "in this process (default), or managed by kvtierd",
+     .heading = "KV cache:", .apply = opt_kv},
+    {"socket", 0, "PATH", "kvtierd socket (default $KVTIER_SOCKET, else " KVT_DEFAULT_SOCKET ")",
+     .apply = kvt_cli_str, .off = OFF(ko.socket), .group = G_KVTIER},
+    {"policy", 0, "P", "tiered (default), h2o, streaming or full", .apply = opt_policy,
+     .group = G_KVTIER},
+    {"hbm", 0, "F", "fraction of tokens kept in T0, the device tier (0.5)", .apply = kvt_cli_float,
+     .off = OFF(ko.hbm_frac), .max = 1, .group = G_KVTIER},
+    {"evict", 0, "F", "fraction of tokens evicted (0.03)", .apply = kvt_cli_float,
+     .off = OFF(ko.evict_frac), .max = 1, .group = G_KVTIER},
+    {"t2", 0, "F", "fraction of tokens stored int8 (0)", .apply = kvt_cli_float,
+     .off = OFF(ko.t2_frac), .max = 1, .group = G_KVTIER},
+    {"t2-keys", 0, "MODE",
+     "int8 key scales: head (one per token and head, default)\nor channel (one per channel per "
+     "block of 32 tokens)",
+     .apply = opt_t2_keys, .group = G_KVTIER},
+    {"delta", 0, "N", "re-tier every N tokens (64)", .apply = kvt_cli_i64, .off = OFF(delta),
+     .min = 1, .max = 1u << 20, .group = G_KVTIER},
+    {"window", 0, "N", "recent tokens always in T0 (128)", .apply = kvt_cli_i64, .off = OFF(window),
+     .max = 1u << 20, .group = G_KVTIER},
+    {"sinks", 0, "N", "first tokens always in T0 (4)", .apply = kvt_cli_u32, .off = OFF(ko.sinks),
+     .max = 1u << 20, .group = G_KVTIER},
+    {"hold-seconds", 0, "N",
+     "keep the sequence open N seconds after generating, so\n'kvtierctl seqs' can show its "
+     "tiers (0)",
+     .apply = kvt_cli_u32, .off = OFF(hold_s), .max = 86400, .group = G_KVTIER},
+    {"share-prefix", 0, NULL,
+     "take the prompt's leading blocks other processes published\n(same model file, same "
+     "user) from kvtierd instead of\ncomputing them, and publish this prompt's blocks "
+     "after\nprefill (docs/prefix.md). Sharing leaks which prompts were\nused to the "
+     "processes sharing (a hit is faster)",
+     .apply = kvt_cli_flag, .off = OFF(share_prefix), .group = G_KVTIER},
+    {"block-tokens", 0, "N",
+     "tokens per shared block, 1.." STR(KVT_BLOCK_TOKENS_MAX) " (" STR(
+	 KVT_BLOCK_TOKENS_DEFAULT) ")",
+     .apply = kvt_cli_u32, .off = OFF(ko.block_tokens), .min = 1, .max = KVT_BLOCK_TOKENS_MAX},
+    {"dump-kv", 0, "FILE",
+     "append this run's post-RoPE keys and queries (every layer\nand head, f16) to FILE as one "
+     "sequence, for\nkvtier-bench-retrieval --data real (format: kvdump.h)",
+     .apply = kvt_cli_str, .off = OFF(dump_kv)},
+
+    {"eval", 0, NULL,
+     "token agreement and perplexity per tiering policy and budget\nagainst the full cache, "
+     "then decode speed kvtier vs local",
+     .heading = "Evaluation (needs kvtierd; no --prompt):", .apply = kvt_cli_flag,
+     .off = OFF(eval)},
+    {"quick", 0, NULL, "fewer, shorter prompts (3 x 96 tokens instead of 10 x 512)",
+     .apply = kvt_cli_flag, .off = OFF(quick), .group = G_EVAL_ONLY},
+    {"eval-prompts", 0, "N", "override the prompt count (10, quick 3)", .apply = opt_eval_prompts,
+     .off = OFF(eval_prompts), .min = 1, .group = G_EVAL_ONLY},
+    {"eval-tokens", 0, "N", "override the prompt length (512, quick 96)", .apply = kvt_cli_i64,
+     .off = OFF(eval_tokens), .min = 1, .max = 4096, .group = G_EVAL_ONLY},
+    {"jobs", 0, "N", "processes running configurations side by side (1)", .apply = kvt_cli_i64,
+     .off = OFF(jobs), .min = 1, .max = 64, .group = G_EVAL_ONLY},
+    {"speed-tokens", 0, "N", "decode steps per speed run (512, quick 256)", .apply = kvt_cli_i64,
+     .off = OFF(speed_tokens), .min = 1, .max = 4096, .group = G_EVAL_ONLY},
+    {"speed-reps", 0, "N", "speed runs per backend (3; the median is reported)",
+     .apply = kvt_cli_i64, .off = OFF(speed_reps), .min = 1, .max = 64, .group = G_EVAL_ONLY},
+    {NULL},
+};
+
+static const struct kvt_cli llm_cli = {
+    .prog = "kvtier-llm",
+    .intro = "Usage: kvtier-llm --prompt TEXT [options]\n"
+	     "Run a Llama-architecture GGUF model (SmolLM2-135M-Instruct by default) on the CPU.\n"
+	     "\n",
+    .outro = "Exit status: 0 ok, 1 runtime error (missing model, bad file, kvtierd lost), 2 bad\n"
+	     "usage.\n",
+    .opts = llm_opts,
+};
 
 static int
 parse_opts(int argc, char **argv, struct opts *o)
 {
-	enum {
-		O_TOP_P = 256,
-		O_SYSTEM,
-		O_JSON,
-		O_KV,
-		O_SOCKET,
-		O_POLICY,
-		O_HBM,
-		O_EVICT,
-		O_T2,
-		O_T2_KEYS,
-		O_DELTA,
-		O_WINDOW,
-		O_SINKS,
-		O_HOLD,
-		O_EVAL,
-		O_QUICK,
-		O_EVAL_PROMPTS,
-		O_EVAL_TOKENS,
-		O_JOBS,
-		O_SPEED_TOKENS,
-		O_SPEED_REPS,
-		O_DUMP_KV,
-		O_SHARE_PREFIX,
-		O_BLOCK_TOKENS,
-	};
-	static const struct option lo[] = {
-	    {"model", required_argument, NULL, 'm'},
-	    {"prompt", required_argument, NULL, 'p'},
-	    {"max-tokens", required_argument, NULL, 'n'},
-	    {"seed", required_argument, NULL, 's'},
-	    {"temp", required_argument, NULL, 't'},
-	    {"top-p", required_argument, NULL, O_TOP_P},
-	    {"chat", no_argument, NULL, 'c'},
-	    {"system", required_argument, NULL, O_SYSTEM},
-	    {"threads", required_argument, NULL, 'j'},
-	    {"json", no_argument, NULL, O_JSON},
-	    {"verbose", no_argument, NULL, 'v'},
-	    {"help", no_argument, NULL, 'h'},
-	    {"kv", required_argument, NULL, O_KV},
-	    {"socket", required_argument, NULL, O_SOCKET},
-	    {"policy", required_argument, NULL, O_POLICY},
-	    {"hbm", required_argument, NULL, O_HBM},
-	    {"evict", required_argument, NULL, O_EVICT},
-	    {"t2", required_argument, NULL, O_T2},
-	    {"t2-keys", required_argument, NULL, O_T2_KEYS},
-	    {"delta", required_argument, NULL, O_DELTA},
-	    {"window", required_argument, NULL, O_WINDOW},
-	    {"sinks", required_argument, NULL, O_SINKS},
-	    {"hold-seconds", required_argument, NULL, O_HOLD},
-	    {"eval", no_argument, NULL, O_EVAL},
-	    {"quick", no_argument, NULL, O_QUICK},
-	    {"eval-prompts", required_argument, NULL, O_EVAL_PROMPTS},
-	    {"eval-tokens", required_argument, NULL, O_EVAL_TOKENS},
-	    {"jobs", required_argument, NULL, O_JOBS},
-	    {"speed-tokens", required_argument, NULL, O_SPEED_TOKENS},
-	    {"speed-reps", required_argument, NULL, O_SPEED_REPS},
-	    {"dump-kv", required_argument, NULL, O_DUMP_KV},
-	    {"share-prefix", no_argument, NULL, O_SHARE_PREFIX},
-	    {"block-tokens", required_argument, NULL, O_BLOCK_TOKENS},
-	    {0},
-	};
-	int64_t delta = -1, window = -1;
-	uint64_t v;
-	float f;
-	int c;
+	unsigned given = 0;
+	char names[256];
 
 	kv_kvtier_opts_default(&o->ko);
 	o->eval_prompts = o->eval_tokens = o->jobs = o->speed_tokens = o->speed_reps = -1;
+	o->delta = o->window = -1;
 	o->max_tokens = 128;
 	o->top_p = 0.9f;
 	o->threads = 1;
-	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":m:p:n:s:t:cj:vh", lo, NULL)) != -1) {
-		switch (c) {
-		case 'm':
-			o->model = optarg;
-			break;
-		case 'p':
-			o->prompt = optarg;
-			break;
-		case 'n':
-			if (parse_u64(optarg, 1u << 20, &v) < 0) {
-				fprintf(stderr,
-					"kvtier-llm: --max-tokens wants 0..1048576, got '%s'\n",
-					optarg);
-				return -EINVAL;
-			}
-			o->max_tokens = (uint32_t)v;
-			break;
-		case 's':
-			if (parse_u64(optarg, UINT64_MAX, &v) < 0) {
-				fprintf(stderr,
-					"kvtier-llm: --seed wants an unsigned integer, got '%s'\n",
-					optarg);
-				return -EINVAL;
-			}
-			o->seed = v;
-			break;
-		case 't':
-			if (parse_float(optarg, &o->temp) < 0 || o->temp < 0.0f ||
-			    o->temp > 100.0f) {
-				fprintf(stderr,
-					"kvtier-llm: --temp wants a number in [0, 100], got '%s'\n",
-					optarg);
-				return -EINVAL;
-			}
-			break;
-		case O_TOP_P:
-			if (parse_float(optarg, &o->top_p) < 0 || !(o->top_p > 0.0f) ||
-			    o->top_p > 1.0f) {
-				fprintf(stderr,
-					"kvtier-llm: --top-p wants a number in (0, 1], got '%s'\n",
-					optarg);
-				return -EINVAL;
-			}
-			break;
-		case 'c':
-			o->chat = 1;
-			break;
-		case O_SYSTEM:
-			o->system = optarg;
-			break;
-		case 'j':
-			if (parse_u64(optarg, 64, &v) < 0 || !v) {
-				fprintf(stderr, "kvtier-llm: --threads wants 1..64, got '%s'\n",
-					optarg);
-				return -EINVAL;
-			}
-			o->threads = (uint32_t)v;
-			break;
-		case O_JSON:
-			o->json = 1;
-			break;
-		case 'v':
-			o->verbose = 1;
-			break;
-		case 'h':
-			usage(stdout);
-			exit(0);
-		case O_KV:
-			if (strcmp(optarg, "local") && strcmp(optarg, "kvtier")) {
-				fprintf(stderr,
-					"kvtier-llm: --kv wants local or kvtier, got '%s'\n",
-					optarg);
-				return -EINVAL;
-			}
-			o->kvtier = !strcmp(optarg, "kvtier");
-			break;
-		case O_DUMP_KV:
-			o->dump_kv = optarg;
-			break;
-		case O_SOCKET:
-			o->ko.socket = optarg;
-			o->kvtier_opt = 1;
-			break;
-		case O_POLICY:
-			c = kv_kvtier_policy(optarg);
-			if (c < 0) {
-				fprintf(
-				    stderr,
-				    "kvtier-llm: --policy wants tiered, h2o, streaming or full, "
-				    "got '%s'\n",
-				    optarg);
-				return -EINVAL;
-			}
-			o->ko.policy = (uint8_t)c;
-			o->kvtier_opt = 1;
-			break;
-		case O_HBM:
-		case O_EVICT:
-		case O_T2:
-			if (parse_float(optarg, &f) < 0 || f < 0.0f || f > 1.0f) {
-				fprintf(stderr,
-					"kvtier-llm: %s wants a number in [0, 1], got '%s'\n",
-					opt_name(lo, c), optarg);
-				return -EINVAL;
-			}
-			*(c == O_HBM	 ? &o->ko.hbm_frac
-			  : c == O_EVICT ? &o->ko.evict_frac
-					 : &o->ko.t2_frac) = f;
-			o->kvtier_opt = 1;
-			break;
-		case O_T2_KEYS:
-			if (strcmp(optarg, "head") && strcmp(optarg, "channel")) {
-				fprintf(stderr,
-					"kvtier-llm: --t2-keys wants head or channel, got '%s'\n",
-					optarg);
-				return -EINVAL;
-			}
-			o->ko.t2_flags = strcmp(optarg, "channel") ? 0 : KVT_T2_F_KEY_CHANNEL;
-			o->kvtier_opt = 1;
-			break;
-		case O_DELTA:
-		case O_WINDOW:
-		case O_SINKS:
-			if (parse_u64(optarg, 1u << 20, &v) < 0 || (c == O_DELTA && !v)) {
-				fprintf(stderr, "kvtier-llm: %s wants %s..1048576, got '%s'\n",
-					opt_name(lo, c), c == O_DELTA ? "1" : "0", optarg);
-				return -EINVAL;
-			}
-			if (c == O_DELTA)
-				delta = (int64_t)v;
-			else if (c == O_WINDOW)
-				window = (int64_t)v;
-			else
-				o->ko.sinks = (uint32_t)v;
-			o->kvtier_opt = 1;
-			break;
-		case O_HOLD:
-			if (parse_u64(optarg, 86400, &v) < 0) {
-				fprintf(stderr,
-					"kvtier-llm: --hold-seconds wants 0..86400, got '%s'\n",
-					optarg);
-				return -EINVAL;
-			}
-			o->hold_s = (uint32_t)v;
-			o->kvtier_opt = 1;
-			break;
-		case O_SHARE_PREFIX:
-			o->share_prefix = 1;
-			o->kvtier_opt = 1;
-			break;
-		case O_BLOCK_TOKENS:
-			if (parse_u64(optarg, KVT_BLOCK_TOKENS_MAX, &v) < 0 || !v) {
-				fprintf(stderr,
-					"kvtier-llm: --block-tokens wants 1..%d, got '%s'\n",
-					KVT_BLOCK_TOKENS_MAX, optarg);
-				return -EINVAL;
-			}
-			o->ko.block_tokens = (uint32_t)v;
-			break;
-		case O_EVAL:
-			o->eval = 1;
-			break;
-		case O_QUICK:
-			o->quick = 1;
-			break;
-		case O_EVAL_PROMPTS:
-		case O_EVAL_TOKENS:
-		case O_JOBS:
-		case O_SPEED_TOKENS:
-		case O_SPEED_REPS: {
-			uint32_t max = c == O_EVAL_PROMPTS		  ? llm_eval_n_prompts
-				       : c == O_JOBS || c == O_SPEED_REPS ? 64
-									  : 4096;
-
-			if (parse_u64(optarg, max, &v) < 0 || !v) {
-				fprintf(stderr, "kvtier-llm: %s wants 1..%u, got '%s'\n",
-					opt_name(lo, c), max, optarg);
-				return -EINVAL;
-			}
-			*(c == O_EVAL_PROMPTS	? &o->eval_prompts
-			  : c == O_EVAL_TOKENS	? &o->eval_tokens
-			  : c == O_JOBS		? &o->jobs
-			  : c == O_SPEED_TOKENS ? &o->speed_tokens
-						: &o->speed_reps) = (int64_t)v;
-			break;
-		}
-		case ':':
-			fprintf(stderr, "kvtier-llm: option '%s' needs a value\n",
-				argv[optind - 1]);
-			return -EINVAL;
-		default:
-			fprintf(stderr, "kvtier-llm: unknown option '%s'\n", argv[optind - 1]);
-			return -EINVAL;
-		}
-	}
+	if (kvt_cli_parse(&llm_cli, argc, argv, o, &given) < 0)
+		return -EINVAL;
 	if (optind < argc) {
 		fprintf(stderr, "kvtier-llm: unexpected argument '%s'\n", argv[optind]);
 		return -EINVAL;
@@ -458,27 +281,24 @@ parse_opts(int argc, char **argv, struct opts *o)
 			o->eo.speed_tokens = (uint32_t)o->speed_tokens;
 		if (o->speed_reps > 0)
 			o->eo.speed_reps = (uint32_t)o->speed_reps;
-		if (delta > 0)
-			o->eo.delta = (uint32_t)delta;
-		if (window >= 0)
-			o->eo.window = (uint32_t)window;
+		if (o->delta > 0)
+			o->eo.delta = (uint32_t)o->delta;
+		if (o->window >= 0)
+			o->eo.window = (uint32_t)o->window;
 		return 0;
 	}
-	if (o->quick || o->eval_prompts > 0 || o->eval_tokens > 0 || o->jobs > 0 ||
-	    o->speed_tokens > 0 || o->speed_reps > 0) {
-		fprintf(stderr, "kvtier-llm: --quick, --eval-prompts, --eval-tokens, --jobs, "
-				"--speed-tokens and --speed-reps go with --eval\n");
+	if (given & G_EVAL_ONLY) {
+		fprintf(stderr, "kvtier-llm: %s go with --eval\n",
+			kvt_cli_names(&llm_cli, G_EVAL_ONLY, names, sizeof(names)));
 		return -EINVAL;
 	}
 	if (!o->prompt) {
 		fprintf(stderr, "kvtier-llm: --prompt is required\n");
 		return -EINVAL;
 	}
-	if (o->kvtier_opt && !o->kvtier) {
-		fprintf(stderr,
-			"kvtier-llm: --socket, --policy, --hbm, --evict, --t2, --t2-keys, "
-			"--delta, --window, --sinks, --hold-seconds and --share-prefix need "
-			"--kv kvtier\n");
+	if ((given & G_KVTIER) && !o->kvtier) {
+		fprintf(stderr, "kvtier-llm: %s need --kv kvtier\n",
+			kvt_cli_names(&llm_cli, G_KVTIER, names, sizeof(names)));
 		return -EINVAL;
 	}
 	if (o->ko.block_tokens && !o->share_prefix) {
@@ -490,10 +310,10 @@ parse_opts(int argc, char **argv, struct opts *o)
 				"--share-prefix the shared ones are not computed\n");
 		return -EINVAL;
 	}
-	if (delta > 0)
-		o->ko.delta = (uint32_t)delta;
-	if (window >= 0)
-		o->ko.window = (uint32_t)window;
+	if (o->delta > 0)
+		o->ko.delta = (uint32_t)o->delta;
+	if (o->window >= 0)
+		o->ko.window = (uint32_t)o->window;
 	if (o->ko.policy == KVT_POLICY_TIERED &&
 	    o->ko.hbm_frac + o->ko.evict_frac + o->ko.t2_frac > 1.0f) {
 		fprintf(stderr, "kvtier-llm: --hbm + --evict + --t2 must not exceed 1\n");

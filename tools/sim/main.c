@@ -13,8 +13,8 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvt_cli.h"
 #include "kvtier.h"
 #include "trace.h"
 
@@ -60,31 +61,6 @@ struct sim_result {
 	uint64_t bytes_out;
 	double steps_per_s;
 };
-
-static void
-usage(FILE *f)
-{
-	fprintf(
-	    f,
-	    "usage: kvtier-sim [options]\n"
-	    "Runs one synthetic decode per tiering configuration against kvtierd, spread over\n"
-	    "client processes, and prints per policy and budget the attention-output relative\n"
-	    "error and the attention mass lost to evicted tokens.\n\n"
-	    "The trace is synthetic, not a model: keys come in runs of one \"topic\" (a random\n"
-	    "direction per layer and head, plus noise); each step's query points at the current\n"
-	    "topic or, with probability 0.7, at a topic chosen uniformly from all those seen so\n"
-	    "far, so attention returns to old tokens unpredictably. Rows are f32.\n\n"
-	    "  --clients N      client processes sharing the daemon (default 2)\n"
-	    "  --steps N        decode steps per run (default 2048)\n"
-	    "  --layers N --kv-heads N --head-dim N   geometry (default 4, 2, 64)\n"
-	    "  --delta N        re-tier period (default 64)\n"
-	    "  --seed N         trace seed (every run replays the same trace)\n"
-	    "  --socket PATH    kvtierd socket (default $KVTIER_SOCKET or %s)\n"
-	    "  --then CMD       run CMD (sh -c) once every client holds its last sequence open\n"
-	    "  --json           {\"rows\":[{policy,hbm_frac,evict_frac,t2_frac,rel_err,\n"
-	    "                   mass_lost}...]} instead of the table\n",
-	    KVT_DEFAULT_SOCKET);
-}
 
 static double
 now_s(void)
@@ -406,16 +382,57 @@ client_main(const struct sim_opts *o, unsigned idx, int res_fd, int done_fd, int
 }
 
 static int
-parse_u(const char *s, unsigned min, unsigned max, unsigned *ret)
+opt_seed(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
 {
-	char *end;
-	unsigned long v = strtoul(s, &end, 10);
+	uint64_t v;
+	int r = kvt_cli_int_arg(cli, d, arg, &v);
 
-	if (!*s || *end || *s == '-' || v < min || v > max)
-		return -EINVAL;
-	*ret = (unsigned)v;
-	return 0;
+	if (r == 0)
+		((struct sim_opts *)o)->seed = v;
+	return r;
 }
+
+#define OFF(m) offsetof(struct sim_opts, m)
+
+static const struct kvt_cli_opt sim_opts_table[] = {
+    {"clients", 0, "N", "client processes sharing the daemon (default 2)", .apply = kvt_cli_u32,
+     .off = OFF(clients), .min = 1, .max = 64},
+    {"steps", 0, "N", "decode steps per run (default 2048)", .apply = kvt_cli_u32,
+     .off = OFF(steps), .min = 256, .max = 1u << 16},
+    {"layers", 0, "N", "geometry: layers (default 4)", .apply = kvt_cli_u32, .off = OFF(layers),
+     .min = 1, .max = KVT_MAX_LAYERS},
+    {"kv-heads", 0, "N", "KV heads (default 2)", .apply = kvt_cli_u32, .off = OFF(kv_heads),
+     .min = 1, .max = KVT_MAX_KV_HEADS},
+    {"head-dim", 0, "N", "head dimension (default 64)", .apply = kvt_cli_u32, .off = OFF(head_dim),
+     .min = 1, .max = KVT_MAX_HEAD_DIM},
+    {"delta", 0, "N", "re-tier period (default 64)", .apply = kvt_cli_u32, .off = OFF(delta),
+     .min = 1, .max = 1024},
+    {"seed", 0, "N", "trace seed (every run replays the same trace; default 1)", .apply = opt_seed,
+     .max = 4294967295.0},
+    {"socket", 0, "PATH", "kvtierd socket (default $KVTIER_SOCKET or " KVT_DEFAULT_SOCKET ")",
+     .apply = kvt_cli_str, .off = OFF(socket)},
+    {"then", 0, "CMD", "run CMD (sh -c) once every client holds its last sequence open",
+     .apply = kvt_cli_str, .off = OFF(then)},
+    {"json", 0, NULL,
+     "{\"rows\":[{policy,hbm_frac,evict_frac,t2_frac,rel_err,\nmass_lost}...]} instead of the "
+     "table",
+     .apply = kvt_cli_flag, .off = OFF(json)},
+    {"help", 'h', NULL, "this text", .apply = kvt_cli_help},
+    {NULL},
+};
+
+static const struct kvt_cli sim_cli = {
+    .prog = "kvtier-sim",
+    .intro = "usage: kvtier-sim [options]\n"
+	     "Runs one synthetic decode per tiering configuration against kvtierd, spread over\n"
+	     "client processes, and prints per policy and budget the attention-output relative\n"
+	     "error and the attention mass lost to evicted tokens.\n\n"
+	     "The trace is synthetic, not a model: keys come in runs of one \"topic\" (a random\n"
+	     "direction per layer and head, plus noise); each step's query points at the current\n"
+	     "topic or, with probability 0.7, at a topic chosen uniformly from all those seen so\n"
+	     "far, so attention returns to old tokens unpredictably. Rows are f32.\n\n",
+    .opts = sim_opts_table,
+};
 
 static void
 print_results(const struct sim_opts *o, struct sim_result *res)
@@ -464,14 +481,6 @@ print_results(const struct sim_opts *o, struct sim_result *res)
 int
 main(int argc, char **argv)
 {
-	static const struct option lo[] = {
-	    {"clients", required_argument, NULL, 'c'},	{"steps", required_argument, NULL, 's'},
-	    {"layers", required_argument, NULL, 'L'},	{"kv-heads", required_argument, NULL, 'H'},
-	    {"head-dim", required_argument, NULL, 'D'}, {"seed", required_argument, NULL, 'S'},
-	    {"delta", required_argument, NULL, 'd'},	{"socket", required_argument, NULL, 'k'},
-	    {"then", required_argument, NULL, 't'},	{"json", no_argument, NULL, 'j'},
-	    {"help", no_argument, NULL, 'h'},		{0},
-	};
 	struct sim_opts o = {.clients = 2,
 			     .steps = 2048,
 			     .layers = 4,
@@ -480,57 +489,13 @@ main(int argc, char **argv)
 			     .delta = 64,
 			     .seed = 1};
 	struct sim_result res[NCFG];
-	int rp[2], done[2], go[2], c, failed = 0;
-	unsigned seed, got = 0;
+	int rp[2], done[2], go[2], failed = 0;
+	unsigned got = 0;
 	pid_t *pids;
 
-	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-		int r = 0;
-
-		switch (c) {
-		case 'c':
-			r = parse_u(optarg, 1, 64, &o.clients);
-			break;
-		case 's':
-			r = parse_u(optarg, 256, 1u << 16, &o.steps);
-			break;
-		case 'L':
-			r = parse_u(optarg, 1, KVT_MAX_LAYERS, &o.layers);
-			break;
-		case 'H':
-			r = parse_u(optarg, 1, KVT_MAX_KV_HEADS, &o.kv_heads);
-			break;
-		case 'D':
-			r = parse_u(optarg, 1, KVT_MAX_HEAD_DIM, &o.head_dim);
-			break;
-		case 'd':
-			r = parse_u(optarg, 1, 1024, &o.delta);
-			break;
-		case 'S':
-			r = parse_u(optarg, 0, ~0u, &seed);
-			o.seed = seed;
-			break;
-		case 'k':
-			o.socket = optarg;
-			break;
-		case 't':
-			o.then = optarg;
-			break;
-		case 'j':
-			o.json = 1;
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
-		if (r < 0) {
-			fprintf(stderr, "kvtier-sim: bad value '%s' for %s\n", optarg,
-				argv[optind - 1]);
-			return 2;
-		}
+	if (kvt_cli_parse(&sim_cli, argc, argv, &o, NULL) < 0) {
+		fprintf(stderr, "Try 'kvtier-sim --help'.\n");
+		return 2;
 	}
 	if (optind < argc) {
 		fprintf(stderr, "kvtier-sim: unexpected argument '%s'\n", argv[optind]);

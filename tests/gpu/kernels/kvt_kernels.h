@@ -11,7 +11,7 @@
  * error is left for the device layer's wrapper to log via cudaGetLastError()). Launchers keep
  * no state, so any thread may call them; work on one stream runs in order.
  *
- * Data layouts are those of daemon/engine/paris.h, so a page built on the host can be copied
+ * Data layouts are those of engine/paris.h, so a page built on the host can be copied
  * to the device unchanged: centroid ids [B][P] per page, codes [P][4B], weights [P][B] f32.
  * The device kernels see one contiguous "page" holding all N keys (P = the allocated stride).
  */

@@ -6,7 +6,7 @@
 #include "kvt_kernels.h"
 #include "kvt_kernels_int.cuh"
 
-// Same f32 values as kvt_paris_level[] in daemon/engine/paris.c.
+// Same f32 values as kvt_paris_level[] in engine/paris.c.
 __constant__ float c_level[8] = {
     0.04192810f, 0.12649122f, 0.21279074f, 0.30235165f,
     0.39704504f, 0.49985211f, 0.61673919f, 0.76325565f,

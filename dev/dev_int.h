@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * dev_int.h - private to cuda/: how the public kvt_dev_* functions (dev.c) reach a backend.
+ * dev_int.h - private to dev/: how the public kvt_dev_* functions (dev.c) reach a backend.
  *
  * Every backend object starts with a pointer to its backend's operations, so dev.c dispatches
  * on the object itself: a struct kvt_dev_buf knows its backend without its struct kvt_dev.

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * rows.h - private to cuda/: the row-copy kernel's descriptor, shared by rows.cu (the kernel),
+ * rows.h - private to dev/: the row-copy kernel's descriptor, shared by rows.cu (the kernel),
  * dev_cuda.c (which fills descriptors in pinned host memory the kernel reads through UVA) and
  * the test shim (which runs the kernel's effect on the host). C and CUDA both read it.
  */
