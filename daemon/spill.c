@@ -843,13 +843,10 @@ int
 kvtd_spill_reap(struct kvtd_spill *s, struct kvtd_spill_cqe *out, unsigned max)
 {
 	struct io_uring_cqe *cqe;
-	uint64_t v;
 	unsigned n = 0;
 	int r;
 
-	/* reset the eventfd before looking: a completion after this read signals it again */
-	if (read(s->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-		return -errno;
+	/* the eventfd is its poller's to read (spill.h): no system call here but the submit */
 	r = kvtd_spill_submit(s);
 	if (r < 0)
 		return r;

@@ -99,7 +99,11 @@ int kvtd_spill_open(const struct kvtd_spill_params *p, struct kvtd_spill **ret_s
 /* Waits for requests in flight (their results are dropped), then closes. Accepts NULL. */
 void kvtd_spill_close(struct kvtd_spill *s);
 
-/* The eventfd the ring signals on each completion (for the main loop to poll). */
+/*
+ * The eventfd (non-blocking) the ring signals on each completion, for the main loop to poll.
+ * Its poller reads it (8 bytes) when the poll fires and then calls kvtd_spill_reap() until it
+ * returns less than asked: a completion after that read signals it again, so none is missed.
+ */
 int kvtd_spill_fd(const struct kvtd_spill *s);
 
 /*

@@ -309,6 +309,7 @@ START_TEST(t_qd32_many)
 	struct pollfd pfd;
 	struct kvtd_spill_stats st;
 	size_t span = 0;
+	uint64_t ev;
 
 	/* each request has its own memory: rows and blocks, a quarter blocks */
 	uint64_t at[N];
@@ -347,6 +348,8 @@ START_TEST(t_qd32_many)
 			/* the eventfd is what a poller would arm */
 			pfd = (struct pollfd){kvtd_spill_fd(s), POLLIN, 0};
 			ck_assert_int_eq(poll(&pfd, 1, 10000), 1);
+			ck_assert_int_eq(read(pfd.fd, &ev, sizeof(ev)), sizeof(ev));
+			ck_assert_uint_ge(ev, 1);
 			int n = kvtd_spill_reap(s, c, QD);
 
 			ck_assert_int_ge(n, 0);
