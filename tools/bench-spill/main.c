@@ -45,6 +45,8 @@ struct opts {
 	int reps;
 	int json;
 	int keep;
+	const char *only; /* run the cases whose name holds this */
+	int thp;	  /* the store's buffers on transparent huge pages */
 };
 
 struct res {
@@ -55,6 +57,7 @@ struct kase {
 	int write, rand, qd;
 	uint32_t bs;
 	const char *io; /* "row" or "block" */
+	char name[48];	/* "read-block-seq-32" */
 	struct res kv[16], fio[16];
 	struct res kv_med, fio_med;
 };
@@ -373,7 +376,7 @@ pattern(int rand)
 int
 main(int argc, char **argv)
 {
-	struct opts o = {"/var/tmp/kvtier-bench-spill.dat", 1ull << 30, 1.5, 3, 0, 0};
+	struct opts o = {"/var/tmp/kvtier-bench-spill.dat", 1ull << 30, 1.5, 3, 0, 0, NULL, 0};
 	struct kvtd_spill_params p = {0};
 	struct store_run sr = {0};
 	struct kase cases[16];
@@ -388,6 +391,10 @@ main(int argc, char **argv)
 			o.json = 1;
 		} else if (!strcmp(argv[i], "--keep")) {
 			o.keep = 1;
+		} else if (!strcmp(argv[i], "--thp")) {
+			o.thp = 1;
+		} else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
+			o.only = argv[++i];
 		} else if (!strcmp(argv[i], "--path") && i + 1 < argc) {
 			o.path = argv[++i];
 		} else if (!strcmp(argv[i], "--size") && i + 1 < argc) {
@@ -415,6 +422,11 @@ main(int argc, char **argv)
 			return 2;
 		}
 	}
+	if (o.only && o.json) {
+		fprintf(stderr,
+			"kvtier-bench spill: --json reports the headline cases: not with --only\n");
+		return 2;
+	}
 	if (system("fio --version >/dev/null 2>&1") != 0) {
 		fprintf(stderr, "kvtier-bench spill: fio is not installed; the comparison needs it "
 				"(apt-get install fio, or dnf install fio)\n");
@@ -431,9 +443,15 @@ main(int argc, char **argv)
 		return 1;
 	}
 	sr.arena = mmap(NULL, (size_t)QD_MAX * BLOCK, PROT_READ | PROT_WRITE,
-			MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+			MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (sr.arena == MAP_FAILED) {
 		fprintf(stderr, "kvtier-bench spill: mmap: %s\n", strerror(errno));
+		return 1;
+	}
+	/* like fio's buffers by default: 4 KiB pages, whose 3 MiB transfers the block layer
+	 * splits at max_segments; --thp shows what the pool's huge pages buy */
+	if (o.thp && madvise(sr.arena, (size_t)QD_MAX * BLOCK, MADV_HUGEPAGE) < 0) {
+		fprintf(stderr, "kvtier-bench spill: --thp: madvise: %s\n", strerror(errno));
 		return 1;
 	}
 	for (size_t i = 0; i < (size_t)QD_MAX * BLOCK; i += 8) {
@@ -475,6 +493,9 @@ main(int argc, char **argv)
 					k->qd = q ? QD_MAX : 1;
 					k->bs = io ? BLOCK : KVTD_SPILL_UNIT;
 					k->io = io ? "block" : "row";
+					snprintf(k->name, sizeof(k->name), "%s-%s-%s-%d",
+						 write ? "write" : "read", k->io, pattern(rand),
+						 k->qd);
 				}
 	for (int rep = 0; rep < o.reps; rep++)
 		for (int io = 0; io < 2; io++) {
@@ -489,16 +510,28 @@ main(int argc, char **argv)
 
 				if (k->bs != bs)
 					continue;
-				r = store_case(&sr, k->write, k->rand, k->qd, k->bs,
-					       io ? BLOCK : ROW_BYTES, o.seconds, &k->kv[rep]);
-				if (r < 0) {
-					fprintf(stderr, "kvtier-bench spill: store: %s\n",
-						strerror(-r));
-					return 1;
+				if (o.only && !strstr(k->name, o.only))
+					continue;
+				/* who goes first alternates: the side that runs second may find
+				 * what the first read in the host's cache (a VM's disk is a file)
+				 */
+				for (int side = 0; side < 2; side++) {
+					if ((side ^ rep) & 1) {
+						r = fio_case(&o, k->write, k->rand, k->qd, k->bs,
+							     &k->fio[rep]);
+						if (r < 0)
+							return 1;
+						continue;
+					}
+					r = store_case(&sr, k->write, k->rand, k->qd, k->bs,
+						       io ? BLOCK : ROW_BYTES, o.seconds,
+						       &k->kv[rep]);
+					if (r < 0) {
+						fprintf(stderr, "kvtier-bench spill: store: %s\n",
+							strerror(-r));
+						return 1;
+					}
 				}
-				r = fio_case(&o, k->write, k->rand, k->qd, k->bs, &k->fio[rep]);
-				if (r < 0)
-					return 1;
 				if (!o.json)
 					fprintf(stderr,
 						"rep %d %s %-5s %-4s qd%-2d: %.3f / %.3f GB/s\n",
@@ -549,8 +582,10 @@ main(int argc, char **argv)
 		printf(
 		    "{\"bench\": \"spill\", \"path\": \"%s\", \"fs\": \"%s\", \"disk\": \"%s\",\n"
 		    " \"size\": %llu, \"seconds\": %.3f, \"reps\": %d, \"row_bytes\": %u,\n"
-		    " \"units\": \"GB/s = 1e9 bytes/s, latencies in us, medians of reps\",\n",
-		    o.path, fsname, disk, (unsigned long long)o.size, o.seconds, o.reps, ROW_BYTES);
+		    " \"units\": \"GB/s = 1e9 bytes/s, latencies in us, medians of reps\",\n"
+		    " \"buffers_kvtier\": \"%s\", \"buffers_fio\": \"4 KiB pages\",\n",
+		    o.path, fsname, disk, (unsigned long long)o.size, o.seconds, o.reps, ROW_BYTES,
+		    o.thp ? "transparent huge pages" : "4 KiB pages");
 		printf(" \"read_gbps_kvtier\": %.4f, \"read_gbps_fio\": %.4f,\n"
 		       " \"write_gbps_kvtier\": %.4f, \"write_gbps_fio\": %.4f,\n"
 		       " \"read_ratio_qd32\": %.3f, \"write_ratio_qd32\": %.3f,\n"
@@ -582,14 +617,16 @@ main(int argc, char **argv)
 		printf(" ]}\n");
 		return 0;
 	}
-	printf("spill store vs fio on %s (%s on %s), medians of %d x %.1f s\n", o.path, fsname,
-	       disk, o.reps, o.seconds);
+	printf("spill store vs fio on %s (%s on %s), medians of %d x %.1f s, store buffers on %s\n",
+	       o.path, fsname, disk, o.reps, o.seconds, o.thp ? "THP" : "4 KiB pages");
 	printf("%-5s %-5s %-4s %3s | %8s %8s %5s | %8s %8s %8s | %8s %8s %8s\n", "op", "io", "pat",
 	       "qd", "GB/s kv", "GB/s fio", "ratio", "mean kv", "p5 kv", "p99 kv", "mean fio",
 	       "p5 fio", "p99 fio");
 	for (int c = 0; c < n_cases; c++) {
 		const struct kase *k = &cases[c];
 
+		if (o.only && !strstr(k->name, o.only))
+			continue;
 		printf("%-5s %-5s %-4s %3d | %8.3f %8.3f %5.2f | %8.1f %8.1f %8.1f | %8.1f %8.1f "
 		       "%8.1f\n",
 		       k->write ? "write" : "read", k->io, pattern(k->rand), k->qd, k->kv_med.gbps,
