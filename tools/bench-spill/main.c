@@ -382,7 +382,6 @@ main(int argc, char **argv)
 	struct kase cases[16];
 	int n_cases = 0, r, created;
 	char err[512], disk[256], fsname[32] = "?";
-	struct iovec iov;
 	struct statfs sfs;
 	struct stat st;
 
@@ -459,8 +458,12 @@ main(int argc, char **argv)
 
 		memcpy(sr.arena + i, &v, 8);
 	}
-	iov = (struct iovec){sr.arena, (size_t)QD_MAX * BLOCK};
-	r = kvtd_spill_register_buffers(sr.s, &iov, 1);
+	/* one registered buffer a slot, as fio registers one an io_u */
+	struct iovec iovs[QD_MAX];
+
+	for (int i = 0; i < QD_MAX; i++)
+		iovs[i] = (struct iovec){sr.arena + (size_t)i * BLOCK, BLOCK};
+	r = kvtd_spill_register_buffers(sr.s, iovs, QD_MAX);
 	if (r < 0) {
 		fprintf(stderr, "kvtier-bench spill: registering %u MiB: %s\n",
 			QD_MAX * BLOCK >> 20, strerror(-r));
