@@ -86,6 +86,8 @@ open_store(uint64_t size, unsigned qd, uint64_t share, unsigned pct)
 	char err[512] = "";
 
 	ck_assert_msg(kvtd_spill_open(&p, &s, err, sizeof(err)) == 0, "%s", err);
+	/* open, the file lives on; a test that fails leaves no store behind */
+	unlink(path);
 	ck_assert_int_eq(kvtd_spill_register_buffers(s, &iov, 1), 0);
 	return s;
 }
