@@ -631,6 +631,20 @@ kvtd_spill_close(struct kvtd_spill *s)
 }
 
 int
+kvtd_spill_unlock(struct kvtd_spill *s)
+{
+	if (s->in_flight)
+		return -EBUSY;
+	return flock(s->fd, LOCK_UN) < 0 ? -errno : 0;
+}
+
+int
+kvtd_spill_relock(struct kvtd_spill *s)
+{
+	return flock(s->fd, LOCK_EX | LOCK_NB) < 0 ? -errno : 0;
+}
+
+int
 kvtd_spill_fd(const struct kvtd_spill *s)
 {
 	return s->efd;

@@ -100,6 +100,16 @@ int kvtd_spill_open(const struct kvtd_spill_params *p, struct kvtd_spill **ret_s
 void kvtd_spill_close(struct kvtd_spill *s);
 
 /*
+ * kvtd_spill_unlock() - lets go of the store's lock before a restart in place executes the new
+ * binary, which opens the store again (its contents are not carried yet: docs/spill.md). The
+ * exec closes the descriptor but the ring may hold the file a while longer. Returns 0, or
+ * -EBUSY with a request in flight. kvtd_spill_relock() takes the lock back after a failed
+ * exec: 0, or -errno (-EWOULDBLOCK: another process took the store meanwhile).
+ */
+int kvtd_spill_unlock(struct kvtd_spill *s);
+int kvtd_spill_relock(struct kvtd_spill *s);
+
+/*
  * The eventfd (non-blocking) the ring signals on each completion, for the main loop to poll.
  * Its poller reads it (8 bytes) when the poll fires and then calls kvtd_spill_reap() until it
  * returns less than asked: a completion after that read signals it again, so none is missed.

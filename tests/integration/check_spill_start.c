@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Integration: kvtierd opens its [spill] store at start and closes it at exit; a store on tmpfs,
- * or one another daemon holds, stops the start with a message that says what to do.
+ * or one another daemon holds, stops the start with a message that says what to do; a restart in
+ * place lets go of the store so that the new process opens it (nothing in it is carried yet).
  * The store goes where O_DIRECT works ($KVT_SPILL_TEST_DIR, /var/tmp, /tmp), as in check_spill.
  */
 #define _GNU_SOURCE
@@ -14,7 +15,10 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <json-c/json.h>
+
 #include "harness.h"
+#include "kvt_ctl.h"
 #include "kvt_test.h"
 
 static int
@@ -130,4 +134,38 @@ START_TEST(t_open_and_close)
 }
 END_TEST
 
-KVT_CHECK_MAIN("spill_start", 120, NULL, NULL, t_tmpfs_refused, t_open_and_close)
+/* Restarts in place with a store configured: each new process opens it again and serves. */
+START_TEST(t_restart_reopens)
+{
+	const char *cand[] = {getenv("KVT_SPILL_TEST_DIR"), "/var/tmp", "/tmp"};
+	struct kvtd_proc p;
+	char store[600] = "", conf[256];
+
+	for (unsigned i = 0; i < 3 && !store[0]; i++)
+		if (cand[i] && direct_ok(cand[i]))
+			snprintf(store, sizeof(store), "%s/kvt-itest-spill-%d.dat", cand[i],
+				 (int)getpid());
+	ck_assert_msg(store[0], "no directory here supports O_DIRECT: set KVT_SPILL_TEST_DIR");
+	unlink(store);
+	daemon_prepare(&p);
+	write_config(&p, store, conf, sizeof(conf));
+	daemon_spawn(&p, (const char *const[]){"--config", conf, NULL});
+	daemon_wait_ready(&p);
+	for (int i = 0; i < 3; i++) {
+		struct json_object *o = admin_request(p.sock, KVT_CTL_RESTART), *v;
+
+		ck_assert_msg(o, "no reply to RESTART (log %s)", p.log);
+		ck_assert_msg(json_object_object_get_ex(o, "restarted", &v) &&
+				  json_object_get_boolean(v),
+			      "RESTART: %s (log %s)", json_object_to_json_string(o), p.log);
+		json_object_put(o);
+		ck_assert_msg(daemon_alive(&p), "log %s", p.log);
+	}
+	ck_assert_msg(!log_has(&p, "is in use"), "log %s", p.log);
+	unlink(conf);
+	ck_assert_int_eq(daemon_stop(&p), 0);
+	unlink(store);
+}
+END_TEST
+
+KVT_CHECK_MAIN("spill_start", 120, NULL, NULL, t_tmpfs_refused, t_open_and_close, t_restart_reopens)
