@@ -280,6 +280,29 @@ set_pool_share(struct kvtd_config *cfg, const char *val)
 	return parse_uint(num, 0, 100, &cfg->pool_share_per_uid);
 }
 
+/* [spill] uid_share: a size, or "N%" of the store (resolved once the store knows its size). */
+static int
+set_spill_share(struct kvtd_config *cfg, const char *val)
+{
+	size_t len = strlen(val);
+	unsigned pct;
+	char num[8];
+
+	if (len > 1 && len < sizeof(num) && val[len - 1] == '%') {
+		memcpy(num, val, len - 1);
+		num[len - 1] = '\0';
+		if (parse_uint(num, 0, 100, &pct) < 0)
+			return -EINVAL;
+		cfg->spill_uid_share_pct = (int)pct;
+		cfg->spill_uid_share = 0;
+		return 0;
+	}
+	if (kvtd_parse_size(val, &cfg->spill_uid_share) < 0)
+		return -EINVAL;
+	cfg->spill_uid_share_pct = -1;
+	return 0;
+}
+
 static int
 set_max_sq_entries(struct kvtd_config *cfg, const char *val)
 {
@@ -439,6 +462,17 @@ static const struct cfg_key cfg_keys[] = {
     BOOL("retrieval", "sketch", retrieval_sketch, "yes", NULL, 0,
 	 "an int8 sketch beside each TOPK index (head_dim + 8 pool bytes a key and kv head): "
 	 "TOPK exact at any zone length; no: past 32 MiB of rows it rescores the best estimates"),
+    /* [spill] (docs/spill.md): the store is opened at start; nothing spills into it yet */
+    STR("spill", "path", spill_path, 0, "", NULL, 0, "PATH",
+	"spill store: a file on a disk file system with O_DIRECT, or a block device (empty: none)"),
+    SIZE("spill", "size", spill_size, 0, 0, "0", NULL, 0, "SIZE",
+	 "spill store bytes (0: the existing file's or device's size)"),
+    UINT("spill", "queue_depth", spill_queue_depth, 1, 4096, "64", 0, NULL, 0, "N",
+	 "spill store requests in flight"),
+    FN("spill", "uid_share", spill_uid_share, set_spill_share, "50%", 0, NULL, 0, "SIZE",
+       "spill store bytes one uid but root and kvtierd's own may hold: a size, or N% of it "
+       "(0: no limit)",
+       ": a size such as 64G, or a percentage of the store such as 50%"),
 };
 
 #undef F

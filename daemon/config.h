@@ -74,6 +74,12 @@ struct kvtd_config {
 	unsigned prefix_namespaces_per_uid; /* per scope: a uid, or the shared scope */
 	/* [retrieval] */
 	int retrieval_sketch; /* sequences opened from now on keep an int8 sketch per index */
+	/* [spill] (docs/spill.md): empty path, no store */
+	char spill_path[256];
+	uint64_t spill_size; /* 0: the existing file's or device's size */
+	unsigned spill_queue_depth;
+	uint64_t spill_uid_share; /* a size, when spill_uid_share_pct is -1 */
+	int spill_uid_share_pct;  /* "N%" of the store's size */
 };
 
 void kvtd_config_defaults(struct kvtd_config *cfg);

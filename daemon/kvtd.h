@@ -27,6 +27,7 @@ struct kvt_dev;
 struct kvtd_poller;
 struct kvtd_conn;
 struct kvtd_metrics;
+struct kvtd_spill;
 struct io_uring;
 
 struct kvtd_uid {
@@ -53,6 +54,7 @@ struct kvtd {
 	struct kvt_dev *dev;
 	struct kvtd_pool pool;
 	struct kvtd_prefix prefix; /* shared prefix blocks, over the pool (prefix.h) */
+	struct kvtd_spill *spill;  /* [spill] store (spill.h), NULL when not configured */
 	struct kvtd_poller **pollers;
 	unsigned n_pollers;
 	struct kvtd_counters cnt;

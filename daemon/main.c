@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <systemd/sd-daemon.h>
+#include <unistd.h>
 
 #include "kvt_dev.h"
 #include "kvt_version.h"
@@ -19,6 +20,38 @@
 #include "poller.h"
 #include "restart.h"
 #include "restart_image.h"
+#include "spill.h"
+
+/* [spill]: the store, when a path is set (spill.h). Nothing spills into it yet. */
+static int
+spill_open(struct kvtd *d)
+{
+	struct kvtd_spill_params p = {
+	    .path = d->cfg.spill_path,
+	    .size = d->cfg.spill_size,
+	    .queue_depth = d->cfg.spill_queue_depth,
+	    .uid_share = d->cfg.spill_uid_share_pct < 0 ? d->cfg.spill_uid_share : 0,
+	    .uid_share_pct =
+		d->cfg.spill_uid_share_pct < 0 ? 0 : (unsigned)d->cfg.spill_uid_share_pct,
+	    .owner = geteuid(),
+	};
+	struct kvtd_spill_stats st;
+	char err[512];
+	int r;
+
+	if (!d->cfg.spill_path[0])
+		return 0;
+	r = kvtd_spill_open(&p, &d->spill, err, sizeof(err));
+	if (r < 0) {
+		log_err("%s", err);
+		return r;
+	}
+	kvtd_spill_get_stats(d->spill, &st);
+	log_notice("spill store: %s, %llu MiB (%s), queue depth %u", d->cfg.spill_path,
+		   (unsigned long long)(st.size >> 20), st.block_device ? "block device" : "file",
+		   st.queue_depth);
+	return 0;
+}
 
 int
 main(int argc, char **argv)
@@ -109,6 +142,9 @@ main(int argc, char **argv)
 	if (r < 0)
 		goto err_loop;
 	kvtd_prefix_limits(&d.prefix, d.cfg.prefix_namespaces_per_uid, d.cfg.pool_bytes_per_uid);
+	r = spill_open(&d);
+	if (r < 0)
+		goto err_loop;
 	r = kvtd_loop_init(&d);
 	if (r < 0)
 		goto err_loop;
@@ -137,6 +173,7 @@ main(int argc, char **argv)
 err_pollers:
 	kvtd_loop_fini(&d);
 	kvtd_pollers_stop(&d);
+	kvtd_spill_close(d.spill);
 	kvtd_prefix_fini(&d.prefix);
 	kvtd_pool_fini(&d.pool);
 	kvt_dev_close(d.dev);
@@ -145,7 +182,9 @@ err_pollers:
 	return r < 0 ? 1 : 0;
 err_loop:
 	if (img)
-		kvtd_restart_give_up(&d, "could not set up its prefix store or main loop");
+		kvtd_restart_give_up(&d,
+				     "could not set up its prefix store, spill store or main loop");
+	kvtd_spill_close(d.spill);
 	kvtd_prefix_fini(&d.prefix);
 	kvtd_pool_fini(&d.pool);
 err_dev:

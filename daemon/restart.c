@@ -37,6 +37,7 @@
 #include "restart_image.h"
 #include "seq.h"
 #include "session.h"
+#include "spill.h"
 
 /* ---- writing (old process) ---------------------------------------------------------------- */
 
@@ -1043,6 +1044,14 @@ kvtd_restart(struct kvtd *d)
 		r = -ENOMEM;
 		goto err;
 	}
+	/* The spill store is not carried (docs/spill.md): the new process opens it again, which
+	 * its lock would refuse while the old ring still holds the file after the exec. */
+	if (d->spill && (r = kvtd_spill_unlock(d->spill)) < 0) {
+		snprintf(d->restart_why, sizeof(d->restart_why),
+			 "the spill store has requests in flight");
+		log_err("restart refused: %s (still serving every session)", d->restart_why);
+		goto err;
+	}
 	log_notice("restart %u: re-executing %s with %u descriptors, image %zu KiB", d->restarts,
 		   d->exe, fds.n, img_len >> 10);
 	sd_notify(0, "RELOADING=1\nSTATUS=restarting in place");
@@ -1082,6 +1091,11 @@ kvtd_restart(struct kvtd *d)
 		wt.keep = NULL;
 	}
 	set_cloexec(&fds, 1);
+	if (d->spill && kvtd_spill_relock(d->spill) < 0) {
+		log_err("restart: the spill store's lock was taken meanwhile: closing the store");
+		kvtd_spill_close(d->spill);
+		d->spill = NULL;
+	}
 	log_err("restart: exec %s: %s (still serving)", d->exe, strerror(-r));
 	sd_notify(0, "READY=1\nSTATUS=serving (a restart failed)");
 err:

@@ -297,6 +297,42 @@ START_TEST(t_config_keys)
 }
 END_TEST
 
+/* [spill]: off by default; path, size, queue_depth and a uid share as a size or a percentage. */
+START_TEST(t_spill)
+{
+	struct kvtd_config cfg;
+	char err[256] = "";
+
+	ck_assert_int_eq(load_file(&cfg, "", err, sizeof(err), NULL), 0);
+	ck_assert_str_eq(cfg.spill_path, "");
+	ck_assert_uint_eq(cfg.spill_size, 0);
+	ck_assert_uint_eq(cfg.spill_queue_depth, 64);
+	ck_assert_int_eq(cfg.spill_uid_share_pct, 50);
+	ck_assert_int_eq(load_file(&cfg,
+				   "[spill]\npath = /var/lib/kvtier/spill\nsize = 64G\n"
+				   "queue_depth = 32\nuid_share = 8G\n",
+				   err, sizeof(err), NULL),
+			 0);
+	ck_assert_str_eq(cfg.spill_path, "/var/lib/kvtier/spill");
+	ck_assert_uint_eq(cfg.spill_size, 64ull << 30);
+	ck_assert_uint_eq(cfg.spill_queue_depth, 32);
+	ck_assert_uint_eq(cfg.spill_uid_share, 8ull << 30);
+	ck_assert_int_eq(cfg.spill_uid_share_pct, -1);
+	ck_assert_int_eq(load_file(&cfg, "[spill]\nuid_share = 25%\n", err, sizeof(err), NULL), 0);
+	ck_assert_int_eq(cfg.spill_uid_share_pct, 25);
+	ck_assert_uint_eq(cfg.spill_uid_share, 0);
+	ck_assert_int_eq(load_file(&cfg, "[spill]\nuid_share = 101%\n", err, sizeof(err), NULL),
+			 -EINVAL);
+	ck_assert_msg(strstr(err, "bad value for [spill] uid_share = '101%': a size"), "%s", err);
+	ck_assert_int_eq(load_file(&cfg, "[spill]\nqueue_depth = 0\n", err, sizeof(err), NULL),
+			 -EINVAL);
+	ck_assert_int_eq(load_file(&cfg, "[spill]\nqueue_depth = 4097\n", err, sizeof(err), NULL),
+			 -EINVAL);
+	ck_assert_int_eq(load_file(&cfg, "[spill]\nsize = -1\n", err, sizeof(err), NULL), -EINVAL);
+	unlink(path);
+}
+END_TEST
+
 KVT_CHECK_MAIN("config", 0, NULL, NULL, t_defaults_without_file, t_file_then_flags, t_bad_values,
 	       t_prefix_cache, t_bad_flags, t_missing_explicit_file, t_sizes, t_shipped_example,
-	       t_config_keys, t_retrieval_sketch)
+	       t_config_keys, t_retrieval_sketch, t_spill)
