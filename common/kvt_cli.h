@@ -39,7 +39,7 @@ struct kvt_cli_opt {
 	const char *heading;	/* a section title printed above this row, after a blank line */
 	kvt_cli_apply_fn apply; /* kvt_cli_flag() and the others below, or the tool's own */
 	size_t off;		/* the member of the tool's options that apply sets (offsetof) */
-	double min, max; /* its range, for kvt_cli_u32(), kvt_cli_i64() and kvt_cli_float() */
+	double min, max; /* its range, for the integer and number apply functions below */
 	unsigned group;	 /* the tool's own bits: options checked together (kvt_cli_names()) */
 };
 
@@ -238,6 +238,18 @@ kvt_cli_i64(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *
 	return r;
 }
 
+/* An int in [d->min, d->max] (d->min at least 0). */
+static inline int
+kvt_cli_int(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	uint64_t v;
+	int r = kvt_cli_int_arg(cli, d, arg, &v);
+
+	if (r == 0)
+		*(int *)((char *)o + d->off) = (int)v;
+	return r;
+}
+
 /* A float in [d->min, d->max] (not NaN). */
 static inline int
 kvt_cli_float(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
@@ -253,6 +265,24 @@ kvt_cli_float(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char
 		return -EINVAL;
 	}
 	*(float *)((char *)o + d->off) = v;
+	return 0;
+}
+
+/* A double in [d->min, d->max] (not NaN). */
+static inline int
+kvt_cli_double(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(arg, &end);
+	if (errno || !*arg || *end || !(v >= d->min && v <= d->max)) {
+		fprintf(stderr, "%s: --%s wants a number in [%g, %g], got '%s'\n", cli->prog,
+			d->name, d->min, d->max, arg);
+		return -EINVAL;
+	}
+	*(double *)((char *)o + d->off) = v;
 	return 0;
 }
 

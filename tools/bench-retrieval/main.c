@@ -27,9 +27,10 @@
  * kvtier's search on stderr.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,7 @@
 
 #include "../llm/kvdump.h"
 #include "gen.h"
+#include "kvt_cli.h"
 #include "paris.h"
 #include "quant.h" /* kvt_f16_to_f32 */
 #include "simd.h"
@@ -1418,243 +1420,225 @@ print_table(void)
 		       rows[i].build_s);
 }
 
-static void
-usage(FILE *f)
+/* The options main() reads; the ones that steer the measurements set the globals above. */
+struct retr_opts {
+	int json, quick, no_faiss, no_thp, stages, sweep, cpu_time;
+	uint32_t nq, size, crossover, hnsw_max, hnswlib_max, build_threads;
+	unsigned int data_mask; /* 1 << GEN_OUTLIER | 1 << GEN_DRIFT | 1 << 2 (real) */
+	const char *keys_path;
+	int knobs; /* a --knob was given: the built-in index-path points are gone */
+};
+
+static int
+opt_simd(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
 {
-	fprintf(
-	    f,
-	    "usage: kvtier-bench-retrieval [--json] [--quick] [--queries N] [--hnsw-max N]\n"
-	    "                              [--size N] [--no-faiss] [--no-thp] [--stages]\n"
-	    "                              [--sweep] [--simd scalar|avx2|avx512]\n"
-	    "                              [--data outlier|drift|real]... [--keys FILE]\n"
-	    "                              [--real-head L.H]... [--knob RC:RCOL]...\n"
-	    "                              [--peers flat,ivfpq,hnsw,hnswlib,hnswlib-l2]\n"
-	    "                              [--crossover N]\n"
-	    "                              [--cpu-time] [--build-threads N] [--hnswlib-max N]\n"
-	    "  --json        print {\"rows\":[...]} on stdout instead of a table\n"
-	    "  --quick       N = 32K and 128K only (the full run adds 1M)\n"
-	    "  --queries N   queries per case (default 32)\n"
-	    "  --hnsw-max N  skip faiss-hnsw above N keys (default 32768)\n"
-	    "  --size N      only this key count (any N >= 256)\n"
-	    "  --no-faiss    skip the FAISS methods\n"
-	    "  --no-thp      index pages from malloc, not a huge-page mapping\n"
-	    "  --stages      also print where kvtier's search spends its time (stderr)\n"
-	    "  --sweep       recall-time curves at k = 100: kvtier's ratios with and without\n"
-	    "                refine, the fast path's C, the probe (0.5-30 %% of the zone x C),\n"
-	    "                IVFPQ nprobe (alone and + exact rescoring), HNSW efSearch\n"
-	    "  --simd L      cap the engine's SIMD level at L (default: the best the CPU has)\n"
-	    "  --data SET    only this data set (repeatable); default outlier and drift, and\n"
-	    "                real when --keys is given\n"
-	    "  --keys FILE   the real set: a kvtier-llm --dump-kv file (tools/make-real-keys.sh),\n"
-	    "                measured at the n it holds (--size and --quick do not apply)\n"
-	    "  --real-head L.H  layer L, kv head H of the dump (repeatable, up to 16; default\n"
-	    "                layers 1, L/2 and the last, kv head 0)\n"
-	    "  --knob RC:RCOL  with --sweep: kvtier's index-path points at rho_cand RC and "
-	    "rho_col\n"
-	    "                RCOL with refine 4k (repeatable; replaces the built-in list)\n"
-	    "  --peers LIST  peers to run (comma-separated: flat, ivfpq, hnsw (FAISS), hnswlib,\n"
-	    "                hnswlib-l2; default all)\n"
-	    "  --build-threads N  threads inserting into hnswlib's graph (default 1; queries\n"
-	    "                always run on one)\n"
-	    "  --hnswlib-max N  skip hnswlib above N keys (default 262144)\n"
-	    "  --crossover N  only the exact-scan / index-path crossover, D = 64 and 128, N = 4K\n"
-	    "                .. N (doubling), outlier set (the default queries: 32)\n"
-	    "  --cpu-time    per-query times as the thread's CPU time, not wall time (a shared\n"
-	    "                host's other processes then do not count; builds stay wall time)\n");
+	int r = kvt_simd_parse(arg);
+
+	if (r < 0) {
+		fprintf(stderr, "%s: --%s wants scalar, avx2 or avx512, got '%s'\n", cli->prog,
+			d->name, arg);
+		return -EINVAL;
+	}
+	kvt_simd_cap((enum kvt_simd)r);
+	return 0;
 }
+
+static int
+opt_data(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	struct retr_opts *ro = o;
+
+	if (!strcmp(arg, "outlier"))
+		ro->data_mask |= 1u << GEN_OUTLIER;
+	else if (!strcmp(arg, "drift"))
+		ro->data_mask |= 1u << GEN_DRIFT;
+	else if (!strcmp(arg, "real"))
+		ro->data_mask |= 1u << 2;
+	else {
+		fprintf(stderr, "%s: --%s wants outlier, drift or real, got '%s'\n", cli->prog,
+			d->name, arg);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int
+opt_real_head(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	if (parse_real_head(arg) < 0) {
+		fprintf(stderr,
+			"%s: --%s wants LAYER.KVHEAD (e.g. 15.0), at most %d times, got '%s'\n",
+			cli->prog, d->name, REAL_MAX_HEADS, arg);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int
+opt_knob(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	const int cap = (int)(sizeof(sweep_var) / sizeof(sweep_var[0]));
+	struct retr_opts *ro = o;
+	double rc, rl;
+	int used = 0;
+
+	if (!ro->knobs)
+		NSWEEP = NSWEEP_FIXED;
+	ro->knobs = 1;
+	if (sscanf(arg, "%lf:%lf%n", &rc, &rl, &used) != 2 || arg[used] ||
+	    !(rc > 0.0 && rc <= 1.0 && rl > 0.0 && rl <= 1.0) || NSWEEP == cap) {
+		fprintf(stderr,
+			"%s: --%s wants RHO_CAND:RHO_COL, both in (0, 1] (e.g. 0.4:0.7), at most "
+			"%d times, got '%s'\n",
+			cli->prog, d->name, cap - NSWEEP_FIXED, arg);
+		return -EINVAL;
+	}
+	sweep_var[NSWEEP++] =
+	    (struct variant){"kvtier-refine", rc, rl, 4, KVT_PARIS_EXACT_NEVER, false, 0, 0};
+	return 0;
+}
+
+static int
+opt_peers(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	char buf[64], *save = NULL;
+
+	snprintf(buf, sizeof(buf), "%s", arg);
+	peers = 0;
+	for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		if (!strcmp(t, "flat"))
+			peers |= 1u << 0;
+		else if (!strcmp(t, "ivfpq"))
+			peers |= 1u << 1;
+		else if (!strcmp(t, "hnsw"))
+			peers |= 1u << 2;
+		else if (!strcmp(t, "hnswlib"))
+			peers |= PEER_HNSWLIB;
+		else if (!strcmp(t, "hnswlib-l2"))
+			peers |= PEER_HNSWLIB_L2;
+		else {
+			fprintf(stderr,
+				"%s: --%s wants a list of flat, ivfpq, hnsw, hnswlib and "
+				"hnswlib-l2, got '%s'\n",
+				cli->prog, d->name, arg);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+#define OFF(m) offsetof(struct retr_opts, m)
+
+static const struct kvt_cli_opt retr_opts[] = {
+    {"json", 0, NULL, "print {\"rows\":[...]} on stdout instead of a table", .apply = kvt_cli_flag,
+     .off = OFF(json)},
+    {"quick", 0, NULL, "N = 32K and 128K only (the full run adds 1M)", .apply = kvt_cli_flag,
+     .off = OFF(quick)},
+    {"queries", 0, "N", "queries per case (default 32)", .apply = kvt_cli_u32, .off = OFF(nq),
+     .min = 1, .max = 10000},
+    {"hnsw-max", 0, "N", "skip faiss-hnsw above N keys (default 32768)", .apply = kvt_cli_u32,
+     .off = OFF(hnsw_max), .max = UINT32_MAX},
+    {"size", 0, "N", "only this key count (any N >= 256)", .apply = kvt_cli_u32, .off = OFF(size),
+     .min = 256, .max = 1u << 26},
+    {"no-faiss", 0, NULL, "skip the FAISS methods", .apply = kvt_cli_flag, .off = OFF(no_faiss)},
+    {"no-thp", 0, NULL, "index pages from malloc, not a huge-page mapping", .apply = kvt_cli_flag,
+     .off = OFF(no_thp)},
+    {"stages", 0, NULL, "also print where kvtier's search spends its time (stderr)",
+     .apply = kvt_cli_flag, .off = OFF(stages)},
+    {"sweep", 0, NULL,
+     "recall-time curves at k = 100: kvtier's ratios with and without\n"
+     "refine, the fast path's C, the probe (0.5-30 % of the zone x C),\n"
+     "IVFPQ nprobe (alone and + exact rescoring), HNSW efSearch",
+     .apply = kvt_cli_flag, .off = OFF(sweep)},
+    {"simd", 0, "L",
+     "cap the engine's SIMD level at L: scalar, avx2 or avx512 (default:\nthe best the CPU has)",
+     .apply = opt_simd},
+    {"data", 0, "SET",
+     "only this data set: outlier, drift or real (repeatable); default\n"
+     "outlier and drift, and real when --keys is given",
+     .apply = opt_data},
+    {"keys", 0, "FILE",
+     "the real set: a kvtier-llm --dump-kv file (tools/make-real-keys.sh),\n"
+     "measured at the n it holds (--size and --quick do not apply)",
+     .apply = kvt_cli_str, .off = OFF(keys_path)},
+    {"real-head", 0, "L.H",
+     "layer L, kv head H of the dump (repeatable, up to 16; default\n"
+     "layers 1, L/2 and the last, kv head 0)",
+     .apply = opt_real_head},
+    {"knob", 0, "RC:RCOL",
+     "with --sweep: kvtier's index-path points at rho_cand RC and rho_col\n"
+     "RCOL with refine 4k (repeatable; replaces the built-in list)",
+     .apply = opt_knob},
+    {"peers", 0, "LIST",
+     "peers to run (comma-separated: flat, ivfpq, hnsw (FAISS), hnswlib,\n"
+     "hnswlib-l2; default all)",
+     .apply = opt_peers},
+    {"build-threads", 0, "N",
+     "threads inserting into hnswlib's graph (default 1; queries always\nrun on one)",
+     .apply = kvt_cli_u32, .off = OFF(build_threads), .min = 1, .max = 256},
+    {"hnswlib-max", 0, "N", "skip hnswlib above N keys (default 262144)", .apply = kvt_cli_u32,
+     .off = OFF(hnswlib_max), .max = UINT32_MAX},
+    {"crossover", 0, "N",
+     "only the exact-scan / index-path crossover, D = 64 and 128, N = 4K\n"
+     ".. N (doubling), outlier set (the default queries: 32)",
+     .apply = kvt_cli_u32, .off = OFF(crossover), .min = 4096, .max = 1u << 24},
+    {"cpu-time", 0, NULL,
+     "per-query times as the thread's CPU time, not wall time (a shared\n"
+     "host's other processes then do not count; builds stay wall time)",
+     .apply = kvt_cli_flag, .off = OFF(cpu_time)},
+    {"help", 'h', NULL, "this text", .apply = kvt_cli_help},
+    {NULL},
+};
+
+static const struct kvt_cli retr_cli = {
+    .prog = "kvtier-bench-retrieval",
+    .intro = "usage: kvtier-bench-retrieval [options]   (kvtier-bench retrieval [options])\n"
+	     "Recall@k and single-thread time per query of kvtier's retrieval index against\n"
+	     "an exact fp16 scan, FAISS and hnswlib (docs/bench-retrieval.md).\n\n",
+    .opts = retr_opts,
+};
 
 int
 main(int argc, char **argv)
 {
-	static const struct option opts[] = {
-	    {"json", no_argument, NULL, 'j'},
-	    {"quick", no_argument, NULL, 'q'},
-	    {"queries", required_argument, NULL, 'n'},
-	    {"hnsw-max", required_argument, NULL, 'm'},
-	    {"size", required_argument, NULL, 's'},
-	    {"no-faiss", no_argument, NULL, 'F'},
-	    {"no-thp", no_argument, NULL, 'T'},
-	    {"stages", no_argument, NULL, 'S'},
-	    {"sweep", no_argument, NULL, 'W'},
-	    {"simd", required_argument, NULL, 'L'},
-	    {"help", no_argument, NULL, 'h'},
-	    {"data", required_argument, NULL, 'D'},
-	    {"keys", required_argument, NULL, 'K'},
-	    {"real-head", required_argument, NULL, 'H'},
-	    {"knob", required_argument, NULL, 'k'},
-	    {"peers", required_argument, NULL, 'P'},
-	    {"crossover", required_argument, NULL, 'X'},
-	    {"cpu-time", no_argument, NULL, 'C'},
-	    {"build-threads", required_argument, NULL, 'B'},
-	    {"hnswlib-max", required_argument, NULL, 'M'},
-	    {0},
-	};
-	const char *keys_path = NULL;
-	unsigned int data_mask = 0; /* 1 << GEN_OUTLIER | 1 << GEN_DRIFT | 1 << 2 (real) */
+	struct retr_opts o = {.nq = 32,
+			      .hnsw_max = hnsw_max,
+			      .hnswlib_max = hnswlib_max,
+			      .build_threads = build_threads};
+	const char *keys_path;
+	unsigned int data_mask;
 	uint32_t sizes[3] = {32768, 131072, 1048576}, nsizes = 3;
-	bool json = false, quick = false;
-	uint32_t nq = 32, crossover = 0;
-	bool knobs = false;
+	uint32_t nq, crossover;
+	bool json;
 	double t0 = now();
-	int c, r;
+	int r;
 
-	while ((c = getopt_long(argc, argv, "jqn:m:s:FTSWL:hD:K:H:k:P:X:CB:M:", opts, NULL)) !=
-	       -1) {
-		switch (c) {
-		case 'j':
-			json = true;
-			break;
-		case 'q':
-			quick = true;
-			break;
-		case 'n':
-			nq = (uint32_t)strtoul(optarg, NULL, 10);
-			if (nq < 1 || nq > 10000) {
-				usage(stderr);
-				return 2;
-			}
-			break;
-		case 'm':
-			hnsw_max = (uint32_t)strtoul(optarg, NULL, 10);
-			break;
-		case 's':
-			sizes[0] = (uint32_t)strtoul(optarg, NULL, 10);
-			nsizes = 1;
-			if (sizes[0] < 256 || sizes[0] > (1u << 26)) {
-				usage(stderr);
-				return 2;
-			}
-			break;
-		case 'F':
-			no_faiss = true;
-			break;
-		case 'T':
-			no_thp = true;
-			break;
-		case 'S':
-			stages = true;
-			break;
-		case 'W':
-			sweep = true;
-			break;
-		case 'L':
-			r = kvt_simd_parse(optarg);
-			if (r < 0) {
-				usage(stderr);
-				return 2;
-			}
-			kvt_simd_cap((enum kvt_simd)r);
-			break;
-		case 'D':
-			if (!strcmp(optarg, "outlier") || !strcmp(optarg, "drift")) {
-				data_mask |=
-				    1u << (strcmp(optarg, "outlier") ? GEN_DRIFT : GEN_OUTLIER);
-			} else if (!strcmp(optarg, "real")) {
-				data_mask |= 1u << 2;
-			} else {
-				fprintf(
-				    stderr,
-				    "kvtier-bench-retrieval: --data wants outlier, drift or real, "
-				    "got '%s'\n",
-				    optarg);
-				return 2;
-			}
-			break;
-		case 'K':
-			keys_path = optarg;
-			break;
-		case 'H':
-			if (parse_real_head(optarg) < 0) {
-				fprintf(
-				    stderr,
-				    "kvtier-bench-retrieval: --real-head wants LAYER.KVHEAD (e.g. "
-				    "15.0), at most %d times, got '%s'\n",
-				    REAL_MAX_HEADS, optarg);
-				return 2;
-			}
-			break;
-		case 'k': {
-			double rc, rl;
-			int used = 0;
-
-			if (!knobs)
-				NSWEEP = NSWEEP_FIXED;
-			knobs = true;
-			if (sscanf(optarg, "%lf:%lf%n", &rc, &rl, &used) != 2 || optarg[used] ||
-			    !(rc > 0.0 && rc <= 1.0 && rl > 0.0 && rl <= 1.0) ||
-			    NSWEEP == (int)(sizeof(sweep_var) / sizeof(sweep_var[0]))) {
-				fprintf(
-				    stderr,
-				    "kvtier-bench-retrieval: --knob wants RHO_CAND:RHO_COL, both "
-				    "in (0, 1] (e.g. 0.4:0.7), at most %d times, got '%s'\n",
-				    (int)(sizeof(sweep_var) / sizeof(sweep_var[0])) - NSWEEP_FIXED,
-				    optarg);
-				return 2;
-			}
-			sweep_var[NSWEEP++] = (struct variant){"kvtier-refine",	      rc,    rl, 4,
-							       KVT_PARIS_EXACT_NEVER, false, 0,	 0};
-			break;
-		}
-		case 'P': {
-			char buf[64], *save = NULL;
-
-			snprintf(buf, sizeof(buf), "%s", optarg);
-			peers = 0;
-			for (char *t = strtok_r(buf, ",", &save); t;
-			     t = strtok_r(NULL, ",", &save)) {
-				if (!strcmp(t, "flat"))
-					peers |= 1u << 0;
-				else if (!strcmp(t, "ivfpq"))
-					peers |= 1u << 1;
-				else if (!strcmp(t, "hnsw"))
-					peers |= 1u << 2;
-				else if (!strcmp(t, "hnswlib"))
-					peers |= PEER_HNSWLIB;
-				else if (!strcmp(t, "hnswlib-l2"))
-					peers |= PEER_HNSWLIB_L2;
-				else {
-					fprintf(
-					    stderr,
-					    "kvtier-bench-retrieval: --peers wants a list of "
-					    "flat, ivfpq, hnsw, hnswlib and hnswlib-l2, got '%s'\n",
-					    optarg);
-					return 2;
-				}
-			}
-			break;
-		}
-		case 'M':
-			hnswlib_max = (uint32_t)strtoul(optarg, NULL, 10);
-			break;
-		case 'B':
-			build_threads = (unsigned int)strtoul(optarg, NULL, 10);
-			if (build_threads < 1 || build_threads > 256) {
-				fprintf(stderr,
-					"kvtier-bench-retrieval: --build-threads wants 1 to "
-					"256, got '%s'\n",
-					optarg);
-				return 2;
-			}
-			break;
-		case 'X':
-			crossover = (uint32_t)strtoul(optarg, NULL, 10);
-			if (crossover < 4096 || crossover > (1u << 24)) {
-				fprintf(stderr, "kvtier-bench-retrieval: --crossover wants N in "
-						"4096 .. 16777216\n");
-				return 2;
-			}
-			break;
-		case 'C':
-			qclock = CLOCK_THREAD_CPUTIME_ID;
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
+	if (kvt_cli_parse(&retr_cli, argc, argv, &o, NULL) < 0) {
+		fprintf(stderr, "Try 'kvtier-bench-retrieval --help'.\n");
+		return 2;
 	}
+	if (optind < argc) {
+		fprintf(stderr, "kvtier-bench-retrieval: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	json = o.json;
+	nq = o.nq;
+	crossover = o.crossover;
+	keys_path = o.keys_path;
+	data_mask = o.data_mask;
+	if (o.size) {
+		sizes[0] = o.size;
+		nsizes = 1;
+	}
+	hnsw_max = o.hnsw_max;
+	hnswlib_max = o.hnswlib_max;
+	build_threads = o.build_threads;
+	no_faiss = o.no_faiss;
+	no_thp = o.no_thp;
+	stages = o.stages;
+	sweep = o.sweep;
+	if (o.cpu_time)
+		qclock = CLOCK_THREAD_CPUTIME_ID;
 #ifndef KVT_HAVE_FAISS
 	fprintf(stderr, "note: built without FAISS; only kvtier and exact are measured\n");
 #endif
@@ -1680,7 +1664,7 @@ main(int argc, char **argv)
 			print_table();
 		return 0;
 	}
-	if (quick && nsizes == 3)
+	if (o.quick && nsizes == 3)
 		nsizes = 2;
 	for (uint32_t si = 0; si < nsizes; si++) {
 		for (int set = GEN_OUTLIER; set <= GEN_DRIFT; set++) {

@@ -10,8 +10,8 @@
  * prefix and the fields it fills.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +20,7 @@
 #include <json-c/json.h>
 
 #include "bench.h"
+#include "kvt_cli.h"
 
 struct bench_row {
 	const char *key;     /* JSON key prefix, and the name --only takes */
@@ -55,47 +56,6 @@ struct outcome {
 	int err;
 	struct bench_result res;
 };
-
-static void
-usage(FILE *f)
-{
-	unsigned int i;
-
-	fprintf(f,
-		"usage: kvtier-bench ring [OPTIONS]\n"
-		"\n"
-		"Round-trip latency (p50/p99 ns) and queue throughput (ops/s) of kvtier's peers:\n"
-		"shared-memory ping-pong, Unix socket echo, eventfd ping-pong, io_uring NOPs.\n"
-		"Each number is the median over --reps repetitions.\n"
-		"\n"
-		"Options:\n"
-		"  --iters N          timed operations per repetition (default 50000)\n"
-		"  --reps N           repetitions (default 5)\n"
-		"  --warmup N         untimed operations first (default 5000)\n"
-		"  --only KEY[,KEY]   run only these rows\n"
-		"  --cpu-pid PID      add the idle row: CPU use of PID (e.g. kvtierd)\n"
-		"  --cpu-interval S   seconds to watch it (default 5)\n"
-		"  --json             print one JSON object instead of the table\n"
-		"  -h, --help\n"
-		"\n"
-		"Rows:\n");
-	for (i = 0; i < NROWS; i++)
-		fprintf(f, "  %-14s %s\n", rows[i].key, rows[i].label);
-}
-
-static bool
-parse_uint(const char *s, unsigned int min, unsigned int *ret)
-{
-	char *end;
-	unsigned long v;
-
-	errno = 0;
-	v = strtoul(s, &end, 10);
-	if (errno || end == s || *end || s[0] == '-' || v < min || v > 100000000ul)
-		return false;
-	*ret = (unsigned int)v;
-	return true;
-}
 
 /* Is @key in the comma-separated @list (NULL: every key is)? */
 static bool
@@ -276,76 +236,94 @@ print_json(const struct bench_opts *o, const struct outcome *out)
 	return 0;
 }
 
+/* The tool's options: the measurements' and the run's own. */
+struct ring_opts {
+	struct bench_opts b;
+	const char *only;
+	int json;
+};
+
+/* --cpu-interval: seconds, more than 0 and at most an hour. */
+static int
+opt_interval(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
+{
+	struct ring_opts *ro = o;
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(arg, &end);
+	if (errno || end == arg || *end || !(v > 0) || v > 3600) {
+		fprintf(stderr, "%s: --%s wants seconds in (0, 3600], got '%s'\n", cli->prog,
+			d->name, arg);
+		return -EINVAL;
+	}
+	ro->b.cpu_interval_s = v;
+	return 0;
+}
+
+#define OFF(m) offsetof(struct ring_opts, m)
+#define N_MAX  100000000
+
+_Static_assert(sizeof(unsigned int) == sizeof(uint32_t) && sizeof(pid_t) == sizeof(uint32_t),
+	       "kvt_cli_u32() sets the iteration counts and the pid");
+
+static const struct kvt_cli_opt ring_opts[] = {
+    {"iters", 0, "N", "timed operations per repetition (default 50000)",
+     .heading = "Options:", .apply = kvt_cli_u32, .off = OFF(b.iters), .min = 1, .max = N_MAX},
+    {"reps", 0, "N", "repetitions (default 5)", .apply = kvt_cli_u32, .off = OFF(b.reps), .min = 1,
+     .max = N_MAX},
+    {"warmup", 0, "N", "untimed operations first (default 5000)", .apply = kvt_cli_u32,
+     .off = OFF(b.warmup), .max = N_MAX},
+    {"only", 0, "KEY[,KEY]", "run only these rows", .apply = kvt_cli_str, .off = OFF(only)},
+    {"cpu-pid", 0, "PID", "add the idle row: CPU use of PID (e.g. kvtierd)", .apply = kvt_cli_u32,
+     .off = OFF(b.cpu_pid), .min = 1, .max = N_MAX},
+    {"cpu-interval", 0, "S", "seconds to watch it (default 5)", .apply = opt_interval},
+    {"json", 0, NULL, "print one JSON object instead of the table", .apply = kvt_cli_flag,
+     .off = OFF(json)},
+    {"help", 'h', NULL, "this text", .apply = kvt_cli_help},
+    {NULL},
+};
+
 int
 main(int argc, char **argv)
 {
-	enum { OPT_ITERS = 256, OPT_REPS, OPT_WARMUP, OPT_ONLY, OPT_PID, OPT_INTERVAL, OPT_JSON };
-	static const struct option longopts[] = {
-	    {"iters", required_argument, NULL, OPT_ITERS},
-	    {"reps", required_argument, NULL, OPT_REPS},
-	    {"warmup", required_argument, NULL, OPT_WARMUP},
-	    {"only", required_argument, NULL, OPT_ONLY},
-	    {"cpu-pid", required_argument, NULL, OPT_PID},
-	    {"cpu-interval", required_argument, NULL, OPT_INTERVAL},
-	    {"json", no_argument, NULL, OPT_JSON},
-	    {"help", no_argument, NULL, 'h'},
-	    {NULL, 0, NULL, 0},
+	static char rows_text[NROWS * 64 + 16];
+	struct kvt_cli cli = {
+	    .prog = "kvtier-bench ring",
+	    .intro = "usage: kvtier-bench ring [OPTIONS]\n"
+		     "\n"
+		     "Round-trip latency (p50/p99 ns) and queue throughput (ops/s) of kvtier's "
+		     "peers:\n"
+		     "shared-memory ping-pong, Unix socket echo, eventfd ping-pong, io_uring "
+		     "NOPs.\n"
+		     "Each number is the median over --reps repetitions.\n",
+	    .outro = rows_text,
+	    .opts = ring_opts,
 	};
-	struct bench_opts o = {.iters = 50000, .reps = 5, .warmup = 5000, .cpu_interval_s = 5};
+	struct ring_opts ro = {
+	    .b = {.iters = 50000, .reps = 5, .warmup = 5000, .cpu_interval_s = 5}};
+	const struct bench_opts *o = &ro.b;
 	struct outcome out[NROWS];
-	const char *only = NULL;
-	unsigned int i, pid;
-	bool json = false, failed = false;
-	char *end;
-	int c;
+	const char *only;
+	bool failed = false;
+	unsigned int i;
+	size_t at;
 
-	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-		switch (c) {
-		case OPT_ITERS:
-		case OPT_REPS:
-		case OPT_WARMUP:
-			if (!parse_uint(optarg, c == OPT_WARMUP ? 0 : 1,
-					c == OPT_ITERS	? &o.iters
-					: c == OPT_REPS ? &o.reps
-							: &o.warmup)) {
-				fprintf(stderr, "kvtier-bench ring: bad value '%s'\n", optarg);
-				return 2;
-			}
-			break;
-		case OPT_ONLY:
-			only = optarg;
-			break;
-		case OPT_PID:
-			if (!parse_uint(optarg, 1, &pid)) {
-				fprintf(stderr, "kvtier-bench ring: bad --cpu-pid '%s'\n", optarg);
-				return 2;
-			}
-			o.cpu_pid = (pid_t)pid;
-			break;
-		case OPT_INTERVAL:
-			o.cpu_interval_s = strtod(optarg, &end);
-			if (end == optarg || *end || !(o.cpu_interval_s > 0) ||
-			    o.cpu_interval_s > 3600) {
-				fprintf(stderr, "kvtier-bench ring: bad --cpu-interval '%s'\n",
-					optarg);
-				return 2;
-			}
-			break;
-		case OPT_JSON:
-			json = true;
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		default:
-			usage(stderr);
-			return 2;
-		}
+	/* the rows --only takes, below the options */
+	at = (size_t)snprintf(rows_text, sizeof(rows_text), "Rows:\n");
+	for (i = 0; i < NROWS && at < sizeof(rows_text); i++)
+		at += (size_t)snprintf(rows_text + at, sizeof(rows_text) - at, "  %-14s %s\n",
+				       rows[i].key, rows[i].label);
+	if (kvt_cli_parse(&cli, argc, argv, &ro, NULL) < 0) {
+		fprintf(stderr, "Try 'kvtier-bench ring --help'.\n");
+		return 2;
 	}
 	if (optind != argc) {
 		fprintf(stderr, "kvtier-bench ring: unexpected argument '%s'\n", argv[optind]);
 		return 2;
 	}
+	only = ro.only;
 	if (only) {
 		for (i = 0; i < NROWS; i++)
 			if (selected(only, rows[i].key))
@@ -358,19 +336,19 @@ main(int argc, char **argv)
 
 	for (i = 0; i < NROWS; i++) {
 		out[i].ran =
-		    selected(only, rows[i].key) && (!rows[i].enabled || rows[i].enabled(&o));
+		    selected(only, rows[i].key) && (!rows[i].enabled || rows[i].enabled(o));
 		out[i].err = 0;
 		out[i].res = (struct bench_result){NAN, NAN, NAN, NAN};
 		if (!out[i].ran)
 			continue;
-		if (!json)
+		if (!ro.json)
 			fprintf(stderr, "running %s...\n", rows[i].key);
-		out[i].err = rows[i].run(&o, &out[i].res);
+		out[i].err = rows[i].run(o, &out[i].res);
 		failed |= out[i].err < 0;
 	}
-	if (json)
-		print_json(&o, out);
+	if (ro.json)
+		print_json(o, out);
 	else
-		print_table(&o, out);
+		print_table(o, out);
 	return failed ? 1 : 0;
 }

@@ -20,6 +20,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <json-c/json.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "kvt_cli.h"
 #include "spill.h"
 
 #define QD_MAX	  32
@@ -354,19 +356,53 @@ describe_disk(const char *path, char *buf, size_t len)
 		 slash ? slash + 1 : (drv[0] ? drv : "driver unknown"), rot, sectors >> 21);
 }
 
-static void
-usage(FILE *f)
+/* --size: a size as kvtierd.conf writes it (1G, 512M), at least 64 MiB. */
+static int
+opt_size(const struct kvt_cli *cli, const struct kvt_cli_opt *d, const char *arg, void *o)
 {
-	fprintf(f,
-		"usage: kvtier-bench spill [--json] [--path FILE] [--size SIZE] [--seconds S]\n"
-		"                          [--reps N] [--keep]\n"
-		"  --path     the store and fio's file (default /var/tmp/kvtier-bench-spill.dat):\n"
-		"             a file system with O_DIRECT, not tmpfs\n"
-		"  --size     its size (default 1G); --seconds per case and side (default 1.5)\n"
-		"  --reps     runs of every case, medians reported (default 3)\n"
-		"  --keep     leave the file (default: removed at the end)\n"
-		"Needs fio (apt-get install fio).\n");
+	struct opts *so = o;
+
+	if (kvtd_parse_size(arg, &so->size) < 0 || so->size < (64ull << 20)) {
+		fprintf(stderr, "%s: --%s wants a size of at least 64M (e.g. 1G), got '%s'\n",
+			cli->prog, d->name, arg);
+		return -EINVAL;
+	}
+	return 0;
 }
+
+#define OFF(m) offsetof(struct opts, m)
+
+static const struct kvt_cli_opt spill_opts[] = {
+    {"json", 0, NULL, "one JSON object (the headline cases) instead of the table",
+     .apply = kvt_cli_flag, .off = OFF(json)},
+    {"path", 0, "FILE",
+     "the store and fio's file, on a file system with O_DIRECT, not\n"
+     "tmpfs (default /var/tmp/kvtier-bench-spill.dat)",
+     .apply = kvt_cli_str, .off = OFF(path)},
+    {"size", 0, "SIZE", "its size (default 1G, at least 64M)", .apply = opt_size},
+    {"seconds", 0, "S", "per case and side (default 1.5)", .apply = kvt_cli_double,
+     .off = OFF(seconds), .min = 0.1, .max = 600},
+    {"reps", 0, "N", "runs of every case, medians reported (default 3)", .apply = kvt_cli_int,
+     .off = OFF(reps), .min = 1, .max = 16},
+    {"keep", 0, NULL, "leave the file (default: removed at the end)", .apply = kvt_cli_flag,
+     .off = OFF(keep)},
+    {"thp", 0, NULL, "the store's buffers on transparent huge pages (fio's too)",
+     .apply = kvt_cli_flag, .off = OFF(thp)},
+    {"only", 0, "TEXT",
+     "only the cases whose name holds TEXT (read-block-seq-32); not\nwith --json",
+     .apply = kvt_cli_str, .off = OFF(only)},
+    {"help", 'h', NULL, "this text", .apply = kvt_cli_help},
+    {NULL},
+};
+
+static const struct kvt_cli spill_cli = {
+    .prog = "kvtier-bench spill",
+    .intro = "usage: kvtier-bench spill [options]\n"
+	     "The spill store against fio on the same file: bandwidth and latency, sequential\n"
+	     "and random, a row's and a block's size, queue depth 1 and 32.\n\n",
+    .outro = "Needs fio (apt-get install fio).\n",
+    .opts = spill_opts,
+};
 
 static const char *
 pattern(int rand)
@@ -386,41 +422,13 @@ main(int argc, char **argv)
 	struct statfs sfs;
 	struct stat st;
 
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--json")) {
-			o.json = 1;
-		} else if (!strcmp(argv[i], "--keep")) {
-			o.keep = 1;
-		} else if (!strcmp(argv[i], "--thp")) {
-			o.thp = 1;
-		} else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
-			o.only = argv[++i];
-		} else if (!strcmp(argv[i], "--path") && i + 1 < argc) {
-			o.path = argv[++i];
-		} else if (!strcmp(argv[i], "--size") && i + 1 < argc) {
-			if (kvtd_parse_size(argv[++i], &o.size) < 0 || o.size < (64ull << 20)) {
-				fprintf(stderr, "kvtier-bench spill: --size: at least 64M\n");
-				return 2;
-			}
-		} else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) {
-			o.seconds = atof(argv[++i]);
-			if (!(o.seconds >= 0.1 && o.seconds <= 600)) {
-				fprintf(stderr, "kvtier-bench spill: --seconds: 0.1 to 600\n");
-				return 2;
-			}
-		} else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-			o.reps = atoi(argv[++i]);
-			if (o.reps < 1 || o.reps > 16) {
-				fprintf(stderr, "kvtier-bench spill: --reps: 1 to 16\n");
-				return 2;
-			}
-		} else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-			usage(stdout);
-			return 0;
-		} else {
-			usage(stderr);
-			return 2;
-		}
+	if (kvt_cli_parse(&spill_cli, argc, argv, &o, NULL) < 0) {
+		fprintf(stderr, "Try 'kvtier-bench spill --help'.\n");
+		return 2;
+	}
+	if (optind < argc) {
+		fprintf(stderr, "kvtier-bench spill: unexpected argument '%s'\n", argv[optind]);
+		return 2;
 	}
 	if (o.only && o.json) {
 		fprintf(stderr,

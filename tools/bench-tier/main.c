@@ -18,6 +18,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,7 @@
 #include "bench_tier.h"
 #include "thp.h"
 #include "kvt_abi.h"
+#include "kvt_cli.h"
 #include "quant.h"
 #include "simd.h"
 #include "tier.h"
@@ -569,15 +571,36 @@ bench_backings(int reps, struct backing_result *res)
 	free(idx);
 }
 
-static void
-usage(FILE *f)
-{
-	fprintf(f, "usage: kvtier-bench tier [--json] [--reps N] [--no-step]\n"
-		   "  --json    print one JSON object instead of the table\n"
-		   "  --no-step skip the end-to-end decode step (it starts a kvtierd with a 4 GiB\n"
-		   "            pool and fills a 32K-token, 32-layer sequence)\n"
-		   "  --reps N  repetitions per figure, medians reported (default 9, min 3)\n");
-}
+/* The tool's options. */
+struct tier_opts {
+	int json;
+	int reps;
+	int no_step;
+};
+
+#define OFF(m) offsetof(struct tier_opts, m)
+
+static const struct kvt_cli_opt tier_opts[] = {
+    {"json", 0, NULL, "print one JSON object instead of the table", .apply = kvt_cli_flag,
+     .off = OFF(json)},
+    {"no-step", 0, NULL,
+     "skip the end-to-end decode step (it starts a kvtierd with a 4 GiB\n"
+     "pool and fills a 32K-token, 32-layer sequence)",
+     .apply = kvt_cli_flag, .off = OFF(no_step)},
+    {"reps", 0, "N", "repetitions per figure, medians reported (default 9, min 3)",
+     .apply = kvt_cli_int, .off = OFF(reps), .min = 3, .max = 100000},
+    {"help", 'h', NULL, "this text", .apply = kvt_cli_help},
+    {NULL},
+};
+
+static const struct kvt_cli tier_cli = {
+    .prog = "kvtier-bench tier",
+    .intro = "usage: kvtier-bench tier [options]\n"
+	     "The tiering engine: re-tier time, differential prefetch bytes, int8 quantize and\n"
+	     "row gather throughput, the pool's backings, and a decode step through kvtierd\n"
+	     "(docs/bench-tier.md).\n\n",
+    .opts = tier_opts,
+};
 
 static const char *
 verdict(double v, double target)
@@ -594,29 +617,22 @@ main(int argc, char **argv)
 	struct quant_result q;
 	struct gather_result g;
 	struct backing_result bk;
-	int json = 0, reps = 9, do_step = 1, step_err = 0;
+	struct tier_opts o = {.reps = 9};
+	int json, reps, do_step, step_err = 0;
 	struct step_result st = {0};
 	double pf_ratio;
 
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--json")) {
-			json = 1;
-		} else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-			reps = atoi(argv[++i]);
-			if (reps < 3) {
-				usage(stderr);
-				return 2;
-			}
-		} else if (!strcmp(argv[i], "--no-step")) {
-			do_step = 0;
-		} else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-			usage(stdout);
-			return 0;
-		} else {
-			usage(stderr);
-			return 2;
-		}
+	if (kvt_cli_parse(&tier_cli, argc, argv, &o, NULL) < 0) {
+		fprintf(stderr, "Try 'kvtier-bench tier --help'.\n");
+		return 2;
 	}
+	if (optind < argc) {
+		fprintf(stderr, "kvtier-bench tier: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	json = o.json;
+	reps = o.reps;
+	do_step = !o.no_step;
 	for (int i = 0; i < 3; i++)
 		bench_retier(sizes[i], reps, &rt[i]);
 	bench_trace(&tr);
