@@ -245,6 +245,7 @@ START_TEST(t_status_and_metrics)
 	daemon_spawn(
 	    &p, (const char *const[]){"--config", conf, "--metrics-listen", "127.0.0.1:0", NULL});
 	daemon_wait_ready(&p);
+	unlink(store); /* open, the file lives on; a failed test leaves no store behind */
 
 	/* STATUS: the store as opened, nothing in it */
 	o = admin_request(p.sock, KVT_CTL_STATUS);
@@ -294,7 +295,6 @@ START_TEST(t_status_and_metrics)
 	free(out);
 	unlink(conf);
 	ck_assert_int_eq(daemon_stop(&p), 0);
-	unlink(store);
 
 	/* a daemon without a store shows none of it */
 	daemon_start(&p, extra);
