@@ -294,7 +294,8 @@ ctl_hello(struct kvtd *d, struct kvtd_conn *c, const void *msg, size_t len, int 
 static int
 ctl_status(struct kvtd *d, struct kvtd_conn *c, const void *msg, size_t len, int fd)
 {
-	kvtd_ctl_reply_json(c, ((const struct kvt_ctl_hdr *)msg)->id, kvtd_stats_status(d));
+	kvtd_ctl_reply_json(c, ((const struct kvt_ctl_hdr *)msg)->id,
+			    kvtd_stats_status(d, c->privileged ? NULL : &c->uid));
 	return 0;
 }
 

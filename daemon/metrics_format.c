@@ -268,6 +268,100 @@ fams_status(struct sink *k, struct json_object *st)
 	}
 }
 
+/* ---- from STATUS's "spill": the spill store, when [spill] is configured ---- */
+
+static const struct scalar spill_scalars[] = {
+    {"kvtier_spill_size_bytes", "gauge", "Bytes in the spill store.", "size", NULL},
+    {"kvtier_spill_used_bytes", "gauge", "Spill store bytes held by extents.", "used", NULL},
+    {"kvtier_spill_free_bytes", "gauge", "Spill store bytes free.", "free", NULL},
+    {"kvtier_spill_largest_free_bytes", "gauge",
+     "Bytes of the largest extent the spill store can allocate now.", "largest_free", NULL},
+    {"kvtier_spill_extents", "gauge", "Extents held in the spill store.", "extents", NULL},
+    {"kvtier_spill_in_flight", "gauge", "Spill store reads and writes in flight.", "in_flight",
+     NULL},
+    {"kvtier_spill_queue_depth", "gauge",
+     "Spill store requests that may be in flight ([spill] queue_depth).", "queue_depth", NULL},
+    {"kvtier_spill_uid_share_bytes", "gauge",
+     "Spill store bytes one uid may hold ([spill] uid_share); 0: no limit.", "uid_share", NULL},
+    {"kvtier_spill_reads_total", "counter", "Spill store reads completed without error.", "io",
+     "reads"},
+    {"kvtier_spill_writes_total", "counter", "Spill store writes completed without error.", "io",
+     "writes"},
+    {"kvtier_spill_read_bytes_total", "counter", "Bytes of spill store reads completed.", "io",
+     "read_bytes"},
+    {"kvtier_spill_write_bytes_total", "counter", "Bytes of spill store writes completed.", "io",
+     "write_bytes"},
+    {"kvtier_spill_dropped_extents_total", "counter",
+     "Spill store extents dropped, least important first, to make room (their data is lost: "
+     "T3).",
+     "dropped", "extents"},
+    {"kvtier_spill_dropped_bytes_total", "counter", "Bytes of the spill store extents dropped.",
+     "dropped", "bytes"},
+};
+
+/* The samples of @obj's members as one family labelled @label, in the document's order. */
+static void
+fam_by_key(struct sink *k, const char *name, const char *type, const char *help, const char *label,
+	   struct json_object *obj)
+{
+	struct fam f = FAM(k, name, type, help);
+
+	if (!json_object_is_type(obj, json_type_object))
+		return;
+	json_object_object_foreach(obj, key, v)
+	{
+		struct label l = {label, key};
+
+		sample_v(&f, NULL, &l, 1, v);
+	}
+}
+
+static void
+fams_spill(struct sink *k, struct json_object *sp)
+{
+	struct json_object *uids = kvt_json_get(sp, "uids");
+
+	if (!json_object_is_type(sp, json_type_object))
+		return;
+	{
+		struct fam f = FAM(k, "kvtier_spill_info", "gauge",
+				   "Constant 1, labelled with the spill store's path and kind.");
+		struct label l[] = {{"path", kvt_json_str(kvt_json_get(sp, "path"))},
+				    {"kind", kvt_json_str(kvt_json_get(sp, "kind"))}};
+
+		if (l[0].value || l[1].value)
+			sample_u64(&f, NULL, l, 2, 1);
+	}
+	for (size_t i = 0; i < sizeof(spill_scalars) / sizeof(spill_scalars[0]); i++) {
+		const struct scalar *s = &spill_scalars[i];
+		struct fam f = FAM(k, s->name, s->type, s->help);
+		struct json_object *v = kvt_json_get(sp, s->key);
+
+		sample_v(&f, NULL, NULL, 0, s->subkey ? kvt_json_get(v, s->subkey) : v);
+	}
+	fam_by_key(k, "kvtier_spill_errors_total", "counter",
+		   "Spill store reads and writes failed, by cause: eio (the device's I/O error), "
+		   "enospc, short (a transfer shorter than asked), other.",
+		   "kind", kvt_json_get(sp, "errors"));
+	fam_by_key(k, "kvtier_spill_refused_total", "counter",
+		   "Spill store allocations refused: nospc (no room left), quota (past the uid's "
+		   "share).",
+		   "reason", kvt_json_get(sp, "refused"));
+	if (json_object_is_type(uids, json_type_array)) {
+		struct fam f = FAM(k, "kvtier_spill_uid_bytes", "gauge",
+				   "Spill store bytes a uid holds (the uids holding the most).");
+
+		for (size_t i = 0; i < json_object_array_length(uids); i++) {
+			struct json_object *u = json_object_array_get_idx(uids, i);
+			char id[32];
+			struct label l = {"uid", id};
+
+			if (kvt_json_num_text(kvt_json_get(u, "uid"), id, sizeof(id)))
+				sample_v(&f, NULL, &l, 1, kvt_json_get(u, "bytes"));
+		}
+	}
+}
+
 /* ---- from the BLOCKS document: the prefix store's totals (no label: one store) ---- */
 
 static const struct scalar prefix_scalars[] = {
@@ -657,8 +751,10 @@ render(struct sink *k, const struct kvtd_prom_input *in)
 	    (in->seqs && !json_object_is_type(in->seqs, json_type_object)) ||
 	    (in->blocks && !json_object_is_type(in->blocks, json_type_object)))
 		return -EINVAL;
-	if (in->status)
+	if (in->status) {
 		fams_status(k, in->status);
+		fams_spill(k, kvt_json_get(in->status, "spill"));
+	}
 	if (in->blocks)
 		fams_prefix(k, in->blocks);
 	if (in->snap) {
@@ -867,7 +963,7 @@ kvtd_prom_render(struct kvtd *d, uint32_t flags, const uid_t *only_uid, char **r
 	kvtd_stats_for_each_session(d, gather_session, &g);
 	kvtd_op_stats_fold(&sn.ops, &d->opst_ended);
 	kvtd_prom_proc(&sn.proc);
-	in.status = kvtd_stats_status(d);
+	in.status = kvtd_stats_status(d, only_uid);
 	/* the totals only: an empty scope list leaves every namespace out */
 	in.blocks = kvtd_stats_blocks(d, (const uint64_t[]){0}, 0);
 	if (flags & KVT_CTL_METRICS_F_SESSIONS) {

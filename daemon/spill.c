@@ -834,6 +834,14 @@ complete(struct kvtd_spill *s, uint32_t ri, int res, struct kvtd_spill_cqe *out)
 	} else {
 		out->res = (int32_t)rq->len;
 	}
+	if (res < 0) {
+		if (res == -EIO)
+			s->st.eio_errors++;
+		else if (res == -ENOSPC)
+			s->st.nospc_errors++;
+		else
+			s->st.other_errors++;
+	}
 	if (out->res < 0) {
 		if (rq->op == KVTD_SPILL_OP_WRITE)
 			s->st.write_errors++;
@@ -899,6 +907,41 @@ kvtd_spill_get_stats(const struct kvtd_spill *s, struct kvtd_spill_stats *ret)
 	ret->used = s->size - ret->free;
 	ret->largest_free = kvtd_ext_largest(&s->alloc) * KVTD_SPILL_UNIT;
 	ret->in_flight = s->in_flight;
+	ret->uid_share = s->share;
+	ret->uids = 0;
+	for (unsigned i = 0; i < s->n_uids; i++)
+		ret->uids += s->uids[i].bytes != 0;
+}
+
+static int
+uid_before(const struct kvtd_spill_uid *a, const struct uid_use *b)
+{
+	return a->bytes > b->bytes || (a->bytes == b->bytes && a->uid < b->uid);
+}
+
+unsigned
+kvtd_spill_uids(const struct kvtd_spill *s, struct kvtd_spill_uid *out, unsigned max)
+{
+	unsigned n = 0, held = 0;
+
+	/* insertion into the @max largest: a store has few uids */
+	for (unsigned i = 0; i < s->n_uids; i++) {
+		const struct uid_use *u = &s->uids[i];
+		unsigned j;
+
+		if (!u->bytes)
+			continue;
+		held++;
+		for (j = n; j > 0 && !uid_before(&out[j - 1], u); j--)
+			if (j < max)
+				out[j] = out[j - 1];
+		if (j < max) {
+			out[j] = (struct kvtd_spill_uid){u->uid, u->bytes};
+			if (n < max)
+				n++;
+		}
+	}
+	return held;
 }
 
 int

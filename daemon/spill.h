@@ -81,12 +81,23 @@ struct kvtd_spill_stats {
 	uint64_t size, used, free, largest_free; /* bytes */
 	uint64_t extents, in_flight;
 	uint64_t writes, reads, write_bytes, read_bytes; /* completed without error */
-	uint64_t write_errors, read_errors, short_io;
+	uint64_t write_errors, read_errors;		 /* failed requests, by operation */
+	/* failed requests by cause, each counted once: -EIO from the device, -ENOSPC, a short
+	 * transfer (reported as -EIO), any other errno; they sum to write_errors + read_errors */
+	uint64_t eio_errors, nospc_errors, short_io, other_errors;
 	uint64_t refused_nospc, refused_quota;
 	uint64_t dropped, dropped_bytes; /* T3: evicted by kvtd_spill_evict_lowest() */
 	uint64_t injected;
+	uint64_t uid_share; /* bytes one uid may hold; 0: no limit */
+	uint64_t uids;	    /* uids holding space */
 	unsigned queue_depth;
 	int block_device;
+};
+
+/* What one uid holds (kvtd_spill_uids()). */
+struct kvtd_spill_uid {
+	uid_t uid;
+	uint64_t bytes;
 };
 
 /*
@@ -171,6 +182,12 @@ int kvtd_spill_wait(struct kvtd_spill *s);
 void kvtd_spill_get_stats(const struct kvtd_spill *s, struct kvtd_spill_stats *ret);
 /* Bytes @uid holds. */
 uint64_t kvtd_spill_uid_bytes(const struct kvtd_spill *s, uid_t uid);
+/*
+ * kvtd_spill_uids() - the uids holding space, most bytes first (ties: lower uid first), at most
+ * @max of them into @out. Returns how many uids hold space (more than @max when some were left
+ * out).
+ */
+unsigned kvtd_spill_uids(const struct kvtd_spill *s, struct kvtd_spill_uid *out, unsigned max);
 
 /* Fault injection (tests): the next @count requests of @ops (KVTD_SPILL_OP_* bits) complete
  * with @kind: -EIO, -ENOSPC, or KVTD_SPILL_FAULT_SHORT (half the length). 0 @count clears. */

@@ -13,6 +13,7 @@
 #include "poller.h"
 #include "seq.h"
 #include "session.h"
+#include "spill.h"
 #include "stats.h"
 
 static const char *const dtype_names[] = {"f16", "bf16", "f32"};
@@ -63,7 +64,71 @@ sum_session(struct kvtd_session *s, void *arg)
 }
 
 struct json_object *
-kvtd_stats_status(struct kvtd *d)
+kvtd_stats_spill(const char *path, const struct kvtd_spill *s, const uid_t *only_uid)
+{
+	struct json_object *o = json_object_new_object(), *a = json_object_new_array(), *g;
+	struct kvtd_spill_uid uids[KVTD_STATS_SPILL_UIDS];
+	struct kvtd_spill_stats st;
+	unsigned n;
+
+	if (!o || !a) {
+		json_object_put(o);
+		json_object_put(a);
+		return NULL;
+	}
+	kvtd_spill_get_stats(s, &st);
+	ADD(o, "path", json_object_new_string(path));
+	ADD(o, "kind", json_object_new_string(st.block_device ? "block device" : "file"));
+	ADD(o, "size", U64(st.size));
+	ADD(o, "used", U64(st.used));
+	ADD(o, "free", U64(st.free));
+	ADD(o, "largest_free", U64(st.largest_free));
+	ADD(o, "extents", U64(st.extents));
+	ADD(o, "queue_depth", U64(st.queue_depth));
+	ADD(o, "in_flight", U64(st.in_flight));
+	ADD(o, "uid_share", U64(st.uid_share));
+	if (only_uid) {
+		uids[0] = (struct kvtd_spill_uid){*only_uid, kvtd_spill_uid_bytes(s, *only_uid)};
+		n = uids[0].bytes != 0;
+	} else {
+		n = kvtd_spill_uids(s, uids, KVTD_STATS_SPILL_UIDS);
+		n = n < KVTD_STATS_SPILL_UIDS ? n : KVTD_STATS_SPILL_UIDS;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		struct json_object *u = json_object_new_object();
+
+		ADD(u, "uid", U64(uids[i].uid));
+		ADD(u, "bytes", U64(uids[i].bytes));
+		json_object_array_add(a, u);
+	}
+	ADD(o, "uids", a);
+	g = json_object_new_object();
+	ADD(g, "reads", U64(st.reads));
+	ADD(g, "writes", U64(st.writes));
+	ADD(g, "read_bytes", U64(st.read_bytes));
+	ADD(g, "write_bytes", U64(st.write_bytes));
+	ADD(g, "read_errors", U64(st.read_errors));
+	ADD(g, "write_errors", U64(st.write_errors));
+	ADD(o, "io", g);
+	g = json_object_new_object();
+	ADD(g, "eio", U64(st.eio_errors));
+	ADD(g, "enospc", U64(st.nospc_errors));
+	ADD(g, "short", U64(st.short_io));
+	ADD(g, "other", U64(st.other_errors));
+	ADD(o, "errors", g);
+	g = json_object_new_object();
+	ADD(g, "nospc", U64(st.refused_nospc));
+	ADD(g, "quota", U64(st.refused_quota));
+	ADD(o, "refused", g);
+	g = json_object_new_object();
+	ADD(g, "extents", U64(st.dropped));
+	ADD(g, "bytes", U64(st.dropped_bytes));
+	ADD(o, "dropped", g);
+	return o;
+}
+
+struct json_object *
+kvtd_stats_status(struct kvtd *d, const uid_t *only_uid)
 {
 	struct json_object *o = json_object_new_object(), *pool, *abi, *ref;
 	struct kvtd_pool_usage u;
@@ -117,6 +182,8 @@ kvtd_stats_status(struct kvtd *d)
 	ADD(ref, "ring_corrupt", U64(atomic_load(&d->cnt.ring_corrupt)));
 	ADD(o, "refused", ref);
 	ADD(o, "tiers", tiers_array(t.tiers));
+	if (d->spill) /* null on allocation failure */
+		ADD(o, "spill", kvtd_stats_spill(d->cfg.spill_path, d->spill, only_uid));
 	return o;
 }
 

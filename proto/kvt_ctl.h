@@ -164,7 +164,16 @@ _Static_assert(sizeof(struct kvt_ctl_event) == 96, "kvt_ctl_event ABI");
  *		 "backing", "numa_node" (-1: none), "locked" (boolean)},
  *	"sessions", "seqs", "ops", "errors",
  *	"refused": {"quota", "nomem", "einval", "auth", "hello_timeout", "limit", "ring_corrupt"},
- *	"tiers": [T0, T1, T2, T3 tokens over all sequences]}
+ *	"tiers": [T0, T1, T2, T3 tokens over all sequences],
+ *	"spill" (only when [spill] is configured; docs/spill.md): {"path", "kind" ("file" |
+ *		"block device"), "size", "used", "free", "largest_free" (the largest extent that
+ *		fits now), "extents", "queue_depth", "in_flight", "uid_share" (bytes one uid may
+ *		hold; 0: no limit), "uids": [{"uid", "bytes"}...] (the uids holding space, most
+ *		first, at most 64; a peer that is not privileged sees only its own uid),
+ *		"io": {"reads", "writes", "read_bytes", "write_bytes" (completed without error),
+ *		"read_errors", "write_errors"}, "errors": {"eio", "enospc", "short", "other"}
+ *		(failed requests by cause, each once), "refused": {"nospc", "quota"} (allocations),
+ *		"dropped": {"extents", "bytes"} (dropped to make room: T3)}}
  * CLIENTS: {"schema", "clients": [{"session", "pid", "uid", "gid", "name", "seqs",
  *	"pool_bytes", "ops", "errors", "sq_entries", "arena_size", "uptime_s"}...]}
  * SEQS: {"schema", "seqs": [{"session", "seq", "tokens", "layers", "kv_heads", "head_dim",
@@ -199,13 +208,17 @@ _Static_assert(sizeof(struct kvt_ctl_event) == 96, "kvt_ctl_event ABI");
  * ctl_fmt.c expands these tables; the Python package's are generated from them by
  * tools/gen-pyabi.py). Every key is optional: absent or of the wrong type, it prints as "-".
  *
- * STATUS, one "label  value" line each: X(label, key, kind), the key a path ("pool.size").
+ * STATUS, one "label  value" line each: X(label, key, kind), the key a path ("pool.size"); a
+ * path segment ending in "?" ("spill?.size") names an optional section: when the document has
+ * no object there, the line is left out.
  * Kinds: STR (control characters replaced), NUM, BYTES (binary units), SECS (a duration),
  * OPTSTR (STR, the line left out when the key is absent), ABI ("major.minor" of an object),
  * USED (BYTES and the share of the sibling "size"), CHUNKS ("N free, SIZE each" from the
  * object's "chunks_free" and "chunk_size"), PAGES ("N KiB", a hint at 4 KiB or less; left out
  * when absent), NUMA (NUM, "any" below 0), YESNO (a boolean), COUNTERS ("key N, ..." of an
- * object), TIERS ("T0 N  T1 N ..." of an array).
+ * object), TIERS ("T0 N  T1 N ..." of an array), UIDS ("uid N BYTES, ...; share BYTES" of an
+ * array of {"uid", "bytes"} and the sibling "uid_share": "none" for an empty array, "no share"
+ * for a share of 0).
  */
 #define KVT_CTL_STATUS_LINES(X)                                                                    \
 	X("version", "version", STR)                                                               \
@@ -229,7 +242,18 @@ _Static_assert(sizeof(struct kvt_ctl_event) == 96, "kvt_ctl_event ABI");
 	X("ops", "ops", NUM)                                                                       \
 	X("errors", "errors", NUM)                                                                 \
 	X("refused", "refused", COUNTERS)                                                          \
-	X("tiers", "tiers", TIERS)
+	X("tiers", "tiers", TIERS)                                                                 \
+	X("spill path", "spill?.path", STR)                                                        \
+	X("spill kind", "spill?.kind", STR)                                                        \
+	X("spill size", "spill?.size", BYTES)                                                      \
+	X("spill used", "spill?.used", USED)                                                       \
+	X("spill free", "spill?.free", BYTES)                                                      \
+	X("spill extents", "spill?.extents", NUM)                                                  \
+	X("spill uids", "spill?.uids", UIDS)                                                       \
+	X("spill io", "spill?.io", COUNTERS)                                                       \
+	X("spill errors", "spill?.errors", COUNTERS)                                               \
+	X("spill refused", "spill?.refused", COUNTERS)                                             \
+	X("spill dropped", "spill?.dropped", COUNTERS)
 
 /*
  * CLIENTS, SEQS and BLOCKS, one table row per element of the document's array, one column per

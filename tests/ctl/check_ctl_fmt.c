@@ -151,6 +151,63 @@ START_TEST(test_status_missing_keys)
 }
 END_TEST
 
+START_TEST(test_status_spill)
+{
+	/* A store configured: its lines after the tiers, with counts the wire cannot reach yet
+	 * (nothing spills) */
+	static const char doc[] =
+	    "{\"tiers\":[1,2,3,4],\"spill\":{\"path\":\"/var/lib/kvtier/spill\\u001b\","
+	    "\"kind\":\"file\",\"size\":68719476736,\"used\":17179869184,\"free\":51539607552,"
+	    "\"largest_free\":34359738368,\"extents\":1500,\"queue_depth\":64,\"in_flight\":0,"
+	    "\"uid_share\":34359738368,\"uids\":[{\"uid\":1000,\"bytes\":16106127360},"
+	    "{\"uid\":0,\"bytes\":1073741824},{\"bytes\":5}],"
+	    "\"io\":{\"reads\":40,\"writes\":50,\"read_bytes\":163840,\"write_bytes\":204800,"
+	    "\"read_errors\":2,\"write_errors\":4},"
+	    "\"errors\":{\"eio\":3,\"enospc\":1,\"short\":2,\"other\":0},"
+	    "\"refused\":{\"nospc\":6,\"quota\":7},\"dropped\":{\"extents\":8,\"bytes\":32768}}}";
+	char *out = run(kvtctl_fmt_status, doc, 0);
+
+	ck_assert_msg(strstr(out, "tiers          T0 1  T1 2  T2 3  T3 4\n"
+				  "spill path     /var/lib/kvtier/spill?\n"
+				  "spill kind     file\n"
+				  "spill size     64.0 GiB\n"
+				  "spill used     16.0 GiB (25.0%)\n"
+				  "spill free     48.0 GiB\n"
+				  "spill extents  1500\n"
+				  "spill uids     uid 1000 15.0 GiB, uid 0 1.0 GiB, uid - 5 B; "
+				  "share 32.0 GiB\n"
+				  "spill io       reads 40, writes 50, read_bytes 163840, "
+				  "write_bytes 204800, read_errors 2, write_errors 4\n"
+				  "spill errors   eio 3, enospc 1, short 2, other 0\n"
+				  "spill refused  nospc 6, quota 7\n"
+				  "spill dropped  extents 8, bytes 32768\n"),
+		      "%s", out);
+	free(out);
+
+	/* no share, no uid holding space; keys missing or of the wrong type print "-" */
+	out = run(kvtctl_fmt_status,
+		  "{\"spill\":{\"uid_share\":0,\"uids\":[],\"size\":\"x\",\"errors\":3}}", 0);
+	ck_assert_ptr_nonnull(strstr(out, "spill uids     none; no share\n"));
+	ck_assert_ptr_nonnull(strstr(out, "spill size     -\n"));
+	ck_assert_ptr_nonnull(strstr(out, "spill path     -\n"));
+	ck_assert_ptr_nonnull(strstr(out, "spill errors   -\n"));
+	free(out);
+	out = run(kvtctl_fmt_status, "{\"spill\":{\"uids\":{}}}", 0);
+	ck_assert_ptr_nonnull(strstr(out, "spill uids     -\n"));
+	free(out);
+	out = run(kvtctl_fmt_status, "{\"spill\":{\"uids\":[{\"uid\":1,\"bytes\":4096}]}}", 0);
+	ck_assert_ptr_nonnull(strstr(out, "spill uids     uid 1 4.0 KiB; share -\n"));
+	free(out);
+
+	/* no store: no spill line at all (an older daemon, or none configured) */
+	for (int i = 0; i < 2; i++) {
+		out = run(kvtctl_fmt_status, i ? "{\"spill\":3}" : status_json, 0);
+		ck_assert_ptr_null(strstr(out, "spill"));
+		free(out);
+	}
+}
+END_TEST
+
 START_TEST(test_status_numa_bound)
 {
 	char *out = run(kvtctl_fmt_status, "{\"pool\":{\"numa_node\":1,\"locked\":false}}", 0);
@@ -311,6 +368,7 @@ ctl_fmt_suite(void)
 	tcase_add_test(tc, test_status_full);
 	tcase_add_test(tc, test_status_missing_keys);
 	tcase_add_test(tc, test_status_numa_bound);
+	tcase_add_test(tc, test_status_spill);
 	tcase_add_test(tc, test_not_objects);
 	tcase_add_test(tc, test_clients_table);
 	tcase_add_test(tc, test_clients_empty_and_partial);

@@ -3,16 +3,22 @@
  * Integration: kvtierd opens its [spill] store at start and closes it at exit; a store on tmpfs,
  * or one another daemon holds, stops the start with a message that says what to do; a restart in
  * place lets go of the store so that the new process opens it (nothing in it is carried yet).
+ * What operators see of the store: STATUS's "spill", `kvtierctl status` and /metrics show its
+ * path, size and nothing used at start, and a daemon without a store shows none of it.
  * The store goes where O_DIRECT works ($KVT_SPILL_TEST_DIR, /var/tmp, /tmp), as in check_spill.
  */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <check.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <json-c/json.h>
@@ -168,4 +174,144 @@ START_TEST(t_restart_reopens)
 }
 END_TEST
 
-KVT_CHECK_MAIN("spill_start", 120, NULL, NULL, t_tmpfs_refused, t_open_and_close, t_restart_reopens)
+/* Runs kvtierctl on @sock with @args: its output (malloc'ed); asserts it exits 0. */
+static char *
+ctl_out(const char *sock, const char *args)
+{
+	char cmd[512], *out = malloc(1 << 16);
+	size_t n = 0;
+	FILE *p;
+
+	snprintf(cmd, sizeof(cmd), "%s --socket %s %s 2>&1", getenv("KVTIERCTL"), sock, args);
+	p = popen(cmd, "r");
+	ck_assert_ptr_nonnull(p);
+	while (n + 1 < (1 << 16) && fgets(out + n, (int)((1 << 16) - n), p))
+		n += strlen(out + n);
+	out[n] = '\0';
+	ck_assert_msg(WEXITSTATUS(pclose(p)) == 0, "kvtierctl %s: %s", args, out);
+	return out;
+}
+
+/* GET /metrics from the daemon at @sock (its STATUS says where it listens): the reply. */
+static char *
+scrape(const char *sock)
+{
+	struct json_object *o = admin_request(sock, KVT_CTL_STATUS), *u;
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	static const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+	size_t cap = 1 << 16, got = 0;
+	char *buf = malloc(cap + 1);
+	unsigned port;
+	ssize_t n;
+	int fd;
+
+	ck_assert(o && json_object_object_get_ex(o, "metrics_url", &u));
+	ck_assert_int_eq(sscanf(json_object_get_string(u), "http://127.0.0.1:%u/metrics", &port),
+			 1);
+	json_object_put(o);
+	sa.sin_port = htons((uint16_t)port);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL), (ssize_t)sizeof(req) - 1);
+	while ((n = recv(fd, buf + got, cap - got, 0)) > 0) {
+		got += (size_t)n;
+		if (got == cap)
+			buf = realloc(buf, (cap *= 2) + 1);
+	}
+	buf[got] = '\0';
+	close(fd);
+	ck_assert_msg(!strncmp(buf, "HTTP/1.0 200 OK", 15), "%.200s", buf);
+	return buf;
+}
+
+START_TEST(t_status_and_metrics)
+{
+	const char *cand[] = {getenv("KVT_SPILL_TEST_DIR"), "/var/tmp", "/tmp"};
+	static const char *const extra[] = {"--metrics-listen", "127.0.0.1:0", NULL};
+	struct kvtd_proc p;
+	char store[600] = "", conf[256], want[700], *out;
+	struct json_object *o, *sp, *v;
+
+	for (unsigned i = 0; i < 3 && !store[0]; i++)
+		if (cand[i] && direct_ok(cand[i]))
+			snprintf(store, sizeof(store), "%s/kvt-itest-spill-%d.dat", cand[i],
+				 (int)getpid());
+	ck_assert_msg(store[0], "no directory here supports O_DIRECT: set KVT_SPILL_TEST_DIR");
+	unlink(store);
+	daemon_prepare(&p);
+	write_config(&p, store, conf, sizeof(conf));
+	daemon_spawn(
+	    &p, (const char *const[]){"--config", conf, "--metrics-listen", "127.0.0.1:0", NULL});
+	daemon_wait_ready(&p);
+	unlink(store); /* open, the file lives on; a failed test leaves no store behind */
+
+	/* STATUS: the store as opened, nothing in it */
+	o = admin_request(p.sock, KVT_CTL_STATUS);
+	ck_assert_ptr_nonnull(o);
+	ck_assert_msg(json_object_object_get_ex(o, "spill", &sp) &&
+			  json_object_is_type(sp, json_type_object),
+		      "%s", json_object_to_json_string(o));
+	ck_assert(json_object_object_get_ex(sp, "path", &v));
+	ck_assert_str_eq(json_object_get_string(v), store);
+	ck_assert(json_object_object_get_ex(sp, "kind", &v));
+	ck_assert_str_eq(json_object_get_string(v), "file");
+	ck_assert_int_eq(json_get_i64(o, "spill.size"), 16 << 20);
+	ck_assert_int_eq(json_get_i64(o, "spill.used"), 0);
+	ck_assert_int_eq(json_get_i64(o, "spill.free"), 16 << 20);
+	ck_assert_int_eq(json_get_i64(o, "spill.extents"), 0);
+	ck_assert_int_eq(json_get_i64(o, "spill.queue_depth"), 8);
+	ck_assert_int_eq(json_get_i64(o, "spill.uid_share"), 8 << 20); /* the default, 50% */
+	ck_assert(json_object_object_get_ex(sp, "uids", &v));
+	ck_assert_uint_eq(json_object_array_length(v), 0);
+	ck_assert_int_eq(json_get_i64(o, "spill.io.reads"), 0);
+	ck_assert_int_eq(json_get_i64(o, "spill.io.writes"), 0);
+	ck_assert_int_eq(json_get_i64(o, "spill.errors.eio"), 0);
+	ck_assert_int_eq(json_get_i64(o, "spill.dropped.extents"), 0);
+	json_object_put(o);
+
+	/* kvtierctl status */
+	out = ctl_out(p.sock, "status");
+	snprintf(want, sizeof(want), "\nspill path     %s\nspill kind     file\n", store);
+	ck_assert_msg(strstr(out, want), "%s", out);
+	ck_assert_msg(strstr(out, "\nspill size     16.0 MiB\nspill used     0 B (0.0%)\n"
+				  "spill free     16.0 MiB\nspill extents  0\n"
+				  "spill uids     none; share 8.0 MiB\n"),
+		      "%s", out);
+	ck_assert_msg(strstr(out, "\nspill errors   eio 0, enospc 0, short 0, other 0\n"), "%s",
+		      out);
+	free(out);
+
+	/* /metrics */
+	out = scrape(p.sock);
+	snprintf(want, sizeof(want), "\nkvtier_spill_info{path=\"%s\",kind=\"file\"} 1\n", store);
+	ck_assert_msg(strstr(out, want), "%s", out);
+	ck_assert_msg(strstr(out, "\nkvtier_spill_size_bytes 16777216\n"), "%s", out);
+	ck_assert_msg(strstr(out, "\nkvtier_spill_used_bytes 0\n"), "%s", out);
+	ck_assert_msg(strstr(out, "\nkvtier_spill_free_bytes 16777216\n"), "%s", out);
+	ck_assert_msg(strstr(out, "\nkvtier_spill_errors_total{kind=\"eio\"} 0\n"), "%s", out);
+	ck_assert_msg(strstr(out, "\nkvtier_spill_dropped_extents_total 0\n"), "%s", out);
+	free(out);
+	unlink(conf);
+	ck_assert_int_eq(daemon_stop(&p), 0);
+
+	/* a daemon without a store shows none of it */
+	daemon_start(&p, extra);
+	o = admin_request(p.sock, KVT_CTL_STATUS);
+	ck_assert_ptr_nonnull(o);
+	ck_assert(!json_object_object_get_ex(o, "spill", NULL));
+	json_object_put(o);
+	out = ctl_out(p.sock, "status");
+	ck_assert_msg(strstr(out, "\ntiers ") && !strstr(out, "spill"), "%s", out);
+	free(out);
+	out = scrape(p.sock);
+	ck_assert_msg(strstr(out, "kvtier_pool_size_bytes") && !strstr(out, "kvtier_spill_"), "%s",
+		      out);
+	free(out);
+	ck_assert_int_eq(daemon_stop(&p), 0);
+}
+END_TEST
+
+KVT_CHECK_MAIN("spill_start", 120, NULL, NULL, t_tmpfs_refused, t_open_and_close, t_restart_reopens,
+	       t_status_and_metrics)

@@ -18,14 +18,29 @@ python3 -m json.tool "$mon/kvtier-dashboard.json" >/dev/null || fail "dashboard 
 
 dir=$(mktemp -d /tmp/kvt-mon-XXXXXX)
 pid=
+store=
 cleanup() {
 	[ -z "$pid" ] || kill "$pid" 2>/dev/null || true
 	[ -z "$pid" ] || wait "$pid" 2>/dev/null || true
 	rm -rf "$dir"
+	[ -z "$store" ] || rm -f "$store"
 }
 trap cleanup EXIT
 sock=$dir/kvtierd.sock
-"$kvtierd" --config /dev/null --socket "$sock" --pool-size 64M --lock no --backend host \
+# A spill store, so that its families (kvtier_spill_*) are in the scrape: on a file system with
+# O_DIRECT that is not memory ($KVT_SPILL_TEST_DIR, /var/tmp, /tmp), as the spill tests pick it.
+for d in ${KVT_SPILL_TEST_DIR:-} /var/tmp /tmp; do
+	case $(stat -f -c %T "$d" 2>/dev/null) in "" | tmpfs | ramfs) continue ;; esac
+	if dd if=/dev/zero of="$d/kvt-mon-probe-$$" bs=4096 count=1 oflag=direct 2>/dev/null &&
+		dd if="$d/kvt-mon-probe-$$" of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null; then
+		store=$d/kvt-mon-spill-$$.dat
+	fi
+	rm -f "$d/kvt-mon-probe-$$"
+	[ -z "$store" ] || break
+done
+[ -n "$store" ] || fail "no directory here supports O_DIRECT: set KVT_SPILL_TEST_DIR"
+printf '[spill]\npath = %s\nsize = 16M\n' "$store" >"$dir/kvtierd.conf"
+"$kvtierd" --config "$dir/kvtierd.conf" --socket "$sock" --pool-size 64M --lock no --backend host \
 	--metrics-listen 127.0.0.1:0 2>"$dir/log" &
 pid=$!
 i=0
@@ -56,6 +71,7 @@ for f in ctl sessions http; do
 done
 grep -q '^kvtier_client_sessions{client="' "$dir/ctl.prom" || fail "no client families"
 grep -q '^kvtier_session_info{' "$dir/sessions.prom" || fail "no session families on request"
+grep -q '^kvtier_spill_size_bytes 16777216$' "$dir/http.prom" || fail "no spill store families"
 
 # Every metric the dashboard and the rules name exists (histograms by their family name).
 names=$(cat "$mon/kvtier-dashboard.json" "$mon/kvtier-alerts.yml" |

@@ -489,6 +489,88 @@ START_TEST(test_metrics_prefix)
 }
 END_TEST
 
+/* STATUS with a spill store: its families, with values no daemon can reach through the wire yet
+ * (nothing spills), and a path that needs escaping. */
+static const char spill_status_json[] =
+    "{\"ops\":1,\"spill\":{\"path\":\"/srv/spill \\\"a\\\"\",\"kind\":\"block device\","
+    "\"size\":68719476736,\"used\":62277025792,\"free\":6442450944,\"largest_free\":1073741824,"
+    "\"extents\":1500,\"queue_depth\":64,\"in_flight\":3,\"uid_share\":34359738368,"
+    "\"uids\":[{\"uid\":1000,\"bytes\":34359738368},{\"uid\":0,\"bytes\":27917287424},"
+    "{\"bytes\":5},{\"uid\":7}],"
+    "\"io\":{\"reads\":40,\"writes\":50,\"read_bytes\":163840,\"write_bytes\":204800,"
+    "\"read_errors\":2,\"write_errors\":4},"
+    "\"errors\":{\"eio\":3,\"enospc\":1,\"short\":2,\"other\":0},"
+    "\"refused\":{\"nospc\":6,\"quota\":7},\"dropped\":{\"extents\":8,\"bytes\":32768}}}";
+
+START_TEST(test_metrics_spill)
+{
+	struct kvtd_prom_input in = {.status = parse(spill_status_json)};
+	static const char *const want[] = {
+	    "# TYPE kvtier_spill_info gauge\n",
+	    "kvtier_spill_info{path=\"/srv/spill \\\"a\\\"\",kind=\"block device\"} 1\n",
+	    "# TYPE kvtier_spill_size_bytes gauge\nkvtier_spill_size_bytes 68719476736\n",
+	    "# TYPE kvtier_spill_used_bytes gauge\nkvtier_spill_used_bytes 62277025792\n",
+	    "kvtier_spill_free_bytes 6442450944\n",
+	    "kvtier_spill_largest_free_bytes 1073741824\n",
+	    "# TYPE kvtier_spill_extents gauge\nkvtier_spill_extents 1500\n",
+	    "kvtier_spill_in_flight 3\n",
+	    "kvtier_spill_queue_depth 64\n",
+	    "kvtier_spill_uid_share_bytes 34359738368\n",
+	    "# TYPE kvtier_spill_reads_total counter\nkvtier_spill_reads_total 40\n",
+	    "kvtier_spill_writes_total 50\n",
+	    "# TYPE kvtier_spill_read_bytes_total counter\nkvtier_spill_read_bytes_total 163840\n",
+	    "kvtier_spill_write_bytes_total 204800\n",
+	    "# TYPE kvtier_spill_errors_total counter\n",
+	    "kvtier_spill_errors_total{kind=\"eio\"} 3\n",
+	    "kvtier_spill_errors_total{kind=\"enospc\"} 1\n",
+	    "kvtier_spill_errors_total{kind=\"short\"} 2\n",
+	    "kvtier_spill_errors_total{kind=\"other\"} 0\n",
+	    "kvtier_spill_refused_total{reason=\"nospc\"} 6\n",
+	    "kvtier_spill_refused_total{reason=\"quota\"} 7\n",
+	    "# TYPE kvtier_spill_dropped_extents_total counter\n",
+	    "kvtier_spill_dropped_extents_total 8\n",
+	    "kvtier_spill_dropped_bytes_total 32768\n",
+	    "# TYPE kvtier_spill_uid_bytes gauge\n",
+	    "kvtier_spill_uid_bytes{uid=\"1000\"} 34359738368\n",
+	    "kvtier_spill_uid_bytes{uid=\"0\"} 27917287424\n",
+	};
+	struct json_object *doc = NULL;
+	char *out = run_text(&in, 0);
+
+	for (unsigned i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		ck_assert_msg(strstr(out, want[i]), "missing: %s", want[i]);
+	/* a uid row without a uid or without bytes has no sample */
+	ck_assert_ptr_null(strstr(out, "kvtier_spill_uid_bytes{uid=\"7\"}"));
+	ck_assert_ptr_null(strstr(out, "} 5\n"));
+	/* ops + info + 14 scalars + 4 errors + 2 refused + 2 uids */
+	ck_assert_uint_eq(check_exposition(out), 1 + 1 + 14 + 4 + 2 + 2);
+	free(out);
+	ck_assert_int_eq(kvtd_prom_json(&in, &doc), 0);
+	ck_assert_uint_eq(json_samples(doc), 1 + 1 + 14 + 4 + 2 + 2);
+	json_object_put(doc);
+	json_object_put(in.status);
+
+	/* no store (no "spill", or not an object): no spill family, not even its HELP */
+	for (unsigned i = 0; i < 2; i++) {
+		in.status = parse(i ? "{\"ops\":1,\"spill\":[1]}" : status_json);
+		out = run_text(&in, 0);
+		ck_assert_ptr_null(strstr(out, "kvtier_spill_"));
+		free(out);
+		json_object_put(in.status);
+	}
+	/* a store's keys the daemon left out leave only their own families out */
+	in.status = parse("{\"spill\":{\"size\":4096,\"errors\":{\"eio\":2}}}");
+	out = run_text(&in, 0);
+	ck_assert_ptr_nonnull(strstr(out, "kvtier_spill_size_bytes 4096\n"));
+	ck_assert_ptr_nonnull(strstr(out, "kvtier_spill_errors_total{kind=\"eio\"} 2\n"));
+	ck_assert_ptr_null(strstr(out, "kvtier_spill_info"));
+	ck_assert_ptr_null(strstr(out, "kvtier_spill_used_bytes"));
+	ck_assert_uint_eq(check_exposition(out), 2);
+	free(out);
+	json_object_put(in.status);
+}
+END_TEST
+
 static Suite *
 prom_suite(void)
 {
@@ -503,6 +585,7 @@ prom_suite(void)
 	tcase_add_test(tc, test_metrics_proc);
 	tcase_add_test(tc, test_metrics_json);
 	tcase_add_test(tc, test_metrics_prefix);
+	tcase_add_test(tc, test_metrics_spill);
 	suite_add_tcase(s, tc);
 	return s;
 }

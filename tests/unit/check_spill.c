@@ -196,6 +196,28 @@ START_TEST(t_alloc_and_share)
 	ck_assert_uint_eq(st.refused_quota, 1);
 	ck_assert_uint_eq(st.refused_nospc, 1);
 	ck_assert_uint_eq(st.used, 56ull * (1 << 20) + 4096);
+	ck_assert_uint_eq(st.uid_share, 16ull << 20);
+	ck_assert_uint_eq(st.uids, 4);
+	/* the uids holding space, most first; a shorter list keeps the largest */
+	{
+		struct kvtd_spill_uid u[8];
+
+		ck_assert_uint_eq(kvtd_spill_uids(s, u, 8), 4);
+		ck_assert_uint_eq(u[0].uid, 0);
+		ck_assert_uint_eq(u[0].bytes, 20ull << 20);
+		ck_assert_uint_eq(u[1].uid, 4242); /* as many bytes as root: the higher uid after */
+		ck_assert_uint_eq(u[1].bytes, 20ull << 20);
+		ck_assert_uint_eq(u[2].uid, 1000);
+		ck_assert_uint_eq(u[2].bytes, 16ull << 20);
+		ck_assert_uint_eq(u[3].uid, 1001);
+		ck_assert_uint_eq(u[3].bytes, 4096);
+		memset(u, 0xff, sizeof(u));
+		ck_assert_uint_eq(kvtd_spill_uids(s, u, 2), 4);
+		ck_assert_uint_eq(u[0].uid, 0);
+		ck_assert_uint_eq(u[1].uid, 4242);
+		ck_assert_uint_eq(u[2].uid, (uid_t)-1); /* nothing past @max */
+		ck_assert_uint_eq(kvtd_spill_uids(s, u, 0), 4);
+	}
 	/* freeing gives the uid its room back; a freed handle is stale */
 	ck_assert_int_eq(kvtd_spill_free(s, e[0]), 0);
 	ck_assert_int_eq(kvtd_spill_free(s, e[0]), -ENOENT);
@@ -210,6 +232,8 @@ START_TEST(t_alloc_and_share)
 	ck_assert_uint_eq(st.free, 64ull << 20);
 	ck_assert_uint_eq(st.largest_free, 64ull << 20);
 	ck_assert_uint_eq(st.extents, 0);
+	ck_assert_uint_eq(st.uids, 0);
+	ck_assert_uint_eq(kvtd_spill_uids(s, NULL, 0), 0);
 	kvtd_spill_close(s);
 }
 END_TEST
@@ -465,6 +489,12 @@ START_TEST(t_faults)
 	ck_assert_uint_eq(st.write_errors, 3);
 	ck_assert_uint_eq(st.read_errors, 2);
 	ck_assert_uint_eq(st.short_io, 2);
+	/* each failure counted once by its cause */
+	ck_assert_uint_eq(st.eio_errors, 2);
+	ck_assert_uint_eq(st.nospc_errors, 1);
+	ck_assert_uint_eq(st.other_errors, 0);
+	ck_assert_uint_eq(st.eio_errors + st.nospc_errors + st.short_io + st.other_errors,
+			  st.write_errors + st.read_errors);
 	kvtd_spill_close(s);
 }
 END_TEST

@@ -3,17 +3,26 @@
  * check_stats - the BLOCKS document (daemon/stats.c) over a real pool and prefix store: every
  * field of kvt_ctl.h's schema with the store's counts, and the namespace filter a peer that is
  * not privileged gets (its uid's scope, the shared scope when it is in it, nobody else's).
+ * STATUS's "spill" over a real spill store on a file with O_DIRECT ($KVT_SPILL_TEST_DIR,
+ * /var/tmp, /tmp or the working directory, as check_spill): allocations, refusals, completed
+ * and failed I/O of each cause and a drop, every count in the document and in the metrics.
  */
 #define _GNU_SOURCE
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <json-c/json.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/vfs.h>
 
 #include "config.h"
 #include "kvt_ctl.h"
 #include "kvt_test.h"
 #include "kvtd.h"
+#include "metrics_format.h"
 #include "prefix.h"
+#include "spill.h"
 #include "stats.h"
 
 #define BT 4 /* tokens per block */
@@ -215,16 +224,224 @@ START_TEST(t_blocks_filtered)
 }
 END_TEST
 
+/* A directory where a file opened with O_DIRECT reads (not tmpfs), into @buf; 0: none. */
+static int
+direct_dir(char *buf, size_t len)
+{
+	const char *cand[] = {getenv("KVT_SPILL_TEST_DIR"), "/var/tmp", "/tmp", "."};
+
+	for (unsigned i = 0; i < sizeof(cand) / sizeof(cand[0]); i++) {
+		char p[600];
+		struct statfs sfs;
+		void *b;
+		int fd, ok = 0;
+
+		if (!cand[i])
+			continue;
+		snprintf(p, sizeof(p), "%s/kvt-stats-probe-%d", cand[i], (int)getpid());
+		fd = open(p, O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
+		if (fd < 0)
+			continue;
+		if (fstatfs(fd, &sfs) == 0 && sfs.f_type != 0x01021994 &&
+		    ftruncate(fd, 4096) == 0 && posix_memalign(&b, 4096, 4096) == 0) {
+			ok = pread(fd, b, 4096, 0) == 4096;
+			free(b);
+		}
+		close(fd);
+		unlink(p);
+		if (ok) {
+			snprintf(buf, len, "%s", cand[i]);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* Queues one request (@inject: a fault for it, or 0) and waits for its result. */
+static int
+one_io(struct kvtd_spill *s, int op, kvtd_spill_ext e, void *buf, uint64_t len, int inject)
+{
+	struct kvtd_spill_cqe c;
+	int n;
+
+	if (inject)
+		ck_assert_int_eq(kvtd_spill_inject(s, (unsigned)op, inject, 1), 0);
+	if (op == KVTD_SPILL_OP_WRITE)
+		ck_assert_int_eq(kvtd_spill_write(s, e, buf, len, 7), 0);
+	else
+		ck_assert_int_eq(kvtd_spill_read(s, e, buf, len, 7), 0);
+	while ((n = kvtd_spill_reap(s, &c, 1)) == 0)
+		ck_assert_int_eq(kvtd_spill_wait(s), 0);
+	ck_assert_int_eq(n, 1);
+	ck_assert_uint_eq(c.cookie, 7);
+	return c.res;
+}
+
+static struct json_object *
+obj(struct json_object *o, const char *key)
+{
+	struct json_object *v;
+
+	ck_assert_msg(json_object_object_get_ex(o, key, &v), "no \"%s\"", key);
+	ck_assert_msg(json_object_is_type(v, json_type_object), "\"%s\" is no object", key);
+	return v;
+}
+
+START_TEST(t_spill_status)
+{
+	char dir[512], path[600], *text = NULL;
+	struct kvtd_spill_params p = {path, 16ull << 20, 8, 4ull << 20, 0, 4242};
+	struct kvtd_spill *s = NULL;
+	size_t tlen = 0;
+	size_t arena_len = 4u << 20;
+	uint8_t *arena =
+	    mmap(NULL, arena_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct iovec iov = {arena, arena_len};
+	kvtd_spill_ext a[3], b, r, x;
+	struct kvtd_spill_dropped d;
+	struct json_object *doc, *u, *st;
+	struct kvtd_prom_input in = {0};
+	char err[512] = "";
+	uid_t me = 1001, nobody = 3000;
+	FILE *f;
+
+	ck_assert_msg(direct_dir(dir, sizeof(dir)),
+		      "no directory here supports O_DIRECT (tried $KVT_SPILL_TEST_DIR, /var/tmp, "
+		      "/tmp, .): set KVT_SPILL_TEST_DIR to one on ext4 or xfs");
+	ck_assert_ptr_ne(arena, MAP_FAILED);
+	snprintf(path, sizeof(path), "%s/kvt-stats-spill-%d.dat", dir, (int)getpid());
+	unlink(path);
+	ck_assert_msg(kvtd_spill_open(&p, &s, err, sizeof(err)) == 0, "%s", err);
+	unlink(path); /* open, the file lives on; a failed test leaves no store behind */
+	ck_assert_int_eq(kvtd_spill_register_buffers(s, &iov, 1), 0);
+
+	/* uid 1000: 3 MiB of its 4 MiB share, then refused; uid 1001: 8 KiB; root: 2 MiB;
+	 * nothing of 16 MiB fits once 5 MiB and 8 KiB are held: refused for room */
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(kvtd_spill_alloc(s, 1000, 1u << 20, 5 + i, 0, &a[i]), 0);
+	ck_assert_int_eq(kvtd_spill_alloc(s, 1000, 2u << 20, 1, 0, &x), -EDQUOT);
+	ck_assert_int_eq(kvtd_spill_alloc(s, 1001, 8192, 1, 0, &b), 0);
+	ck_assert_int_eq(kvtd_spill_alloc(s, 0, 2u << 20, 9, 0, &r), 0);
+	ck_assert_int_eq(kvtd_spill_alloc(s, 0, 16u << 20, 1, 0, &x), -ENOSPC);
+	/* two writes land and one read; one request fails of each cause */
+	ck_assert_int_eq(one_io(s, KVTD_SPILL_OP_WRITE, a[0], arena, 1u << 20, 0), 1 << 20);
+	ck_assert_int_eq(one_io(s, KVTD_SPILL_OP_WRITE, a[1], arena, 4096, 0), 4096);
+	ck_assert_int_eq(one_io(s, KVTD_SPILL_OP_READ, a[0], arena, 1u << 20, 0), 1 << 20);
+	ck_assert_int_eq(one_io(s, KVTD_SPILL_OP_WRITE, a[2], arena, 4096, -EIO), -EIO);
+	ck_assert_int_eq(one_io(s, KVTD_SPILL_OP_WRITE, r, arena, 4096, -ENOSPC), -ENOSPC);
+	ck_assert_int_eq(one_io(s, KVTD_SPILL_OP_READ, a[1], arena, 4096, KVTD_SPILL_FAULT_SHORT),
+			 -EIO);
+	/* the least important extent (uid 1001's) dropped: T3 */
+	ck_assert_int_eq(kvtd_spill_evict_lowest(s, &d), 0);
+	ck_assert_uint_eq(d.uid, 1001);
+
+	doc = kvtd_stats_spill(path, s, NULL);
+	ck_assert_ptr_nonnull(doc);
+	ck_assert_str_eq(str(doc, "path"), path);
+	ck_assert_str_eq(str(doc, "kind"), "file");
+	ck_assert_int_eq(i64(doc, "size"), 16 << 20);
+	ck_assert_int_eq(i64(doc, "used"), 5 << 20);
+	ck_assert_int_eq(i64(doc, "free"), 11 << 20);
+	ck_assert_int_eq(i64(doc, "largest_free"), 8 << 20);
+	ck_assert_int_eq(i64(doc, "extents"), 4);
+	ck_assert_int_eq(i64(doc, "queue_depth"), 8);
+	ck_assert_int_eq(i64(doc, "in_flight"), 0);
+	ck_assert_int_eq(i64(doc, "uid_share"), 4 << 20);
+	ck_assert(json_object_object_get_ex(doc, "uids", &u));
+	ck_assert_uint_eq(json_object_array_length(u), 2); /* most first; 1001 holds nothing now */
+	ck_assert_int_eq(i64(json_object_array_get_idx(u, 0), "uid"), 1000);
+	ck_assert_int_eq(i64(json_object_array_get_idx(u, 0), "bytes"), 3 << 20);
+	ck_assert_int_eq(i64(json_object_array_get_idx(u, 1), "uid"), 0);
+	ck_assert_int_eq(i64(json_object_array_get_idx(u, 1), "bytes"), 2 << 20);
+	ck_assert_int_eq(i64(obj(doc, "io"), "reads"), 1);
+	ck_assert_int_eq(i64(obj(doc, "io"), "writes"), 2);
+	ck_assert_int_eq(i64(obj(doc, "io"), "read_bytes"), 1 << 20);
+	ck_assert_int_eq(i64(obj(doc, "io"), "write_bytes"), (1 << 20) + 4096);
+	ck_assert_int_eq(i64(obj(doc, "io"), "read_errors"), 1);
+	ck_assert_int_eq(i64(obj(doc, "io"), "write_errors"), 2);
+	ck_assert_int_eq(i64(obj(doc, "errors"), "eio"), 1);
+	ck_assert_int_eq(i64(obj(doc, "errors"), "enospc"), 1);
+	ck_assert_int_eq(i64(obj(doc, "errors"), "short"), 1);
+	ck_assert_int_eq(i64(obj(doc, "errors"), "other"), 0);
+	ck_assert_int_eq(i64(obj(doc, "refused"), "quota"), 1);
+	ck_assert_int_eq(i64(obj(doc, "refused"), "nospc"), 1);
+	ck_assert_int_eq(i64(obj(doc, "dropped"), "extents"), 1);
+	ck_assert_int_eq(i64(obj(doc, "dropped"), "bytes"), 8192);
+
+	/* the same counts as metrics, from a STATUS document holding it */
+	st = json_object_new_object();
+	json_object_object_add(st, "spill", doc);
+	in.status = st;
+	f = open_memstream(&text, &tlen);
+	ck_assert_ptr_nonnull(f);
+	ck_assert_int_eq(kvtd_prom_text(f, &in), 0);
+	ck_assert_int_eq(fclose(f), 0);
+	{
+		char info[700];
+		const char *want[] = {
+		    info,
+		    "\nkvtier_spill_size_bytes 16777216\n",
+		    "\nkvtier_spill_used_bytes 5242880\n",
+		    "\nkvtier_spill_free_bytes 11534336\n",
+		    "\nkvtier_spill_extents 4\n",
+		    "\nkvtier_spill_uid_share_bytes 4194304\n",
+		    "\nkvtier_spill_reads_total 1\n",
+		    "\nkvtier_spill_writes_total 2\n",
+		    "\nkvtier_spill_read_bytes_total 1048576\n",
+		    "\nkvtier_spill_write_bytes_total 1052672\n",
+		    "\nkvtier_spill_errors_total{kind=\"eio\"} 1\n",
+		    "\nkvtier_spill_errors_total{kind=\"enospc\"} 1\n",
+		    "\nkvtier_spill_errors_total{kind=\"short\"} 1\n",
+		    "\nkvtier_spill_errors_total{kind=\"other\"} 0\n",
+		    "\nkvtier_spill_refused_total{reason=\"quota\"} 1\n",
+		    "\nkvtier_spill_dropped_extents_total 1\n",
+		    "\nkvtier_spill_dropped_bytes_total 8192\n",
+		    "\nkvtier_spill_uid_bytes{uid=\"1000\"} 3145728\n",
+		    "\nkvtier_spill_uid_bytes{uid=\"0\"} 2097152\n",
+		};
+
+		snprintf(info, sizeof(info), "\nkvtier_spill_info{path=\"%s\",kind=\"file\"} 1\n",
+			 path);
+		for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+			ck_assert_msg(strstr(text, want[i]), "missing %s in:\n%s", want[i], text);
+	}
+	free(text);
+	json_object_put(st);
+
+	/* a peer that is not privileged sees its own uid's use only, and the store's totals */
+	doc = kvtd_stats_spill(path, s, &(uid_t){1000});
+	ck_assert(json_object_object_get_ex(doc, "uids", &u));
+	ck_assert_uint_eq(json_object_array_length(u), 1);
+	ck_assert_int_eq(i64(json_object_array_get_idx(u, 0), "uid"), 1000);
+	ck_assert_int_eq(i64(doc, "used"), 5 << 20);
+	json_object_put(doc);
+	doc = kvtd_stats_spill(path, s, &me); /* dropped: holds nothing */
+	ck_assert(json_object_object_get_ex(doc, "uids", &u));
+	ck_assert_uint_eq(json_object_array_length(u), 0);
+	json_object_put(doc);
+	doc = kvtd_stats_spill(path, s, &nobody);
+	ck_assert(json_object_object_get_ex(doc, "uids", &u));
+	ck_assert_uint_eq(json_object_array_length(u), 0);
+	json_object_put(doc);
+
+	kvtd_spill_close(s);
+	munmap(arena, arena_len);
+}
+END_TEST
+
 static Suite *
 stats_suite(void)
 {
 	Suite *s = suite_create("stats");
-	TCase *tc = tcase_create("blocks");
+	TCase *tc = tcase_create("blocks"), *sp = tcase_create("spill");
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, t_blocks_all);
 	tcase_add_test(tc, t_blocks_filtered);
 	suite_add_tcase(s, tc);
+	tcase_set_timeout(sp, 60);
+	tcase_add_test(sp, t_spill_status);
+	suite_add_tcase(s, sp);
 	return s;
 }
 

@@ -460,6 +460,7 @@ enum line_kind {
 	LINE_YESNO,
 	LINE_COUNTERS,
 	LINE_TIERS,
+	LINE_UIDS,
 };
 
 struct status_line {
@@ -468,29 +469,81 @@ struct status_line {
 	enum line_kind kind;
 };
 
-/* The value at @path ("a.b") in @o, or NULL; *@ret_parent: the object holding it. */
+/*
+ * The value at @path ("a.b") in @o, or NULL; *@ret_parent: the object holding it. *@ret_absent:
+ * a segment marked optional ("a?.b") is not an object in @o (the line is left out).
+ */
 static struct json_object *
-get_path(struct json_object *o, const char *path, struct json_object **ret_parent)
+get_path(struct json_object *o, const char *path, struct json_object **ret_parent, bool *ret_absent)
 {
 	char key[64];
 	const char *dot;
 
+	*ret_absent = false;
 	while ((dot = strchr(path, '.'))) {
-		snprintf(key, sizeof(key), "%.*s", (int)(dot - path), path);
+		size_t n = (size_t)(dot - path);
+		bool opt = n && path[n - 1] == '?';
+
+		snprintf(key, sizeof(key), "%.*s", (int)(n - opt), path);
 		o = kvt_json_get(o, key);
+		if (opt && !json_object_is_type(o, json_type_object))
+			*ret_absent = true;
 		path = dot + 1;
 	}
 	*ret_parent = o;
 	return kvt_json_get(o, path);
 }
 
+/* "uid N BYTES, ...; share BYTES" of an array of {"uid", "bytes"} and @parent's "uid_share". */
+static void
+kv_uids(FILE *out, const char *key, struct json_object *arr, struct json_object *parent)
+{
+	char line[512], num[64], b[32];
+	size_t i, n, off = 0;
+	double d;
+
+	if (!json_object_is_type(arr, json_type_array)) {
+		kv_line(out, key, "-");
+		return;
+	}
+	line[0] = '\0';
+	n = json_object_array_length(arr);
+	for (i = 0; i < n; i++) {
+		struct json_object *u = json_object_array_get_idx(arr, i);
+
+		if (!kvt_json_num_text(kvt_json_get(u, "uid"), num, sizeof(num)))
+			snprintf(num, sizeof(num), "-");
+		if (as_num(kvt_json_get(u, "bytes"), &d))
+			kvtctl_fmt_bytes(b, sizeof(b), d);
+		else
+			snprintf(b, sizeof(b), "-");
+		append(line, sizeof(line), &off, "%suid %s %s", off ? ", " : "", num, b);
+	}
+	if (!n)
+		append(line, sizeof(line), &off, "none");
+	if (!as_num(kvt_json_get(parent, "uid_share"), &d)) {
+		snprintf(b, sizeof(b), "-");
+	} else if (d > 0) {
+		kvtctl_fmt_bytes(b, sizeof(b), d);
+	} else {
+		append(line, sizeof(line), &off, "; no share");
+		kv_line(out, key, line);
+		return;
+	}
+	append(line, sizeof(line), &off, "; share %s", b);
+	kv_line(out, key, line);
+}
+
 static void
 status_line(FILE *out, const struct status_line *l, struct json_object *st)
 {
-	struct json_object *parent, *v = get_path(st, l->path, &parent);
+	bool absent;
+	struct json_object *parent, *v = get_path(st, l->path, &parent, &absent);
 	char buf[128], b1[32], b2[32];
 	double a, b;
 
+	if (absent) /* an optional section the daemon did not send */
+		return;
 	switch (l->kind) {
 	case LINE_OPTSTR:
 		if (!v) /* only when the daemon has it */
@@ -563,6 +616,9 @@ status_line(FILE *out, const struct status_line *l, struct json_object *st)
 		return;
 	case LINE_TIERS:
 		kv_tiers(out, l->label, v);
+		return;
+	case LINE_UIDS:
+		kv_uids(out, l->label, v, parent);
 		return;
 	}
 	kv_line(out, l->label, buf);

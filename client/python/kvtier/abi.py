@@ -934,6 +934,17 @@ CTL_STATUS_LINES: list[tuple[str, str, str]] = [
     ('errors', 'errors', 'num'),
     ('refused', 'refused', 'counters'),
     ('tiers', 'tiers', 'tiers'),
+    ('spill path', 'spill?.path', 'str'),
+    ('spill kind', 'spill?.kind', 'str'),
+    ('spill size', 'spill?.size', 'bytes'),
+    ('spill used', 'spill?.used', 'used'),
+    ('spill free', 'spill?.free', 'bytes'),
+    ('spill extents', 'spill?.extents', 'num'),
+    ('spill uids', 'spill?.uids', 'uids'),
+    ('spill io', 'spill?.io', 'counters'),
+    ('spill errors', 'spill?.errors', 'counters'),
+    ('spill refused', 'spill?.refused', 'counters'),
+    ('spill dropped', 'spill?.dropped', 'counters'),
 ]
 """kvtierctl status: (label, key path, kind) per line (KVT_CTL_STATUS_LINES)."""
 

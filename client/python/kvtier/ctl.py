@@ -168,12 +168,15 @@ def _get(o: Any, key: str) -> Any:
     return o.get(key) if isinstance(o, dict) else None
 
 
-def _get_path(o: Any, path: str) -> tuple[Any, Any]:
-    """The value at @path ("pool.size") in @o and the object holding it."""
+def _get_path(o: Any, path: str) -> tuple[Any, Any, bool]:
+    """The value at @path ("pool.size") in @o, the object holding it, and whether a segment
+    marked optional ("spill?.size") is not an object in @o (the line is left out)."""
     *parents, key = path.split(".")
+    absent = False
     for k in parents:
-        o = _get(o, k)
-    return _get(o, key), o
+        o = _get(o, k.removesuffix("?"))
+        absent = absent or (k.endswith("?") and not isinstance(o, dict))
+    return _get(o, key), o, absent
 
 
 def _status_line(kind: str, v: Any, parent: Any) -> str | None:
@@ -230,6 +233,21 @@ def _status_line(kind: str, v: Any, parent: Any) -> str | None:
                 t = _num_text(n)
                 tp.append("T%d %s" % (i, t if t is not None else "-"))
         return "  ".join(tp)[:255] if tp else "-"
+    if kind == "uids":
+        if not isinstance(v, list):
+            return "-"
+        parts = []
+        for u in v:
+            t, b = _num_text(_get(u, "uid")), _get(u, "bytes")
+            parts.append("uid %s %s" % (t if t is not None else "-",
+                                        fmt_bytes(b) if _is_num(b) else "-"))
+        share = _get(parent, "uid_share")
+        text = ", ".join(parts) if parts else "none"
+        if not _is_num(share):
+            text += "; share -"
+        else:
+            text += "; share %s" % fmt_bytes(share) if share > 0 else "; no share"
+        return text[:511]
     raise ValueError(f"kvt_ctl.h STATUS line kind {kind!r} unknown to this package")
 
 
@@ -237,8 +255,8 @@ def fmt_status(st: dict[str, Any]) -> str:
     """The STATUS document as kvtierctl status prints it (KVT_CTL_STATUS_LINES)."""
     lines: list[str] = []
     for label, path, kind in _abi.CTL_STATUS_LINES:
-        v, parent = _get_path(st, path)
-        text = _status_line(kind, v, parent)
+        v, parent, absent = _get_path(st, path)
+        text = None if absent else _status_line(kind, v, parent)
         if text is not None:
             lines.append("%-14s %s" % (label, text))
     return "\n".join(lines) + "\n"

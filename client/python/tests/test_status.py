@@ -123,3 +123,38 @@ def test_formatters_match_kvtierctl_units():
     assert rows[3] == "total  2 blocks (- referenced), -, budget 0 (sharing off), hit rate -"
     assert rows[4] == "       published -, deduped -, evicted -, refused -"
     assert ctl.fmt_blocks({}).startswith("no prefix namespaces\ntotal  - blocks")
+
+
+def test_status_spill_lines_match_kvtierctl():
+    """The spill store's lines (tests/ctl/check_ctl_fmt.c's test_status_spill, the same
+    documents): after the tiers, only when the daemon sends "spill"."""
+    doc = {"tiers": [1, 2, 3, 4], "spill": {
+        "path": "/var/lib/kvtier/spill\x1b", "kind": "file", "size": 68719476736,
+        "used": 17179869184, "free": 51539607552, "largest_free": 34359738368,
+        "extents": 1500, "queue_depth": 64, "in_flight": 0, "uid_share": 34359738368,
+        "uids": [{"uid": 1000, "bytes": 16106127360}, {"uid": 0, "bytes": 1073741824},
+                 {"bytes": 5}],
+        "io": {"reads": 40, "writes": 50, "read_bytes": 163840, "write_bytes": 204800,
+               "read_errors": 2, "write_errors": 4},
+        "errors": {"eio": 3, "enospc": 1, "short": 2, "other": 0},
+        "refused": {"nospc": 6, "quota": 7}, "dropped": {"extents": 8, "bytes": 32768}}}
+    assert ("tiers          T0 1  T1 2  T2 3  T3 4\n"
+            "spill path     /var/lib/kvtier/spill?\n"
+            "spill kind     file\n"
+            "spill size     64.0 GiB\n"
+            "spill used     16.0 GiB (25.0%)\n"
+            "spill free     48.0 GiB\n"
+            "spill extents  1500\n"
+            "spill uids     uid 1000 15.0 GiB, uid 0 1.0 GiB, uid - 5 B; share 32.0 GiB\n"
+            "spill io       reads 40, writes 50, read_bytes 163840, write_bytes 204800, "
+            "read_errors 2, write_errors 4\n"
+            "spill errors   eio 3, enospc 1, short 2, other 0\n"
+            "spill refused  nospc 6, quota 7\n"
+            "spill dropped  extents 8, bytes 32768\n") in ctl.fmt_status(doc)
+    text = ctl.fmt_status({"spill": {"uid_share": 0, "uids": [], "size": "x", "errors": 3}})
+    assert "spill uids     none; no share\n" in text and "spill size     -\n" in text
+    assert "spill path     -\n" in text and "spill errors   -\n" in text
+    assert "spill uids     -\n" in ctl.fmt_status({"spill": {"uids": {}}})
+    text = ctl.fmt_status({"spill": {"uids": [{"uid": 1, "bytes": 4096}]}})
+    assert "spill uids     uid 1 4.0 KiB; share -\n" in text
+    assert "spill" not in ctl.fmt_status({"spill": 3}) and "spill" not in ctl.fmt_status({})
