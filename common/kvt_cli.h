@@ -39,8 +39,8 @@ struct kvt_cli_opt {
 	const char *heading;	/* a section title printed above this row, after a blank line */
 	kvt_cli_apply_fn apply; /* kvt_cli_flag() and the others below, or the tool's own */
 	size_t off;		/* the member of the tool's options that apply sets (offsetof) */
-	double min, max; /* its range, for the integer and number apply functions below */
-	unsigned group;	 /* the tool's own bits: options checked together (kvt_cli_names()) */
+	double min, max;	/* its range, for the integer and number apply functions below */
+	unsigned group; /* the tool's own bits: options checked together (kvt_cli_names()) */
 };
 
 struct kvt_cli {
