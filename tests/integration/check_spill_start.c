@@ -25,29 +25,8 @@
 
 #include "harness.h"
 #include "kvt_ctl.h"
+#include "kvt_direct.h"
 #include "kvt_test.h"
-
-static int
-direct_ok(const char *d)
-{
-	char p[600];
-	struct statfs sfs;
-	void *buf;
-	int fd, ok = 0;
-
-	snprintf(p, sizeof(p), "%s/kvt-spill-probe-%d", d, (int)getpid());
-	fd = open(p, O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return 0;
-	if (fstatfs(fd, &sfs) == 0 && sfs.f_type != 0x01021994 && ftruncate(fd, 4096) == 0 &&
-	    posix_memalign(&buf, 4096, 4096) == 0) {
-		ok = pread(fd, buf, 4096, 0) == 4096;
-		free(buf);
-	}
-	close(fd);
-	unlink(p);
-	return ok;
-}
 
 /* A config file in @p's directory with a [spill] store at @store. */
 static void
@@ -98,16 +77,14 @@ END_TEST
 
 START_TEST(t_open_and_close)
 {
-	const char *cand[] = {getenv("KVT_SPILL_TEST_DIR"), "/var/tmp", "/tmp"};
 	struct kvtd_proc p, q;
 	char store[600] = "", conf[256], conf2[256];
 	struct stat st;
 
-	for (unsigned i = 0; i < 3 && !store[0]; i++)
-		if (cand[i] && direct_ok(cand[i]))
-			snprintf(store, sizeof(store), "%s/kvt-itest-spill-%d.dat", cand[i],
-				 (int)getpid());
-	ck_assert_msg(store[0], "no directory here supports O_DIRECT: set KVT_SPILL_TEST_DIR");
+	ck_assert_msg(kvt_test_direct_dir(store, sizeof(store)),
+		      "no directory here supports O_DIRECT: set KVT_SPILL_TEST_DIR");
+	snprintf(store + strlen(store), sizeof(store) - strlen(store), "/kvt-itest-spill-%d.dat",
+		 (int)getpid());
 	unlink(store);
 	daemon_prepare(&p);
 	write_config(&p, store, conf, sizeof(conf));
@@ -143,15 +120,13 @@ END_TEST
 /* Restarts in place with a store configured: each new process opens it again and serves. */
 START_TEST(t_restart_reopens)
 {
-	const char *cand[] = {getenv("KVT_SPILL_TEST_DIR"), "/var/tmp", "/tmp"};
 	struct kvtd_proc p;
 	char store[600] = "", conf[256];
 
-	for (unsigned i = 0; i < 3 && !store[0]; i++)
-		if (cand[i] && direct_ok(cand[i]))
-			snprintf(store, sizeof(store), "%s/kvt-itest-spill-%d.dat", cand[i],
-				 (int)getpid());
-	ck_assert_msg(store[0], "no directory here supports O_DIRECT: set KVT_SPILL_TEST_DIR");
+	ck_assert_msg(kvt_test_direct_dir(store, sizeof(store)),
+		      "no directory here supports O_DIRECT: set KVT_SPILL_TEST_DIR");
+	snprintf(store + strlen(store), sizeof(store) - strlen(store), "/kvt-itest-spill-%d.dat",
+		 (int)getpid());
 	unlink(store);
 	daemon_prepare(&p);
 	write_config(&p, store, conf, sizeof(conf));
@@ -228,17 +203,15 @@ scrape(const char *sock)
 
 START_TEST(t_status_and_metrics)
 {
-	const char *cand[] = {getenv("KVT_SPILL_TEST_DIR"), "/var/tmp", "/tmp"};
 	static const char *const extra[] = {"--metrics-listen", "127.0.0.1:0", NULL};
 	struct kvtd_proc p;
 	char store[600] = "", conf[256], want[700], *out;
 	struct json_object *o, *sp, *v;
 
-	for (unsigned i = 0; i < 3 && !store[0]; i++)
-		if (cand[i] && direct_ok(cand[i]))
-			snprintf(store, sizeof(store), "%s/kvt-itest-spill-%d.dat", cand[i],
-				 (int)getpid());
-	ck_assert_msg(store[0], "no directory here supports O_DIRECT: set KVT_SPILL_TEST_DIR");
+	ck_assert_msg(kvt_test_direct_dir(store, sizeof(store)),
+		      "no directory here supports O_DIRECT: set KVT_SPILL_TEST_DIR");
+	snprintf(store + strlen(store), sizeof(store) - strlen(store), "/kvt-itest-spill-%d.dat",
+		 (int)getpid());
 	unlink(store);
 	daemon_prepare(&p);
 	write_config(&p, store, conf, sizeof(conf));

@@ -20,6 +20,7 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include "kvt_direct.h"
 #include "kvt_test.h"
 #include "spill.h"
 
@@ -31,39 +32,12 @@ static char dir[512];
 static char path[600];
 static uint8_t *arena;
 
-static int
-direct_ok(const char *d)
-{
-	char p[600];
-	struct statfs sfs;
-	void *buf;
-	int fd, ok = 0;
-
-	snprintf(p, sizeof(p), "%s/kvt-spill-probe-%d", d, (int)getpid());
-	fd = open(p, O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return 0;
-	if (fstatfs(fd, &sfs) == 0 && sfs.f_type != 0x01021994 && ftruncate(fd, 4096) == 0 &&
-	    posix_memalign(&buf, 4096, 4096) == 0) {
-		ok = pread(fd, buf, 4096, 0) == 4096;
-		free(buf);
-	}
-	close(fd);
-	unlink(p);
-	return ok;
-}
-
 static void
 setup(void)
 {
-	const char *cand[] = {getenv("KVT_SPILL_TEST_DIR"), "/var/tmp", "/tmp", "."};
-
-	dir[0] = '\0';
-	for (unsigned i = 0; i < sizeof(cand) / sizeof(cand[0]) && !dir[0]; i++)
-		if (cand[i] && direct_ok(cand[i]))
-			snprintf(dir, sizeof(dir), "%s", cand[i]);
-	ck_assert_msg(dir[0], "no directory here supports O_DIRECT (tried $KVT_SPILL_TEST_DIR, "
-			      "/var/tmp, /tmp, .): set KVT_SPILL_TEST_DIR to one on ext4 or xfs");
+	ck_assert_msg(kvt_test_direct_dir(dir, sizeof(dir)),
+		      "no directory here supports O_DIRECT (tried $KVT_SPILL_TEST_DIR, "
+		      "/var/tmp, /tmp, .): set KVT_SPILL_TEST_DIR to one on ext4 or xfs");
 	snprintf(path, sizeof(path), "%s/kvt-spill-%d.dat", dir, (int)getpid());
 	unlink(path);
 	arena = mmap(NULL, ARENA, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

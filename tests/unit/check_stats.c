@@ -18,6 +18,7 @@
 
 #include "config.h"
 #include "kvt_ctl.h"
+#include "kvt_direct.h"
 #include "kvt_test.h"
 #include "kvtd.h"
 #include "metrics_format.h"
@@ -224,39 +225,6 @@ START_TEST(t_blocks_filtered)
 }
 END_TEST
 
-/* A directory where a file opened with O_DIRECT reads (not tmpfs), into @buf; 0: none. */
-static int
-direct_dir(char *buf, size_t len)
-{
-	const char *cand[] = {getenv("KVT_SPILL_TEST_DIR"), "/var/tmp", "/tmp", "."};
-
-	for (unsigned i = 0; i < sizeof(cand) / sizeof(cand[0]); i++) {
-		char p[600];
-		struct statfs sfs;
-		void *b;
-		int fd, ok = 0;
-
-		if (!cand[i])
-			continue;
-		snprintf(p, sizeof(p), "%s/kvt-stats-probe-%d", cand[i], (int)getpid());
-		fd = open(p, O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
-		if (fd < 0)
-			continue;
-		if (fstatfs(fd, &sfs) == 0 && sfs.f_type != 0x01021994 &&
-		    ftruncate(fd, 4096) == 0 && posix_memalign(&b, 4096, 4096) == 0) {
-			ok = pread(fd, b, 4096, 0) == 4096;
-			free(b);
-		}
-		close(fd);
-		unlink(p);
-		if (ok) {
-			snprintf(buf, len, "%s", cand[i]);
-			return 1;
-		}
-	}
-	return 0;
-}
-
 /* Queues one request (@inject: a fault for it, or 0) and waits for its result. */
 static int
 one_io(struct kvtd_spill *s, int op, kvtd_spill_ext e, void *buf, uint64_t len, int inject)
@@ -305,7 +273,7 @@ START_TEST(t_spill_status)
 	uid_t me = 1001, nobody = 3000;
 	FILE *f;
 
-	ck_assert_msg(direct_dir(dir, sizeof(dir)),
+	ck_assert_msg(kvt_test_direct_dir(dir, sizeof(dir)),
 		      "no directory here supports O_DIRECT (tried $KVT_SPILL_TEST_DIR, /var/tmp, "
 		      "/tmp, .): set KVT_SPILL_TEST_DIR to one on ext4 or xfs");
 	ck_assert_ptr_ne(arena, MAP_FAILED);
