@@ -28,6 +28,17 @@
 #include "kvt_direct.h"
 #include "kvt_test.h"
 
+/* This test's store file (absent), in a directory where O_DIRECT works. */
+static void
+store_path(char *store, size_t len)
+{
+	ck_assert_msg(kvt_test_direct_dir(store, len),
+		      "no directory here supports O_DIRECT: set KVT_SPILL_TEST_DIR");
+	snprintf(store + strlen(store), len - strlen(store), "/kvt-itest-spill-%d.dat",
+		 (int)getpid());
+	unlink(store);
+}
+
 /* A config file in @p's directory with a [spill] store at @store. */
 static void
 write_config(const struct kvtd_proc *p, const char *store, char *conf, size_t len)
@@ -81,11 +92,7 @@ START_TEST(t_open_and_close)
 	char store[600] = "", conf[256], conf2[256];
 	struct stat st;
 
-	ck_assert_msg(kvt_test_direct_dir(store, sizeof(store)),
-		      "no directory here supports O_DIRECT: set KVT_SPILL_TEST_DIR");
-	snprintf(store + strlen(store), sizeof(store) - strlen(store), "/kvt-itest-spill-%d.dat",
-		 (int)getpid());
-	unlink(store);
+	store_path(store, sizeof(store));
 	daemon_prepare(&p);
 	write_config(&p, store, conf, sizeof(conf));
 	daemon_spawn(&p, (const char *const[]){"--config", conf, NULL});
@@ -123,11 +130,7 @@ START_TEST(t_restart_reopens)
 	struct kvtd_proc p;
 	char store[600] = "", conf[256];
 
-	ck_assert_msg(kvt_test_direct_dir(store, sizeof(store)),
-		      "no directory here supports O_DIRECT: set KVT_SPILL_TEST_DIR");
-	snprintf(store + strlen(store), sizeof(store) - strlen(store), "/kvt-itest-spill-%d.dat",
-		 (int)getpid());
-	unlink(store);
+	store_path(store, sizeof(store));
 	daemon_prepare(&p);
 	write_config(&p, store, conf, sizeof(conf));
 	daemon_spawn(&p, (const char *const[]){"--config", conf, NULL});
@@ -208,11 +211,7 @@ START_TEST(t_status_and_metrics)
 	char store[600] = "", conf[256], want[700], *out;
 	struct json_object *o, *sp, *v;
 
-	ck_assert_msg(kvt_test_direct_dir(store, sizeof(store)),
-		      "no directory here supports O_DIRECT: set KVT_SPILL_TEST_DIR");
-	snprintf(store + strlen(store), sizeof(store) - strlen(store), "/kvt-itest-spill-%d.dat",
-		 (int)getpid());
-	unlink(store);
+	store_path(store, sizeof(store));
 	daemon_prepare(&p);
 	write_config(&p, store, conf, sizeof(conf));
 	daemon_spawn(
