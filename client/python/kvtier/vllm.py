@@ -437,8 +437,9 @@ class KvtierConnector(KVConnectorBase_V1):
                 raise ValueError(
                     f"KvtierConnector: KV cache {n} is {tuple(t.shape)} {t.dtype} on "
                     f"{t.device}; this version handles vLLM's CPU layout [num_blocks, "
-                    f"{g.kv_heads}, {g.block_tokens}, {2 * g.head_dim}] of {g.dtype} (the CUDA "
-                    "path is designed in docs/vllm.md, not implemented yet)")
+                    f"{g.kv_heads}, {g.block_tokens}, {2 * g.head_dim}] of {g.dtype} only: run "
+                    "vLLM's CPU build, or serve without KvtierConnector (its CUDA layouts are "
+                    "refused until the CUDA branch is tested: docs/vllm.md, \"On CUDA\")")
         # each layer as [num_blocks, one block's elements]: a block is what kvtier stores
         self._kv = [kv_caches[n].view(kv_caches[n].shape[0], -1) for n in names]
         self._layer_of = {n: i for i, n in enumerate(names)}
